@@ -1,0 +1,40 @@
+"""redlease: distributed locks on Redis and Valkey that are right, fast and honest.
+
+import redis, redlease
+
+lock = redlease.Lock(redis.Redis(), "orders:42", ttl=10.0)
+with lock as lease:
+    do_work(fence=lease.fence)
+"""
+
+from ._errors import (
+    AcquireTimeout,
+    BackendError,
+    InvalidArgument,
+    LockError,
+    LockLost,
+    QuorumError,
+    RedleaseWarning,
+)
+from ._lease import AsyncLease, Lease
+from ._lock import AsyncLock, Lock
+from ._redlock import AsyncRedlock, Redlock
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "AcquireTimeout",
+    "AsyncLease",
+    "AsyncLock",
+    "AsyncRedlock",
+    "BackendError",
+    "InvalidArgument",
+    "Lease",
+    "Lock",
+    "LockError",
+    "LockLost",
+    "QuorumError",
+    "RedleaseWarning",
+    "Redlock",
+    "__version__",
+]

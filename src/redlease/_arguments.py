@@ -1,0 +1,87 @@
+"""Argument checks for every public entry point: one rule, one place, one message style."""
+
+from __future__ import annotations
+
+import math
+from datetime import timedelta
+
+from ._errors import InvalidArgument
+
+# Redis refuses expiries that overflow its millisecond clock; we stop far below that.
+MAX_TTL_MS = 10**12  # about 31 years
+MIN_TTL_MS = 1
+
+
+def seconds(name: str, value: object) -> float:
+    """A duration given as seconds (int or float) or a timedelta, as float seconds."""
+    if isinstance(value, timedelta):
+        return value.total_seconds()
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise InvalidArgument(
+            f"{name} must be a number of seconds or a timedelta, not {type(value).__name__}"
+        )
+    result = float(value)
+    if not math.isfinite(result):
+        raise InvalidArgument(f"{name} must be finite, got {value!r}")
+    return result
+
+
+def ttl_ms(value: object, name: str = "ttl") -> int:
+    """A lease length: positive, finite, within Redis's limits; in whole milliseconds."""
+    secs = seconds(name, value)
+    if secs <= 0:
+        raise InvalidArgument(f"{name} must be positive, got {value!r}")
+    ms = math.ceil(secs * 1000)
+    if ms > MAX_TTL_MS:
+        raise InvalidArgument(f"{name} must be at most {MAX_TTL_MS // 1000} seconds, got {value!r}")
+    return max(ms, MIN_TTL_MS)
+
+
+def timeout(value: object, name: str = "timeout") -> float | None:
+    """A wait bound in seconds: None (wait forever) or a non-negative duration."""
+    if value is None:
+        return None
+    secs = seconds(name, value)
+    if secs < 0:
+        raise InvalidArgument(f"{name} must not be negative, got {value!r}")
+    return secs
+
+
+def optional_positive(value: object, name: str) -> float | None:
+    """None or a positive duration in seconds."""
+    if value is None:
+        return None
+    secs = seconds(name, value)
+    if secs <= 0:
+        raise InvalidArgument(f"{name} must be positive, got {value!r}")
+    return secs
+
+
+def lock_name(value: object) -> str:
+    """A lock name: a non-empty str."""
+    if not isinstance(value, str):
+        raise InvalidArgument(f"name must be a str, not {type(value).__name__}")
+    if not value:
+        raise InvalidArgument("name must not be empty")
+    return value
+
+
+def key_prefix(value: object) -> str:
+    """A key prefix: a str without hash-tag braces (the name's tag must stay the only one)."""
+    if not isinstance(value, str):
+        raise InvalidArgument(f"prefix must be a str, not {type(value).__name__}")
+    if "{" in value or "}" in value:
+        raise InvalidArgument(f"prefix must not contain '{{' or '}}', got {value!r}")
+    return value
+
+
+def flag(value: object, name: str) -> bool:
+    if not isinstance(value, bool):
+        raise InvalidArgument(f"{name} must be True or False, not {value!r}")
+    return value
+
+
+def callback(value: object, name: str) -> object:
+    if value is not None and not callable(value):
+        raise InvalidArgument(f"{name} must be callable or None, not {type(value).__name__}")
+    return value

@@ -1,0 +1,33 @@
+"""What a server failure means for a lock, in words: one mapping for every driver."""
+
+from __future__ import annotations
+
+from redis import exceptions as rx
+
+from ._errors import BackendError
+
+
+def describe(exc: BaseException) -> str:
+    if isinstance(exc, rx.ReadOnlyError):
+        return "the server is a read-only replica; locks must be taken on a master"
+    if isinstance(exc, rx.OutOfMemoryError) or str(exc).startswith("OOM"):
+        return "the server is out of memory (maxmemory reached) and refuses writes"
+    if isinstance(exc, rx.BusyLoadingError):
+        return "the server is still loading its data set"
+    if isinstance(exc, (rx.AuthenticationError, rx.NoPermissionError)):
+        return "the server refused the command (authentication or ACL permissions)"
+    if isinstance(exc, (rx.TimeoutError, TimeoutError)):
+        return "the server did not answer in time"
+    if isinstance(exc, (rx.ConnectionError, OSError)):
+        return "the server cannot be reached"
+    return "the server returned an error"
+
+
+def backend_error(exc: BaseException, action: str) -> BackendError:
+    error = BackendError(f"{action} failed: {describe(exc)} ({type(exc).__name__}: {exc})")
+    error.__cause__ = exc
+    return error
+
+
+# What a driver turns into BackendError; anything else (bugs, cancellation) passes through.
+BACKEND_FAILURES: tuple[type[BaseException], ...] = (rx.RedisError, OSError)

@@ -1,0 +1,266 @@
+"""The sans-IO core: every rule of taking, waiting for, extending and releasing a lock.
+
+A flow is a generator that yields operations (``Call`` a script, ``Command``, ``Wait`` on
+a doorbell) and receives their replies; it decides, the drivers (``_io_sync`` and
+``_io_async``) only carry bytes. A driver that cannot complete an operation throws the
+error into the flow. The same flows therefore behave identically in threads and in
+asyncio, and are tested with a fake clock and scripted replies.
+"""
+
+from __future__ import annotations
+
+import math
+import secrets
+from collections.abc import Generator
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+from . import _arguments as args
+from ._errors import LockLost
+from ._keys import LockKeys
+from ._scripts import ACQUIRE, EXTEND, LEAVE, RELEASE, Script
+from ._timing import (
+    MONOTONIC,
+    QUEUE_ENTRY_SLACK,
+    UNKNOWN_HOLDER_RECHECK,
+    Clock,
+    Deadline,
+    valid_until,
+)
+
+T = TypeVar("T")
+
+# A reply that took longer than this (or the lease's ttl, if longer) is treated as lost.
+MIN_REPLY_WAIT = 1.0
+# BLPOP takes its timeout in seconds with millisecond resolution; 0 would mean "forever".
+MIN_WAIT = 0.001
+# A wake-up after the holder's PTTL is a safety net against holders that died; waking a
+# hair after expiry avoids finding the key still there.
+EXPIRY_NUDGE = 0.001
+
+
+@dataclass(frozen=True)
+class Call:
+    """Run a script (EVALSHA, falling back to EVAL on NOSCRIPT)."""
+
+    script: Script
+    keys: tuple[str, ...]
+    args: tuple[str, ...]
+    timeout: float  # seconds a reply is worth waiting for
+
+
+@dataclass(frozen=True)
+class Command:
+    """Send one plain command."""
+
+    args: tuple[str, ...]
+    timeout: float
+
+
+@dataclass(frozen=True)
+class Wait:
+    """Block on the server (BLPOP) until ``key`` gets an element or ``timeout`` passes.
+
+    The reply is the popped element, or None on timeout.
+    """
+
+    key: str
+    timeout: float
+    read_timeout: float  # how long the driver waits for the server's answer in all
+
+
+Op = Call | Command | Wait
+Flow = Generator[Op, Any, T]
+
+
+def new_token() -> str:
+    """128 random bits, hex: unguessable, so only its holder can release or extend."""
+    return secrets.token_hex(16)
+
+
+def as_text(value: object) -> str:
+    if isinstance(value, bytes):
+        return value.decode()
+    return str(value)
+
+
+def as_int(value: object) -> int:
+    if isinstance(value, (bytes, str)):
+        return int(value)
+    if isinstance(value, int):
+        return value
+    raise TypeError(f"expected an integer reply, got {value!r}")
+
+
+@dataclass(frozen=True)
+class LockSpec:
+    """Everything fixed about one lock: validated once, shared by all its acquisitions."""
+
+    name: str
+    ttl: float  # seconds, as the key's PX (whole milliseconds)
+    ttl_ms: int
+    keys: LockKeys
+    fair: bool
+    clock: Clock
+
+    @classmethod
+    def create(
+        cls,
+        name: object,
+        ttl: object,
+        *,
+        fair: object = True,
+        prefix: object = "",
+        clock: Clock | None = None,
+    ) -> LockSpec:
+        checked_name = args.lock_name(name)
+        ttl_ms = args.ttl_ms(ttl)
+        if clock is not None and not callable(clock):
+            raise args.InvalidArgument("clock must be callable, returning monotonic seconds")
+        return cls(
+            name=checked_name,
+            ttl=ttl_ms / 1000.0,
+            ttl_ms=ttl_ms,
+            keys=LockKeys.for_name(checked_name, args.key_prefix(prefix)),
+            fair=args.flag(fair, "fair"),
+            clock=clock or MONOTONIC,
+        )
+
+    @property
+    def fair_arg(self) -> str:
+        return "1" if self.fair else "0"
+
+    @property
+    def reply_timeout(self) -> float:
+        return max(self.ttl, MIN_REPLY_WAIT)
+
+    def call(self, script: Script, *argv: str, keys: tuple[str, ...] | None = None) -> Call:
+        return Call(
+            script, self.keys.script_keys if keys is None else keys, argv, self.reply_timeout
+        )
+
+
+@dataclass(frozen=True)
+class Grant:
+    """A lock the server gave us: our token, its fencing token, and until when it is ours."""
+
+    token: str
+    fence: int
+    valid_until: float
+
+
+class Acquisition:
+    """One caller's attempt to take a lock, from first try to grant, timeout or give-up.
+
+    ``started`` tells the driver whether anything reached the server: if the attempt is
+    interrupted after that, the driver runs ``abandon()``, which leaves the queue and
+    releases a lock that may have been granted meanwhile (nothing is left behind).
+    """
+
+    def __init__(self, spec: LockSpec, timeout: float | None, *, wait: bool) -> None:
+        self.spec = spec
+        self.token = new_token()
+        self.deadline = Deadline.after(spec.clock, timeout)
+        self.wait = wait
+        self.started = False
+
+    def run(self) -> Flow[Grant | None]:
+        spec, clock = self.spec, self.spec.clock
+        while True:
+            # How long this round may wait, so the queue entry can outlive it: bounded by
+            # the deadline, and by the ttl so a waiter refreshes its entry now and then.
+            horizon = self.deadline.cap(max(spec.ttl, UNKNOWN_HOLDER_RECHECK)) if self.wait else 0
+            queue_ms = math.ceil((horizon + QUEUE_ENTRY_SLACK) * 1000) if horizon > 0 else 0
+            sent_at = clock()
+            self.started = True
+            reply = yield spec.call(
+                ACQUIRE,
+                self.token,
+                str(spec.ttl_ms),
+                spec.fair_arg,
+                str(queue_ms),
+                spec.keys.bell_prefix,
+            )
+            fence, pttl, server_us = (as_int(x) for x in reply)
+            if fence > 0:
+                grant = Grant(self.token, fence, valid_until(sent_at, pttl, spec.ttl))
+                if grant.valid_until > clock():
+                    return grant
+                # The reply came too late to be of use: give the lock back, try again.
+                yield from self.abandon()
+                self.token = new_token()
+                continue
+            if queue_ms == 0:
+                return None
+            wait_for = horizon - (clock() - sent_at)
+            if pttl >= 0:
+                wait_for = min(wait_for, pttl / 1000.0 + EXPIRY_NUDGE)
+            if wait_for > 0:
+                wait_for = max(wait_for, MIN_WAIT)
+                rung = yield Wait(
+                    spec.keys.bell(self.token), wait_for, wait_for + spec.reply_timeout
+                )
+                if rung is not None:
+                    granted, granted_us = (int(x) for x in as_text(rung).split(":"))
+                    if granted > 0:
+                        # Handed over by a release at server time granted_us; our acquire
+                        # ran at server_us, after sent_at. Only the server's elapsed time
+                        # is used, never its clock against ours.
+                        start = sent_at + max(0, granted_us - server_us) / 1e6
+                        grant = Grant(
+                            self.token, granted, valid_until(start, spec.ttl_ms, spec.ttl)
+                        )
+                        if grant.valid_until > clock():
+                            return grant
+                        yield from self.abandon()
+                        self.token = new_token()
+                        continue
+            if self.deadline.expired():
+                # Give up, but keep a lock granted in the last instant: it is ours.
+                return (yield from self.leave(keep=True))
+
+    def leave(self, *, keep: bool) -> Flow[Grant | None]:
+        spec = self.spec
+        sent_at = spec.clock()
+        reply = yield spec.call(
+            LEAVE, self.token, spec.fair_arg, spec.keys.bell_prefix, "1" if keep else "0"
+        )
+        fence, pttl = (as_int(x) for x in reply)
+        if fence > 0:
+            return Grant(self.token, fence, valid_until(sent_at, pttl, spec.ttl))
+        return None
+
+    def abandon(self) -> Flow[None]:
+        """Leave the queue and release whatever may have been granted to this attempt."""
+        yield from self.leave(keep=False)
+
+
+def extend(spec: LockSpec, token: str, ttl_ms: int) -> Flow[float]:
+    """Reset the lease to ``ttl_ms`` from now; returns the new local validity end."""
+    sent_at = spec.clock()
+    ok = yield spec.call(EXTEND, token, str(ttl_ms), keys=(spec.keys.lock,))
+    if as_int(ok) != 1:
+        raise LockLost(f"lock {spec.name!r} is no longer ours: it expired or was taken over")
+    return valid_until(sent_at, ttl_ms, ttl_ms / 1000.0)
+
+
+def release(spec: LockSpec, token: str) -> Flow[None]:
+    """Delete the lock if it is still ours and serve the next waiter, atomically."""
+    ok = yield spec.call(RELEASE, token, spec.fair_arg, spec.keys.bell_prefix)
+    if as_int(ok) != 1:
+        raise LockLost(f"lock {spec.name!r} had already expired or been taken over")
+
+
+MAXMEMORY_POLICY = Command(("CONFIG", "GET", "maxmemory-policy"), MIN_REPLY_WAIT)
+
+
+def eviction_warning(reply: Any) -> str | None:
+    """A warning if the server may evict lock keys to make room (only noeviction is safe)."""
+    values = list(reply.values()) if isinstance(reply, dict) else list(reply or [])[1::2]
+    policy = as_text(values[0]) if values else "noeviction"
+    if policy == "noeviction":
+        return None
+    return (
+        f"the server's maxmemory-policy is {policy!r}: under memory pressure it may evict "
+        "lock keys, which silently frees locks; set it to 'noeviction'"
+    )

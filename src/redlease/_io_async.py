@@ -1,0 +1,193 @@
+"""The asyncio driver: carries the core's operations to a ``redis.asyncio`` client.
+
+Twin of ``_io_sync.py``: same names, same order; any difference is I/O only.
+
+Hot path. For a plain ``redis.asyncio.Redis`` the driver keeps a few connections of its
+own (made with the client's connection class and settings) and writes a command straight
+into the connection's stream, then awaits the reply: the reply's arrival already proves
+the bytes left, so waiting for the write buffer to drain first only adds a loop turn.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import warnings
+import weakref
+from typing import Any, TypeVar
+
+import redis.asyncio as aredis
+from redis import exceptions as rx
+
+from . import _flows
+from ._backend_errors import BACKEND_FAILURES, backend_error
+from ._errors import RedleaseWarning
+from ._flows import Call, Command, Flow, Op, Wait
+
+T = TypeVar("T")
+
+MAX_IDLE_CONNECTIONS = 32
+# Servers (by pool, or client if it has none) already checked for a key-evicting policy.
+_CHECKED: weakref.WeakSet[Any] = weakref.WeakSet()
+
+
+class _Connections:
+    """Idle private connections to one server, for one event loop (asyncio connections
+    cannot move between loops; a new loop starts with none, as does a forked child)."""
+
+    def __init__(self, pool: Any) -> None:
+        self._cls = pool.connection_class
+        self._kwargs = dict(pool.connection_kwargs)
+        self._idle: list[Any] = []
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._pid = os.getpid()
+
+    def take(self) -> Any:
+        loop = asyncio.get_running_loop()
+        if self._loop is not loop or self._pid != os.getpid():
+            self._idle, self._loop, self._pid = [], loop, os.getpid()
+        try:
+            return self._idle.pop()
+        except IndexError:
+            return self._cls(**self._kwargs)
+
+    async def give(self, conn: Any) -> None:
+        if len(self._idle) < MAX_IDLE_CONNECTIONS and self._pid == os.getpid():
+            self._idle.append(conn)
+        else:
+            await conn.disconnect()
+
+
+async def _send(conn: Any, *args: Any) -> None:
+    if not conn.is_connected:
+        await conn.connect()
+    writer = getattr(conn, "_writer", None)
+    if writer is None:  # a redis-py without the stream attribute: the public, slower way
+        await conn.send_packed_command(conn.pack_command(*args), check_health=False)
+    else:
+        writer.writelines(conn.pack_command(*args))
+
+
+async def _discard(conn: Any) -> None:
+    """Close a connection that may still have a reply in flight; never raises."""
+    with contextlib.suppress(BaseException):
+        await conn.disconnect(nowait=True)
+
+
+class AsyncIO:
+    """Runs flows against one asyncio client."""
+
+    def __init__(self, client: Any) -> None:
+        self.client = client
+        pool = getattr(client, "connection_pool", None)
+        self._direct: _Connections | None = None
+        if isinstance(client, aredis.Redis) and hasattr(pool, "connection_class"):
+            # Shared by every lock on this client: connections live as long as its pool.
+            self._direct = getattr(pool, "_redlease_connections", None)
+            if self._direct is None:
+                self._direct = _Connections(pool)
+                pool._redlease_connections = self._direct  # type: ignore[union-attr]
+
+    def describe(self) -> str:
+        kwargs = getattr(getattr(self.client, "connection_pool", None), "connection_kwargs", {})
+        if "host" in kwargs:
+            return f"{kwargs['host']}:{kwargs.get('port', 6379)}"
+        if "path" in kwargs:
+            return str(kwargs["path"])
+        return type(self.client).__name__
+
+    # -- running flows ---------------------------------------------------------------
+
+    async def run(self, flow: Flow[T], action: str) -> T:
+        """Drive ``flow`` to its end; server failures are thrown into it as BackendError."""
+        reply: Any = None
+        error: BaseException | None = None
+        while True:
+            try:
+                op = flow.send(reply) if error is None else flow.throw(error)
+            except StopIteration as stop:
+                return stop.value  # type: ignore[no-any-return]
+            try:
+                reply, error = await self.execute(op), None
+            except BACKEND_FAILURES as exc:
+                reply, error = None, backend_error(exc, action)
+
+    async def execute(self, op: Op) -> Any:
+        if isinstance(op, Call):
+            return await self._call(op)
+        if isinstance(op, Wait):
+            return await self._wait(op)
+        return await self._command(op)
+
+    async def check_server_once(self) -> None:
+        """Warn (once per client) if the server may evict lock keys; never fails."""
+        target = getattr(self.client, "connection_pool", None) or self.client
+        if target in _CHECKED:
+            return
+        _CHECKED.add(target)
+        try:
+            reply = await self._command(_flows.MAXMEMORY_POLICY)
+        except BACKEND_FAILURES:
+            return  # CONFIG may be renamed or denied by ACL: nothing to learn
+        message = _flows.eviction_warning(reply)
+        if message:
+            warnings.warn(f"{self.describe()}: {message}", RedleaseWarning, stacklevel=4)
+
+    # -- operations --------------------------------------------------------------------
+
+    async def _call(self, op: Call) -> Any:
+        if self._direct is None:
+            n = len(op.keys)
+            try:
+                return await self.client.evalsha(op.script.sha, n, *op.keys, *op.args)
+            except rx.NoScriptError:
+                return await self.client.eval(op.script.source, n, *op.keys, *op.args)
+        conn = self._direct.take()
+        try:
+            await _send(conn, "EVALSHA", op.script.sha, len(op.keys), *op.keys, *op.args)
+            try:
+                reply = await conn.read_response(timeout=op.timeout)
+            except rx.NoScriptError:
+                await _send(conn, "EVAL", op.script.source, len(op.keys), *op.keys, *op.args)
+                reply = await conn.read_response(timeout=op.timeout)
+        except rx.ResponseError:
+            await self._direct.give(conn)  # the reply was read in full: the connection is clean
+            raise
+        except BaseException:
+            await _discard(conn)  # a reply may still be on its way: never reuse it
+            raise
+        await self._direct.give(conn)
+        return reply
+
+    async def _command(self, op: Command) -> Any:
+        if self._direct is None:
+            return await self.client.execute_command(*op.args)
+        conn = self._direct.take()
+        try:
+            await _send(conn, *op.args)
+            reply = await conn.read_response(timeout=op.timeout)
+        except rx.ResponseError:
+            await self._direct.give(conn)
+            raise
+        except BaseException:
+            await _discard(conn)
+            raise
+        await self._direct.give(conn)
+        return reply
+
+    async def _wait(self, op: Wait) -> Any:
+        # A waiter holds one connection while blocked; it is one of ours, never one of
+        # the client's pool, so waiting does not starve the application's connections.
+        if self._direct is None:
+            reply = await self.client.blpop([op.key], op.timeout)
+            return None if reply is None else reply[1]
+        conn = self._direct.take()
+        try:
+            await _send(conn, "BLPOP", op.key, f"{op.timeout:.3f}")
+            reply = await conn.read_response(timeout=op.read_timeout)
+        except BaseException:
+            await _discard(conn)
+            raise
+        await self._direct.give(conn)
+        return None if reply is None else reply[1]

@@ -1,0 +1,186 @@
+"""The blocking driver: carries the core's operations to a redis-py client.
+
+Twin of ``_io_async.py``: same names, same order; any difference is I/O only.
+
+Hot path. For a plain ``redis.Redis`` the driver keeps a few connections of its own, made
+with the client's own connection class and settings (host, TLS, ACL user, Sentinel
+discovery...), and writes and reads on them directly: redis-py's command path costs more
+than the round trip itself. Anything else (``RedisCluster``, other client types) goes
+through the client's public methods, which route each script to the node owning the
+lock's hash slot.
+"""
+
+from __future__ import annotations
+
+import inspect
+import os
+import warnings
+import weakref
+from typing import Any, TypeVar
+
+import redis
+from redis import exceptions as rx
+
+from . import _flows
+from ._backend_errors import BACKEND_FAILURES, backend_error
+from ._errors import RedleaseWarning
+from ._flows import Call, Command, Flow, Op, Wait
+
+T = TypeVar("T")
+
+MAX_IDLE_CONNECTIONS = 32
+_READ_TAKES_TIMEOUT = "timeout" in inspect.signature(redis.Connection.read_response).parameters
+# Servers (by pool, or client if it has none) already checked for a key-evicting policy.
+_CHECKED: weakref.WeakSet[Any] = weakref.WeakSet()
+
+
+class _Connections:
+    """Idle private connections to one server. ``list.pop``/``append`` are atomic, so
+    threads share it without a lock; after ``fork`` the child starts with none (a socket
+    must never be shared with the parent)."""
+
+    def __init__(self, pool: Any) -> None:
+        self._cls = pool.connection_class
+        self._kwargs = dict(pool.connection_kwargs)
+        self._idle: list[Any] = []
+        self._pid = os.getpid()
+
+    def take(self) -> Any:
+        if self._pid != os.getpid():
+            self._idle, self._pid = [], os.getpid()
+        try:
+            return self._idle.pop()
+        except IndexError:
+            return self._cls(**self._kwargs)
+
+    def give(self, conn: Any) -> None:
+        if len(self._idle) < MAX_IDLE_CONNECTIONS and self._pid == os.getpid():
+            self._idle.append(conn)
+        else:
+            conn.disconnect()
+
+
+def _read(conn: Any, timeout: float) -> Any:
+    if _READ_TAKES_TIMEOUT:
+        return conn.read_response(timeout=timeout)
+    if not conn.can_read(timeout=timeout):
+        raise rx.TimeoutError(f"no reply within {timeout:.3f}s")
+    return conn.read_response()
+
+
+class SyncIO:
+    """Runs flows against one sync client."""
+
+    def __init__(self, client: Any) -> None:
+        self.client = client
+        pool = getattr(client, "connection_pool", None)
+        self._direct: _Connections | None = None
+        if isinstance(client, redis.Redis) and hasattr(pool, "connection_class"):
+            # Shared by every lock on this client: connections live as long as its pool.
+            self._direct = getattr(pool, "_redlease_connections", None)
+            if self._direct is None:
+                self._direct = _Connections(pool)
+                pool._redlease_connections = self._direct  # type: ignore[union-attr]
+
+    def describe(self) -> str:
+        kwargs = getattr(getattr(self.client, "connection_pool", None), "connection_kwargs", {})
+        if "host" in kwargs:
+            return f"{kwargs['host']}:{kwargs.get('port', 6379)}"
+        if "path" in kwargs:
+            return str(kwargs["path"])
+        return type(self.client).__name__
+
+    # -- running flows ---------------------------------------------------------------
+
+    def run(self, flow: Flow[T], action: str) -> T:
+        """Drive ``flow`` to its end; server failures are thrown into it as BackendError."""
+        reply: Any = None
+        error: BaseException | None = None
+        while True:
+            try:
+                op = flow.send(reply) if error is None else flow.throw(error)
+            except StopIteration as stop:
+                return stop.value  # type: ignore[no-any-return]
+            try:
+                reply, error = self.execute(op), None
+            except BACKEND_FAILURES as exc:
+                reply, error = None, backend_error(exc, action)
+
+    def execute(self, op: Op) -> Any:
+        if isinstance(op, Call):
+            return self._call(op)
+        if isinstance(op, Wait):
+            return self._wait(op)
+        return self._command(op)
+
+    def check_server_once(self) -> None:
+        """Warn (once per client) if the server may evict lock keys; never fails."""
+        target = getattr(self.client, "connection_pool", None) or self.client
+        if target in _CHECKED:
+            return
+        _CHECKED.add(target)
+        try:
+            reply = self._command(_flows.MAXMEMORY_POLICY)
+        except BACKEND_FAILURES:
+            return  # CONFIG may be renamed or denied by ACL: nothing to learn
+        message = _flows.eviction_warning(reply)
+        if message:
+            warnings.warn(f"{self.describe()}: {message}", RedleaseWarning, stacklevel=4)
+
+    # -- operations --------------------------------------------------------------------
+
+    def _call(self, op: Call) -> Any:
+        if self._direct is None:
+            n = len(op.keys)
+            try:
+                return self.client.evalsha(op.script.sha, n, *op.keys, *op.args)
+            except rx.NoScriptError:
+                return self.client.eval(op.script.source, n, *op.keys, *op.args)
+        conn = self._direct.take()
+        try:
+            conn.send_command("EVALSHA", op.script.sha, len(op.keys), *op.keys, *op.args)
+            try:
+                reply = _read(conn, op.timeout)
+            except rx.NoScriptError:
+                conn.send_command("EVAL", op.script.source, len(op.keys), *op.keys, *op.args)
+                reply = _read(conn, op.timeout)
+        except rx.ResponseError:
+            self._direct.give(conn)  # the reply was read in full: the connection is clean
+            raise
+        except BaseException:
+            conn.disconnect()  # a reply may still be on its way: never reuse it
+            raise
+        self._direct.give(conn)
+        return reply
+
+    def _command(self, op: Command) -> Any:
+        if self._direct is None:
+            return self.client.execute_command(*op.args)
+        conn = self._direct.take()
+        try:
+            conn.send_command(*op.args)
+            reply = _read(conn, op.timeout)
+        except rx.ResponseError:
+            self._direct.give(conn)
+            raise
+        except BaseException:
+            conn.disconnect()
+            raise
+        self._direct.give(conn)
+        return reply
+
+    def _wait(self, op: Wait) -> Any:
+        # A waiter holds one connection while blocked; it is one of ours, never one of
+        # the client's pool, so waiting does not starve the application's connections.
+        if self._direct is None:
+            reply = self.client.blpop([op.key], op.timeout)
+            return None if reply is None else reply[1]
+        conn = self._direct.take()
+        try:
+            conn.send_command("BLPOP", op.key, f"{op.timeout:.3f}")
+            reply = _read(conn, op.read_timeout)
+        except BaseException:
+            conn.disconnect()
+            raise
+        self._direct.give(conn)
+        return None if reply is None else reply[1]

@@ -1,0 +1,259 @@
+"""Leases: one successful acquisition each. Ownership belongs to the lease (its token),
+never to a thread or task, so a lease may be handed to another thread and released there.
+
+``Lease`` and ``AsyncLease`` are twins over ``LeaseState``, which holds everything that
+needs no I/O: validity, the lost flag and the one-time ``on_lost`` notification.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import threading
+from collections.abc import Callable
+from types import TracebackType
+from typing import TYPE_CHECKING, Any
+
+from . import _arguments as args
+from . import _flows
+from ._errors import LockLost
+
+if TYPE_CHECKING:
+    from ._io_async import AsyncIO
+    from ._io_sync import SyncIO
+
+log = logging.getLogger("redlease")
+
+HELD, RELEASED, LOST = "held", "released", "lost"
+
+
+class LeaseState:
+    """What a holder knows about its lease without asking the server."""
+
+    def __init__(
+        self,
+        spec: _flows.LockSpec,
+        grant: _flows.Grant,
+        on_lost: Callable[[Any], object] | None,
+    ) -> None:
+        self._spec = spec
+        self._token = grant.token
+        self._fence = grant.fence
+        self._valid_until = grant.valid_until
+        self._on_lost = on_lost
+        self._state = HELD
+        self._lost_reason: str | None = None
+        self._guard = threading.Lock()
+
+    @property
+    def name(self) -> str:
+        return self._spec.name
+
+    @property
+    def token(self) -> str:
+        """The random value that proves ownership on the server."""
+        return self._token
+
+    @property
+    def fence(self) -> int:
+        """Fencing token: strictly greater than any earlier grant's for this name."""
+        return self._fence
+
+    @property
+    def valid_until(self) -> float:
+        """End of validity on the lock's monotonic clock."""
+        return self._valid_until
+
+    def remaining(self) -> float:
+        """Seconds of validity left (0.0 once expired, released or lost)."""
+        if self._state != HELD:
+            return 0.0
+        return max(0.0, self._valid_until - self._spec.clock())
+
+    @property
+    def lost(self) -> bool:
+        """True once the lease is known gone or its validity has run out (not after release)."""
+        if self._state == HELD and self._spec.clock() >= self._valid_until:
+            self._mark_lost("its validity ran out")
+        return self._state == LOST
+
+    @property
+    def released(self) -> bool:
+        return self._state == RELEASED
+
+    def check(self) -> None:
+        """Raise LockLost unless the lease is still held and valid: call it before each
+        step of protected work (and pass ``fence`` to the resource when it can check it)."""
+        if self.lost:
+            raise LockLost(f"lease on {self.name!r} was lost: {self._lost_reason}")
+        if self._state == RELEASED:
+            raise LockLost(f"lease on {self.name!r} was released")
+
+    def _renewed(self, valid_until: float) -> None:
+        with self._guard:
+            if self._state == HELD:
+                self._valid_until = valid_until
+
+    def _mark_lost(self, reason: str) -> None:
+        """Record the loss and tell the holder's callback, exactly once."""
+        with self._guard:
+            if self._state != HELD:
+                return
+            self._state, self._lost_reason = LOST, reason
+        if self._on_lost is not None:
+            try:
+                self._on_lost(self)
+            except Exception:
+                log.exception("on_lost callback for lock %r raised", self.name)
+
+    def _mark_released(self) -> None:
+        with self._guard:
+            if self._state == HELD:
+                self._state = RELEASED
+
+    def _extend_ttl_ms(self, ttl: object) -> int:
+        return self._spec.ttl_ms if ttl is None else args.ttl_ms(ttl)
+
+    def __repr__(self) -> str:
+        return (
+            f"<{type(self).__name__} {self.name!r} fence={self._fence} {self._state} "
+            f"remaining={self.remaining():.3f}s>"
+        )
+
+
+class Lease(LeaseState):
+    """A held lock (sync). Use as a context manager to release it on exit."""
+
+    def __init__(
+        self,
+        spec: _flows.LockSpec,
+        grant: _flows.Grant,
+        io: SyncIO,
+        on_lost: Callable[[Any], object] | None = None,
+    ) -> None:
+        super().__init__(spec, grant, on_lost)
+        self._io = io
+
+    def extend(self, ttl: float | None = None) -> None:
+        """Make the lease last ``ttl`` seconds from now (default: the lock's ttl).
+
+        Raises LockLost if it is no longer ours.
+        """
+        ttl_ms = self._extend_ttl_ms(ttl)
+        self.check()
+        try:
+            until = self._io.run(_flows.extend(self._spec, self._token, ttl_ms), "extend")
+        except LockLost as exc:
+            self._mark_lost(str(exc))
+            raise
+        self._renewed(until)
+
+    def release(self) -> None:
+        """Give the lock back (and hand it to the next waiter). Releasing twice is a no-op.
+
+        Raises LockLost if the lock had expired or been taken over before the release.
+        """
+        if self._state == RELEASED:
+            return
+        try:
+            self._io.run(_flows.release(self._spec, self._token), "release")
+        except LockLost as exc:
+            self._mark_lost(str(exc))
+            raise
+        self._mark_released()
+
+    def __enter__(self) -> Lease:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        _release_on_exit(self.release, exc)
+
+
+class AsyncLease(LeaseState):
+    """A held lock (asyncio). Use as an async context manager to release it on exit."""
+
+    def __init__(
+        self,
+        spec: _flows.LockSpec,
+        grant: _flows.Grant,
+        io: AsyncIO,
+        on_lost: Callable[[Any], object] | None = None,
+    ) -> None:
+        super().__init__(spec, grant, on_lost)
+        self._io = io
+
+    async def extend(self, ttl: float | None = None) -> None:
+        """Make the lease last ``ttl`` seconds from now (default: the lock's ttl).
+
+        Raises LockLost if it is no longer ours.
+        """
+        ttl_ms = self._extend_ttl_ms(ttl)
+        self.check()
+        try:
+            until = await self._io.run(_flows.extend(self._spec, self._token, ttl_ms), "extend")
+        except LockLost as exc:
+            self._mark_lost(str(exc))
+            raise
+        self._renewed(until)
+
+    async def release(self) -> None:
+        """Give the lock back (and hand it to the next waiter). Releasing twice is a no-op.
+
+        Raises LockLost if the lock had expired or been taken over before the release.
+        Cancelling the caller does not cancel the release itself.
+        """
+        if self._state == RELEASED:
+            return
+        try:
+            await _shielded(self._io.run(_flows.release(self._spec, self._token), "release"))
+        except LockLost as exc:
+            self._mark_lost(str(exc))
+            raise
+        self._mark_released()
+
+    async def __aenter__(self) -> AsyncLease:
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        try:
+            await self.release()
+        except LockLost:
+            if exc is None:
+                raise
+            log.warning("lease on %r was lost before the block that held it failed", self.name)
+
+
+def _release_on_exit(release: Callable[[], None], exc: BaseException | None) -> None:
+    """Release at the end of a ``with`` block. A lost lease is an error only if the block
+    itself succeeded: the block's own exception is the one the caller needs to see."""
+    try:
+        release()
+    except LockLost:
+        if exc is None:
+            raise
+        log.warning("lease was lost before the block that held it failed")
+
+
+async def _shielded(coro: Any) -> Any:
+    """Await ``coro`` to its end even if the caller is cancelled meanwhile (the
+    cancellation is re-raised once it has finished): a release or a clean-up must never be
+    cut in half, or a lock would stay behind that nobody knows about."""
+    task = asyncio.ensure_future(coro)
+    try:
+        return await asyncio.shield(task)
+    except asyncio.CancelledError:
+        if not task.done():
+            with contextlib.suppress(BaseException):
+                await task  # cancelled again: finish anyway, then propagate
+        raise

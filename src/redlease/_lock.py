@@ -1,0 +1,266 @@
+"""``Lock`` and ``AsyncLock``: a lock name on one Redis/Valkey deployment (standalone,
+Sentinel-managed or Cluster). Twins: the same arguments and methods in the same order;
+the rules live in ``_flows``, the I/O in ``_io_sync``/``_io_async``.
+
+A lock object holds no ownership state: each acquisition returns its own lease, so one
+``Lock`` may be shared by many threads (or tasks). ``with lock as lease`` remembers the
+lease it opened in a context variable (per thread, per task), so nested and concurrent
+blocks each release their own.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import inspect
+from collections.abc import Callable
+from contextvars import ContextVar
+from datetime import timedelta
+from types import TracebackType
+from typing import Any
+
+from . import _arguments as args
+from ._errors import AcquireTimeout, InvalidArgument
+from ._flows import Acquisition, Grant, LockSpec
+from ._io_async import AsyncIO
+from ._io_sync import SyncIO
+from ._lease import AsyncLease, Lease, LeaseState, _release_on_exit, _shielded
+from ._timing import Clock
+
+Seconds = float | timedelta
+OnLost = Callable[[Any], object]
+
+# Leases opened by `with lock` / `async with lock` in this context, innermost last.
+_entered: ContextVar[tuple[tuple[object, LeaseState], ...]] = ContextVar(
+    "redlease_entered", default=()
+)
+
+
+def _push(lock: object, lease: LeaseState) -> None:
+    _entered.set((*_entered.get(), (lock, lease)))
+
+
+def _pop(lock: object) -> LeaseState:
+    stack = _entered.get()
+    for i in range(len(stack) - 1, -1, -1):
+        if stack[i][0] is lock:
+            _entered.set(stack[:i] + stack[i + 1 :])
+            return stack[i][1]
+    raise RuntimeError("exiting a lock's `with` block that did not enter it")
+
+
+def _is_async_client(client: object) -> bool:
+    return inspect.iscoroutinefunction(getattr(client, "execute_command", None))
+
+
+def _check_client(client: object, *, want_async: bool) -> None:
+    if not callable(getattr(client, "execute_command", None)):
+        raise InvalidArgument(f"client must be a redis-py client, not {type(client).__name__}")
+    if _is_async_client(client) != want_async:
+        if want_async:
+            raise InvalidArgument(
+                "client must be a redis.asyncio client for AsyncLock; use Lock with a sync client"
+            )
+        raise InvalidArgument(
+            "client must be a sync redis client for Lock; use AsyncLock with a redis.asyncio client"
+        )
+
+
+class _LockConfig:
+    """Arguments shared by the twins, checked once."""
+
+    def __init__(
+        self,
+        name: object,
+        ttl: object,
+        *,
+        fair: object,
+        auto_renew: object,
+        on_lost: object,
+        max_hold: object,
+        prefix: object,
+        clock: Clock | None,
+    ) -> None:
+        self._spec = LockSpec.create(name, ttl, fair=fair, prefix=prefix, clock=clock)
+        self._auto_renew = args.flag(auto_renew, "auto_renew")
+        self._on_lost: OnLost | None = args.callback(on_lost, "on_lost")  # type: ignore[assignment]
+        self._max_hold = args.optional_positive(max_hold, "max_hold")
+        if self._auto_renew:
+            raise NotImplementedError("auto_renew is not available yet")
+
+    @property
+    def name(self) -> str:
+        return self._spec.name
+
+    @property
+    def ttl(self) -> float:
+        return self._spec.ttl
+
+    def __repr__(self) -> str:
+        return f"<{type(self).__name__} {self.name!r} ttl={self.ttl}s>"
+
+
+class Lock(_LockConfig):
+    """A distributed lock on one Redis/Valkey deployment (sync).
+
+    ``ttl`` is the lease length; ``fair`` serves waiters in arrival order (no barging);
+    ``on_lost(lease)`` is called once if a held lease is found lost.
+    """
+
+    def __init__(
+        self,
+        client: Any,
+        name: str,
+        ttl: Seconds = 10.0,
+        *,
+        fair: bool = True,
+        auto_renew: bool = False,
+        on_lost: OnLost | None = None,
+        max_hold: Seconds | None = None,
+        prefix: str = "",
+        clock: Clock | None = None,
+    ) -> None:
+        _check_client(client, want_async=False)
+        super().__init__(
+            name,
+            ttl,
+            fair=fair,
+            auto_renew=auto_renew,
+            on_lost=on_lost,
+            max_hold=max_hold,
+            prefix=prefix,
+            clock=clock,
+        )
+        self._io = SyncIO(client)
+
+    def acquire(self, timeout: Seconds | None = None) -> Lease:
+        """Wait until the lock is ours and return the lease.
+
+        ``timeout`` bounds the wait in seconds (None: no bound; 0: a single try).
+        Raises AcquireTimeout if the lock stayed busy.
+        """
+        lease = self._acquire(args.timeout(timeout), wait=True)
+        if lease is None:
+            raise AcquireTimeout(f"lock {self.name!r} still busy after {timeout}s")
+        return lease
+
+    def try_acquire(self) -> Lease | None:
+        """Take the lock if it is free right now; never waits. None if it is busy."""
+        return self._acquire(0.0, wait=False)
+
+    def _acquire(self, timeout: float | None, *, wait: bool) -> Lease | None:
+        self._io.check_server_once()
+        attempt = Acquisition(self._spec, timeout, wait=wait)
+        try:
+            grant = self._io.run(attempt.run(), f"acquire {self.name!r}")
+        except BaseException:
+            if attempt.started:
+                self._abandon(attempt)
+            raise
+        return None if grant is None else self._lease(grant)
+
+    def _abandon(self, attempt: Acquisition) -> None:
+        # The original error matters more; an orphaned key expires with its ttl.
+        with contextlib.suppress(Exception):
+            self._io.run(attempt.abandon(), f"clean up {self.name!r}")
+
+    def _lease(self, grant: Grant) -> Lease:
+        return Lease(self._spec, grant, self._io, self._on_lost)
+
+    def __enter__(self) -> Lease:
+        lease = self.acquire()
+        _push(self, lease)
+        return lease
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        lease = _pop(self)
+        assert isinstance(lease, Lease)
+        _release_on_exit(lease.release, exc)
+
+
+class AsyncLock(_LockConfig):
+    """A distributed lock on one Redis/Valkey deployment (asyncio twin of ``Lock``)."""
+
+    def __init__(
+        self,
+        client: Any,
+        name: str,
+        ttl: Seconds = 10.0,
+        *,
+        fair: bool = True,
+        auto_renew: bool = False,
+        on_lost: OnLost | None = None,
+        max_hold: Seconds | None = None,
+        prefix: str = "",
+        clock: Clock | None = None,
+    ) -> None:
+        _check_client(client, want_async=True)
+        super().__init__(
+            name,
+            ttl,
+            fair=fair,
+            auto_renew=auto_renew,
+            on_lost=on_lost,
+            max_hold=max_hold,
+            prefix=prefix,
+            clock=clock,
+        )
+        self._io = AsyncIO(client)
+
+    async def acquire(self, timeout: Seconds | None = None) -> AsyncLease:
+        """Wait until the lock is ours and return the lease.
+
+        ``timeout`` bounds the wait in seconds (None: no bound; 0: a single try).
+        Raises AcquireTimeout if the lock stayed busy. Cancelling the caller at any
+        point leaves no lock behind: a lock granted meanwhile is released.
+        """
+        lease = await self._acquire(args.timeout(timeout), wait=True)
+        if lease is None:
+            raise AcquireTimeout(f"lock {self.name!r} still busy after {timeout}s")
+        return lease
+
+    async def try_acquire(self) -> AsyncLease | None:
+        """Take the lock if it is free right now; never waits. None if it is busy."""
+        return await self._acquire(0.0, wait=False)
+
+    async def _acquire(self, timeout: float | None, *, wait: bool) -> AsyncLease | None:
+        await self._io.check_server_once()
+        attempt = Acquisition(self._spec, timeout, wait=wait)
+        try:
+            grant = await self._io.run(attempt.run(), f"acquire {self.name!r}")
+        except BaseException:
+            if attempt.started:
+                await self._abandon(attempt)
+            raise
+        return None if grant is None else self._lease(grant)
+
+    async def _abandon(self, attempt: Acquisition) -> None:
+        try:
+            await _shielded(self._io.run(attempt.abandon(), f"clean up {self.name!r}"))
+        except Exception:
+            pass  # the original error matters more; an orphaned key expires with its ttl
+        except asyncio.CancelledError:
+            pass  # cancelled again while cleaning up; the clean-up itself ran to its end
+
+    def _lease(self, grant: Grant) -> AsyncLease:
+        return AsyncLease(self._spec, grant, self._io, self._on_lost)
+
+    async def __aenter__(self) -> AsyncLease:
+        lease = await self.acquire()
+        _push(self, lease)
+        return lease
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        lease = _pop(self)
+        assert isinstance(lease, AsyncLease)
+        await lease.__aexit__(exc_type, exc, tb)

