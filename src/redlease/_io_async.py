@@ -15,6 +15,7 @@ import contextlib
 import os
 import warnings
 import weakref
+from collections.abc import Sequence
 from typing import Any, TypeVar
 
 import redis.asyncio as aredis
@@ -133,6 +134,52 @@ class AsyncIO:
         message = _flows.eviction_warning(reply)
         if message:
             warnings.warn(f"{self.describe()}: {message}", RedleaseWarning, stacklevel=4)
+
+    async def execute_many(self, ops: Sequence[Call]) -> list[Any]:
+        """Pipeline ``ops`` on one connection: one round trip for all (used for batched
+        renewals). Each result is the reply, or the BackendError for that op."""
+        if self._direct is None:
+            results: list[Any] = []
+            for op in ops:
+                try:
+                    results.append(await self._call(op))
+                except BACKEND_FAILURES as exc:
+                    results.append(backend_error(exc, op.script.name))
+            return results
+        conn = self._direct.take()
+        results = []
+        try:
+            if not conn.is_connected:
+                await conn.connect()
+            await conn.send_packed_command(
+                conn.pack_commands(
+                    [("EVALSHA", op.script.sha, len(op.keys), *op.keys, *op.args) for op in ops]
+                ),
+                check_health=False,
+            )
+            for op in ops:
+                try:
+                    results.append(await conn.read_response(timeout=op.timeout))
+                except rx.NoScriptError:
+                    results.append(None)  # filled in below, once the pipeline is drained
+                except rx.ResponseError as exc:
+                    results.append(backend_error(exc, op.script.name))
+            for i, op in enumerate(ops):
+                if results[i] is None:
+                    await _send(conn, "EVAL", op.script.source, len(op.keys), *op.keys, *op.args)
+                    try:
+                        results[i] = await conn.read_response(timeout=op.timeout)
+                    except rx.ResponseError as exc:
+                        results[i] = backend_error(exc, op.script.name)
+        except BACKEND_FAILURES as exc:
+            await _discard(conn)
+            error = backend_error(exc, "batch")
+            return results + [error] * (len(ops) - len(results))
+        except BaseException:
+            await _discard(conn)
+            raise
+        await self._direct.give(conn)
+        return results
 
     # -- operations --------------------------------------------------------------------
 

@@ -16,6 +16,8 @@ import inspect
 import os
 import warnings
 import weakref
+from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any, TypeVar
 
 import redis
@@ -58,6 +60,16 @@ class _Connections:
             self._idle.append(conn)
         else:
             conn.disconnect()
+
+
+@dataclass
+class Pending:
+    """An op written to a server whose reply has not been read yet."""
+
+    op: Call | Command
+    conn: Any  # None when the op already completed (clients without a direct path)
+    reply: Any
+    error: BaseException | None
 
 
 def _read(conn: Any, timeout: float) -> Any:
@@ -126,6 +138,91 @@ class SyncIO:
         message = _flows.eviction_warning(reply)
         if message:
             warnings.warn(f"{self.describe()}: {message}", RedleaseWarning, stacklevel=4)
+
+    def execute_many(self, ops: Sequence[Call]) -> list[Any]:
+        """Pipeline ``ops`` on one connection: one round trip for all (used for batched
+        renewals). Each result is the reply, or the BackendError for that op."""
+        pendings = [self.send(op) for op in ops] if self._direct is None else None
+        if pendings is not None:
+            return [self.receive(p, "batch") for p in pendings]
+        conn = self._direct.take()  # type: ignore[union-attr]
+        results: list[Any] = []
+        try:
+            conn.send_packed_command(
+                conn.pack_commands(
+                    [("EVALSHA", op.script.sha, len(op.keys), *op.keys, *op.args) for op in ops]
+                )
+            )
+            for op in ops:
+                try:
+                    results.append(_read(conn, op.timeout))
+                except rx.NoScriptError:
+                    results.append(None)  # filled in below, once the pipeline is drained
+                except rx.ResponseError as exc:
+                    results.append(backend_error(exc, op.script.name))
+            for i, op in enumerate(ops):
+                if results[i] is None:
+                    conn.send_command("EVAL", op.script.source, len(op.keys), *op.keys, *op.args)
+                    try:
+                        results[i] = _read(conn, op.timeout)
+                    except rx.ResponseError as exc:
+                        results[i] = backend_error(exc, op.script.name)
+        except BACKEND_FAILURES as exc:
+            conn.disconnect()
+            error = backend_error(exc, "batch")
+            return results + [error] * (len(ops) - len(results))
+        except BaseException:
+            conn.disconnect()
+            raise
+        self._direct.give(conn)  # type: ignore[union-attr]
+        return results
+
+    def send(self, op: Call | Command) -> Pending:
+        """First half of a split round trip: write ``op`` now, read its reply later with
+        ``receive`` (lets a caller write to several servers before waiting on any)."""
+        if self._direct is None:
+            try:
+                return Pending(op, None, self.execute(op), None)
+            except BACKEND_FAILURES as exc:
+                return Pending(op, None, None, exc)
+        conn = self._direct.take()
+        try:
+            if isinstance(op, Call):
+                conn.send_command("EVALSHA", op.script.sha, len(op.keys), *op.keys, *op.args)
+            else:
+                conn.send_command(*op.args)
+        except BACKEND_FAILURES as exc:
+            conn.disconnect()
+            return Pending(op, None, None, exc)
+        return Pending(op, conn, None, None)
+
+    def receive(self, pending: Pending, action: str, timeout: float | None = None) -> Any:
+        """Second half: the reply to a ``send``; raises BackendError if there is none
+        within ``timeout`` (default: the op's own)."""
+        op, conn = pending.op, pending.conn
+        if pending.error is not None:
+            raise backend_error(pending.error, action)
+        if conn is None:
+            return pending.reply
+        wait = op.timeout if timeout is None else timeout
+        try:
+            try:
+                reply = _read(conn, wait)
+            except rx.NoScriptError:
+                assert isinstance(op, Call)
+                conn.send_command("EVAL", op.script.source, len(op.keys), *op.keys, *op.args)
+                reply = _read(conn, wait)
+        except rx.ResponseError as exc:
+            self._direct.give(conn)  # type: ignore[union-attr]
+            raise backend_error(exc, action) from exc
+        except BACKEND_FAILURES as exc:
+            conn.disconnect()
+            raise backend_error(exc, action) from exc
+        except BaseException:
+            conn.disconnect()
+            raise
+        self._direct.give(conn)  # type: ignore[union-attr]
+        return reply
 
     # -- operations --------------------------------------------------------------------
 
