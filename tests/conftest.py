@@ -11,6 +11,7 @@ from __future__ import annotations
 import itertools
 import os
 from collections.abc import AsyncIterator, Iterator
+from typing import Any
 
 import pytest
 import redis
@@ -62,3 +63,15 @@ _names = itertools.count()
 def name() -> str:
     """A lock name no other test uses."""
     return f"test:{os.getpid()}:{next(_names)}"
+
+
+@pytest.fixture(params=["sync", "async"])
+def twin(
+    request: pytest.FixtureRequest, r: redis.Redis, server: servers.ServerProcess
+) -> Iterator[Any]:
+    """The sync Lock, or the AsyncLock driven through a portal: same tests for both."""
+    from twins import AsyncTwin, SyncTwin
+
+    made = SyncTwin(server.port) if request.param == "sync" else AsyncTwin(server.port)
+    yield made
+    made.close()

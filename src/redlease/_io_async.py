@@ -28,36 +28,44 @@ from ._flows import Call, Command, Flow, Op, Wait
 
 T = TypeVar("T")
 
-MAX_IDLE_CONNECTIONS = 32
+MAX_IDLE_CONNECTIONS = 8
 # Servers (by pool, or client if it has none) already checked for a key-evicting policy.
 _CHECKED: weakref.WeakSet[Any] = weakref.WeakSet()
 
 
 class _Connections:
-    """Idle private connections to one server, for one event loop (asyncio connections
-    cannot move between loops; a new loop starts with none, as does a forked child)."""
+    """Connections this driver keeps checked out of the client's own pool, reused
+    without going through the pool each time. They stay the pool's (its ``disconnect``
+    closes them, its limits count them). asyncio connections cannot move between loops:
+    a new loop (or a forked child) starts with none."""
 
     def __init__(self, pool: Any) -> None:
-        self._cls = pool.connection_class
-        self._kwargs = dict(pool.connection_kwargs)
+        self._pool = pool
         self._idle: list[Any] = []
         self._loop: asyncio.AbstractEventLoop | None = None
         self._pid = os.getpid()
 
-    def take(self) -> Any:
+    async def take(self) -> Any:
         loop = asyncio.get_running_loop()
         if self._loop is not loop or self._pid != os.getpid():
             self._idle, self._loop, self._pid = [], loop, os.getpid()
-        try:
+        if self._idle:
             return self._idle.pop()
-        except IndexError:
-            return self._cls(**self._kwargs)
+        return await self._pool.get_connection()
 
     async def give(self, conn: Any) -> None:
         if len(self._idle) < MAX_IDLE_CONNECTIONS and self._pid == os.getpid():
             self._idle.append(conn)
         else:
-            await conn.disconnect()
+            await self._pool.release(conn)
+
+    async def discard(self, conn: Any) -> None:
+        """A connection whose state is unknown (a reply may still be on its way); never
+        raises, as it runs while another error propagates."""
+        with contextlib.suppress(BaseException):
+            await conn.disconnect(nowait=True)
+        with contextlib.suppress(BaseException):
+            await self._pool.release(conn)
 
 
 async def _send(conn: Any, *args: Any) -> None:
@@ -68,12 +76,6 @@ async def _send(conn: Any, *args: Any) -> None:
         await conn.send_packed_command(conn.pack_command(*args), check_health=False)
     else:
         writer.writelines(conn.pack_command(*args))
-
-
-async def _discard(conn: Any) -> None:
-    """Close a connection that may still have a reply in flight; never raises."""
-    with contextlib.suppress(BaseException):
-        await conn.disconnect(nowait=True)
 
 
 class AsyncIO:
@@ -146,7 +148,7 @@ class AsyncIO:
                 except BACKEND_FAILURES as exc:
                     results.append(backend_error(exc, op.script.name))
             return results
-        conn = self._direct.take()
+        conn = await self._direct.take()
         results = []
         try:
             if not conn.is_connected:
@@ -172,11 +174,11 @@ class AsyncIO:
                     except rx.ResponseError as exc:
                         results[i] = backend_error(exc, op.script.name)
         except BACKEND_FAILURES as exc:
-            await _discard(conn)
+            await self._direct.discard(conn)
             error = backend_error(exc, "batch")
             return results + [error] * (len(ops) - len(results))
         except BaseException:
-            await _discard(conn)
+            await self._direct.discard(conn)
             raise
         await self._direct.give(conn)
         return results
@@ -190,7 +192,7 @@ class AsyncIO:
                 return await self.client.evalsha(op.script.sha, n, *op.keys, *op.args)
             except rx.NoScriptError:
                 return await self.client.eval(op.script.source, n, *op.keys, *op.args)
-        conn = self._direct.take()
+        conn = await self._direct.take()
         try:
             await _send(conn, "EVALSHA", op.script.sha, len(op.keys), *op.keys, *op.args)
             try:
@@ -202,7 +204,7 @@ class AsyncIO:
             await self._direct.give(conn)  # the reply was read in full: the connection is clean
             raise
         except BaseException:
-            await _discard(conn)  # a reply may still be on its way: never reuse it
+            await self._direct.discard(conn)  # a reply may still be on its way
             raise
         await self._direct.give(conn)
         return reply
@@ -210,7 +212,7 @@ class AsyncIO:
     async def _command(self, op: Command) -> Any:
         if self._direct is None:
             return await self.client.execute_command(*op.args)
-        conn = self._direct.take()
+        conn = await self._direct.take()
         try:
             await _send(conn, *op.args)
             reply = await conn.read_response(timeout=op.timeout)
@@ -218,7 +220,7 @@ class AsyncIO:
             await self._direct.give(conn)
             raise
         except BaseException:
-            await _discard(conn)
+            await self._direct.discard(conn)
             raise
         await self._direct.give(conn)
         return reply
@@ -229,12 +231,12 @@ class AsyncIO:
         if self._direct is None:
             reply = await self.client.blpop([op.key], op.timeout)
             return None if reply is None else reply[1]
-        conn = self._direct.take()
+        conn = await self._direct.take()
         try:
             await _send(conn, "BLPOP", op.key, f"{op.timeout:.3f}")
             reply = await conn.read_response(timeout=op.read_timeout)
         except BaseException:
-            await _discard(conn)
+            await self._direct.discard(conn)
             raise
         await self._direct.give(conn)
         return None if reply is None else reply[1]

@@ -30,20 +30,21 @@ from ._flows import Call, Command, Flow, Op, Wait
 
 T = TypeVar("T")
 
-MAX_IDLE_CONNECTIONS = 32
+MAX_IDLE_CONNECTIONS = 8
 _READ_TAKES_TIMEOUT = "timeout" in inspect.signature(redis.Connection.read_response).parameters
 # Servers (by pool, or client if it has none) already checked for a key-evicting policy.
 _CHECKED: weakref.WeakSet[Any] = weakref.WeakSet()
 
 
 class _Connections:
-    """Idle private connections to one server. ``list.pop``/``append`` are atomic, so
-    threads share it without a lock; after ``fork`` the child starts with none (a socket
-    must never be shared with the parent)."""
+    """Connections this driver keeps checked out of the client's own pool, reused
+    without going through the pool each time. They stay the pool's (its ``disconnect``
+    closes them, its limits count them). ``list.pop``/``append`` are atomic, so threads
+    share this without a lock; after ``fork`` the child starts with none (a socket must
+    never be shared with the parent)."""
 
     def __init__(self, pool: Any) -> None:
-        self._cls = pool.connection_class
-        self._kwargs = dict(pool.connection_kwargs)
+        self._pool = pool
         self._idle: list[Any] = []
         self._pid = os.getpid()
 
@@ -53,13 +54,18 @@ class _Connections:
         try:
             return self._idle.pop()
         except IndexError:
-            return self._cls(**self._kwargs)
+            return self._pool.get_connection()
 
     def give(self, conn: Any) -> None:
         if len(self._idle) < MAX_IDLE_CONNECTIONS and self._pid == os.getpid():
             self._idle.append(conn)
         else:
-            conn.disconnect()
+            self._pool.release(conn)
+
+    def discard(self, conn: Any) -> None:
+        """A connection whose state is unknown (a reply may still be on its way)."""
+        conn.disconnect()
+        self._pool.release(conn)
 
 
 @dataclass
@@ -168,11 +174,11 @@ class SyncIO:
                     except rx.ResponseError as exc:
                         results[i] = backend_error(exc, op.script.name)
         except BACKEND_FAILURES as exc:
-            conn.disconnect()
+            self._direct.discard(conn)  # type: ignore[union-attr]
             error = backend_error(exc, "batch")
             return results + [error] * (len(ops) - len(results))
         except BaseException:
-            conn.disconnect()
+            self._direct.discard(conn)  # type: ignore[union-attr]
             raise
         self._direct.give(conn)  # type: ignore[union-attr]
         return results
@@ -192,7 +198,7 @@ class SyncIO:
             else:
                 conn.send_command(*op.args)
         except BACKEND_FAILURES as exc:
-            conn.disconnect()
+            self._direct.discard(conn)
             return Pending(op, None, None, exc)
         return Pending(op, conn, None, None)
 
@@ -216,10 +222,10 @@ class SyncIO:
             self._direct.give(conn)  # type: ignore[union-attr]
             raise backend_error(exc, action) from exc
         except BACKEND_FAILURES as exc:
-            conn.disconnect()
+            self._direct.discard(conn)  # type: ignore[union-attr]
             raise backend_error(exc, action) from exc
         except BaseException:
-            conn.disconnect()
+            self._direct.discard(conn)  # type: ignore[union-attr]
             raise
         self._direct.give(conn)  # type: ignore[union-attr]
         return reply
@@ -245,7 +251,7 @@ class SyncIO:
             self._direct.give(conn)  # the reply was read in full: the connection is clean
             raise
         except BaseException:
-            conn.disconnect()  # a reply may still be on its way: never reuse it
+            self._direct.discard(conn)  # a reply may still be on its way
             raise
         self._direct.give(conn)
         return reply
@@ -261,7 +267,7 @@ class SyncIO:
             self._direct.give(conn)
             raise
         except BaseException:
-            conn.disconnect()
+            self._direct.discard(conn)
             raise
         self._direct.give(conn)
         return reply
@@ -277,7 +283,7 @@ class SyncIO:
             conn.send_command("BLPOP", op.key, f"{op.timeout:.3f}")
             reply = _read(conn, op.read_timeout)
         except BaseException:
-            conn.disconnect()
+            self._direct.discard(conn)
             raise
         self._direct.give(conn)
         return None if reply is None else reply[1]

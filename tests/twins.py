@@ -1,0 +1,143 @@
+"""Run one behaviour suite against both twins: the asyncio classes are driven from a
+plain thread through a small portal (an event loop in a background thread), so every
+test is written once, against the sync surface."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections.abc import Callable, Coroutine
+from concurrent.futures import Future
+from typing import Any, TypeVar
+
+import redis
+import redis.asyncio as aredis
+
+import redlease
+
+T = TypeVar("T")
+
+
+class Portal:
+    """An event loop in a daemon thread; ``call`` runs a coroutine there and waits."""
+
+    def __init__(self) -> None:
+        self.loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self.loop.run_forever, daemon=True)
+        self._thread.start()
+
+    def call(self, fn: Callable[..., Coroutine[Any, Any, T]], *args: Any, **kw: Any) -> T:
+        future: Future[T] = asyncio.run_coroutine_threadsafe(fn(*args, **kw), self.loop)
+        return future.result(timeout=60)
+
+    def close(self) -> None:
+        async def shutdown() -> None:
+            tasks = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+
+        self.call(shutdown)
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self._thread.join(timeout=10)
+        self.loop.close()
+
+
+class AsyncLeaseView:
+    """The sync face of an AsyncLease."""
+
+    def __init__(self, portal: Portal, lease: redlease.AsyncLease) -> None:
+        self.portal, self.inner = portal, lease
+
+    def __getattr__(self, attr: str) -> Any:
+        return getattr(self.inner, attr)
+
+    def remaining(self) -> float:
+        return self.inner.remaining()
+
+    def check(self) -> None:
+        self.inner.check()
+
+    def extend(self, ttl: float | None = None) -> None:
+        self.portal.call(self.inner.extend, ttl)
+
+    def release(self) -> None:
+        self.portal.call(self.inner.release)
+
+
+class AsyncLockView:
+    """The sync face of an AsyncLock."""
+
+    def __init__(self, portal: Portal, lock: redlease.AsyncLock) -> None:
+        self.portal, self.inner = portal, lock
+        self._blocks = threading.local()  # per thread: the open `with` blocks
+
+    def acquire(self, timeout: float | None = None) -> AsyncLeaseView:
+        return AsyncLeaseView(self.portal, self.portal.call(self.inner.acquire, timeout))
+
+    def try_acquire(self) -> AsyncLeaseView | None:
+        lease = self.portal.call(self.inner.try_acquire)
+        return None if lease is None else AsyncLeaseView(self.portal, lease)
+
+    def __enter__(self) -> AsyncLeaseView:
+        # `async with` enters and exits in one task; keep one task open across the block.
+        entered: Future[redlease.AsyncLease] = Future()
+        exit_info: Future[tuple[Any, ...]] = Future()
+
+        async def hold() -> None:
+            try:
+                async with self.inner as lease:
+                    entered.set_result(lease)
+                    exc_info = await asyncio.wrap_future(exit_info)
+                    if exc_info[1] is not None:
+                        raise exc_info[1]
+            except BaseException as exc:
+                if not entered.done():
+                    entered.set_exception(exc)
+                raise
+
+        task = asyncio.run_coroutine_threadsafe(hold(), self.portal.loop)
+        lease = entered.result(timeout=60)
+        self._blocks.__dict__.setdefault("stack", []).append((task, exit_info))
+        return AsyncLeaseView(self.portal, lease)
+
+    def __exit__(self, *exc: Any) -> None:
+        task, exit_info = self._blocks.stack.pop()
+        exit_info.set_result(exc)
+        try:
+            task.result(timeout=60)
+        except BaseException as raised:
+            if raised is not exc[1]:
+                raise
+
+
+class SyncTwin:
+    kind = "sync"
+
+    def __init__(self, port: int) -> None:
+        self.client = redis.Redis(port=port)
+
+    def lock(self, name: str, ttl: float = 10.0, **options: Any) -> Any:
+        return redlease.Lock(self.client, name, ttl, **options)
+
+    def close(self) -> None:
+        self.client.close()
+
+
+class AsyncTwin:
+    kind = "async"
+
+    def __init__(self, port: int) -> None:
+        self.portal = Portal()
+
+        async def make() -> aredis.Redis:
+            return aredis.Redis(port=port)
+
+        self.client = self.portal.call(make)
+
+    def lock(self, name: str, ttl: float = 10.0, **options: Any) -> Any:
+        return AsyncLockView(self.portal, redlease.AsyncLock(self.client, name, ttl, **options))
+
+    def close(self) -> None:
+        self.portal.call(self.client.aclose)
+        self.portal.close()
