@@ -15,7 +15,8 @@ import redlease
 def test_with_block_yields_a_held_lease(twin: Any, r: redis.Redis, name: str) -> None:
     with twin.lock(name, ttl=5.0) as lease:
         assert lease.name == name
-        assert isinstance(lease.fence, int) and lease.fence > 0
+        assert isinstance(lease.fence, int)
+        assert lease.fence > 0
         assert len(lease.token) >= 32
         assert 4.0 < lease.remaining() <= 5.0
         assert r.get("{" + name + "}") == lease.token.encode()
@@ -32,7 +33,8 @@ def test_fences_strictly_increase_across_holders(twin: Any, name: str) -> None:
         lease = lock.acquire(timeout=1.0)
         fences.append(lease.fence)
         lease.release()
-    assert fences == sorted(fences) and len(set(fences)) == 5
+    assert fences == sorted(fences)
+    assert len(set(fences)) == 5
 
 
 def test_try_acquire_returns_none_when_busy(twin: Any, name: str) -> None:
@@ -147,7 +149,8 @@ def test_one_lock_object_shared_by_threads(twin: Any, r: redis.Redis, name: str)
 def test_nested_with_blocks_on_different_locks(twin: Any, r: redis.Redis, name: str) -> None:
     a, b = twin.lock(name + ":a"), twin.lock(name + ":b")
     with a as outer, b as inner:
-        assert outer.fence > 0 and inner.fence > 0
+        assert outer.fence > 0
+        assert inner.fence > 0
     assert r.exists("{" + name + ":a}", "{" + name + ":b}") == 0
 
 
