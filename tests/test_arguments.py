@@ -1,0 +1,71 @@
+"""Bad input gets a clear error naming the argument, before anything reaches a server."""
+
+from __future__ import annotations
+
+import math
+from datetime import timedelta
+from typing import Any, cast
+
+import pytest
+import redis
+import redis.asyncio as aredis
+
+import redlease
+
+# A client that is never connected: argument checks must fail before any I/O.
+CLIENT = redis.Redis(port=1)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "names"),
+    [
+        ({"ttl": 0}, "ttl"),
+        ({"ttl": -1.0}, "ttl"),
+        ({"ttl": math.inf}, "ttl"),
+        ({"ttl": math.nan}, "ttl"),
+        ({"ttl": 10**13}, "ttl"),
+        ({"ttl": "10"}, "ttl"),
+        ({"ttl": True}, "ttl"),
+        ({"ttl": timedelta(seconds=-1)}, "ttl"),
+        ({"name": ""}, "name"),
+        ({"name": 42}, "name"),
+        ({"fair": "yes"}, "fair"),
+        ({"on_lost": 3}, "on_lost"),
+        ({"max_hold": 0}, "max_hold"),
+        ({"prefix": "a{b"}, "prefix"),
+    ],
+)
+def test_bad_lock_arguments_name_the_argument(kwargs: dict[str, Any], names: str) -> None:
+    args: dict[str, Any] = {"name": "x", "ttl": 1.0, **kwargs}
+    with pytest.raises(redlease.InvalidArgument, match=names):
+        redlease.Lock(CLIENT, args.pop("name"), args.pop("ttl"), **args)
+
+
+@pytest.mark.parametrize("timeout", [-0.1, math.nan, "1", [1]])
+def test_bad_timeout_names_the_argument(timeout: Any) -> None:
+    lock = redlease.Lock(CLIENT, "x")
+    with pytest.raises(redlease.InvalidArgument, match="timeout"):
+        lock.acquire(timeout=timeout)
+
+
+def test_invalid_argument_is_value_and_type_error() -> None:
+    with pytest.raises(ValueError, match="ttl"):
+        redlease.Lock(CLIENT, "x", ttl=-1)
+    with pytest.raises(TypeError, match="ttl"):
+        redlease.Lock(CLIENT, "x", ttl=cast(Any, "1"))
+
+
+def test_client_kind_is_checked() -> None:
+    with pytest.raises(redlease.InvalidArgument, match="client"):
+        redlease.Lock(object(), "x")
+    with pytest.raises(redlease.InvalidArgument, match="AsyncLock"):
+        redlease.Lock(aredis.Redis(port=1), "x")
+    with pytest.raises(redlease.InvalidArgument, match="client"):
+        redlease.AsyncLock(CLIENT, "x")
+
+
+def test_lease_extend_checks_ttl(r: redis.Redis, name: str) -> None:
+    lease = redlease.Lock(r, name).acquire()
+    with pytest.raises(redlease.InvalidArgument, match="ttl"):
+        lease.extend(-5)
+    lease.release()

@@ -1,0 +1,223 @@
+"""The sans-IO core, driven by hand with scripted replies and a fake clock: no server,
+no sleeping. These pin the rules every driver inherits."""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Generator
+from typing import Any
+
+import pytest
+
+import redlease
+from redlease import _flows, _scripts
+from redlease._keys import LockKeys, hash_tag
+from redlease._timing import Deadline, drift, jittered_backoff
+from redlease.testing import FakeClock
+
+
+def spec(clock: FakeClock, ttl: float = 10.0, fair: bool = True) -> _flows.LockSpec:
+    return _flows.LockSpec.create("orders:42", ttl, fair=fair, clock=clock)
+
+
+def step(flow: Generator[Any, Any, Any], reply: Any) -> Any:
+    """Send a reply; return the next op, or ('done', value) when the flow ends."""
+    try:
+        return flow.send(reply)
+    except StopIteration as stop:
+        return ("done", stop.value)
+
+
+def test_acquire_is_one_script_call_and_validity_counts_from_before_sending() -> None:
+    clock = FakeClock()
+    attempt = _flows.Acquisition(spec(clock), None, wait=False)
+    flow = attempt.run()
+    op: Any = next(flow)
+    assert isinstance(op, _flows.Call)
+    assert op.script is _scripts.ACQUIRE
+    assert op.keys == (
+        "{orders:42}",
+        "{orders:42}:fence",
+        "{orders:42}:queue",
+        "{orders:42}:waiters",
+    )
+    token, ttl_ms, fair, queue_ms, bells = op.args
+    assert token == attempt.token
+    assert len(token) == 32
+    assert (ttl_ms, fair, queue_ms, bells) == ("10000", "1", "0", "{orders:42}:bell:")
+    clock.advance(0.3)  # time in flight is the holder's loss
+    done, grant = step(flow, [7, 10000, 1_000_000])
+    assert done == "done"
+    assert grant.fence == 7
+    assert grant.valid_until == pytest.approx(1000.0 + 10.0 - drift(10.0))
+
+
+def test_busy_lock_without_waiting_gives_none() -> None:
+    flow = _flows.Acquisition(spec(FakeClock()), None, wait=False).run()
+    next(flow)
+    assert step(flow, [0, 4000, 1_000_000]) == ("done", None)
+
+
+def test_a_reply_too_late_to_be_useful_is_given_back() -> None:
+    clock = FakeClock()
+    attempt = _flows.Acquisition(spec(clock, ttl=1.0), None, wait=False)
+    flow = attempt.run()
+    first_token = attempt.token
+    next(flow)
+    clock.advance(2.0)  # paused past the whole ttl before the reply was read
+    leave = step(flow, [3, 1000, 1_000_000])
+    assert leave.script is _scripts.LEAVE
+    assert leave.args[0] == first_token
+    assert leave.args[3] == "0"  # release what was granted
+    retry = step(flow, [0, 0])
+    assert retry.script is _scripts.ACQUIRE
+    assert retry.args[0] != first_token
+
+
+def test_waiter_sleeps_on_its_bell_until_the_holders_expiry_at_most() -> None:
+    clock = FakeClock()
+    attempt = _flows.Acquisition(spec(clock), 30.0, wait=True)
+    flow = attempt.run()
+    op: Any = next(flow)
+    assert int(op.args[3]) >= 10_000  # queued, with an entry that outlives the wait
+    wait = step(flow, [0, 2500, 5_000_000])
+    assert isinstance(wait, _flows.Wait)
+    assert wait.key == "{orders:42}:bell:" + attempt.token
+    assert wait.timeout == pytest.approx(2.5 + _flows.EXPIRY_NUDGE)
+    assert wait.read_timeout > wait.timeout
+
+
+def test_handover_validity_uses_only_server_elapsed_time() -> None:
+    clock = FakeClock()
+    flow = _flows.Acquisition(spec(clock), 30.0, wait=True).run()
+    next(flow)
+    clock.advance(0.01)
+    step(flow, [0, 2500, 5_000_000])
+    clock.advance(1.5)
+    # granted 1.2 s (server time) after our acquire script ran
+    done, grant = step(flow, b"8:6200000")
+    assert done == "done"
+    assert grant.fence == 8
+    assert grant.valid_until == pytest.approx(1000.0 + 1.2 + 10.0 - drift(10.0))
+
+
+def test_a_wake_up_without_grant_tries_again() -> None:
+    clock = FakeClock()
+    flow = _flows.Acquisition(spec(clock, fair=False), 30.0, wait=True).run()
+    next(flow)
+    step(flow, [0, 2500, 5_000_000])
+    again = step(flow, b"0:5100000")
+    assert again.script is _scripts.ACQUIRE
+
+
+def test_deadline_leaves_the_queue_and_keeps_a_last_instant_grant() -> None:
+    clock = FakeClock()
+    attempt = _flows.Acquisition(spec(clock), 1.0, wait=True)
+    flow = attempt.run()
+    next(flow)
+    wait = step(flow, [0, 9000, 5_000_000])
+    assert wait.timeout == pytest.approx(1.0)  # the deadline, not the holder's 9 s
+    clock.advance(1.0)
+    leave = step(flow, None)
+    assert leave.script is _scripts.LEAVE
+    assert leave.args[3] == "1"  # keep a grant that raced the timeout
+    _done, grant = step(flow, [11, 9500])
+    assert grant.fence == 11
+    assert grant.token == attempt.token
+
+
+def test_deadline_without_grant_ends_in_none() -> None:
+    clock = FakeClock()
+    flow = _flows.Acquisition(spec(clock), 0.5, wait=True).run()
+    next(flow)
+    step(flow, [0, 9000, 5_000_000])
+    clock.advance(0.6)
+    step(flow, None)
+    assert step(flow, [0, 0]) == ("done", None)
+
+
+def test_zero_timeout_is_a_single_try_that_does_not_queue() -> None:
+    flow = _flows.Acquisition(spec(FakeClock()), 0.0, wait=True).run()
+    op: Any = next(flow)
+    assert op.args[3] == "0"
+    assert step(flow, [0, 9000, 5_000_000]) == ("done", None)
+
+
+def test_extend_and_release_raise_lock_lost_when_not_ours() -> None:
+    clock = FakeClock()
+    s = spec(clock)
+    flow = _flows.extend(s, "tok", 5000)
+    op: Any = next(flow)
+    assert op.script is _scripts.EXTEND
+    assert op.keys == ("{orders:42}",)
+    clock.advance(0.2)
+    _done, until = step(flow, 1)
+    assert until == pytest.approx(1000.0 + 5.0 - drift(5.0))
+    flow = _flows.extend(s, "tok", 5000)
+    next(flow)
+    with pytest.raises(redlease.LockLost):
+        flow.send(0)
+    release = _flows.release(s, "tok")
+    next(release)
+    with pytest.raises(redlease.LockLost):
+        release.send(0)
+
+
+def test_lease_state_with_a_fake_clock() -> None:
+    clock = FakeClock()
+    s = spec(clock, ttl=2.0)
+    seen: list[Any] = []
+    lease = redlease.Lease(s, _flows.Grant("tok", 3, 1001.5), io=None, on_lost=seen.append)  # type: ignore[arg-type]
+    assert lease.remaining() == pytest.approx(1.5)
+    assert not lease.lost
+    clock.advance(1.5)
+    assert lease.remaining() == 0.0
+    assert lease.lost
+    assert lease.lost
+    assert seen == [lease]  # told once
+    with pytest.raises(redlease.LockLost):
+        lease.check()
+
+
+def test_keys_share_one_hash_tag() -> None:
+    keys = LockKeys.for_name("a:b", prefix="app:")
+    assert keys.lock == "app:{a:b}"
+    assert keys.fence == "app:{a:b}:fence"
+    assert keys.bell("t") == "app:{a:b}:bell:t"
+    odd = LockKeys.for_name("}x{")
+    tag = hash_tag("}x{")
+    assert tag.startswith("{#")
+    assert all(k.startswith(tag) for k in odd.script_keys)
+
+
+def test_eviction_warning_only_for_policies_that_evict() -> None:
+    assert _flows.eviction_warning([b"maxmemory-policy", b"noeviction"]) is None
+    assert _flows.eviction_warning({"maxmemory-policy": "noeviction"}) is None
+    message = _flows.eviction_warning([b"maxmemory-policy", b"allkeys-lru"])
+    assert message is not None
+    assert "allkeys-lru" in message
+    assert _flows.eviction_warning([b"maxmemory-policy", b"volatile-ttl"]) is not None
+
+
+def test_deadline_and_backoff() -> None:
+    clock = FakeClock()
+    deadline = Deadline.after(clock, 2.0)
+    assert deadline.cap(5.0) == 2.0
+    clock.advance(1.5)
+    assert deadline.left() == pytest.approx(0.5)
+    assert not deadline.expired()
+    clock.advance(1.0)
+    assert deadline.expired()
+    assert deadline.left() == 0.0
+    assert Deadline.after(clock, None).cap(3.0) == 3.0
+    rng = random.Random(1)
+    delays = [jittered_backoff(n, base=0.01, cap=0.1, rng=rng) for n in range(20)]
+    assert all(0.0 <= d <= 0.1 for d in delays)
+    assert max(delays[:2]) <= 0.02
+
+
+def test_scripts_have_contract_headers_and_stable_shas() -> None:
+    for script in _scripts.ALL:
+        assert "-- KEYS[1]" in script.source
+        assert "Reply" in script.source
+        assert len(script.sha) == 40
