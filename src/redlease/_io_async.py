@@ -226,8 +226,9 @@ class AsyncIO:
         return reply
 
     async def _wait(self, op: Wait) -> Any:
-        # A waiter holds one connection while blocked; it is one of ours, never one of
-        # the client's pool, so waiting does not starve the application's connections.
+        # A blocked waiter occupies one connection of the client's pool, as any BLPOP
+        # would, and hands it back when woken; only up to MAX_IDLE_CONNECTIONS are kept
+        # between uses, so a bounded pool needs room for its concurrent waiters.
         if self._direct is None:
             reply = await self.client.blpop([op.key], op.timeout)
             return None if reply is None else reply[1]

@@ -1,0 +1,196 @@
+"""Waiting without polling: doorbells rung by the release script, FIFO hand-over,
+no lost wake-ups, and waiters that die, time out or leave never block the queue."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+from typing import Any
+
+import pytest
+import redis
+
+import redlease
+from redlease import _flows, servers
+from redlease._io_sync import SyncIO
+
+
+def queued(r: redis.Redis, name: str) -> int:
+    return int(r.llen("{" + name + "}:queue"))
+
+
+def wait_until(predicate: Any, timeout: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        assert time.monotonic() < deadline, "condition not reached"
+        time.sleep(0.002)
+
+
+def drive(flow: Any, reply: Any, io: SyncIO) -> Any:
+    """Run a flow to its end from a given reply on."""
+    try:
+        op = flow.send(reply)
+        while True:
+            op = flow.send(io.execute(op))
+    except StopIteration as stop:
+        return stop.value
+
+
+@pytest.mark.parametrize("fair", [True, False])
+def test_no_lost_wake_up_when_release_lands_before_the_wait(
+    r: redis.Redis, name: str, fair: bool
+) -> None:
+    lock = redlease.Lock(r, name, ttl=30.0, fair=fair)
+    holder = lock.acquire()
+    attempt = _flows.Acquisition(lock._spec, 20.0, wait=True)
+    io = SyncIO(r)
+    flow = attempt.run()
+    reply = io.execute(next(flow))  # the failed try: queued, the holder has ~30 s left
+    wait_op = flow.send(reply)
+    assert isinstance(wait_op, _flows.Wait)
+    holder.release()  # the release lands in the gap before we block
+    started = time.monotonic()
+    rung = io.execute(wait_op)  # must return at once, not after the holder's 30 s
+    assert time.monotonic() - started < 5.0
+    assert rung is not None
+    grant = drive(flow, rung, io)  # fair: granted; not fair: woken, tries, wins
+    assert isinstance(grant, _flows.Grant)
+    assert r.get("{" + name + "}") == attempt.token.encode()
+
+
+def test_fifo_order_and_no_barging(r: redis.Redis, name: str) -> None:
+    lock = redlease.Lock(r, name, ttl=30.0)
+    holder = lock.acquire()
+    order: list[int] = []
+
+    def waiter(i: int) -> None:
+        lease = lock.acquire(timeout=30)
+        order.append(i)
+        time.sleep(0.01)
+        lease.release()
+
+    threads = []
+    for i in range(5):
+        t = threading.Thread(target=waiter, args=(i,))
+        t.start()
+        threads.append(t)
+        wait_until(lambda i=i: queued(r, name) == i + 1)
+    holder.release()
+    # the lock now passes from waiter to waiter; a newcomer never gets in between
+    wait_until(lambda: r.exists("{" + name + "}") == 1)
+    assert lock.try_acquire() is None
+    for t in threads:
+        t.join(timeout=30)
+    assert order == [0, 1, 2, 3, 4]
+
+
+def test_unfair_mode_still_serves_every_waiter(r: redis.Redis, name: str) -> None:
+    lock = redlease.Lock(r, name, ttl=30.0, fair=False)
+    holder = lock.acquire()
+    done: list[int] = []
+
+    def waiter(i: int) -> None:
+        with lock:
+            done.append(i)
+
+    threads = [threading.Thread(target=waiter, args=(i,)) for i in range(4)]
+    for t in threads:
+        t.start()
+    wait_until(lambda: queued(r, name) == 4)
+    holder.release()
+    for t in threads:
+        t.join(timeout=30)
+    assert sorted(done) == [0, 1, 2, 3]
+
+
+def test_waiter_wakes_when_a_crashed_holders_lease_expires(
+    server: servers.ServerProcess, r: redis.Redis, name: str
+) -> None:
+    code = textwrap.dedent(f"""
+        import os, signal, redis, redlease
+        redlease.Lock(redis.Redis.from_url({server.url!r}), {name!r}, ttl=1.0).acquire()
+        os.kill(os.getpid(), signal.SIGKILL)
+    """)
+    assert subprocess.run([sys.executable, "-c", code], timeout=60, check=False).returncode == -9
+    left = r.pttl("{" + name + "}") / 1000
+    assert left > 0
+    started = time.monotonic()
+    lease = redlease.Lock(r, name, ttl=5.0).acquire(timeout=30)
+    waited = time.monotonic() - started
+    assert waited < left + 1.5  # woken by the expiry itself, not a polling schedule
+    lease.release()
+
+
+def test_timeout_leaves_the_queue_clean(r: redis.Redis, name: str) -> None:
+    lock = redlease.Lock(r, name, ttl=30.0)
+    holder = lock.acquire()
+    with pytest.raises(redlease.AcquireTimeout):
+        lock.acquire(timeout=0.2)
+    assert queued(r, name) == 0
+    assert r.hlen("{" + name + "}:waiters") == 0
+    holder.release()
+    assert r.exists("{" + name + "}") == 0  # nobody was granted it after leaving
+
+
+def test_a_waiter_that_died_does_not_block_the_queue(
+    server: servers.ServerProcess, r: redis.Redis, name: str
+) -> None:
+    lock = redlease.Lock(r, name, ttl=1.0)
+    holder = lock.acquire()
+    code = textwrap.dedent(f"""
+        import redis, redlease
+        redlease.Lock(redis.Redis.from_url({server.url!r}), {name!r}, ttl=1.0).acquire()
+    """)
+    dead = subprocess.Popen([sys.executable, "-c", code])
+    wait_until(lambda: queued(r, name) == 1, timeout=30)
+    dead.kill()
+    dead.wait(timeout=10)
+    started = time.monotonic()
+    holder.release()  # handed to the dead waiter, whose lease then runs out
+    lease = lock.acquire(timeout=30)
+    assert time.monotonic() - started < 1.0 + 2.5
+    lease.release()
+
+
+def test_idle_waiters_send_no_commands(r: redis.Redis, name: str) -> None:
+    lock = redlease.Lock(r, name, ttl=30.0)
+    holder = lock.acquire()
+    threads = [
+        threading.Thread(target=lambda: lock.acquire(timeout=30).release()) for _ in range(3)
+    ]
+    for t in threads:
+        t.start()
+    wait_until(lambda: queued(r, name) == 3)
+    before = r.info("commandstats")
+    time.sleep(1.0)
+    after = r.info("commandstats")
+    # only our own INFO calls happened while the waiters were idle
+    changed = {k for k in after if after[k]["calls"] != before.get(k, {}).get("calls")}
+    assert changed <= {"cmdstat_info"}
+    holder.release()
+    for t in threads:
+        t.join(timeout=30)
+
+
+def test_waiters_leave_room_in_a_bounded_pool(r: redis.Redis, name: str) -> None:
+    client = redis.Redis(
+        connection_pool=redis.BlockingConnectionPool(  # type: ignore[no-untyped-call]
+            port=r.connection_pool.connection_kwargs["port"], max_connections=20, timeout=1
+        )
+    )
+    lock = redlease.Lock(client, name, ttl=30.0)
+    holder = lock.acquire()
+    threads = [
+        threading.Thread(target=lambda: lock.acquire(timeout=30).release()) for _ in range(4)
+    ]
+    for t in threads:
+        t.start()
+    wait_until(lambda: queued(r, name) == 4)
+    assert client.ping()  # the application still gets a connection
+    holder.release()
+    for t in threads:
+        t.join(timeout=30)
+    client.connection_pool.disconnect()  # a pool passed in is not closed by the client
