@@ -102,6 +102,7 @@ class LockSpec:
     keys: LockKeys
     fair: bool
     clock: Clock
+    reply_timeout: float  # a reply later than this is treated as lost
 
     @classmethod
     def create(
@@ -124,15 +125,12 @@ class LockSpec:
             keys=LockKeys.for_name(checked_name, args.key_prefix(prefix)),
             fair=args.flag(fair, "fair"),
             clock=clock or MONOTONIC,
+            reply_timeout=max(ttl_ms / 1000.0, MIN_REPLY_WAIT),
         )
 
     @property
     def fair_arg(self) -> str:
         return "1" if self.fair else "0"
-
-    @property
-    def reply_timeout(self) -> float:
-        return max(self.ttl, MIN_REPLY_WAIT)
 
     def call(self, script: Script, *argv: str, keys: tuple[str, ...] | None = None) -> Call:
         return Call(

@@ -21,7 +21,7 @@ from typing import Any, TypeVar
 import redis.asyncio as aredis
 from redis import exceptions as rx
 
-from . import _flows
+from . import _flows, _resp
 from ._backend_errors import BACKEND_FAILURES, backend_error
 from ._errors import RedleaseWarning
 from ._flows import Call, Command, Flow, Op, Wait
@@ -36,8 +36,10 @@ _CHECKED: weakref.WeakSet[Any] = weakref.WeakSet()
 class _Connections:
     """Connections this driver keeps checked out of the client's own pool, reused
     without going through the pool each time. They stay the pool's (its ``disconnect``
-    closes them, its limits count them). asyncio connections cannot move between loops:
-    a new loop (or a forked child) starts with none."""
+    closes them, its limits count them). Checking a new one out is bounded by the
+    operation's timeout, handshake included, so a hung server cannot hold it forever.
+    asyncio connections cannot move between loops: a new loop (or a forked child)
+    starts with none."""
 
     def __init__(self, pool: Any) -> None:
         self._pool = pool
@@ -45,13 +47,16 @@ class _Connections:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._pid = os.getpid()
 
-    async def take(self) -> Any:
+    async def take(self, timeout: float) -> Any:
         loop = asyncio.get_running_loop()
         if self._loop is not loop or self._pid != os.getpid():
             self._idle, self._loop, self._pid = [], loop, os.getpid()
         if self._idle:
             return self._idle.pop()
-        return await self._pool.get_connection()
+        try:
+            return await asyncio.wait_for(self._pool.get_connection(), timeout)
+        except asyncio.TimeoutError as exc:
+            raise rx.TimeoutError(f"no connection within {timeout:.3f}s") from exc
 
     async def give(self, conn: Any) -> None:
         if len(self._idle) < MAX_IDLE_CONNECTIONS and self._pid == os.getpid():
@@ -68,14 +73,14 @@ class _Connections:
             await self._pool.release(conn)
 
 
-async def _send(conn: Any, *args: Any) -> None:
+async def _send(conn: Any, packed: bytes) -> None:
     if not conn.is_connected:
         await conn.connect()
     writer = getattr(conn, "_writer", None)
     if writer is None:  # a redis-py without the stream attribute: the public, slower way
-        await conn.send_packed_command(conn.pack_command(*args), check_health=False)
+        await conn.send_packed_command([packed], check_health=False)
     else:
-        writer.writelines(conn.pack_command(*args))
+        writer.write(packed)
 
 
 class AsyncIO:
@@ -85,6 +90,7 @@ class AsyncIO:
         self.client = client
         pool = getattr(client, "connection_pool", None)
         self._direct: _Connections | None = None
+        self._checked = False
         if isinstance(client, aredis.Redis) and hasattr(pool, "connection_class"):
             # Shared by every lock on this client: connections live as long as its pool.
             self._direct = getattr(pool, "_redlease_connections", None)
@@ -125,6 +131,9 @@ class AsyncIO:
 
     async def check_server_once(self) -> None:
         """Warn (once per client) if the server may evict lock keys; never fails."""
+        if self._checked:
+            return
+        self._checked = True
         target = getattr(self.client, "connection_pool", None) or self.client
         if target in _CHECKED:
             return
@@ -148,17 +157,10 @@ class AsyncIO:
                 except BACKEND_FAILURES as exc:
                     results.append(backend_error(exc, op.script.name))
             return results
-        conn = await self._direct.take()
+        conn = await self._direct.take(min(op.timeout for op in ops))
         results = []
         try:
-            if not conn.is_connected:
-                await conn.connect()
-            await conn.send_packed_command(
-                conn.pack_commands(
-                    [("EVALSHA", op.script.sha, len(op.keys), *op.keys, *op.args) for op in ops]
-                ),
-                check_health=False,
-            )
+            await _send(conn, b"".join(map(_resp.evalsha, ops)))
             for op in ops:
                 try:
                     results.append(await conn.read_response(timeout=op.timeout))
@@ -168,7 +170,7 @@ class AsyncIO:
                     results.append(backend_error(exc, op.script.name))
             for i, op in enumerate(ops):
                 if results[i] is None:
-                    await _send(conn, "EVAL", op.script.source, len(op.keys), *op.keys, *op.args)
+                    await _send(conn, _resp.eval_source(op))
                     try:
                         results[i] = await conn.read_response(timeout=op.timeout)
                     except rx.ResponseError as exc:
@@ -192,13 +194,13 @@ class AsyncIO:
                 return await self.client.evalsha(op.script.sha, n, *op.keys, *op.args)
             except rx.NoScriptError:
                 return await self.client.eval(op.script.source, n, *op.keys, *op.args)
-        conn = await self._direct.take()
+        conn = await self._direct.take(op.timeout)
         try:
-            await _send(conn, "EVALSHA", op.script.sha, len(op.keys), *op.keys, *op.args)
+            await _send(conn, _resp.evalsha(op))
             try:
                 reply = await conn.read_response(timeout=op.timeout)
             except rx.NoScriptError:
-                await _send(conn, "EVAL", op.script.source, len(op.keys), *op.keys, *op.args)
+                await _send(conn, _resp.eval_source(op))
                 reply = await conn.read_response(timeout=op.timeout)
         except rx.ResponseError:
             await self._direct.give(conn)  # the reply was read in full: the connection is clean
@@ -212,9 +214,9 @@ class AsyncIO:
     async def _command(self, op: Command) -> Any:
         if self._direct is None:
             return await self.client.execute_command(*op.args)
-        conn = await self._direct.take()
+        conn = await self._direct.take(op.timeout)
         try:
-            await _send(conn, *op.args)
+            await _send(conn, _resp.command(op.args))
             reply = await conn.read_response(timeout=op.timeout)
         except rx.ResponseError:
             await self._direct.give(conn)
@@ -232,9 +234,9 @@ class AsyncIO:
         if self._direct is None:
             reply = await self.client.blpop([op.key], op.timeout)
             return None if reply is None else reply[1]
-        conn = await self._direct.take()
+        conn = await self._direct.take(op.read_timeout - op.timeout)
         try:
-            await _send(conn, "BLPOP", op.key, f"{op.timeout:.3f}")
+            await _send(conn, _resp.command(("BLPOP", op.key, f"{op.timeout:.3f}")))
             reply = await conn.read_response(timeout=op.read_timeout)
         except BaseException:
             await self._direct.discard(conn)

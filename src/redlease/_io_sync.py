@@ -23,7 +23,7 @@ from typing import Any, TypeVar
 import redis
 from redis import exceptions as rx
 
-from . import _flows
+from . import _flows, _resp
 from ._backend_errors import BACKEND_FAILURES, backend_error
 from ._errors import RedleaseWarning
 from ._flows import Call, Command, Flow, Op, Wait
@@ -37,35 +37,44 @@ _CHECKED: weakref.WeakSet[Any] = weakref.WeakSet()
 
 
 class _Connections:
-    """Connections this driver keeps checked out of the client's own pool, reused
-    without going through the pool each time. They stay the pool's (its ``disconnect``
-    closes them, its limits count them). ``list.pop``/``append`` are atomic, so threads
-    share this without a lock; after ``fork`` the child starts with none (a socket must
-    never be shared with the parent)."""
+    """Idle connections of this driver to one server, made with the client's own
+    connection class and settings, so TLS, ACL users and Sentinel discovery apply.
+
+    They are not the pool's: every use is bounded by the operation's own timeout,
+    including a new connection's handshake, which redis-py would otherwise wait for as
+    long as the client's ``socket_timeout`` allows (forever by default) when a server
+    hangs. They close when the client's pool goes away. ``list.pop``/``append`` are
+    atomic, so threads share this without a lock; after ``fork`` the child starts with
+    none (a socket must never be shared with the parent)."""
 
     def __init__(self, pool: Any) -> None:
-        self._pool = pool
+        self._cls = pool.connection_class
+        self._kwargs = dict(pool.connection_kwargs)
         self._idle: list[Any] = []
         self._pid = os.getpid()
 
-    def take(self) -> Any:
+    def take(self, timeout: float) -> Any:
         if self._pid != os.getpid():
             self._idle, self._pid = [], os.getpid()
         try:
             return self._idle.pop()
         except IndexError:
-            return self._pool.get_connection()
+            pass
+        kwargs = dict(self._kwargs)
+        for key in ("socket_timeout", "socket_connect_timeout"):
+            configured = kwargs.get(key)
+            kwargs[key] = timeout if configured is None else min(configured, timeout)
+        return self._cls(**kwargs)
 
     def give(self, conn: Any) -> None:
         if len(self._idle) < MAX_IDLE_CONNECTIONS and self._pid == os.getpid():
             self._idle.append(conn)
         else:
-            self._pool.release(conn)
+            conn.disconnect()
 
     def discard(self, conn: Any) -> None:
         """A connection whose state is unknown (a reply may still be on its way)."""
         conn.disconnect()
-        self._pool.release(conn)
 
 
 @dataclass
@@ -93,6 +102,7 @@ class SyncIO:
         self.client = client
         pool = getattr(client, "connection_pool", None)
         self._direct: _Connections | None = None
+        self._checked = False
         if isinstance(client, redis.Redis) and hasattr(pool, "connection_class"):
             # Shared by every lock on this client: connections live as long as its pool.
             self._direct = getattr(pool, "_redlease_connections", None)
@@ -133,6 +143,9 @@ class SyncIO:
 
     def check_server_once(self) -> None:
         """Warn (once per client) if the server may evict lock keys; never fails."""
+        if self._checked:
+            return
+        self._checked = True
         target = getattr(self.client, "connection_pool", None) or self.client
         if target in _CHECKED:
             return
@@ -151,14 +164,10 @@ class SyncIO:
         pendings = [self.send(op) for op in ops] if self._direct is None else None
         if pendings is not None:
             return [self.receive(p, "batch") for p in pendings]
-        conn = self._direct.take()  # type: ignore[union-attr]
+        conn = self._direct.take(min(op.timeout for op in ops))  # type: ignore[union-attr]
         results: list[Any] = []
         try:
-            conn.send_packed_command(
-                conn.pack_commands(
-                    [("EVALSHA", op.script.sha, len(op.keys), *op.keys, *op.args) for op in ops]
-                )
-            )
+            conn.send_packed_command([b"".join(map(_resp.evalsha, ops))], check_health=False)
             for op in ops:
                 try:
                     results.append(_read(conn, op.timeout))
@@ -168,7 +177,7 @@ class SyncIO:
                     results.append(backend_error(exc, op.script.name))
             for i, op in enumerate(ops):
                 if results[i] is None:
-                    conn.send_command("EVAL", op.script.source, len(op.keys), *op.keys, *op.args)
+                    conn.send_packed_command([_resp.eval_source(op)], check_health=False)
                     try:
                         results[i] = _read(conn, op.timeout)
                     except rx.ResponseError as exc:
@@ -191,12 +200,12 @@ class SyncIO:
                 return Pending(op, None, self.execute(op), None)
             except BACKEND_FAILURES as exc:
                 return Pending(op, None, None, exc)
-        conn = self._direct.take()
+        conn = self._direct.take(op.timeout)
         try:
             if isinstance(op, Call):
-                conn.send_command("EVALSHA", op.script.sha, len(op.keys), *op.keys, *op.args)
+                conn.send_packed_command([_resp.evalsha(op)], check_health=False)
             else:
-                conn.send_command(*op.args)
+                conn.send_packed_command([_resp.command(op.args)], check_health=False)
         except BACKEND_FAILURES as exc:
             self._direct.discard(conn)
             return Pending(op, None, None, exc)
@@ -216,7 +225,7 @@ class SyncIO:
                 reply = _read(conn, wait)
             except rx.NoScriptError:
                 assert isinstance(op, Call)
-                conn.send_command("EVAL", op.script.source, len(op.keys), *op.keys, *op.args)
+                conn.send_packed_command([_resp.eval_source(op)], check_health=False)
                 reply = _read(conn, wait)
         except rx.ResponseError as exc:
             self._direct.give(conn)  # type: ignore[union-attr]
@@ -239,13 +248,13 @@ class SyncIO:
                 return self.client.evalsha(op.script.sha, n, *op.keys, *op.args)
             except rx.NoScriptError:
                 return self.client.eval(op.script.source, n, *op.keys, *op.args)
-        conn = self._direct.take()
+        conn = self._direct.take(op.timeout)
         try:
-            conn.send_command("EVALSHA", op.script.sha, len(op.keys), *op.keys, *op.args)
+            conn.send_packed_command([_resp.evalsha(op)], check_health=False)
             try:
                 reply = _read(conn, op.timeout)
             except rx.NoScriptError:
-                conn.send_command("EVAL", op.script.source, len(op.keys), *op.keys, *op.args)
+                conn.send_packed_command([_resp.eval_source(op)], check_health=False)
                 reply = _read(conn, op.timeout)
         except rx.ResponseError:
             self._direct.give(conn)  # the reply was read in full: the connection is clean
@@ -259,9 +268,9 @@ class SyncIO:
     def _command(self, op: Command) -> Any:
         if self._direct is None:
             return self.client.execute_command(*op.args)
-        conn = self._direct.take()
+        conn = self._direct.take(op.timeout)
         try:
-            conn.send_command(*op.args)
+            conn.send_packed_command([_resp.command(op.args)], check_health=False)
             reply = _read(conn, op.timeout)
         except rx.ResponseError:
             self._direct.give(conn)
@@ -273,15 +282,17 @@ class SyncIO:
         return reply
 
     def _wait(self, op: Wait) -> Any:
-        # A blocked waiter occupies one connection of the client's pool, as any BLPOP
-        # would, and hands it back when woken; only up to MAX_IDLE_CONNECTIONS are kept
-        # between uses, so a bounded pool needs room for its concurrent waiters.
+        # A blocked waiter occupies one of the driver's own connections, never one of
+        # the client's pool, so waiting cannot starve the application; when woken it
+        # goes back to the idle list (at most MAX_IDLE_CONNECTIONS stay open).
         if self._direct is None:
             reply = self.client.blpop([op.key], op.timeout)
             return None if reply is None else reply[1]
-        conn = self._direct.take()
+        conn = self._direct.take(op.read_timeout - op.timeout)
         try:
-            conn.send_command("BLPOP", op.key, f"{op.timeout:.3f}")
+            conn.send_packed_command(
+                [_resp.command(("BLPOP", op.key, f"{op.timeout:.3f}"))], check_health=False
+            )
             reply = _read(conn, op.read_timeout)
         except BaseException:
             self._direct.discard(conn)

@@ -27,6 +27,10 @@ log = logging.getLogger("redlease")
 
 HELD, RELEASED, LOST = "held", "released", "lost"
 
+# Guards state transitions of all leases (held -> released | lost): they are rare and
+# short, and one process-wide lock keeps each lease cheap to create on the hot path.
+_TRANSITIONS = threading.Lock()
+
 
 class LeaseState:
     """What a holder knows about its lease without asking the server."""
@@ -44,7 +48,6 @@ class LeaseState:
         self._on_lost = on_lost
         self._state = HELD
         self._lost_reason: str | None = None
-        self._guard = threading.Lock()
 
     @property
     def name(self) -> str:
@@ -91,13 +94,13 @@ class LeaseState:
             raise LockLost(f"lease on {self.name!r} was released")
 
     def _renewed(self, valid_until: float) -> None:
-        with self._guard:
+        with _TRANSITIONS:
             if self._state == HELD:
                 self._valid_until = valid_until
 
     def _mark_lost(self, reason: str) -> None:
         """Record the loss and tell the holder's callback, exactly once."""
-        with self._guard:
+        with _TRANSITIONS:
             if self._state != HELD:
                 return
             self._state, self._lost_reason = LOST, reason
@@ -108,7 +111,7 @@ class LeaseState:
                 log.exception("on_lost callback for lock %r raised", self.name)
 
     def _mark_released(self) -> None:
-        with self._guard:
+        with _TRANSITIONS:
             if self._state == HELD:
                 self._state = RELEASED
 

@@ -90,13 +90,21 @@ end
 
 ACQUIRE = Script(
     "acquire",
-    _HELPERS
-    + """
+    """
 -- KEYS[1] lock  KEYS[2] fence  KEYS[3] queue  KEYS[4] waiters
 -- ARGV[1] token  ARGV[2] ttl ms  ARGV[3] fair ('1'/'0')
 -- ARGV[4] queue-entry lifetime ms ('0': do not queue)  ARGV[5] bell key prefix
 -- Reply {fence, pttl, server_us}. fence > 0: acquired, pttl = ms of validity left.
 -- fence = 0: held by another, pttl = holder's ms left (-2 free but promised to a waiter).
+-- Fast path first, before any helper is defined: nobody queued, so nobody can have
+-- been granted or promised the lock.
+if redis.call('EXISTS', KEYS[3]) == 0
+    and redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then
+  return {redis.call('INCR', KEYS[2]), tonumber(ARGV[2]), 0}
+end
+"""
+    + _HELPERS
+    + """
 local lock, fence, queue, waiters = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
 local token, fair, bell = ARGV[1], ARGV[3], ARGV[5] .. ARGV[1]
 local holder = redis.call('GET', lock)
@@ -131,13 +139,16 @@ return {0, redis.call('PTTL', lock), now}
 
 RELEASE = Script(
     "release",
-    _HELPERS
-    + """
+    """
 -- KEYS[1] lock  KEYS[2] fence  KEYS[3] queue  KEYS[4] waiters
 -- ARGV[1] token  ARGV[2] fair ('1'/'0')  ARGV[3] bell key prefix
 -- Reply 1: released (and the next waiter served); 0: the lock was not ours.
 if redis.call('GET', KEYS[1]) ~= ARGV[1] then return 0 end
 redis.call('DEL', KEYS[1])
+if redis.call('EXISTS', KEYS[3]) == 0 then return 1 end
+"""
+    + _HELPERS
+    + """
 hand_on(KEYS[1], KEYS[2], KEYS[3], KEYS[4], ARGV[3], ARGV[2])
 return 1
 """,

@@ -1,0 +1,100 @@
+"""Server failures are reported clearly, never as "acquired", and never leave a lock
+behind without a TTL: down, paused, read-only replica, out of memory, evicting, scripts
+flushed."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+
+import pytest
+import redis
+
+import redlease
+from redlease import servers
+
+
+@pytest.fixture
+def own_server(server_kind: str) -> Iterator[servers.ServerProcess]:
+    """A server of the session's kind that this test may break."""
+    with servers.ServerProcess(servers.find_binary(server_kind)) as proc:
+        yield proc
+
+
+def test_server_down_is_a_backend_error_with_cause() -> None:
+    client = redis.Redis(port=servers.free_port(), socket_connect_timeout=1)
+    with pytest.raises(redlease.BackendError, match="cannot be reached") as caught:
+        redlease.Lock(client, "x").acquire(timeout=1)
+    assert isinstance(caught.value.__cause__, redis.ConnectionError)
+    client.close()
+
+
+def test_paused_server_times_out_and_leaves_only_expiring_keys(
+    own_server: servers.ServerProcess,
+) -> None:
+    client = redis.Redis(port=own_server.port)
+    client.ping()
+    own_server.pause()
+    started = time.monotonic()
+    try:
+        with pytest.raises(redlease.BackendError, match="did not answer in time"):
+            redlease.Lock(client, "paused", ttl=0.5).acquire(timeout=5)
+    finally:
+        own_server.resume()
+    assert time.monotonic() - started < 10
+    time.sleep(0.2)
+    assert client.pttl("{paused}") != -1  # applied late or not at all, never without TTL
+    client.close()
+
+
+def test_read_only_replica_is_named(own_server: servers.ServerProcess, server_kind: str) -> None:
+    replica = servers.ServerProcess(
+        servers.find_binary(server_kind),
+        extra_args=["--replicaof", "127.0.0.1", str(own_server.port)],
+    ).start()
+    try:
+        client = redis.Redis(port=replica.port)
+        with pytest.raises(redlease.BackendError, match="read-only replica"):
+            redlease.Lock(client, "x").acquire(timeout=1)
+        assert client.exists("{x}") == 0
+        client.close()
+    finally:
+        replica.stop()
+
+
+def test_out_of_memory_is_named(own_server: servers.ServerProcess) -> None:
+    client = redis.Redis(port=own_server.port)
+    client.config_set("maxmemory", 1)
+    try:
+        with pytest.raises(redlease.BackendError, match="out of memory"):
+            redlease.Lock(client, "x").acquire(timeout=1)
+    finally:
+        client.config_set("maxmemory", 0)
+    client.close()
+
+
+def test_key_evicting_policy_warns(own_server: servers.ServerProcess) -> None:
+    client = redis.Redis(port=own_server.port)
+    client.config_set("maxmemory-policy", "allkeys-lru")
+    with pytest.warns(redlease.RedleaseWarning, match="allkeys-lru"):
+        lease = redlease.Lock(client, "x").acquire()
+    lease.release()
+    client.close()
+
+
+def test_scripts_survive_script_flush(r: redis.Redis, name: str) -> None:
+    lock = redlease.Lock(r, name)
+    lease = lock.acquire()
+    r.script_flush()
+    lease.extend()
+    lease.release()
+    r.script_flush()
+    lock.acquire().release()
+
+
+def test_decoded_client_works(server: servers.ServerProcess, name: str) -> None:
+    client = redis.Redis(port=server.port, decode_responses=True)
+    lock = redlease.Lock(client, name)
+    with lock as lease:
+        assert client.get("{" + name + "}") == lease.token
+    client.close()
