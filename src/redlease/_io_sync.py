@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import inspect
 import os
+import time
 import warnings
 import weakref
 from collections.abc import Sequence
@@ -31,6 +32,8 @@ from ._flows import Call, Command, Flow, Op, Wait
 T = TypeVar("T")
 
 MAX_IDLE_CONNECTIONS = 8
+# Seconds of idleness after which a kept connection is checked before use.
+STALE_AFTER = 1.0
 _READ_TAKES_TIMEOUT = "timeout" in inspect.signature(redis.Connection.read_response).parameters
 # Servers (by pool, or client if it has none) already checked for a key-evicting policy.
 _CHECKED: weakref.WeakSet[Any] = weakref.WeakSet()
@@ -50,25 +53,30 @@ class _Connections:
     def __init__(self, pool: Any) -> None:
         self._cls = pool.connection_class
         self._kwargs = dict(pool.connection_kwargs)
-        self._idle: list[Any] = []
+        self._idle: list[tuple[Any, float]] = []
         self._pid = os.getpid()
 
     def take(self, timeout: float) -> Any:
         if self._pid != os.getpid():
             self._idle, self._pid = [], os.getpid()
-        try:
-            return self._idle.pop()
-        except IndexError:
-            pass
+        while self._idle:
+            conn, since = self._idle.pop()
+            # A connection idle for a while may have been closed by the server (restart,
+            # idle timeout): one poll tells, before a command is lost on it.
+            if time.monotonic() - since < STALE_AFTER or not conn.can_read():
+                return conn
+            conn.disconnect()
         kwargs = dict(self._kwargs)
         for key in ("socket_timeout", "socket_connect_timeout"):
             configured = kwargs.get(key)
             kwargs[key] = timeout if configured is None else min(configured, timeout)
-        return self._cls(**kwargs)
+        conn = self._cls(**kwargs)
+        conn.connect()  # the class's own connect: Sentinel discovery happens here
+        return conn
 
     def give(self, conn: Any) -> None:
         if len(self._idle) < MAX_IDLE_CONNECTIONS and self._pid == os.getpid():
-            self._idle.append(conn)
+            self._idle.append((conn, time.monotonic()))
         else:
             conn.disconnect()
 

@@ -1,0 +1,142 @@
+# mypy: disable-error-code="no-untyped-call"
+# (redis-py leaves its cluster and sentinel helpers untyped)
+"""The same lock on a Redis Cluster (scripts routed by the lock's hash tag) and behind
+Sentinel (the client discovers the master), with real server processes."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import time
+from collections.abc import Iterator
+
+import pytest
+import redis
+from redis.cluster import ClusterNode, RedisCluster
+from redis.sentinel import Sentinel
+
+import redlease
+from redlease import servers
+
+SLOTS = 16384
+
+
+def wait_for(predicate: object, what: str, timeout: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():  # type: ignore[operator]
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(0.05)
+
+
+@pytest.fixture
+def cluster(server_kind: str) -> Iterator[list[servers.ServerProcess]]:
+    binary = servers.find_binary(server_kind)
+    nodes = []
+    try:
+        for _ in range(3):
+            nodes.append(
+                servers.ServerProcess(
+                    binary,
+                    extra_args=["--cluster-enabled", "yes", "--cluster-node-timeout", "5000"],
+                ).start()
+            )
+        clients = [redis.Redis(port=n.port) for n in nodes]
+        share = SLOTS // 3
+        for i, client in enumerate(clients):
+            last = SLOTS - 1 if i == 2 else (i + 1) * share - 1
+            client.execute_command("CLUSTER", "ADDSLOTSRANGE", i * share, last)
+        for client in clients[1:]:
+            client.execute_command("CLUSTER", "MEET", "127.0.0.1", nodes[0].port)
+        wait_for(
+            lambda: all(
+                b"cluster_state:ok" in c.execute_command("CLUSTER", "INFO") for c in clients
+            ),
+            "the cluster to form",
+        )
+        for client in clients:
+            client.close()
+        yield nodes
+    finally:
+        for node in nodes:
+            node.stop()
+
+
+def test_lock_on_a_cluster(cluster: list[servers.ServerProcess]) -> None:
+    client = RedisCluster(startup_nodes=[ClusterNode("127.0.0.1", cluster[0].port)])
+    try:
+        names = [f"job:{i}" for i in range(12)]  # spread over the three nodes' slots
+        slots = {client.keyslot("{" + n + "}") // (SLOTS // 3) for n in names}
+        assert len(slots) > 1
+        for n in names:
+            lock = redlease.Lock(client, n, ttl=5.0)
+            with lock as lease:
+                assert lease.fence >= 1
+                assert lock.try_acquire() is None
+                assert client.get("{" + n + "}") == lease.token.encode()
+            again = lock.acquire(timeout=1)
+            assert again.fence > lease.fence
+            again.release()
+    finally:
+        client.close()
+
+
+def test_waiting_on_a_cluster(cluster: list[servers.ServerProcess]) -> None:
+    import threading
+
+    client = RedisCluster(startup_nodes=[ClusterNode("127.0.0.1", cluster[0].port)])
+    try:
+        lock = redlease.Lock(client, "queue-on-cluster", ttl=10.0)
+        holder = lock.acquire()
+        got: list[int] = []
+        t = threading.Thread(target=lambda: got.append(lock.acquire(timeout=10).fence))
+        t.start()
+        wait_for(lambda: client.llen("{queue-on-cluster}:queue") == 1, "the waiter")
+        holder.release()
+        t.join(timeout=10)
+        assert got == [holder.fence + 1]
+    finally:
+        client.close()
+
+
+@pytest.fixture
+def sentinel(server_kind: str) -> Iterator[int]:
+    binary = servers.find_binary(server_kind)
+    master = servers.ServerProcess(binary).start()
+    port = servers.free_port()
+    workdir = master.workdir
+    conf = os.path.join(workdir, "sentinel.conf")
+    with open(conf, "w") as f:
+        f.write(
+            f"port {port}\nbind 127.0.0.1\ndir {workdir}\n"
+            f"sentinel monitor main 127.0.0.1 {master.port} 1\n"
+        )
+    proc = subprocess.Popen(
+        [binary.path, conf, "--sentinel"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+    )
+    try:
+        probe = redis.Redis(port=port)
+
+        def ready() -> bool:
+            try:
+                return bool(probe.execute_command("SENTINEL", "GET-MASTER-ADDR-BY-NAME", "main"))
+            except redis.ConnectionError:
+                return False
+
+        wait_for(ready, "sentinel")
+        probe.close()
+        yield port
+    finally:
+        proc.kill()
+        proc.wait(timeout=10)
+        master.stop()
+
+
+def test_lock_behind_sentinel(sentinel: int) -> None:
+    client = Sentinel([("127.0.0.1", sentinel)]).master_for("main")
+    lock = redlease.Lock(client, "behind-sentinel", ttl=5.0)
+    with lock as lease:
+        assert lock.try_acquire() is None
+        assert client.get("{behind-sentinel}") == lease.token.encode()
+    assert client.exists("{behind-sentinel}") == 0
+    client.close()
