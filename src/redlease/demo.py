@@ -1,0 +1,826 @@
+"""``redlease demo``: the articles' phone-number scenario, run for real.
+
+A call centre keeps its phone numbers in a table (SQLite here). To place a call a worker
+reads the first idle number, marks it busy for itself and dials it. Several worker
+processes do this at once; between the read and the write there is a short gap, and a
+second worker that reads in that gap gets the same "idle" number. Each mode runs on a
+fresh table with fresh processes:
+
+* ``unlocked``: no lock at all;
+* the wrong locks of ``redlease.broken`` (SETNX then EXPIRE, GETSET timestamp, plain DEL,
+  GET then DEL);
+* ``redlease`` (one server) and ``redlock`` (three independent servers, when available).
+
+The second part pauses one holder inside its critical section for longer than its lease,
+as a GC pause or SIGSTOP would. No TTL lock can stop a second worker from coming in then;
+the table shows that, and shows fencing stopping the damage: every claim carries
+``lease.fence``, the table records the highest fence that has touched it (on the read) and
+refuses a write from an older one.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import multiprocessing
+import os
+import queue
+import random
+import secrets
+import shutil
+import signal
+import sqlite3
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field, replace
+from typing import Any, TextIO
+
+import redis
+
+from . import broken
+
+__all__ = [
+    "BROKEN_MODES",
+    "DemoConfig",
+    "DemoReport",
+    "ModeResult",
+    "RunSpec",
+    "redlock_status",
+    "run_demo",
+    "run_mode",
+]
+
+BROKEN_MODES = ("setnx-expire", "getset", "plain-del", "get-del")
+ALL_MODES = ("unlocked", *BROKEN_MODES, "redlease", "redlock")
+FENCED_MODES = ("redlease", "redlock")
+
+LABELS = {
+    "unlocked": "unlocked",
+    "setnx-expire": "SETNX then EXPIRE",
+    "getset": "SETNX + GETSET timestamp",
+    "plain-del": "SET NX PX + plain DEL",
+    "get-del": "SET NX PX + GET then DEL",
+    "redlease": "redlease",
+    "redlock": "redlock (3 servers)",
+}
+
+FLAWS = {
+    "unlocked": "nothing stops two workers reading the same idle number",
+    "setnx-expire": "a crash between SETNX and EXPIRE leaves a lock that never expires",
+    "getset": "trusts every client's wall clock; no owner, a late GETSET moves the expiry",
+    "plain-del": "a holder whose lease ran out deletes the next holder's lock",
+    "get-del": "the lock can pass to another holder between the GET and the DEL",
+    "redlease": "one script takes the lock and the fence; owner-checked release",
+    "redlock": "a majority of independent servers must grant it within the lease",
+}
+
+
+# --------------------------------------------------------------------------- the table
+
+
+_SCHEMA = """
+CREATE TABLE numbers (
+    id     INTEGER PRIMARY KEY,
+    number TEXT NOT NULL,
+    status TEXT NOT NULL DEFAULT 'idle',   -- 'idle' or 'busy'
+    holder INTEGER,                        -- the worker it was handed to
+    fence  INTEGER                         -- the fencing token of that hand-out
+);
+CREATE TABLE pool (max_fence INTEGER NOT NULL);   -- highest fence that touched the pool
+CREATE TABLE claims (number_id INTEGER NOT NULL, worker INTEGER NOT NULL, fence INTEGER);
+CREATE TABLE rejected (number_id INTEGER, worker INTEGER NOT NULL, fence INTEGER NOT NULL);
+"""
+
+
+def _connect(path: str) -> sqlite3.Connection:
+    db = sqlite3.connect(path, timeout=60.0, isolation_level=None)
+    db.execute("PRAGMA busy_timeout = 60000")
+    db.execute("PRAGMA synchronous = NORMAL")
+    return db
+
+
+def create_table(path: str, numbers: int, seed: int) -> None:
+    """A fresh pool of ``numbers`` idle phone numbers (distinct, seeded)."""
+    rng = random.Random(seed)
+    picked = rng.sample(range(10_000_000, 100_000_000), numbers)
+    db = _connect(path)
+    try:
+        db.execute("PRAGMA journal_mode = WAL")
+        db.executescript(_SCHEMA)
+        db.execute("BEGIN")
+        db.executemany(
+            "INSERT INTO numbers (id, number) VALUES (?, ?)",
+            [(i + 1, f"+1 555 {n:08d}") for i, n in enumerate(picked)],
+        )
+        db.execute("INSERT INTO pool (max_fence) VALUES (0)")
+        db.execute("COMMIT")
+    finally:
+        db.close()
+
+
+@dataclass(frozen=True)
+class TableOutcome:
+    claims: int
+    handed_out_twice: int
+    rejected: int
+    idle_left: int
+
+
+def read_outcome(path: str) -> TableOutcome:
+    db = _connect(path)
+    try:
+        claims = db.execute("SELECT COUNT(*) FROM claims").fetchone()[0]
+        twice = db.execute(
+            "SELECT COUNT(*) FROM (SELECT number_id FROM claims "
+            "GROUP BY number_id HAVING COUNT(*) > 1)"
+        ).fetchone()[0]
+        rejected = db.execute("SELECT COUNT(*) FROM rejected").fetchone()[0]
+        idle = db.execute("SELECT COUNT(*) FROM numbers WHERE status = 'idle'").fetchone()[0]
+    finally:
+        db.close()
+    return TableOutcome(int(claims), int(twice), int(rejected), int(idle))
+
+
+# Outcomes of one critical section.
+CLAIMED, NONE_LEFT, REJECTED = "claimed", "none left", "rejected"
+
+
+def claim_number(
+    db: sqlite3.Connection,
+    worker: int,
+    fence: int | None,
+    *,
+    fenced: bool,
+    window: float,
+    pause: float = 0.0,
+) -> str:
+    """The critical section: read the first idle number, wait (the race window, plus an
+    injected pause), then mark it busy for ``worker`` and record the hand-out.
+
+    With ``fenced`` the pool records the highest fence on the read and refuses the write
+    of any holder older than the latest one that has read it.
+    """
+    if fenced:
+        if fence is None:
+            raise ValueError("a fenced claim needs a fencing token")
+        db.execute("BEGIN IMMEDIATE")
+        try:
+            newest = db.execute(
+                "UPDATE pool SET max_fence = ? WHERE max_fence < ?", (fence, fence)
+            ).rowcount
+            row = db.execute(
+                "SELECT id FROM numbers WHERE status = 'idle' ORDER BY id LIMIT 1"
+            ).fetchone()
+            if not newest:
+                db.execute(
+                    "INSERT INTO rejected (number_id, worker, fence) VALUES (NULL, ?, ?)",
+                    (worker, fence),
+                )
+        finally:
+            db.execute("COMMIT")
+        if not newest:
+            return REJECTED
+    else:
+        row = db.execute(
+            "SELECT id FROM numbers WHERE status = 'idle' ORDER BY id LIMIT 1"
+        ).fetchone()
+    if row is None:
+        return NONE_LEFT
+    number_id = int(row[0])
+    time.sleep(window + pause)
+    db.execute("BEGIN IMMEDIATE")
+    try:
+        if fenced:
+            written = db.execute(
+                "UPDATE numbers SET status = 'busy', holder = ?, fence = ? "
+                "WHERE id = ? AND ? >= (SELECT max_fence FROM pool)",
+                (worker, fence, number_id, fence),
+            ).rowcount
+        else:
+            written = db.execute(
+                "UPDATE numbers SET status = 'busy', holder = ?, fence = ? WHERE id = ?",
+                (worker, fence, number_id),
+            ).rowcount
+        if written:
+            db.execute(
+                "INSERT INTO claims (number_id, worker, fence) VALUES (?, ?, ?)",
+                (number_id, worker, fence),
+            )
+        else:
+            db.execute(
+                "INSERT INTO rejected (number_id, worker, fence) VALUES (?, ?, ?)",
+                (number_id, worker, fence),
+            )
+    finally:
+        db.execute("COMMIT")
+    return CLAIMED if written else REJECTED
+
+
+# --------------------------------------------------------------------------- the locks
+
+
+class _RedlockContender:
+    """``redlease.Redlock`` behind the ``broken.Contender`` surface."""
+
+    label = "redlock"
+
+    def __init__(self, clients: Sequence[Any], name: str, ttl: float) -> None:
+        from . import Redlock
+
+        self.lock: Any = Redlock(list(clients), name, ttl=ttl)
+        self.lost_on_release = 0
+
+    def acquire(self, timeout: float) -> broken.Held | None:
+        from ._errors import AcquireTimeout, LockLost
+
+        try:
+            lease = self.lock.acquire(timeout=timeout)
+        except AcquireTimeout:
+            return None
+
+        def release() -> None:
+            try:
+                lease.release()
+            except LockLost:
+                self.lost_on_release += 1
+
+        return broken._Held(release, lease.fence)
+
+
+def make_contender(mode: str, clients: Sequence[Any], name: str, ttl: float) -> Any:
+    if mode == "unlocked":
+        return broken.NoLock()
+    if mode == "redlock":
+        return _RedlockContender(clients, name, ttl)
+    if mode in broken.CONTENDERS:
+        return broken.CONTENDERS[mode](clients[0], name, ttl)
+    raise ValueError(f"unknown mode {mode!r}")
+
+
+def effective_lease(mode: str, ttl: float) -> float:
+    """How long the lock really lasts: SETNX-then-EXPIRE can only expire in whole seconds."""
+    if mode == "setnx-expire":
+        return float(max(1, math.ceil(ttl)))
+    return ttl
+
+
+def redlock_status(urls: Sequence[str]) -> str | None:
+    """None when ``redlease.Redlock`` works on these servers, else why it does not."""
+    from . import Redlock
+
+    clients = [redis.Redis.from_url(url) for url in urls]
+    try:
+        lock: Any = Redlock(clients, f"redlease-demo:probe:{secrets.token_hex(4)}", ttl=2.0)
+        lease = lock.try_acquire()
+        if lease is None:
+            return "the probe lock was busy"
+        lease.release()
+    except NotImplementedError:
+        return "not available yet in this version"
+    except Exception as exc:
+        return f"failed: {type(exc).__name__}: {exc}"
+    finally:
+        for client in clients:
+            client.close()
+    return None
+
+
+def _redlock_missing() -> str | None:
+    """Why ``redlease.Redlock`` cannot run at all (before starting servers for it)."""
+    from . import Redlock
+
+    clients = [redis.Redis(port=port) for port in (1, 2, 3)]  # never connected here
+    try:
+        Redlock(clients, "redlease-demo:probe", ttl=2.0)
+    except NotImplementedError:
+        return "not available yet in this version"
+    except Exception:
+        return None  # decided later, on the real servers
+    finally:
+        for client in clients:
+            client.close()
+    return None
+
+
+# --------------------------------------------------------------------------- one run
+
+
+@dataclass(frozen=True)
+class RunSpec:
+    """Everything one mode's worker processes need (picklable for "spawn")."""
+
+    mode: str
+    urls: tuple[str, ...]
+    lock_name: str
+    db_path: str
+    workers: int = 6
+    ttl: float = 0.5
+    fenced: bool = False
+    window: float = 0.004  # between the read and the write: where races happen
+    dial: float = 0.01  # "dialling", outside the lock
+    budget: float = 10.0  # seconds of work at most
+    acquire_timeout: float = 5.0
+    pause: float = 0.0  # injected pause inside the critical section (0: none)
+    pause_worker: int = 0
+    pause_sections: tuple[int, ...] = ()  # which of that worker's sections pause
+    seed: int = 0
+
+
+@dataclass
+class WorkerStats:
+    sections: int = 0
+    claimed: int = 0
+    rejected: int = 0
+    timeouts: int = 0
+    lost_on_release: int = 0
+    pauses: int = 0
+    error: str | None = None
+
+
+def _worker(spec: RunSpec, index: int, ready: Any, go: Any, claimed: Any, out: Any) -> None:
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent stops us on Ctrl-C
+    stats = WorkerStats()
+    clients: list[redis.Redis] = []
+    db: sqlite3.Connection | None = None
+    try:
+        clients = [redis.Redis.from_url(url) for url in spec.urls]
+        contender = make_contender(spec.mode, clients, spec.lock_name, spec.ttl)
+        db = _connect(spec.db_path)
+        rng = random.Random(spec.seed * 1000 + index)
+        ready.put(index)
+        if not go.wait(timeout=120):
+            return
+        deadline = time.monotonic() + spec.budget
+        while time.monotonic() < deadline:
+            left = deadline - time.monotonic()
+            held = contender.acquire(max(0.0, min(spec.acquire_timeout, left)))
+            if held is None:
+                stats.timeouts += 1
+                continue
+            stats.sections += 1
+            pause = 0.0
+            if index == spec.pause_worker and stats.sections in spec.pause_sections:
+                pause = spec.pause
+                stats.pauses += 1
+            try:
+                outcome = claim_number(
+                    db, index, held.fence, fenced=spec.fenced, window=spec.window, pause=pause
+                )
+            finally:
+                held.release()
+            if outcome == NONE_LEFT:
+                break
+            if outcome == CLAIMED:
+                stats.claimed += 1
+                with claimed.get_lock():
+                    claimed.value += 1
+            else:
+                stats.rejected += 1
+            time.sleep(spec.dial * rng.uniform(0.5, 1.5))
+        stats.lost_on_release = int(getattr(contender, "lost_on_release", 0))
+    except Exception as exc:
+        stats.error = f"{type(exc).__name__}: {exc}"
+    finally:
+        out.put((index, stats))
+        if db is not None:
+            db.close()
+        for client in clients:
+            client.close()
+
+
+@dataclass
+class ModeResult:
+    mode: str
+    fenced: bool = False
+    paused: bool = False
+    claims: int = 0
+    handed_out_twice: int = 0
+    rejected: int = 0
+    elapsed: float = 0.0
+    idle_left: int = 0
+    timeouts: int = 0
+    lost_on_release: int = 0
+    pauses: int = 0
+    keys_without_ttl: int = 0
+    skipped: str | None = None
+    errors: list[str] = field(default_factory=list)
+
+    @property
+    def label(self) -> str:
+        text = LABELS.get(self.mode, self.mode)
+        if self.mode in FENCED_MODES and self.paused:
+            text += " + fence" if self.fenced else ", no fence"
+        return text
+
+    @property
+    def throughput(self) -> float:
+        return self.claims / self.elapsed if self.elapsed > 0 else 0.0
+
+    def notes(self) -> str:
+        if self.skipped:
+            return self.skipped
+        parts = []
+        if self.errors:
+            parts.append(f"worker error: {self.errors[0]}")
+        if self.pauses:
+            parts.append(f"{self.pauses} pause{'s' if self.pauses != 1 else ''}")
+        if self.lost_on_release:
+            n = self.lost_on_release
+            parts.append(f"{n} release{'s' if n != 1 else ''} found the lease lost")
+        if self.timeouts:
+            parts.append(f"{self.timeouts} acquire timeouts")
+        if self.keys_without_ttl:
+            parts.append("lock key left without TTL")
+        if self.idle_left and not self.errors:
+            parts.append(f"{self.idle_left} numbers left idle (time budget)")
+        return "; ".join(parts)
+
+
+def _count_keys_without_ttl(urls: Sequence[str], pattern: str) -> int:
+    found = 0
+    for url in urls:
+        client = redis.Redis.from_url(url)
+        try:
+            for key in client.scan_iter(match=pattern, count=1000):
+                if not key.endswith(b":fence") and client.pttl(key) == -1:
+                    found += 1
+        finally:
+            client.close()
+    return found
+
+
+def _delete_keys(urls: Sequence[str], pattern: str) -> None:
+    for url in urls:
+        client = redis.Redis.from_url(url)
+        try:
+            keys = list(client.scan_iter(match=pattern, count=1000))
+            if keys:
+                client.delete(*keys)
+        finally:
+            client.close()
+
+
+Progress = Callable[[int, float, bool], None]
+
+
+def run_mode(spec: RunSpec, numbers: int, progress: Progress | None = None) -> ModeResult:
+    """Run one mode on a fresh table with ``spec.workers`` fresh processes."""
+    create_table(spec.db_path, numbers, spec.seed)
+    ctx = multiprocessing.get_context("spawn")
+    ready, out = ctx.Queue(), ctx.Queue()
+    go = ctx.Event()
+    claimed = ctx.Value("i", 0)
+    procs = [
+        ctx.Process(target=_worker, args=(spec, i, ready, go, claimed, out), daemon=True)
+        for i in range(spec.workers)
+    ]
+    result = ModeResult(spec.mode, fenced=spec.fenced, paused=bool(spec.pause_sections))
+    stats: dict[int, WorkerStats] = {}
+    try:
+        for proc in procs:
+            proc.start()
+        _await_ready(ready, out, procs, stats)
+        started = time.monotonic()
+        go.set()
+        hard_stop = started + spec.budget + spec.acquire_timeout + spec.pause + 30.0
+        while len(stats) < len(procs):
+            try:
+                index, worker_stats = out.get(timeout=0.1)
+                stats[index] = worker_stats
+            except queue.Empty:
+                if time.monotonic() > hard_stop or not any(p.is_alive() for p in procs):
+                    if not out.empty():
+                        continue
+                    break
+            if progress is not None:
+                progress(claimed.value, time.monotonic() - started, False)
+        result.elapsed = time.monotonic() - started
+        if progress is not None:
+            progress(claimed.value, result.elapsed, True)
+    finally:
+        go.set()
+        _stop(procs)
+        ready.close()
+        out.close()
+    missing = len(procs) - len(stats)
+    if missing:
+        result.errors.append(f"{missing} worker(s) did not report")
+    for s in stats.values():
+        result.timeouts += s.timeouts
+        result.lost_on_release += s.lost_on_release
+        result.pauses += s.pauses
+        if s.error:
+            result.errors.append(s.error)
+    outcome = read_outcome(spec.db_path)
+    result.claims = outcome.claims
+    result.handed_out_twice = outcome.handed_out_twice
+    result.rejected = outcome.rejected
+    result.idle_left = outcome.idle_left
+    if spec.mode != "unlocked":
+        result.keys_without_ttl = _count_keys_without_ttl(spec.urls, f"*{spec.lock_name}*")
+    return result
+
+
+def _await_ready(ready: Any, out: Any, procs: Sequence[Any], stats: dict[int, WorkerStats]) -> None:
+    waiting = set(range(len(procs)))
+    deadline = time.monotonic() + 120.0
+    while waiting:
+        try:
+            waiting.discard(ready.get(timeout=0.2))
+        except queue.Empty:
+            # A worker that failed to start reports its error instead of "ready".
+            with contextlib.suppress(queue.Empty):
+                while True:
+                    index, worker_stats = out.get_nowait()
+                    stats[index] = worker_stats
+                    waiting.discard(index)
+            if time.monotonic() > deadline:
+                raise RuntimeError("worker processes did not start within 120 s") from None
+
+
+def _stop(procs: Sequence[Any]) -> None:
+    for proc in procs:
+        if proc.pid is not None:
+            proc.join(timeout=5.0)
+    for proc in procs:
+        if proc.pid is not None and proc.is_alive():
+            proc.terminate()
+    for proc in procs:
+        if proc.pid is not None:
+            proc.join(timeout=5.0)
+            if proc.is_alive():
+                proc.kill()
+                proc.join(timeout=5.0)
+
+
+# --------------------------------------------------------------------------- the whole demo
+
+
+@dataclass
+class DemoConfig:
+    urls: Sequence[str] = ()  # empty: start private servers
+    modes: Sequence[str] = ALL_MODES
+    workers: int = 6
+    numbers: int = 200
+    ttl: float = 0.5
+    seed: int = 1
+    basic: bool = True  # part 1: no faults
+    pauses: bool = True  # part 2: holder pauses past the lease, with and without fencing
+    pause_factor: float = 1.5
+    pause_sections: tuple[int, ...] = (2, 6)
+    window: float = 0.004
+    dial: float = 0.01
+    budget: float = 10.0
+    quick: bool = False
+
+    @classmethod
+    def quick_config(cls, **overrides: Any) -> DemoConfig:
+        base = cls(
+            workers=4,
+            numbers=60,
+            ttl=0.4,
+            pause_sections=(2,),
+            budget=6.0,
+            quick=True,
+            modes=("unlocked", "plain-del", "redlease", "redlock"),
+        )
+        return replace(base, **overrides)
+
+
+@dataclass
+class DemoReport:
+    basic: list[ModeResult] = field(default_factory=list)
+    paused: list[ModeResult] = field(default_factory=list)
+    server: str = ""
+
+    def all(self) -> list[ModeResult]:
+        return [*self.basic, *self.paused]
+
+
+def validate(config: DemoConfig) -> None:
+    unknown = [m for m in config.modes if m not in ALL_MODES]
+    if unknown:
+        raise ValueError(
+            f"unknown mode(s) {', '.join(unknown)}; choose from {', '.join(ALL_MODES)}"
+        )
+    if not config.modes:
+        raise ValueError("modes: give at least one mode")
+    if config.workers < 2:
+        raise ValueError(f"workers must be at least 2, got {config.workers}")
+    if config.numbers < 1:
+        raise ValueError(f"numbers must be at least 1, got {config.numbers}")
+    if not (math.isfinite(config.ttl) and 0.05 <= config.ttl <= 60):
+        raise ValueError(f"ttl must be between 0.05 and 60 seconds, got {config.ttl}")
+
+
+@contextlib.contextmanager
+def _servers(config: DemoConfig, want: int, out: TextIO) -> Iterator[tuple[list[str], str]]:
+    """The URLs to use: the user's, or ``want`` private servers started (and stopped) here."""
+    if config.urls:
+        yield list(config.urls), "the given server(s): " + ", ".join(config.urls)
+        return
+    from . import servers
+
+    binary = servers.find_binary()
+    with servers.running(want, kind=binary.kind) as procs:
+        ports = ", ".join(str(p.port) for p in procs)
+        where = f"private {binary.kind}-server {binary.version()} on 127.0.0.1 (port {ports})"
+        yield [p.url for p in procs], where
+
+
+class _ProgressLine:
+    """One line per mode: redrawn in place on a terminal, printed once when done otherwise."""
+
+    def __init__(self, out: TextIO, label: str, numbers: int, tty: bool) -> None:
+        self.out, self.label, self.numbers, self.tty = out, label, numbers, tty
+        self.last_draw = 0.0
+
+    def __call__(self, claimed: int, elapsed: float, done: bool) -> None:
+        now = time.monotonic()
+        if not done and (not self.tty or now - self.last_draw < 0.1):
+            return
+        self.last_draw = now
+        state = "done" if done else "running"
+        text = f"  {self.label:<30} {claimed:>5} claims  {elapsed:5.1f} s  {state}"
+        if self.tty:
+            self.out.write("\r" + text.ljust(78) + ("\n" if done else ""))
+        elif done:
+            self.out.write(text + "\n")
+        self.out.flush()
+
+
+def run_demo(config: DemoConfig, out: TextIO | None = None) -> DemoReport:
+    """Run the demo, print it to ``out`` (default stdout) and return the measurements."""
+    out = out if out is not None else sys.stdout
+    validate(config)
+    tty = bool(getattr(out, "isatty", lambda: False)())
+    report = DemoReport()
+    run_id = secrets.token_hex(4)
+    workdir = tempfile.mkdtemp(prefix="redlease-demo-")
+    want_redlock = "redlock" in config.modes
+    redlock_why: str | None = None
+    if want_redlock and not config.urls:
+        redlock_why = _redlock_missing()
+    try:
+        servers_wanted = 3 if want_redlock and redlock_why is None else 1
+        with _servers(config, servers_wanted, out) as (urls, where):
+            report.server = where
+            _intro(config, where, out)
+            if want_redlock and redlock_why is None:
+                if len(urls) < 3:
+                    redlock_why = "needs 3 or more --redis URLs (independent servers)"
+                else:
+                    redlock_why = redlock_status(urls)
+            runs = 0
+
+            def one(mode: str, fenced: bool, paused: bool) -> ModeResult:
+                nonlocal runs
+                runs += 1
+                if mode == "redlock" and redlock_why is not None:
+                    return ModeResult(mode, fenced, paused, skipped=f"skipped: {redlock_why}")
+                name = f"redlease-demo:{run_id}:{runs}:{mode}"
+                lease = effective_lease(mode, config.ttl)
+                pause = config.pause_factor * lease if paused else 0.0
+                spec = RunSpec(
+                    mode=mode,
+                    urls=tuple(urls) if mode == "redlock" else (urls[0],),
+                    lock_name=name,
+                    db_path=os.path.join(workdir, f"numbers-{runs}.sqlite3"),
+                    workers=config.workers,
+                    ttl=config.ttl,
+                    fenced=fenced,
+                    window=config.window,
+                    dial=config.dial,
+                    budget=config.budget,
+                    acquire_timeout=max(5.0, 2 * lease + pause),
+                    pause=pause,
+                    pause_worker=0,
+                    pause_sections=config.pause_sections if paused else (),
+                    seed=config.seed,
+                )
+                label = ModeResult(mode, fenced, paused).label
+                bar = _ProgressLine(out, label, config.numbers, tty)
+                try:
+                    return run_mode(spec, config.numbers, bar)
+                finally:
+                    _delete_keys(spec.urls, f"*{name}*")
+
+            if config.basic:
+                out.write("\n1. Nothing goes wrong: no pauses, no crashes\n")
+                out.flush()
+                for mode in config.modes:
+                    report.basic.append(one(mode, False, False))
+                _table(report.basic, out, fenced_column=False)
+            locked = [m for m in config.modes if m != "unlocked"]
+            if config.pauses and locked:
+                out.write(
+                    f"\n2. A holder pauses longer than its lease: {_sections(config)} of "
+                    "worker 0 sleeps "
+                    f"{config.pause_factor:g} x ttl between the read and the write\n"
+                    "   (as a GC pause, swapping or SIGSTOP would), with and without fencing\n"
+                )
+                out.flush()
+                for mode in locked:
+                    report.paused.append(one(mode, False, True))
+                    if mode in FENCED_MODES:
+                        report.paused.append(one(mode, True, True))
+                _table(report.paused, out, fenced_column=True)
+            _legend(config, out)
+            _conclusion(report, out)
+    finally:
+        shutil.rmtree(workdir, ignore_errors=True)
+    return report
+
+
+def _sections(config: DemoConfig) -> str:
+    numbers = [str(n) for n in config.pause_sections]
+    if len(numbers) == 1:
+        return f"critical section {numbers[0]}"
+    return f"each of critical sections {', '.join(numbers[:-1])} and {numbers[-1]}"
+
+
+def _plural(n: int, word: str) -> str:
+    return f"{n} {word}{'' if n == 1 else 's'}"
+
+
+def _intro(config: DemoConfig, where: str, out: TextIO) -> None:
+    text = (
+        f"A call centre keeps {config.numbers} phone numbers in an SQLite table. To place a "
+        "call, a worker reads the first idle number, marks it busy for itself and dials it. "
+        f"{config.workers} worker processes do this at once. Between the read and the write "
+        f"there is a {config.window * 1000:g} ms gap: a second worker that reads in that gap "
+        'gets the same "idle" number, and two calls go out on one line. Each mode runs on a '
+        "fresh table with fresh processes: no lock, the wrong locks the articles warn "
+        "against, then redlease."
+    )
+    out.write("redlease demo: handing out idle phone numbers\n\n")
+    out.write(_wrap(text, 92, "") + "\n")
+    out.write(_wrap(f"Lock lease (ttl): {config.ttl:g} s. Server: {where}.", 92, "") + "\n")
+    out.flush()
+
+
+def _table(results: Sequence[ModeResult], out: TextIO, *, fenced_column: bool) -> None:
+    head = f"  {'mode':<30} {'claims':>6} {'handed out twice':>16}"
+    if fenced_column:
+        head += f" {'stale writes rejected':>21}"
+    head += f" {'claims/s':>9}  notes"
+    lines = ["", head, "  " + "-" * (len(head) - 2 + 10)]
+    for r in results:
+        if r.skipped:
+            row = f"  {r.label:<30} {'-':>6} {'-':>16}"
+            if fenced_column:
+                row += f" {'-':>21}"
+            row += f" {'-':>9}  {r.notes()}"
+        else:
+            row = f"  {r.label:<30} {r.claims:>6} {r.handed_out_twice:>16}"
+            if fenced_column:
+                rejected = str(r.rejected) if r.fenced else "-"
+                row += f" {rejected:>21}"
+            row += f" {r.throughput:>9.0f}  {r.notes()}"
+        lines.append(row.rstrip())
+    out.write("\n".join(lines) + "\n")
+    out.flush()
+
+
+def _legend(config: DemoConfig, out: TextIO) -> None:
+    out.write("\nWhat each lock does wrong (or right):\n")
+    for mode in config.modes:
+        out.write(f"  {LABELS[mode]:<26} {FLAWS[mode]}\n")
+    out.flush()
+
+
+def _conclusion(report: DemoReport, out: TextIO) -> None:
+    lines = []
+    ran = [r for r in report.basic if not r.skipped]
+    if ran:
+        parts = [f"{r.label}: {r.handed_out_twice}" for r in ran]
+        lines.append("Numbers handed out twice with nothing going wrong: " + ", ".join(parts) + ".")
+    unfenced = [r for r in report.paused if not r.skipped and not r.fenced]
+    fenced = [r for r in report.paused if not r.skipped and r.fenced]
+    if unfenced:
+        parts = [f"{r.label}: {r.handed_out_twice}" for r in unfenced]
+        lines.append(
+            "With a holder paused past its lease, every lock lets a second worker in "
+            "(handed out twice: " + ", ".join(parts) + ")."
+        )
+    if fenced:
+        parts = [
+            f"{r.label}: {r.handed_out_twice} handed out twice, "
+            f"{_plural(r.rejected, 'stale write')} rejected"
+            for r in fenced
+        ]
+        lines.append("Fencing makes the table refuse the late writer: " + "; ".join(parts) + ".")
+    if lines:
+        out.write("\nConclusion\n")
+        for line in lines:
+            out.write(_wrap(line, 92, "  ") + "\n")
+    out.flush()
+
+
+def _wrap(text: str, width: int, indent: str) -> str:
+    import textwrap
+
+    follow = indent + "  " if indent else ""
+    return textwrap.fill(text, width=width, initial_indent=indent, subsequent_indent=follow)
