@@ -1,0 +1,152 @@
+"""The checker: turns the workers' records and the resource's state into violations.
+
+- lost updates (unfenced): sections that completed believing they held the lock, minus
+  the final unfenced counter;
+- overlaps: pairs of believed-held intervals from different workers that intersect
+  (``time.monotonic()`` is one system-wide clock on Linux); ``overlaps_unpaused`` counts
+  those where neither section was one the harness paused, which only a lock that frees
+  someone else's lease (a wrong release) produces;
+- fenced: lost updates (accepted writes minus the final fenced counter), stale writes the
+  resource accepted, accepted tokens that went down, grants whose token did not increase;
+- keys without TTL on the lock servers (fence counters excluded: they are meant to stay);
+- lost-lease notifications and their lead time (end of validity minus notification).
+"""
+
+from __future__ import annotations
+
+import itertools
+import statistics
+from dataclasses import dataclass, field
+from typing import Any
+
+from .resource import ResourceState
+
+
+@dataclass(frozen=True)
+class Section:
+    worker: int
+    start: float
+    end: float
+    fence: int | None
+    latency: float
+    outcome: str  # "accepted", "rejected", "none" (no fence), "lost" (told in time, no write)
+    paused: bool
+
+
+@dataclass
+class Record:
+    plan: Any
+    workers: list[dict[str, Any]]
+    resource: ResourceState
+    keys_without_ttl: list[str]
+    start: float
+    heals: list[float] = field(default_factory=list)
+    fault_windows: list[tuple[float, float, str]] = field(default_factory=list)
+    nemesis_log: list[tuple[float, str]] = field(default_factory=list)
+
+    @property
+    def sections(self) -> list[Section]:
+        return [Section(*s) for w in self.workers for s in w.get("sections", [])]
+
+
+@dataclass
+class Outcome:
+    record: Record
+    completed: int
+    lost_updates: int
+    overlaps: list[tuple[Section, Section]]
+    overlaps_unpaused: int
+    fenced_lost_updates: int
+    stale_accepted: int
+    rejected: int
+    token_regressions: int
+    grant_regressions: int
+    keys_without_ttl: list[str]
+    acquisitions_per_s: float
+    latency_p50_ms: float
+    latency_p99_ms: float
+    recovery_s: float | None
+    notifications: int
+    min_lead_ms: float | None
+    timeouts: int
+    errors: int
+    crashed_workers: int
+
+    @property
+    def fenced(self) -> bool:
+        return any(s.fence is not None for s in self.record.sections)
+
+    @property
+    def unfenced_violations(self) -> int:
+        return max(0, self.lost_updates) + len(self.overlaps) + len(self.keys_without_ttl)
+
+    @property
+    def fenced_violations(self) -> int:
+        return (
+            max(0, self.fenced_lost_updates)
+            + self.stale_accepted
+            + self.token_regressions
+            + self.grant_regressions
+            + len(self.keys_without_ttl)
+            + (1 if self.min_lead_ms is not None and self.min_lead_ms < 0 else 0)
+        )
+
+
+def overlapping(sections: list[Section]) -> list[tuple[Section, Section]]:
+    found = []
+    ordered = sorted(sections, key=lambda s: s.start)
+    for i, a in enumerate(ordered):
+        for b in ordered[i + 1 :]:
+            if b.start >= a.end:
+                break
+            if b.worker != a.worker:
+                found.append((a, b))
+    return found
+
+
+def _percentile(values: list[float], q: float) -> float:
+    if not values:
+        return 0.0
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+
+def check(record: Record) -> Outcome:
+    sections = record.sections
+    wrote = [s for s in sections if s.outcome != "lost"]
+    overlaps = overlapping(wrote)
+    accepted = sum(1 for s in wrote if s.outcome == "accepted")
+    tokens = [s.fence for s in sorted(sections, key=lambda s: s.start) if s.fence is not None]
+    grant_regressions = sum(1 for a, b in itertools.pairwise(tokens) if b <= a)
+    recovery = None
+    for heal in record.heals:
+        after = [s.start - heal for s in sections if s.start >= heal]
+        if after:
+            recovery = max(recovery or 0.0, min(after))
+    leads = [
+        (until - at) * 1000 for w in record.workers for at, until in w.get("notifications", [])
+    ]
+    latencies = [s.latency * 1000 for s in sections]
+    duration = max(record.plan.duration, 1e-9)
+    return Outcome(
+        record=record,
+        completed=len(wrote),
+        lost_updates=len(wrote) - record.resource.unfenced,
+        overlaps=overlaps,
+        overlaps_unpaused=sum(1 for a, b in overlaps if not a.paused and not b.paused),
+        fenced_lost_updates=accepted - record.resource.fenced if tokens else 0,
+        stale_accepted=record.resource.stale_accepted,
+        rejected=sum(1 for s in wrote if s.outcome == "rejected"),
+        token_regressions=record.resource.fence_regressions,
+        grant_regressions=grant_regressions,
+        keys_without_ttl=record.keys_without_ttl,
+        acquisitions_per_s=len(sections) / duration,
+        latency_p50_ms=statistics.median(latencies) if latencies else 0.0,
+        latency_p99_ms=_percentile(latencies, 0.99),
+        recovery_s=recovery,
+        notifications=len(leads),
+        min_lead_ms=min(leads) if leads else None,
+        timeouts=sum(int(w.get("timeouts", 0)) for w in record.workers),
+        errors=sum(len(w.get("errors", [])) for w in record.workers),
+        crashed_workers=sum(1 for w in record.workers if "sections" not in w),
+    )

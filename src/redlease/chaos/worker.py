@@ -1,0 +1,207 @@
+"""One worker process of the harness: ``python -m redlease.chaos.worker`` reads its
+configuration (JSON) on stdin and prints its record (JSON) on stdout.
+
+Each critical section, under the lock: read both counters of the resource (the fenced
+read carries the token), pause briefly (the window a bad lock lets others into), write
+both back plus one. The believed-held interval runs from the moment ``acquire`` returned
+to the moment the writes were done, on ``time.monotonic()``.
+
+Injected faults that must be deterministic happen here, at a chosen section: sleep past
+the lease before writing, stop the whole process (``SIGSTOP`` on itself; the harness sends
+``SIGCONT``), or pause/crash inside a broken lock's bad window (``between``).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import select
+import signal
+import sys
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import redis
+
+from .. import broken
+from .resource import Resource
+
+
+def _sleep(seconds: float) -> None:
+    # select() instead of time.sleep(): libfaketime (client clock-jump scenario) breaks
+    # clock_nanosleep when it leaves the monotonic clock alone.
+    if seconds > 0:
+        select.select([], [], [], seconds)
+
+
+@dataclass
+class _Holding:
+    fence: int | None
+    release: Any
+    lease: Any = None  # the redlease lease, when there is one
+
+
+class _Worker:
+    def __init__(self, config: dict[str, Any]) -> None:
+        self.config = config
+        self.index: int = config["worker"]
+        timeout = config.get("socket_timeout", 1.0)
+        self.clients = [
+            redis.Redis.from_url(url, socket_timeout=timeout, socket_connect_timeout=timeout)
+            for url in config["lock_urls"]
+        ]
+        self.resource_client = redis.Redis.from_url(config["resource_url"])
+        self.resource = Resource(self.resource_client)
+        self.notifications: list[tuple[float, float]] = []
+        self.lost_on_release = 0
+        self.contender = self._contender()
+
+    def _on_lost(self, lease: Any) -> None:
+        self.notifications.append((time.monotonic(), float(lease.valid_until)))
+
+    def _between(self) -> Any:
+        action = self.config.get("between")
+        if action is None or self.index != self.config.get("between_worker", 0):
+            return None
+        calls = {"n": 0}
+
+        def hook() -> None:
+            calls["n"] += 1
+            if calls["n"] != self.config.get("between_call", 2):
+                return
+            if action == "kill":
+                os.kill(os.getpid(), signal.SIGKILL)
+            else:
+                _sleep(float(action))
+
+        return hook
+
+    def _contender(self) -> Any:
+        kind = self.config["contender"]
+        name, ttl = self.config["name"], self.config["ttl"]
+        options = dict(self.config.get("options", {}))
+        if kind in ("redlease", "redlock"):
+            import redlease
+
+            if self.config.get("auto_renew"):
+                options.update(auto_renew=True, on_lost=self._on_lost)
+            if kind == "redlease":
+                return redlease.Lock(self.clients[0], name, ttl, **options)
+            return redlease.Redlock(self.clients, name, ttl, **options)
+        hook = self._between()
+        if hook is not None:
+            options["between"] = hook
+        return broken.CONTENDERS[kind](self.clients[0], name, ttl, **options)
+
+    def acquire(self, timeout: float) -> _Holding | None:
+        import redlease
+
+        if isinstance(self.contender, (redlease.Lock, redlease.Redlock)):
+            lock: Any = self.contender
+            try:
+                lease = lock.acquire(timeout=timeout)
+            except redlease.AcquireTimeout:
+                return None
+
+            def release() -> None:
+                try:
+                    lease.release()
+                except redlease.LockLost:
+                    self.lost_on_release += 1
+
+            return _Holding(lease.fence, release, lease)
+        held = self.contender.acquire(timeout)
+        return None if held is None else _Holding(held.fence, held.release)
+
+    def run(self) -> dict[str, Any]:
+        cfg = self.config
+        pauses = {int(p["section"]): p for p in cfg.get("pauses", []) if p["worker"] == self.index}
+        sections: list[list[Any]] = []
+        errors: list[str] = []
+        timeouts = 0
+        _sleep(cfg["start_at"] - time.monotonic())
+        deadline = cfg["start_at"] + cfg["duration"]
+        for attempt in range(cfg.get("max_attempts", 100000)):
+            if time.monotonic() >= deadline or len(sections) >= cfg.get("max_sections", 10**6):
+                break
+            asked = time.monotonic()
+            try:
+                holding = self.acquire(cfg["timeout"])
+            except Exception as exc:  # a faulted server: note it, back off, go on
+                errors.append(f"acquire: {type(exc).__name__}: {exc}"[:200])
+                _sleep(0.05)
+                continue
+            if holding is None:
+                timeouts += 1
+                continue
+            start = time.monotonic()
+            pause = pauses.get(len(sections))
+            sections.append(self._section(holding, asked, start, pause))
+            try:
+                holding.release()
+            except Exception as exc:
+                errors.append(f"release: {type(exc).__name__}: {exc}"[:200])
+            if attempt % 2 == 1:
+                _sleep(cfg.get("think", 0.0))
+        return {
+            "worker": self.index,
+            "sections": sections,
+            "timeouts": timeouts,
+            "errors": errors,
+            "notifications": self.notifications,
+            "lost_on_release": self.lost_on_release,
+        }
+
+    def _section(
+        self,
+        holding: _Holding,
+        asked: float,
+        start: float,
+        pause: dict[str, Any] | None,
+    ) -> list[Any]:
+        fence = holding.fence
+        value = self.resource.read()
+        fenced = self.resource.fenced_read(fence) if fence is not None else None
+        _sleep(self.config["work"])
+        if pause is not None:
+            if pause["kind"] == "sigstop":
+                os.kill(os.getpid(), signal.SIGSTOP)  # the harness sends SIGCONT later
+            else:
+                _sleep(float(pause["seconds"]))
+        lease = holding.lease
+        if lease is not None and self.config.get("auto_renew") and lease.lost:
+            # Told in time: a careful holder stops here and writes nothing.
+            end = time.monotonic()
+            return [self.index, start, end, fence, start - asked, "lost", pause is not None]
+        self.resource.write(value + 1)
+        outcome = "none"
+        if fence is not None:
+            if fenced is None:
+                outcome = "rejected"
+            else:
+                accepted = self.resource.fenced_write(fence, fenced, fenced + 1)
+                outcome = "accepted" if accepted else "rejected"
+        end = time.monotonic()
+        return [self.index, start, end, fence, start - asked, outcome, pause is not None]
+
+    def close(self) -> None:
+        for client in self.clients:
+            client.close()
+        self.resource_client.close()
+
+
+def main() -> int:
+    config = json.loads(sys.stdin.read())
+    worker = _Worker(config)
+    try:
+        record = worker.run()
+    finally:
+        worker.close()
+    sys.stdout.write(json.dumps(record))
+    sys.stdout.flush()
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
