@@ -75,6 +75,15 @@ def key_prefix(value: object) -> str:
     return value
 
 
+def count(value: object, name: str) -> int:
+    """A whole number, zero or more."""
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise InvalidArgument(f"{name} must be an int, not {type(value).__name__}")
+    if value < 0:
+        raise InvalidArgument(f"{name} must not be negative, got {value!r}")
+    return value
+
+
 def flag(value: object, name: str) -> bool:
     if not isinstance(value, bool):
         raise InvalidArgument(f"{name} must be True or False, not {value!r}")

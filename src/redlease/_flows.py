@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from . import _arguments as args
-from ._errors import LockLost
+from ._errors import BackendError, LockLost
 from ._keys import LockKeys
 from ._scripts import ACQUIRE, EXTEND, LEAVE, RELEASE, Script
 from ._timing import (
@@ -40,6 +40,15 @@ EXPIRY_NUDGE = 0.001
 
 
 @dataclass(frozen=True)
+class Replicas:
+    """After an op, wait (``WAIT``, on the same connection) until ``count`` replicas have
+    its write, for at most ``timeout_ms``; the driver then replies ``(reply, acked)``."""
+
+    count: int
+    timeout_ms: int
+
+
+@dataclass(frozen=True)
 class Call:
     """Run a script (EVALSHA, falling back to EVAL on NOSCRIPT)."""
 
@@ -47,6 +56,7 @@ class Call:
     keys: tuple[str, ...]
     args: tuple[str, ...]
     timeout: float  # seconds a reply is worth waiting for
+    replicas: Replicas | None = None
 
 
 @dataclass(frozen=True)
@@ -67,6 +77,7 @@ class Wait:
     key: str
     timeout: float
     read_timeout: float  # how long the driver waits for the server's answer in all
+    replicas: Replicas | None = None  # a grant popped from the bell must reach them
 
 
 Op = Call | Command | Wait
@@ -103,6 +114,7 @@ class LockSpec:
     fair: bool
     clock: Clock
     reply_timeout: float  # a reply later than this is treated as lost
+    replicas: Replicas | None = None
 
     @classmethod
     def create(
@@ -113,9 +125,13 @@ class LockSpec:
         fair: object = True,
         prefix: object = "",
         clock: Clock | None = None,
+        replicas: object = 0,
+        replica_timeout: object = None,
     ) -> LockSpec:
         checked_name = args.lock_name(name)
         ttl_ms = args.ttl_ms(ttl)
+        count = args.count(replicas, "replicas")
+        wait = args.optional_positive(replica_timeout, "replica_timeout")
         if clock is not None and not callable(clock):
             raise args.InvalidArgument("clock must be callable, returning monotonic seconds")
         return cls(
@@ -126,16 +142,46 @@ class LockSpec:
             fair=args.flag(fair, "fair"),
             clock=clock or MONOTONIC,
             reply_timeout=max(ttl_ms / 1000.0, MIN_REPLY_WAIT),
+            # default wait for replicas: a tenth of the lease
+            replicas=Replicas(count, math.ceil((wait or ttl_ms / 10000.0) * 1000))
+            if count
+            else None,
         )
 
     @property
     def fair_arg(self) -> str:
         return "1" if self.fair else "0"
 
-    def call(self, script: Script, *argv: str, keys: tuple[str, ...] | None = None) -> Call:
+    def call(
+        self,
+        script: Script,
+        *argv: str,
+        keys: tuple[str, ...] | None = None,
+        replicated: bool = False,
+    ) -> Call:
         return Call(
-            script, self.keys.script_keys if keys is None else keys, argv, self.reply_timeout
+            script,
+            self.keys.script_keys if keys is None else keys,
+            argv,
+            self.reply_timeout,
+            self.replicas if replicated else None,
         )
+
+    def unpack(self, reply: Any) -> tuple[Any, int | None]:
+        """Split a replicated op's reply into (reply, replicas that acknowledged it)."""
+        if self.replicas is None:
+            return reply, None
+        value, acked = reply
+        return value, acked
+
+    def check_acked(self, acked: int | None, action: str) -> None:
+        """A grant or extension counts only once enough replicas have it (``replicas=``):
+        a failover to a replica that lacks it would free the lock under its holder."""
+        if self.replicas is not None and (acked or 0) < self.replicas.count:
+            raise BackendError(
+                f"{action} {self.name!r}: only {acked} of {self.replicas.count} replicas "
+                f"acknowledged it within {self.replicas.timeout_ms} ms"
+            )
 
 
 @dataclass(frozen=True)
@@ -171,16 +217,22 @@ class Acquisition:
             queue_ms = math.ceil((horizon + QUEUE_ENTRY_SLACK) * 1000) if horizon > 0 else 0
             sent_at = clock()
             self.started = True
-            reply = yield spec.call(
-                ACQUIRE,
-                self.token,
-                str(spec.ttl_ms),
-                spec.fair_arg,
-                str(queue_ms),
-                spec.keys.bell_prefix,
+            reply, acked = spec.unpack(
+                (
+                    yield spec.call(
+                        ACQUIRE,
+                        self.token,
+                        str(spec.ttl_ms),
+                        spec.fair_arg,
+                        str(queue_ms),
+                        spec.keys.bell_prefix,
+                        replicated=True,
+                    )
+                )
             )
             fence, pttl, server_us = (as_int(x) for x in reply)
             if fence > 0:
+                spec.check_acked(acked, "acquire")
                 grant = Grant(self.token, fence, valid_until(sent_at, pttl, spec.ttl))
                 if grant.valid_until > clock():
                     return grant
@@ -195,12 +247,20 @@ class Acquisition:
                 wait_for = min(wait_for, pttl / 1000.0 + EXPIRY_NUDGE)
             if wait_for > 0:
                 wait_for = max(wait_for, MIN_WAIT)
-                rung = yield Wait(
-                    spec.keys.bell(self.token), wait_for, wait_for + spec.reply_timeout
+                rung, acked = spec.unpack(
+                    (
+                        yield Wait(
+                            spec.keys.bell(self.token),
+                            wait_for,
+                            wait_for + spec.reply_timeout,
+                            spec.replicas,
+                        )
+                    )
                 )
                 if rung is not None:
                     granted, granted_us = (int(x) for x in as_text(rung).split(":"))
                     if granted > 0:
+                        spec.check_acked(acked, "acquire")
                         # Handed over by a release at server time granted_us; our acquire
                         # ran at server_us, after sent_at. Only the server's elapsed time
                         # is used, never its clock against ours.
@@ -220,11 +280,21 @@ class Acquisition:
     def leave(self, *, keep: bool) -> Flow[Grant | None]:
         spec = self.spec
         sent_at = spec.clock()
-        reply = yield spec.call(
-            LEAVE, self.token, spec.fair_arg, spec.keys.bell_prefix, "1" if keep else "0"
+        reply, acked = spec.unpack(
+            (
+                yield spec.call(
+                    LEAVE,
+                    self.token,
+                    spec.fair_arg,
+                    spec.keys.bell_prefix,
+                    "1" if keep else "0",
+                    replicated=keep,
+                )
+            )
         )
         fence, pttl = (as_int(x) for x in reply)
         if fence > 0:
+            spec.check_acked(acked, "acquire")
             return Grant(self.token, fence, valid_until(sent_at, pttl, spec.ttl))
         return None
 
@@ -236,9 +306,12 @@ class Acquisition:
 def extend(spec: LockSpec, token: str, ttl_ms: int) -> Flow[float]:
     """Reset the lease to ``ttl_ms`` from now; returns the new local validity end."""
     sent_at = spec.clock()
-    ok = yield spec.call(EXTEND, token, str(ttl_ms), keys=(spec.keys.lock,))
+    ok, acked = spec.unpack(
+        (yield spec.call(EXTEND, token, str(ttl_ms), keys=(spec.keys.lock,), replicated=True))
+    )
     if as_int(ok) != 1:
         raise LockLost(f"lock {spec.name!r} is no longer ours: it expired or was taken over")
+    spec.check_acked(acked, "extend")
     return valid_until(sent_at, ttl_ms, ttl_ms / 1000.0)
 
 

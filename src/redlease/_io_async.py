@@ -24,7 +24,7 @@ from redis import exceptions as rx
 from . import _flows, _resp
 from ._backend_errors import BACKEND_FAILURES, backend_error
 from ._errors import RedleaseWarning
-from ._flows import Call, Command, Flow, Op, Wait
+from ._flows import Call, Command, Flow, Op, Replicas, Wait
 
 T = TypeVar("T")
 
@@ -83,6 +83,12 @@ async def _send(conn: Any, packed: bytes) -> None:
         writer.write(packed)
 
 
+async def _replicas_acked(conn: Any, replicas: Replicas, timeout: float) -> int:
+    """WAIT on the connection that made the write: how many replicas have it."""
+    await _send(conn, _resp.command(("WAIT", str(replicas.count), str(replicas.timeout_ms))))
+    return int(await conn.read_response(timeout=replicas.timeout_ms / 1000.0 + timeout))
+
+
 class AsyncIO:
     """Runs flows against one asyncio client."""
 
@@ -97,6 +103,11 @@ class AsyncIO:
             if self._direct is None:
                 self._direct = _Connections(pool)
                 pool._redlease_connections = self._direct  # type: ignore[union-attr]
+
+    @property
+    def direct(self) -> bool:
+        """True when commands go straight to a connection (a plain client)."""
+        return self._direct is not None
 
     def describe(self) -> str:
         kwargs = getattr(getattr(self.client, "connection_pool", None), "connection_kwargs", {})
@@ -202,6 +213,8 @@ class AsyncIO:
             except rx.NoScriptError:
                 await _send(conn, _resp.eval_source(op))
                 reply = await conn.read_response(timeout=op.timeout)
+            if op.replicas is not None:
+                reply = (reply, await _replicas_acked(conn, op.replicas, op.timeout))
         except rx.ResponseError:
             await self._direct.give(conn)  # the reply was read in full: the connection is clean
             raise
@@ -238,8 +251,12 @@ class AsyncIO:
         try:
             await _send(conn, _resp.command(("BLPOP", op.key, f"{op.timeout:.3f}")))
             reply = await conn.read_response(timeout=op.read_timeout)
+            rung = None if reply is None else reply[1]
+            if op.replicas is not None:
+                acked = 0 if rung is None else await _replicas_acked(conn, op.replicas, op.timeout)
+                rung = (rung, acked)
         except BaseException:
             await self._direct.discard(conn)
             raise
         await self._direct.give(conn)
-        return None if reply is None else reply[1]
+        return rung

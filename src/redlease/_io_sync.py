@@ -27,7 +27,7 @@ from redis import exceptions as rx
 from . import _flows, _resp
 from ._backend_errors import BACKEND_FAILURES, backend_error
 from ._errors import RedleaseWarning
-from ._flows import Call, Command, Flow, Op, Wait
+from ._flows import Call, Command, Flow, Op, Replicas, Wait
 
 T = TypeVar("T")
 
@@ -103,6 +103,15 @@ def _read(conn: Any, timeout: float) -> Any:
     return conn.read_response()
 
 
+def _replicas_acked(conn: Any, replicas: Replicas, timeout: float) -> int:
+    """WAIT on the connection that made the write: how many replicas have it."""
+    conn.send_packed_command(
+        [_resp.command(("WAIT", str(replicas.count), str(replicas.timeout_ms)))],
+        check_health=False,
+    )
+    return int(_read(conn, replicas.timeout_ms / 1000.0 + timeout))
+
+
 class SyncIO:
     """Runs flows against one sync client."""
 
@@ -117,6 +126,11 @@ class SyncIO:
             if self._direct is None:
                 self._direct = _Connections(pool)
                 pool._redlease_connections = self._direct  # type: ignore[union-attr]
+
+    @property
+    def direct(self) -> bool:
+        """True when commands go straight to a connection (a plain client)."""
+        return self._direct is not None
 
     def describe(self) -> str:
         kwargs = getattr(getattr(self.client, "connection_pool", None), "connection_kwargs", {})
@@ -264,6 +278,8 @@ class SyncIO:
             except rx.NoScriptError:
                 conn.send_packed_command([_resp.eval_source(op)], check_health=False)
                 reply = _read(conn, op.timeout)
+            if op.replicas is not None:
+                reply = (reply, _replicas_acked(conn, op.replicas, op.timeout))
         except rx.ResponseError:
             self._direct.give(conn)  # the reply was read in full: the connection is clean
             raise
@@ -302,8 +318,12 @@ class SyncIO:
                 [_resp.command(("BLPOP", op.key, f"{op.timeout:.3f}"))], check_health=False
             )
             reply = _read(conn, op.read_timeout)
+            rung = None if reply is None else reply[1]
+            if op.replicas is not None:
+                acked = 0 if rung is None else _replicas_acked(conn, op.replicas, op.timeout)
+                rung = (rung, acked)
         except BaseException:
             self._direct.discard(conn)
             raise
         self._direct.give(conn)
-        return None if reply is None else reply[1]
+        return rung
