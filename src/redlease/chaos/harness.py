@@ -583,7 +583,9 @@ def _wrong_release(contender: str, between: str | None) -> Callable[[random.Rand
         p = Plan(contender=contender, ttl=0.5, work=0.1, processes=3, duration=4.0)
         p.between = between
         if between is None:  # the holder itself overruns its lease, then DELs
-            p.pauses = [{"worker": 0, "section": 2, "kind": "sleep", "seconds": 1.25}]
+            p.pauses = [
+                {"worker": 0, "section": k, "kind": "sleep", "seconds": 1.25} for k in (0, 2, 4)
+            ]
         return p
 
     return plan

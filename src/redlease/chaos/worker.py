@@ -68,7 +68,7 @@ class _Worker:
 
         def hook() -> None:
             calls["n"] += 1
-            if calls["n"] != self.config.get("between_call", 2):
+            if calls["n"] > self.config.get("between_calls", 3):
                 return
             if action == "kill":
                 os.kill(os.getpid(), signal.SIGKILL)
