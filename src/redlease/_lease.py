@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 import threading
 from collections.abc import Callable
 from types import TracebackType
@@ -32,6 +33,16 @@ HELD, RELEASED, LOST = "held", "released", "lost"
 _TRANSITIONS = threading.Lock()
 
 
+def _new_transitions_lock() -> None:
+    # Another thread of the parent may have held it at the fork; the child starts afresh.
+    global _TRANSITIONS
+    _TRANSITIONS = threading.Lock()
+
+
+if hasattr(os, "register_at_fork"):  # not on Windows
+    os.register_at_fork(after_in_child=_new_transitions_lock)
+
+
 class LeaseState:
     """What a holder knows about its lease without asking the server."""
 
@@ -48,6 +59,8 @@ class LeaseState:
         self._on_lost = on_lost
         self._state = HELD
         self._lost_reason: str | None = None
+        # Set by the renewer that watches this lease: called once it is released or lost.
+        self._unwatch: Callable[[], None] | None = None
 
     @property
     def name(self) -> str:
@@ -98,22 +111,39 @@ class LeaseState:
             if self._state == HELD:
                 self._valid_until = valid_until
 
-    def _mark_lost(self, reason: str) -> None:
-        """Record the loss and tell the holder's callback, exactly once."""
+    def _mark_lost(self, reason: str) -> bool:
+        """Record the loss and tell the holder's callback, exactly once (True that time)."""
         with _TRANSITIONS:
             if self._state != HELD:
-                return
+                return False
             self._state, self._lost_reason = LOST, reason
+        self._stop_watching()
         if self._on_lost is not None:
             try:
                 self._on_lost(self)
             except Exception:
                 log.exception("on_lost callback for lock %r raised", self.name)
+        return True
 
     def _mark_released(self) -> None:
         with _TRANSITIONS:
-            if self._state == HELD:
-                self._state = RELEASED
+            if self._state != HELD:
+                return
+            self._state = RELEASED
+        self._stop_watching()
+
+    def _stop_watching(self) -> None:
+        unwatch, self._unwatch = self._unwatch, None
+        if unwatch is not None:
+            unwatch()
+
+    def _forked(self) -> None:
+        """In a child after ``fork``: the lease is the parent's, never the child's (no
+        callback runs: the child never held it)."""
+        self._unwatch = None
+        if self._state == HELD:
+            self._state = LOST
+            self._lost_reason = "this process is a fork of the one that holds it"
 
     def _extend_ttl_ms(self, ttl: object) -> int:
         return self._spec.ttl_ms if ttl is None else args.ttl_ms(ttl)
@@ -190,6 +220,14 @@ class AsyncLease(LeaseState):
     ) -> None:
         super().__init__(spec, grant, on_lost)
         self._io = io
+        # The task to cancel when the lease is lost (AsyncLock's cancel_on_lost).
+        self._holder: asyncio.Task[Any] | None = None
+
+    def _mark_lost(self, reason: str) -> bool:
+        marked = super()._mark_lost(reason)
+        if marked and self._holder is not None:
+            _cancel_holder(self._holder, f"lease on {self.name!r} was lost: {reason}")
+        return marked
 
     async def extend(self, ttl: float | None = None) -> None:
         """Make the lease last ``ttl`` seconds from now (default: the lock's ttl).
@@ -246,6 +284,23 @@ def _release_on_exit(release: Callable[[], None], exc: BaseException | None) -> 
         if exc is None:
             raise
         log.warning("lease was lost before the block that held it failed")
+
+
+def _cancel_holder(task: asyncio.Task[Any], message: str) -> None:
+    """Cancel the task that holds a lost lease, from any thread. Not when that task is
+    the one that found the loss: it is being told already, by the error or flag it got."""
+    if task.done():
+        return
+    try:
+        running: asyncio.AbstractEventLoop | None = asyncio.get_running_loop()
+    except RuntimeError:
+        running = None
+    if running is task.get_loop():
+        if asyncio.current_task() is not task:
+            task.cancel(message)
+        return
+    with contextlib.suppress(RuntimeError):  # its loop is closed: nothing left to cancel
+        task.get_loop().call_soon_threadsafe(task.cancel, message)
 
 
 async def _shielded(coro: Any) -> Any:

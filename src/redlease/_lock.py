@@ -20,6 +20,7 @@ from types import TracebackType
 from typing import Any
 
 from . import _arguments as args
+from . import _renewal
 from ._errors import AcquireTimeout, InvalidArgument
 from ._flows import Acquisition, Grant, LockSpec
 from ._io_async import AsyncIO
@@ -85,8 +86,6 @@ class _LockConfig:
         self._auto_renew = args.flag(auto_renew, "auto_renew")
         self._on_lost: OnLost | None = args.callback(on_lost, "on_lost")  # type: ignore[assignment]
         self._max_hold = args.optional_positive(max_hold, "max_hold")
-        if self._auto_renew:
-            raise NotImplementedError("auto_renew is not available yet")
 
     @property
     def name(self) -> str:
@@ -105,6 +104,14 @@ class Lock(_LockConfig):
 
     ``ttl`` is the lease length; ``fair`` serves waiters in arrival order (no barging);
     ``on_lost(lease)`` is called once if a held lease is found lost.
+
+    ``auto_renew`` keeps each lease alive while held: the process's one renewer thread
+    extends it well before it runs out and, if it is taken over or cannot be renewed in
+    time, marks it lost (``lease.lost``, ``check()`` raises ``LockLost``) and calls
+    ``on_lost(lease)`` from that thread (keep the callback short) no later than the end
+    of its validity. ``max_hold`` (seconds) stops renewal that long after acquisition,
+    so a hung holder cannot keep the lock forever. A lease that is never released keeps
+    being renewed (until ``max_hold``).
     """
 
     def __init__(
@@ -165,7 +172,10 @@ class Lock(_LockConfig):
             self._io.run(attempt.abandon(), f"clean up {self.name!r}")
 
     def _lease(self, grant: Grant) -> Lease:
-        return Lease(self._spec, grant, self._io, self._on_lost)
+        lease = Lease(self._spec, grant, self._io, self._on_lost)
+        if self._auto_renew:
+            _renewal.watch(lease, self._io, self._max_hold)
+        return lease
 
     def __enter__(self) -> Lease:
         lease = self.acquire()
@@ -184,7 +194,14 @@ class Lock(_LockConfig):
 
 
 class AsyncLock(_LockConfig):
-    """A distributed lock on one Redis/Valkey deployment (asyncio twin of ``Lock``)."""
+    """A distributed lock on one Redis/Valkey deployment (asyncio twin of ``Lock``).
+
+    With ``auto_renew`` the running event loop's one renewer task keeps leases alive
+    (see ``Lock``); ``on_lost`` runs in that loop. ``cancel_on_lost=True`` also cancels
+    the task that acquired the lease when the lease is lost (unless that task is the one
+    that found out, through ``extend``, ``release`` or ``lost``), so protected work stops
+    at its next ``await``; without ``auto_renew`` it still fires when validity runs out.
+    """
 
     def __init__(
         self,
@@ -196,6 +213,7 @@ class AsyncLock(_LockConfig):
         auto_renew: bool = False,
         on_lost: OnLost | None = None,
         max_hold: Seconds | None = None,
+        cancel_on_lost: bool = False,
         prefix: str = "",
         clock: Clock | None = None,
     ) -> None:
@@ -211,6 +229,7 @@ class AsyncLock(_LockConfig):
             clock=clock,
         )
         self._io = AsyncIO(client)
+        self._cancel_on_lost = args.flag(cancel_on_lost, "cancel_on_lost")
 
     async def acquire(self, timeout: Seconds | None = None) -> AsyncLease:
         """Wait until the lock is ours and return the lease.
@@ -248,7 +267,14 @@ class AsyncLock(_LockConfig):
             pass  # cancelled again while cleaning up; the clean-up itself ran to its end
 
     def _lease(self, grant: Grant) -> AsyncLease:
-        return AsyncLease(self._spec, grant, self._io, self._on_lost)
+        lease = AsyncLease(self._spec, grant, self._io, self._on_lost)
+        if self._cancel_on_lost:
+            lease._holder = asyncio.current_task()
+        if self._auto_renew:
+            _renewal.watch_async(lease, self._io, self._max_hold)
+        elif self._cancel_on_lost:
+            _renewal.watch_async(lease, self._io, 0.0)  # watch its validity, never renew
+        return lease
 
     async def __aenter__(self) -> AsyncLease:
         lease = await self.acquire()

@@ -1,0 +1,443 @@
+"""Lease renewal (the watchdog): one renewer per process keeps every auto-renewed lease
+alive, sends the renewals that are due together in one pipelined round trip per
+connection, and tells the holder as soon as a lease is lost.
+
+The rules live in ``Schedule`` and need no I/O; ``SyncRenewer`` (one daemon thread per
+process) and ``AsyncRenewer`` (one task per event loop) only sleep, send and deliver.
+
+The schedule, for a lease of ``ttl`` seconds:
+
+* it is due once a third of the ttl has passed since its last renewal was sent (its
+  validity, counted from the send, is down to two thirds): a renewal that fails or hangs
+  still leaves room for two more tries before the lease would end;
+* a lease within a sixth of the ttl of being due rides along with a batch that is sent
+  anyway, so leases converge onto few shared batches instead of one round trip each;
+* a reply is waited for at most a third of the ttl, and never past the end of validity
+  of any lease the renewer watches: a hung server must not keep the renewer from telling
+  another holder in time;
+* after a failure the lease is retried once a quarter of its remaining validity has
+  passed (at least 10 ms): several tries fit, a refusing server is not hammered;
+* renewal stops ``max_hold`` seconds after acquisition; the lease then runs out;
+* a lease is lost when the server says it is no longer ours (EXTEND returns 0: taken
+  over, evicted, expired) or when its validity runs out without a confirmed renewal.
+  The holder is told a few milliseconds *before* validity ends, never after.
+
+Validity is always counted from the moment a renewal was sent (``_flows.extend``), so a
+slow reply shortens the lease instead of stretching it. Times come from the monotonic
+clock; a lock with an injected clock should not be auto-renewed.
+
+After ``os.fork()`` the child holds none of its parent's leases: every watched lease
+reads as lost there (its ``on_lost`` is not called in the child), the child has no
+renewer, and the parent's renewer carries on untouched.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import logging
+import math
+import os
+import threading
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from . import _flows
+from ._errors import LockLost
+from ._flows import Call
+from ._lease import HELD, LeaseState
+from ._timing import MONOTONIC, Clock
+
+log = logging.getLogger("redlease")
+
+RENEW_AFTER = 1 / 3  # of the ttl since the last renewal was sent
+RIDE_ALONG = 1 / 6  # of the ttl: how early a lease may join a batch sent anyway
+REPLY_WAIT = 1 / 3  # of the ttl: the longest wait for a renewal's reply
+RETRY_AFTER = 1 / 4  # of the validity left, after a failed renewal
+MIN_RETRY = 0.01
+MIN_REPLY_WAIT = 0.002  # a driver must never be asked to wait 0 s (or forever)
+# The holder is told this much before validity ends (at most 1% of the ttl), so that a
+# late wake-up of the renewer still tells it in time.
+EARLY_NOTICE = 0.005
+
+Loss = tuple[LeaseState, str]
+
+
+@dataclass(eq=False)
+class Renewal:
+    """One watched lease and what the renewer knows about it."""
+
+    lease: LeaseState
+    io: Any  # the driver that carries its renewals (SyncIO or AsyncIO)
+    hold_until: float | None  # renewal stops here (max_hold); None: no cap
+    retry_at: float | None = None  # set after a failed renewal
+
+    @property
+    def ttl(self) -> float:
+        return self.lease._spec.ttl
+
+    @property
+    def due(self) -> float:
+        if self.retry_at is not None:
+            return self.retry_at
+        return self.lease.valid_until - self.ttl * (1 - RENEW_AFTER)
+
+    @property
+    def notice_at(self) -> float:
+        """When the holder must be told, if no renewal has been confirmed by then."""
+        return self.lease.valid_until - min(EARLY_NOTICE, self.ttl * 0.01)
+
+    def renewable_at(self, when: float) -> bool:
+        return self.hold_until is None or when < self.hold_until
+
+    def next_event(self) -> float:
+        due = self.due
+        return min(due, self.notice_at) if self.renewable_at(due) else self.notice_at
+
+
+@dataclass(eq=False)
+class Batch:
+    """Renewals for one client, sent together by one of its drivers (one pipelined
+    round trip)."""
+
+    io: Any
+    renewals: list[Renewal]
+    flows: list[_flows.Flow[float]] = field(default_factory=list)
+
+
+class Schedule:
+    """The renewer's state and rules; the drivers call it under their own lock."""
+
+    def __init__(self) -> None:
+        self._renewals: dict[Renewal, None] = {}  # insertion-ordered set
+
+    def __len__(self) -> int:
+        return len(self._renewals)
+
+    def add(self, lease: LeaseState, io: Any, now: float, max_hold: float | None) -> Renewal:
+        renewal = Renewal(lease, io, None if max_hold is None else now + max_hold)
+        self._renewals[renewal] = None
+        return renewal
+
+    def discard(self, renewal: Renewal) -> None:
+        self._renewals.pop(renewal, None)
+
+    def clear(self) -> list[Renewal]:
+        renewals = list(self._renewals)
+        self._renewals.clear()
+        return renewals
+
+    def expire(self, now: float) -> list[Loss]:
+        """Drop leases that are no longer held; return those whose validity ran out."""
+        losses: list[Loss] = []
+        for renewal in list(self._renewals):
+            lease = renewal.lease
+            if lease._state != HELD:
+                self.discard(renewal)  # released, or its holder already found the loss
+            elif now >= renewal.notice_at:
+                self.discard(renewal)
+                losses.append((lease, _why_ran_out(renewal)))
+        return losses
+
+    def take_due(self, now: float) -> list[Batch]:
+        """The renewals to send now, one batch per client."""
+        batches: dict[int, Batch] = {}
+        for renewal in self._renewals:
+            if not renewal.renewable_at(now):
+                continue
+            early = 0.0 if renewal.retry_at is not None else renewal.ttl * RIDE_ALONG
+            if renewal.due - early <= now:
+                # Each lock has its own driver, but drivers of one client share its
+                # connections: one batch per client.
+                key = id(getattr(renewal.io, "client", renewal.io))
+                batch = batches.get(key)
+                if batch is None:
+                    batch = batches[key] = Batch(renewal.io, [])
+                batch.renewals.append(renewal)
+        return list(batches.values())
+
+    def next_wakeup(self, *, renewing: bool = True) -> float | None:
+        """When something is next due (only deadlines if ``renewing`` is false)."""
+        if not renewing:
+            return min((r.notice_at for r in self._renewals), default=None)
+        return min((r.next_event() for r in self._renewals), default=None)
+
+    def start(self, batch: Batch, now: float) -> tuple[list[Call], float]:
+        """Start the batch's EXTEND flows (their send time is now) and return the calls
+        and how long their replies are worth waiting for."""
+        # Renewals of leases released meanwhile are not sent.
+        batch.renewals = [r for r in batch.renewals if r in self._renewals]
+        notices = (r.notice_at for r in self._renewals)
+        wait = min(
+            min((r.ttl * REPLY_WAIT for r in batch.renewals), default=math.inf),
+            min(notices, default=math.inf) - now,
+        )
+        wait = max(wait, MIN_REPLY_WAIT)
+        batch.flows, calls = [], []
+        for renewal in batch.renewals:
+            lease = renewal.lease
+            flow = _flows.extend(lease._spec, lease.token, lease._spec.ttl_ms)
+            batch.flows.append(flow)
+            call = next(flow)
+            assert isinstance(call, Call)
+            calls.append(dataclasses.replace(call, timeout=wait))
+        return calls, wait
+
+    def settle(self, batch: Batch, results: Sequence[Any], now: float) -> list[Loss]:
+        """Apply the replies (or errors) of a batch; return the leases found lost."""
+        losses: list[Loss] = []
+        for renewal, flow, result in zip(batch.renewals, batch.flows, results, strict=True):
+            lease = renewal.lease
+            if isinstance(result, BaseException):
+                renewal.retry_at = now + max(MIN_RETRY, (lease.valid_until - now) * RETRY_AFTER)
+                continue
+            try:
+                flow.send(result)
+            except StopIteration as done:
+                lease._renewed(done.value)
+                renewal.retry_at = None
+            except LockLost as exc:
+                self.discard(renewal)
+                losses.append((lease, str(exc)))
+            except Exception:
+                log.exception("unexpected reply renewing %r", lease.name)
+                renewal.retry_at = now + max(MIN_RETRY, (lease.valid_until - now) * RETRY_AFTER)
+        batch.flows = []
+        return losses
+
+
+def _why_ran_out(renewal: Renewal) -> str:
+    if not renewal.renewable_at(renewal.lease.valid_until):
+        return "renewal stopped at max_hold and its validity ran out"
+    if renewal.retry_at is not None:
+        return "renewals failed until its validity ran out"
+    return "its validity ran out before a renewal was confirmed"
+
+
+def _tell(losses: Sequence[Loss]) -> None:
+    for lease, reason in losses:
+        try:
+            lease._mark_lost(reason)
+        except Exception:  # the renewer must outlive anything a holder does
+            log.exception("telling the holder of %r about its loss failed", lease.name)
+
+
+def _failed(exc: BaseException, count: int) -> list[Any]:
+    return [exc] * count
+
+
+class SyncRenewer:
+    """Renews the auto-renewed leases of sync locks with two daemon threads for the whole
+    process, started by the first registration and gone when nothing is watched: the
+    renewer keeps time, tells holders and hands due batches to its sender, which does
+    the I/O. A server that hangs (even in a connection handshake) can hold up the
+    sender, never the renewer: holders are still told by their deadline."""
+
+    def __init__(self, clock: Clock = MONOTONIC) -> None:
+        self._clock = clock
+        self._schedule = Schedule()
+        self._cond = threading.Condition()
+        self._thread: threading.Thread | None = None
+        self._sender: threading.Thread | None = None
+        self._job: list[Batch] | None = None  # batches handed to the sender
+        self._wake_at = math.inf
+
+    def register(self, lease: LeaseState, io: Any, max_hold: float | None) -> None:
+        with self._cond:
+            renewal = self._schedule.add(lease, io, self._clock(), max_hold)
+            lease._unwatch = lambda: self._forget(renewal)
+            if self._thread is None:
+                self._thread = _daemon(self._run, "redlease-renewer")
+            elif renewal.next_event() < self._wake_at:
+                self._cond.notify_all()
+
+    def _forget(self, renewal: Renewal) -> None:
+        with self._cond:
+            self._schedule.discard(renewal)
+            if not self._schedule:
+                self._cond.notify_all()  # nothing left: let the threads end now
+
+    def _run(self) -> None:
+        try:
+            while self._step():
+                pass
+        except BaseException:
+            log.exception("lease renewer stopped")
+            with self._cond:
+                self._thread = None
+            raise
+
+    def _step(self) -> bool:
+        with self._cond:
+            now = self._clock()
+            losses = self._schedule.expire(now)
+            if not self._schedule:
+                self._thread = None
+                self._cond.notify_all()
+            elif self._job is None:
+                self._job = self._schedule.take_due(now) or None
+                if self._job is not None:
+                    if self._sender is None:
+                        self._sender = _daemon(self._send, "redlease-renewer-io")
+                    self._cond.notify_all()
+            if self._thread is not None and not losses:
+                # While the sender is busy only deadlines matter here.
+                wake = self._schedule.next_wakeup(renewing=self._job is None)
+                if wake is not None:
+                    self._wake_at = wake
+                    self._cond.wait(max(0.0, wake - now))
+                    self._wake_at = math.inf
+            running = self._thread is not None
+        _tell(losses)
+        return running
+
+    def _send(self) -> None:
+        while True:
+            with self._cond:
+                while self._job is None:
+                    if not self._schedule:
+                        self._sender = None
+                        return
+                    self._cond.wait()
+                batches = self._job
+            try:
+                for batch in batches:
+                    with self._cond:
+                        calls, _ = self._schedule.start(batch, self._clock())
+                    if not calls:
+                        continue
+                    try:
+                        results = batch.io.execute_many(calls)
+                    except Exception as exc:
+                        results = _failed(exc, len(calls))
+                    with self._cond:
+                        losses = self._schedule.settle(batch, results, self._clock())
+                    _tell(losses)
+            finally:
+                with self._cond:
+                    self._job = None
+                    self._cond.notify_all()
+
+    def _after_fork_in_child(self) -> list[Renewal]:
+        # The parent's threads do not exist here and its lock may have been held at the
+        # fork: start over with fresh state.
+        self._cond = threading.Condition()
+        self._thread = self._sender = self._job = None
+        self._wake_at = math.inf
+        return self._schedule.clear()
+
+
+def _daemon(target: Callable[[], None], name: str) -> threading.Thread:
+    # Daemon: a lease left held must never keep the interpreter from exiting.
+    thread = threading.Thread(target=target, name=name, daemon=True)
+    thread.start()
+    return thread
+
+
+class AsyncRenewer:
+    """Renews the auto-renewed leases of asyncio locks on one event loop: one task,
+    started by the first registration, gone when nothing is watched. Batches for
+    different servers are in flight at the same time."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, clock: Clock = MONOTONIC) -> None:
+        self._loop = loop
+        self._clock = clock
+        self._schedule = Schedule()
+        self._wakeup = asyncio.Event()
+        self._task: asyncio.Task[None] | None = None
+        self._wake_at = math.inf
+
+    def register(self, lease: LeaseState, io: Any, max_hold: float | None) -> None:
+        renewal = self._schedule.add(lease, io, self._clock(), max_hold)
+        lease._unwatch = lambda: self._forget(renewal)
+        if self._task is None:
+            self._task = self._loop.create_task(self._run(), name="redlease-renewer")
+        elif renewal.next_event() < self._wake_at:
+            self._wakeup.set()
+
+    def _forget(self, renewal: Renewal) -> None:
+        try:
+            here = asyncio.get_running_loop() is self._loop
+        except RuntimeError:
+            here = False
+        if here:
+            self._discard(renewal)
+        else:  # a lease found lost from another thread: the schedule is the loop's
+            with contextlib.suppress(RuntimeError):  # the loop is closed
+                self._loop.call_soon_threadsafe(self._discard, renewal)
+
+    def _discard(self, renewal: Renewal) -> None:
+        self._schedule.discard(renewal)
+        if not self._schedule:
+            self._wakeup.set()  # nothing left: let the task end now
+
+    async def _run(self) -> None:
+        try:
+            while True:
+                now = self._clock()
+                losses = self._schedule.expire(now)
+                batches = self._schedule.take_due(now)
+                _tell(losses)
+                if batches:
+                    await asyncio.gather(*(self._send(batch) for batch in batches))
+                    continue
+                if losses:
+                    continue
+                wake = self._schedule.next_wakeup()
+                if wake is None:
+                    return
+                self._wake_at = wake
+                self._wakeup.clear()
+                with contextlib.suppress(asyncio.TimeoutError):
+                    await asyncio.wait_for(self._wakeup.wait(), max(0.0, wake - now))
+                self._wake_at = math.inf
+        finally:
+            self._task = None
+            if _ASYNC.get(self._loop) is self:
+                del _ASYNC[self._loop]
+
+    async def _send(self, batch: Batch) -> None:
+        calls, wait = self._schedule.start(batch, self._clock())
+        try:
+            # The outer bound also covers making a new connection.
+            results = await asyncio.wait_for(batch.io.execute_many(calls), wait)
+        except Exception as exc:
+            results = _failed(exc, len(calls))
+        _tell(self._schedule.settle(batch, results, self._clock()))
+
+    def _after_fork_in_child(self) -> list[Renewal]:
+        self._task = None
+        return self._schedule.clear()
+
+
+SYNC = SyncRenewer()
+_ASYNC: dict[asyncio.AbstractEventLoop, AsyncRenewer] = {}
+
+
+def watch(lease: LeaseState, io: Any, max_hold: float | None) -> None:
+    """Keep a sync lease renewed (``max_hold=0``: only watch its validity)."""
+    SYNC.register(lease, io, max_hold)
+
+
+def watch_async(lease: LeaseState, io: Any, max_hold: float | None) -> None:
+    """Keep an asyncio lease renewed by the running loop's renewer."""
+    loop = asyncio.get_running_loop()
+    renewer = _ASYNC.get(loop)
+    if renewer is None:
+        renewer = _ASYNC[loop] = AsyncRenewer(loop)
+    renewer.register(lease, io, max_hold)
+
+
+def _after_fork_in_child() -> None:
+    renewals = SYNC._after_fork_in_child()
+    for renewer in list(_ASYNC.values()):
+        renewals += renewer._after_fork_in_child()
+    _ASYNC.clear()
+    for renewal in renewals:
+        renewal.lease._forked()
+
+
+if hasattr(os, "register_at_fork"):  # not on Windows
+    os.register_at_fork(after_in_child=_after_fork_in_child)
