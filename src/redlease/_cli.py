@@ -276,15 +276,34 @@ def _client(url: str) -> Any:
 def _run(args: argparse.Namespace, cmd: list[str]) -> int:
     from . import AcquireTimeout, InvalidArgument, Lock, LockLost
 
+    lost = threading.Event()
+    child: subprocess.Popen[bytes] | None = None
+
+    def on_lost(reason: str) -> None:
+        if lost.is_set():
+            return
+        lost.set()
+        print(
+            f"redlease: lost the lock {args.name!r} while the command ran: {reason}",
+            file=sys.stderr,
+        )
+        if args.kill_on_lost and child is not None and child.poll() is None:
+            child.terminate()
+
+    def watchdog_lost(lease: object) -> None:
+        on_lost("the lease could not be renewed")
+
     client = _client(args.redis)
+    options: dict[str, Any] = {"ttl": args.ttl, "prefix": args.prefix}
     try:
         try:
-            lock = Lock(client, args.name, ttl=args.ttl, prefix=args.prefix, auto_renew=True)
+            lock = Lock(client, args.name, auto_renew=True, on_lost=watchdog_lost, **options)
             self_renewing = True
         except NotImplementedError:
-            lock = Lock(client, args.name, ttl=args.ttl, prefix=args.prefix)
+            lock = Lock(client, args.name, **options)
             self_renewing = False
     except InvalidArgument as exc:
+        client.close()
         raise CliError(f"run: {exc}") from None
     try:
         lease = lock.acquire(timeout=args.timeout)
@@ -298,21 +317,7 @@ def _run(args: argparse.Namespace, cmd: list[str]) -> int:
         return EXIT_BUSY
     print(f"redlease: holding {args.name!r}, fence {lease.fence}", file=sys.stderr)
     env = dict(os.environ, REDLEASE_FENCE=str(lease.fence), REDLEASE_LOCK=args.name)
-    lost = threading.Event()
-    child: subprocess.Popen[bytes] | None = None
     renewer: _Renewer | None = None
-
-    def on_lost(reason: str) -> None:
-        if lost.is_set():
-            return
-        lost.set()
-        print(
-            f"redlease: lost the lock {args.name!r} while the command ran: {reason}",
-            file=sys.stderr,
-        )
-        if args.kill_on_lost and child is not None and child.poll() is None:
-            child.terminate()
-
     try:
         try:
             child = subprocess.Popen(cmd, env=env)

@@ -619,6 +619,12 @@ def validate(config: DemoConfig) -> None:
 def _servers(config: DemoConfig, want: int, out: TextIO) -> Iterator[tuple[list[str], str]]:
     """The URLs to use: the user's, or ``want`` private servers started (and stopped) here."""
     if config.urls:
+        for url in config.urls:
+            client = redis.Redis.from_url(url, socket_connect_timeout=5.0)
+            try:
+                client.ping()
+            finally:
+                client.close()
         yield list(config.urls), "the given server(s): " + ", ".join(config.urls)
         return
     from . import servers

@@ -1,0 +1,177 @@
+"""The ``redlease`` command: ``run`` holds a lock around a command and passes its exit
+code through; ``status`` reads a lock without touching it; ``chaos`` is delegated."""
+
+from __future__ import annotations
+
+import signal
+import sys
+import textwrap
+import threading
+import time
+import types
+
+import pytest
+import redis
+
+import redlease
+from redlease import servers
+from redlease.__main__ import main
+from redlease._cli import _Renewer
+
+
+def _py(code: str) -> list[str]:
+    return [sys.executable, "-c", textwrap.dedent(code)]
+
+
+def test_run_passes_the_exit_code_and_the_fence(
+    server: servers.ServerProcess, name: str, capfd: pytest.CaptureFixture[str]
+) -> None:
+    argv = ["run", name, "--redis", server.url, "--"]
+    code = main(
+        argv + _py("import os, sys; print('fence=' + os.environ['REDLEASE_FENCE']); sys.exit(3)")
+    )
+    assert code == 3
+    out, err = capfd.readouterr()
+    assert "fence=1" in out
+    assert f"holding {name!r}, fence 1" in err
+    assert main(argv + _py("pass")) == 0
+    assert "fence 2" in capfd.readouterr().err
+
+
+def test_run_holds_the_lock_while_the_command_runs(
+    server: servers.ServerProcess, r: redis.Redis, name: str
+) -> None:
+    # The child tries the same lock: busy while we hold it (exit 0), free after.
+    probe = f"""
+        import sys, time, redis, redlease
+        time.sleep(0.9)  # three times the ttl: only renewal keeps the lease alive
+        lock = redlease.Lock(redis.Redis.from_url({server.url!r}), {name!r}, ttl=1.0)
+        sys.exit(0 if lock.try_acquire() is None else 5)
+    """
+    assert main(["run", name, "--redis", server.url, "--ttl", "0.3", "--", *_py(probe)]) == 0
+    lease = redlease.Lock(r, name, ttl=1.0).try_acquire()
+    assert lease is not None  # released afterwards
+    lease.release()
+
+
+def test_run_gives_up_when_the_lock_stays_busy(
+    server: servers.ServerProcess, r: redis.Redis, name: str, capfd: pytest.CaptureFixture[str]
+) -> None:
+    with redlease.Lock(r, name, ttl=5.0):
+        code = main(
+            ["run", name, "--redis", server.url, "--timeout", "0.2", "--", *_py("print('ran')")]
+        )
+    assert code == 1
+    out, err = capfd.readouterr()
+    assert "ran" not in out
+    assert "held by someone else" in err
+
+
+def test_run_a_missing_command(
+    server: servers.ServerProcess, r: redis.Redis, name: str, capfd: pytest.CaptureFixture[str]
+) -> None:
+    assert main(["run", name, "--redis", server.url, "--", "no-such-command-here"]) == 127
+    assert "cannot run 'no-such-command-here'" in capfd.readouterr().err
+    assert r.exists("{" + name + "}") == 0  # the lock was given back
+
+
+def test_run_usage_errors(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exited:
+        main(["run", "job", "make"])
+    assert exited.value.code == 2
+    assert "put -- before the command" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        main(["run", "job", "--ttl", "-1", "--", "true"])
+    assert "--ttl: must be a positive number" in capsys.readouterr().err
+
+
+def test_status_free_and_held(
+    server: servers.ServerProcess, r: redis.Redis, name: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(["status", name, "--redis", server.url]) == 0
+    out = capsys.readouterr().out
+    assert f"lock {name!r}: free" in out
+    assert "fence counter: 0" in out
+    with redlease.Lock(r, name, ttl=5.0) as lease:
+        assert main(["status", name, "--redis", server.url]) == 0
+        out = capsys.readouterr().out
+        assert f"lock {name!r}: held (lease ends in" in out
+        assert f"fence counter: {lease.fence}" in out
+    assert r.exists("{" + name + "}") == 0
+    main(["status", name, "--redis", server.url])
+    assert "free" in capsys.readouterr().out
+
+
+def test_status_reports_a_lock_without_ttl(
+    server: servers.ServerProcess, r: redis.Redis, name: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    r.set("{" + name + "}", "someone")
+    assert main(["status", name, "--redis", server.url]) == 0
+    assert "no TTL" in capsys.readouterr().out
+
+
+def test_status_errors(capsys: pytest.CaptureFixture[str]) -> None:
+    port = servers.free_port()
+    assert main(["status", "job", "--redis", f"redis://127.0.0.1:{port}/0"]) == 2
+    assert "cannot reach the server" in capsys.readouterr().err
+    assert main(["status", "", "--redis", f"redis://127.0.0.1:{port}/0"]) == 2
+    assert "name" in capsys.readouterr().err
+    assert main(["status", "job", "--redis", "http://nowhere"]) == 2
+    assert "--redis" in capsys.readouterr().err
+
+
+def test_chaos_is_delegated(monkeypatch: pytest.MonkeyPatch) -> None:
+    seen: list[list[str]] = []
+    fake = types.ModuleType("redlease.chaos.__main__")
+
+    def fake_main(argv: list[str]) -> int:
+        seen.append(argv)
+        return 4
+
+    fake.main = fake_main  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, "redlease.chaos.__main__", fake)
+    assert main(["chaos", "--seed", "3", "--quick"]) == 4
+    assert seen == [["--seed", "3", "--quick"]]
+
+
+def test_chaos_missing_is_explained(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setitem(sys.modules, "redlease.chaos.__main__", None)
+    assert main(["chaos"]) == 2
+    assert "not available" in capsys.readouterr().err
+
+
+def test_no_command_prints_help(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main([]) == 2
+    assert "demo" in capsys.readouterr().out
+
+
+def test_run_kills_the_command_when_the_lease_is_lost(
+    server: servers.ServerProcess, r: redis.Redis, name: str, capfd: pytest.CaptureFixture[str]
+) -> None:
+    # Someone deletes the lock key behind our back (as an operator or a failover would).
+    timer = threading.Timer(0.5, r.delete, args=["{" + name + "}"])
+    timer.start()
+    started = time.monotonic()
+    argv = ["run", name, "--redis", server.url, "--ttl", "0.6", "--kill-on-lost", "--"]
+    code = main([*argv, *_py("import time; time.sleep(20)")])
+    timer.join()
+    assert code == 128 + signal.SIGTERM
+    assert time.monotonic() - started < 10
+    assert "lost the lock" in capfd.readouterr().err
+
+
+def test_manual_renewer_keeps_the_lease_and_reports_its_loss(r: redis.Redis, name: str) -> None:
+    lease = redlease.Lock(r, name, ttl=0.3).acquire()
+    reasons: list[str] = []
+    renewer = _Renewer(lease, 0.1, reasons.append)
+    renewer.start()
+    time.sleep(0.7)
+    assert not lease.lost
+    assert r.pttl("{" + name + "}") > 0
+    r.delete("{" + name + "}")
+    renewer.join(timeout=2)
+    assert not renewer.is_alive()
+    assert len(reasons) == 1
+    renewer.stop()
