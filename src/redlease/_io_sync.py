@@ -23,6 +23,8 @@ from typing import Any, TypeVar
 
 import redis
 from redis import exceptions as rx
+from redis.backoff import NoBackoff
+from redis.retry import Retry
 
 from . import _flows, _resp
 from ._backend_errors import BACKEND_FAILURES, backend_error
@@ -67,6 +69,9 @@ class _Connections:
                 return conn
             conn.disconnect()
         kwargs = dict(self._kwargs)
+        # No client retries on our connections: a retry would stretch the bound below
+        # (and the elapsed-time accounting of a lease) several times over.
+        kwargs["retry"] = Retry(NoBackoff(), 0)
         for key in ("socket_timeout", "socket_connect_timeout"):
             configured = kwargs.get(key)
             kwargs[key] = timeout if configured is None else min(configured, timeout)

@@ -252,7 +252,18 @@ class AsyncLease(LeaseState):
         if self._state == RELEASED:
             return
         try:
-            await _shielded(self._io.run(_flows.release(self._spec, self._token), "release"))
+            try:
+                await self._io.run(_flows.release(self._spec, self._token), "release")
+            except asyncio.CancelledError:
+                # Cancelled mid-release: it may or may not have reached the server. Run it
+                # to the end, shielded, then let the cancellation go on. "Not ours" now
+                # may mean the first one did land, so it is not reported as a loss.
+                with contextlib.suppress(LockLost):
+                    await _shielded(
+                        self._io.run(_flows.release(self._spec, self._token), "release")
+                    )
+                self._mark_released()
+                raise
         except LockLost as exc:
             self._mark_lost(str(exc))
             raise

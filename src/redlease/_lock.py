@@ -81,8 +81,18 @@ class _LockConfig:
         max_hold: object,
         prefix: object,
         clock: Clock | None,
+        replicas: object = 0,
+        replica_timeout: object = None,
     ) -> None:
-        self._spec = LockSpec.create(name, ttl, fair=fair, prefix=prefix, clock=clock)
+        self._spec = LockSpec.create(
+            name,
+            ttl,
+            fair=fair,
+            prefix=prefix,
+            clock=clock,
+            replicas=replicas,
+            replica_timeout=replica_timeout,
+        )
         self._auto_renew = args.flag(auto_renew, "auto_renew")
         self._on_lost: OnLost | None = args.callback(on_lost, "on_lost")  # type: ignore[assignment]
         self._max_hold = args.optional_positive(max_hold, "max_hold")
@@ -105,6 +115,11 @@ class Lock(_LockConfig):
     ``ttl`` is the lease length; ``fair`` serves waiters in arrival order (no barging);
     ``on_lost(lease)`` is called once if a held lease is found lost.
 
+    ``replicas=n`` makes each grant and extension count only once ``n`` replicas have
+    acknowledged it (``WAIT``, at most ``replica_timeout`` seconds, default a tenth of the
+    ttl); otherwise the lock is given back and ``BackendError`` raised. It narrows, not
+    closes, the window in which a failover to an asynchronous replica loses the lock.
+
     ``auto_renew`` keeps each lease alive while held: the process's one renewer thread
     extends it well before it runs out and, if it is taken over or cannot be renewed in
     time, marks it lost (``lease.lost``, ``check()`` raises ``LockLost``) and calls
@@ -126,6 +141,8 @@ class Lock(_LockConfig):
         max_hold: Seconds | None = None,
         prefix: str = "",
         clock: Clock | None = None,
+        replicas: int = 0,
+        replica_timeout: Seconds | None = None,
     ) -> None:
         _check_client(client, want_async=False)
         super().__init__(
@@ -137,8 +154,15 @@ class Lock(_LockConfig):
             max_hold=max_hold,
             prefix=prefix,
             clock=clock,
+            replicas=replicas,
+            replica_timeout=replica_timeout,
         )
         self._io = SyncIO(client)
+        if self._spec.replicas is not None and not self._io.direct:
+            raise InvalidArgument(
+                "replicas needs a plain redis.Redis client (standalone or Sentinel): WAIT "
+                "must run on the connection that made the write"
+            )
 
     def acquire(self, timeout: Seconds | None = None) -> Lease:
         """Wait until the lock is ours and return the lease.
@@ -216,6 +240,8 @@ class AsyncLock(_LockConfig):
         cancel_on_lost: bool = False,
         prefix: str = "",
         clock: Clock | None = None,
+        replicas: int = 0,
+        replica_timeout: Seconds | None = None,
     ) -> None:
         _check_client(client, want_async=True)
         super().__init__(
@@ -227,8 +253,15 @@ class AsyncLock(_LockConfig):
             max_hold=max_hold,
             prefix=prefix,
             clock=clock,
+            replicas=replicas,
+            replica_timeout=replica_timeout,
         )
         self._io = AsyncIO(client)
+        if self._spec.replicas is not None and not self._io.direct:
+            raise InvalidArgument(
+                "replicas needs a plain redis.Redis client (standalone or Sentinel): WAIT "
+                "must run on the connection that made the write"
+            )
         self._cancel_on_lost = args.flag(cancel_on_lost, "cancel_on_lost")
 
     async def acquire(self, timeout: Seconds | None = None) -> AsyncLease:

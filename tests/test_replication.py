@@ -1,0 +1,69 @@
+"""``replicas=``: a grant or an extension counts only once replicas acknowledged it."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+import redis
+
+import redlease
+from redlease import servers
+
+
+@pytest.fixture
+def master_and_replica(
+    server_kind: str,
+) -> Iterator[tuple[servers.ServerProcess, servers.ServerProcess]]:
+    binary = servers.find_binary(server_kind)
+    master = servers.ServerProcess(binary).start()
+    replica = servers.ServerProcess(
+        binary, extra_args=["--replicaof", "127.0.0.1", str(master.port)]
+    ).start()
+    try:
+        client = redis.Redis(port=master.port)
+        client.set("sync-probe", 1)
+        assert client.wait(1, 10_000) == 1  # the replica is attached and in sync
+        client.close()
+        yield master, replica
+    finally:
+        replica.stop()
+        master.stop()
+
+
+def test_grant_waits_for_the_replica(
+    master_and_replica: tuple[servers.ServerProcess, servers.ServerProcess],
+) -> None:
+    master, replica = master_and_replica
+    client = redis.Redis(port=master.port)
+    lock = redlease.Lock(client, "replicated", ttl=5.0, replicas=1, replica_timeout=2.0)
+    with lock as lease:
+        assert redis.Redis(port=replica.port).get("{replicated}") == lease.token.encode()
+        lease.extend()
+    client.close()
+
+
+def test_no_acknowledgement_means_not_acquired(
+    master_and_replica: tuple[servers.ServerProcess, servers.ServerProcess],
+) -> None:
+    master, replica = master_and_replica
+    client = redis.Redis(port=master.port)
+    lock = redlease.Lock(client, "unreplicated", ttl=5.0, replicas=1, replica_timeout=0.2)
+    replica.pause()
+    try:
+        with pytest.raises(redlease.BackendError, match="only 0 of 1 replicas"):
+            lock.acquire(timeout=1)
+        assert client.exists("{unreplicated}") == 0  # given back, not left behind
+    finally:
+        replica.resume()
+    client.close()
+
+
+def test_replicas_needs_a_plain_client() -> None:
+    from redis.cluster import RedisCluster
+
+    cluster = RedisCluster.__new__(RedisCluster)  # never connected: the check comes first
+    with pytest.raises(redlease.InvalidArgument, match="replicas"):
+        redlease.Lock(cluster, "x", replicas=1)
+    with pytest.raises(redlease.InvalidArgument, match="replicas"):
+        redlease.Lock(redis.Redis(port=1), "x", replicas=-1)
