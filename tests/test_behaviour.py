@@ -194,3 +194,14 @@ def test_ttl_as_timedelta(twin: Any, name: str) -> None:
     lease = twin.lock(name, ttl=timedelta(seconds=3)).acquire(timeout=timedelta(seconds=1))
     assert 2.0 < lease.remaining() <= 3.0
     lease.release()
+
+
+def test_with_block_reports_a_lost_lease_unless_the_block_failed(
+    twin: Any, r: redis.Redis, name: str
+) -> None:
+    lock = twin.lock(name, ttl=5.0)
+    with pytest.raises(redlease.LockLost), lock:
+        r.delete("{" + name + "}")  # the lease is gone before the block ends
+    with pytest.raises(KeyError), lock:
+        r.delete("{" + name + "}")
+        raise KeyError("the block's own failure is the one reported")

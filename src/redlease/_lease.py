@@ -205,7 +205,10 @@ class Lease(LeaseState):
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
-        _release_on_exit(self.release, exc)
+        try:
+            self.release()
+        except LockLost as lost:
+            _lost_at_block_end(self, lost, exc)
 
 
 class AsyncLease(LeaseState):
@@ -280,21 +283,16 @@ class AsyncLease(LeaseState):
     ) -> None:
         try:
             await self.release()
-        except LockLost:
-            if exc is None:
-                raise
-            log.warning("lease on %r was lost before the block that held it failed", self.name)
+        except LockLost as lost:
+            _lost_at_block_end(self, lost, exc)
 
 
-def _release_on_exit(release: Callable[[], None], exc: BaseException | None) -> None:
-    """Release at the end of a ``with`` block. A lost lease is an error only if the block
-    itself succeeded: the block's own exception is the one the caller needs to see."""
-    try:
-        release()
-    except LockLost:
-        if exc is None:
-            raise
-        log.warning("lease was lost before the block that held it failed")
+def _lost_at_block_end(lease: LeaseState, lost: LockLost, failure: BaseException | None) -> None:
+    """A lease found lost when its ``with`` block ends is an error only if the block itself
+    succeeded: otherwise the block's own exception is the one the caller needs to see."""
+    if failure is None:
+        raise lost
+    log.warning("lease on %r was lost before the block that held it failed", lease.name)
 
 
 def _cancel_holder(task: asyncio.Task[Any], message: str) -> None:

@@ -25,7 +25,7 @@ from ._errors import AcquireTimeout, InvalidArgument
 from ._flows import Acquisition, Grant, LockSpec
 from ._io_async import AsyncIO
 from ._io_sync import SyncIO
-from ._lease import AsyncLease, Lease, LeaseState, _release_on_exit, _shielded
+from ._lease import AsyncLease, Lease, LeaseState, _shielded
 from ._timing import Clock
 
 Seconds = float | timedelta
@@ -214,7 +214,7 @@ class Lock(_LockConfig):
     ) -> None:
         lease = _pop(self)
         assert isinstance(lease, Lease)
-        _release_on_exit(lease.release, exc)
+        lease.__exit__(exc_type, exc, tb)
 
 
 class AsyncLock(_LockConfig):
