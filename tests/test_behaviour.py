@@ -202,6 +202,11 @@ def test_with_block_reports_a_lost_lease_unless_the_block_failed(
     lock = twin.lock(name, ttl=5.0)
     with pytest.raises(redlease.LockLost), lock:
         r.delete("{" + name + "}")  # the lease is gone before the block ends
-    with pytest.raises(KeyError), lock:
-        r.delete("{" + name + "}")
-        raise KeyError("the block's own failure is the one reported")
+
+    def fail_after_losing_it() -> None:
+        with lock:
+            r.delete("{" + name + "}")
+            raise KeyError("the block's own failure is the one reported")
+
+    with pytest.raises(KeyError):
+        fail_after_losing_it()
