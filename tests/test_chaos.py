@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import pytest
 import redis
+from redis.backoff import NoBackoff
+from redis.retry import Retry
 
 from redlease import servers
 from redlease.chaos import resource
@@ -70,9 +72,10 @@ def test_overlaps_are_found_between_workers_only() -> None:
 
 def test_proxy_drop_replies_applies_the_command(server: servers.ServerProcess) -> None:
     with FaultProxy("127.0.0.1", server.port) as proxy:
-        client = redis.Redis(port=proxy.port, socket_timeout=0.3)
+        client = redis.Redis(port=proxy.port, socket_timeout=0.3, retry=Retry(NoBackoff(), 0))
         direct = redis.Redis(port=server.port)
         try:
+            assert client.ping()  # connected (handshake done) before replies are dropped
             proxy.set_mode("drop_replies")
             with pytest.raises(redis.TimeoutError):
                 client.set("chaos:applied", "yes")
