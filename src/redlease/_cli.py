@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import os
+import signal
 import subprocess
 import sys
 import threading
@@ -236,6 +237,7 @@ def _demo(args: argparse.Namespace) -> int:
         demo.validate(config)
     except ValueError as exc:
         raise CliError(f"demo: {exc}") from None
+    previous = _exit_on_sigterm()
     try:
         demo.run_demo(config)
     except FileNotFoundError as exc:
@@ -246,7 +248,21 @@ def _demo(args: argparse.Namespace) -> int:
         ) from None
     except _connection_errors() as exc:
         raise CliError(f"cannot reach the server: {exc}") from None
+    finally:
+        if previous is not None:
+            signal.signal(signal.SIGTERM, previous)
     return 0
+
+
+def _exit_on_sigterm() -> Any:
+    """Make SIGTERM unwind like Ctrl-C, so servers and workers are stopped on the way out."""
+    if threading.current_thread() is not threading.main_thread():
+        return None
+
+    def stop(signum: int, frame: object) -> None:
+        raise KeyboardInterrupt
+
+    return signal.signal(signal.SIGTERM, stop)
 
 
 def _connection_errors() -> tuple[type[BaseException], ...]:

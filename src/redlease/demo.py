@@ -32,6 +32,7 @@ import signal
 import sqlite3
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field, replace
@@ -340,7 +341,6 @@ class WorkerStats:
 
 
 def _worker(spec: RunSpec, index: int, ready: Any, go: Any, claimed: Any, out: Any) -> None:
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent stops us on Ctrl-C
     stats = WorkerStats()
     clients: list[redis.Redis] = []
     db: sqlite3.Connection | None = None
@@ -479,8 +479,9 @@ def run_mode(spec: RunSpec, numbers: int, progress: Progress | None = None) -> M
     result = ModeResult(spec.mode, fenced=spec.fenced, paused=bool(spec.pause_sections))
     stats: dict[int, WorkerStats] = {}
     try:
-        for proc in procs:
-            proc.start()
+        with _children_ignore_sigint():
+            for proc in procs:
+                proc.start()
         _await_ready(ready, out, procs, stats)
         started = time.monotonic()
         go.set()
@@ -501,7 +502,8 @@ def run_mode(spec: RunSpec, numbers: int, progress: Progress | None = None) -> M
             progress(claimed.value, result.elapsed, True)
     finally:
         go.set()
-        _stop(procs)
+        # All reported: they are exiting. Interrupted or failed: stop them now.
+        _stop(procs, grace=5.0 if len(stats) == len(procs) else 0.0)
         ready.close()
         out.close()
     missing = len(procs) - len(stats)
@@ -523,6 +525,20 @@ def run_mode(spec: RunSpec, numbers: int, progress: Progress | None = None) -> M
     return result
 
 
+@contextlib.contextmanager
+def _children_ignore_sigint() -> Iterator[None]:
+    """Workers start with Ctrl-C ignored (the disposition survives exec), so a Ctrl-C
+    reaches only this process, which then stops them and the servers in order."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
 def _await_ready(ready: Any, out: Any, procs: Sequence[Any], stats: dict[int, WorkerStats]) -> None:
     waiting = set(range(len(procs)))
     deadline = time.monotonic() + 120.0
@@ -540,10 +556,11 @@ def _await_ready(ready: Any, out: Any, procs: Sequence[Any], stats: dict[int, Wo
                 raise RuntimeError("worker processes did not start within 120 s") from None
 
 
-def _stop(procs: Sequence[Any]) -> None:
+def _stop(procs: Sequence[Any], grace: float) -> None:
+    deadline = time.monotonic() + grace
     for proc in procs:
         if proc.pid is not None:
-            proc.join(timeout=5.0)
+            proc.join(timeout=max(0.0, deadline - time.monotonic()))
     for proc in procs:
         if proc.pid is not None and proc.is_alive():
             proc.terminate()
