@@ -161,3 +161,20 @@ def test_demo_with_an_unreachable_server(capsys: pytest.CaptureFixture[str]) -> 
     port = servers.free_port()
     assert main(["demo", "--quick", "--redis", f"redis://127.0.0.1:{port}/0"]) == 2
     assert "cannot reach the server" in capsys.readouterr().err
+
+
+def test_redlock_rows(server: servers.ServerProcess, server_kind: str) -> None:
+    with servers.running(2, kind=server_kind) as more:
+        urls = (server.url, *(s.url for s in more))
+        why = demo.redlock_status(urls)
+        if why is not None:
+            pytest.skip(f"Redlock: {why}")
+        config = demo.DemoConfig.quick_config(urls=urls, modes=("redlock",), basic=False)
+        report = demo.run_demo(config, io.StringIO())
+    rows = _by_label(report.paused)
+    unfenced, fenced = rows["redlock (3 servers), no fence"], rows["redlock (3 servers) + fence"]
+    assert unfenced.handed_out_twice >= 1
+    assert fenced.handed_out_twice == 0
+    assert fenced.rejected >= 1
+    assert not unfenced.errors
+    assert not fenced.errors

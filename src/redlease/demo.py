@@ -479,6 +479,8 @@ def run_mode(spec: RunSpec, numbers: int, progress: Progress | None = None) -> M
     result = ModeResult(spec.mode, fenced=spec.fenced, paused=bool(spec.pause_sections))
     stats: dict[int, WorkerStats] = {}
     try:
+        if progress is not None:
+            progress(0, 0.0, False)
         with _children_ignore_sigint():
             for proc in procs:
                 proc.start()
@@ -738,12 +740,15 @@ def run_demo(config: DemoConfig, out: TextIO | None = None) -> DemoReport:
                 _table(report.basic, out, fenced_column=False)
             locked = [m for m in config.modes if m != "unlocked"]
             if config.pauses and locked:
-                out.write(
-                    f"\n2. A holder pauses longer than its lease: {_sections(config)} of "
-                    "worker 0 sleeps "
-                    f"{config.pause_factor:g} x ttl between the read and the write\n"
-                    "   (as a GC pause, swapping or SIGSTOP would), with and without fencing\n"
+                text = (
+                    f"{_sections(config).capitalize()} of worker 0 sleeps "
+                    f"{config.pause_factor:g} x its lease between the read and the write, as "
+                    "a GC pause, swapping or SIGSTOP would. Without fencing, the next holder "
+                    "reads the same idle number; with fencing, the table records the newest "
+                    "fence on each read and refuses the late writer."
                 )
+                out.write("\n2. A holder pauses longer than its lease\n")
+                out.write(_wrap(text, 92, "   ", hang="") + "\n")
                 out.flush()
                 for mode in locked:
                     report.paused.append(one(mode, False, True))
@@ -842,8 +847,8 @@ def _conclusion(report: DemoReport, out: TextIO) -> None:
     out.flush()
 
 
-def _wrap(text: str, width: int, indent: str) -> str:
+def _wrap(text: str, width: int, indent: str, hang: str = "  ") -> str:
     import textwrap
 
-    follow = indent + "  " if indent else ""
+    follow = indent + hang if indent else ""
     return textwrap.fill(text, width=width, initial_indent=indent, subsequent_indent=follow)
