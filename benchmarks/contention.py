@@ -1,0 +1,211 @@
+"""Section 3: several processes contending for one lock name.
+
+Each of N worker processes loops for a fixed time: acquire, read-modify-write a counter
+(GET, then SET to the value + 1: not atomic, so only the lock keeps updates from being
+lost), release. Measured: critical sections per second (all processes together), the
+wait of every acquisition (from calling acquire to holding), fairness (fewest / most
+sections completed by one process) and lost updates (sections completed minus the
+counter's final value). Contenders alternate round by round.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from ._common import Crew, Settings, describe_error, median, percentile, sleep_until
+from ._locks import CONTENTION, KINDS, client, make_lock
+from ._report import NA, Row, ms, rate, times, verdict
+
+TTL = 10.0
+
+
+def worker(
+    kind: str, port: int, name: str, counter: str, start: float, end: float
+) -> dict[str, Any]:
+    """One contending process (runs in a crew process)."""
+    r = client(port)
+    r.ping()
+    lock = make_lock(kind, r, name, TTL)
+    waits: list[float] = []
+    sleep_until(start)
+    while True:
+        asked = time.monotonic()
+        if asked >= end:
+            break
+        held = lock.acquire(timeout=60.0)
+        waits.append(time.monotonic() - asked)
+        value = int(r.get(counter) or 0)
+        r.set(counter, value + 1)
+        lock.release(held)
+    return {"pid": os.getpid(), "sections": len(waits), "waits": waits, "done": time.monotonic()}
+
+
+@dataclass
+class Tally:
+    kind: str
+    rates: list[float] = field(default_factory=list)
+    fairness: list[float] = field(default_factory=list)
+    waits: list[float] = field(default_factory=list)
+    sections: int = 0
+    lost: int = 0
+    processes: set[int] = field(default_factory=set)
+    problem: str | None = None
+
+
+def one_round(
+    crew: Crew, kind: str, port: int, processes: int, seconds: float, tag: str, margin: float
+) -> dict[str, Any]:
+    r = client(port)
+    name, counter = f"bench:c:{tag}", f"bench:c:{tag}:counter"
+    r.delete(counter)
+    start = time.monotonic() + margin
+    end = start + seconds
+    results = crew.map_all(
+        worker, [(kind, port, name, counter, start, end)] * processes, timeout=seconds + 120
+    )
+    sections = [res["sections"] for res in results]
+    total = sum(sections)
+    final = int(r.get(counter) or 0)
+    finished = max(res["done"] for res in results)
+    return {
+        "rate": total / (finished - start),
+        "fairness": min(sections) / max(sections) if max(sections) else 0.0,
+        "waits": [w for res in results for w in res["waits"]],
+        "sections": total,
+        "lost": total - final,
+        "pids": {res["pid"] for res in results},
+    }
+
+
+def measure(
+    crew: Crew, port: int, settings: Settings, kinds: Sequence[str] = CONTENTION
+) -> list[Tally]:
+    tallies = [Tally(k) for k in kinds]
+    for round_no in range(settings.contention_rounds):
+        order = tallies if round_no % 2 == 0 else tallies[::-1]
+        for tally in order:
+            if tally.problem is not None:
+                continue
+            try:
+                got = one_round(
+                    crew,
+                    tally.kind,
+                    port,
+                    settings.processes,
+                    settings.contention_seconds,
+                    f"{tally.kind}:{round_no}",
+                    settings.start_margin,
+                )
+            except Exception as exc:
+                tally.problem = f"error: {describe_error(exc)}"
+                continue
+            tally.rates.append(got["rate"])
+            tally.fairness.append(got["fairness"])
+            tally.waits.extend(got["waits"])
+            tally.sections += got["sections"]
+            tally.lost += got["lost"]
+            tally.processes |= got["pids"]
+    return tallies
+
+
+def section_title(processes: int) -> str:
+    return f"3. {processes} processes contending for one name (GET+SET counter inside)"
+
+
+def rows(tallies: Sequence[Tally], processes: int) -> list[Row]:
+    section = section_title(processes)
+    by_kind = {t.kind: t for t in tallies}
+    ref = by_kind.get("redis-py")
+    ref_rate = median(ref.rates) if ref and ref.problem is None else float("nan")
+    out: list[Row] = []
+    for t in tallies:
+        label = KINDS[t.kind]
+        mine = t.kind == "redlease"
+        if t.problem is not None:
+            out.append(
+                Row(
+                    section,
+                    label,
+                    "critical sections/s",
+                    None,
+                    t.problem,
+                    verdict=NA if mine else "",
+                )
+            )
+            continue
+        throughput = median(t.rates)
+        against = throughput / ref_rate
+        p50, p99, worst = (
+            percentile(t.waits, 50),
+            percentile(t.waits, 99),
+            max(t.waits, default=float("nan")),
+        )
+        fair = median(t.fairness)
+        out.append(
+            Row(
+                section,
+                label,
+                "critical sections/s",
+                throughput,
+                rate(throughput),
+                ratio=times(against, "redis-py") if t.kind != "redis-py" else "",
+                bar=">= 1.0x redis-py Lock" if mine else "",
+                verdict=verdict(against >= 1.0) if mine else "",
+                extra={"rounds": [round(x, 1) for x in t.rates]},
+            )
+        )
+        out.append(Row(section, label, "wait p50", p50, ms(p50)))
+        out.append(
+            Row(
+                section,
+                label,
+                "wait p99",
+                p99,
+                ms(p99),
+                bar="<= 20 ms" if mine else "",
+                verdict=verdict(p99 <= 0.020) if mine else "",
+            )
+        )
+        out.append(
+            Row(
+                section,
+                label,
+                "wait max",
+                worst,
+                ms(worst),
+                bar="<= 200 ms" if mine else "",
+                verdict=verdict(worst <= 0.200) if mine else "",
+            )
+        )
+        out.append(
+            Row(
+                section,
+                label,
+                "fairness (fewest/most)",
+                fair,
+                f"{fair:.2f}",
+                bar=">= 0.7" if mine else "",
+                verdict=verdict(fair >= 0.7) if mine else "",
+                extra={"rounds": [round(x, 3) for x in t.fairness]},
+            )
+        )
+        out.append(
+            Row(
+                section,
+                label,
+                "lost updates",
+                float(t.lost),
+                f"{t.lost} of {t.sections:,}",
+                bar="0",
+                verdict=verdict(t.lost == 0),
+            )
+        )
+    return out
+
+
+def run(crew: Crew, port: int, settings: Settings) -> list[Row]:
+    return rows(measure(crew, port, settings), settings.processes)

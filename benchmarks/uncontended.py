@@ -1,0 +1,567 @@
+"""Sections 1 and 2: uncontended acquire+release cycles per second.
+
+Every contender repeats "acquire a free lock, release it" on its own key. All of them,
+sync and asyncio, one server and several masters, run in the same interleaved rounds
+(shuffled order each round, one event loop for the asyncio ones); each figure is the
+median of its rounds, and each ratio is taken against the floor of the same run.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import inspect
+import os
+import random
+import time
+import warnings
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import redis
+import redis.asyncio as aredis
+
+import redlease
+
+from ._common import Settings, describe_error, median
+from ._report import NA, Row, rate, times, verdict
+
+SINGLE = "1. uncontended acquire+release, one server"
+REDLOCK = "2. uncontended Redlock acquire+release, independent masters"
+
+TTL = 10.0
+BATCH = 5  # cycles between two looks at the clock
+
+# The careful hand-written release: delete only if the token is still ours.
+RELEASE_SCRIPT = (
+    "if redis.call('get', KEYS[1]) == ARGV[1] then return redis.call('del', KEYS[1]) "
+    "else return 0 end"
+)
+
+
+@dataclass(frozen=True)
+class Node:
+    """One server (or one database of a server, for tests that have a single server)."""
+
+    port: int
+    db: int = 0
+    host: str = "127.0.0.1"
+
+    def sync(self) -> redis.Redis:
+        return redis.Redis(host=self.host, port=self.port, db=self.db)
+
+    def asyncio(self) -> aredis.Redis:
+        return aredis.Redis(host=self.host, port=self.port, db=self.db)
+
+    def params(self) -> dict[str, Any]:
+        return {"host": self.host, "port": self.port, "db": self.db}
+
+
+SyncCycle = Callable[[], None]
+AsyncCycle = Callable[[], Awaitable[None]]
+
+
+class NotAvailable(Exception):
+    """The contender cannot run here; the message says why."""
+
+
+@dataclass
+class Entry:
+    section: str
+    key: str
+    label: str
+    sync: SyncCycle | None = None
+    asyncio: AsyncCycle | None = None
+    rates: list[float] = field(default_factory=list)
+    problem: str | None = None  # printed instead of a figure
+
+    @property
+    def result(self) -> float:
+        return median(self.rates) if self.problem is None else float("nan")
+
+
+class Bench:
+    """Builds the contenders, owns their clients, and closes everything at the end."""
+
+    def __init__(self, nodes: Sequence[Node], loop: asyncio.AbstractEventLoop) -> None:
+        self.nodes = list(nodes)
+        self.loop = loop
+        self.entries: list[Entry] = []
+        self._closers: list[Callable[[], None]] = []
+        self._async_closers: list[Callable[[], Awaitable[Any]]] = []
+
+    def sync_client(self, node: Node) -> redis.Redis:
+        client = node.sync()
+        self._closers.append(client.close)
+        return client
+
+    def async_client(self, node: Node) -> aredis.Redis:
+        client = node.asyncio()
+        self._async_closers.append(client.aclose)
+        return client
+
+    def add(
+        self, section: str, key: str, label: str, build: Callable[[str], SyncCycle | AsyncCycle]
+    ) -> None:
+        entry = Entry(section, key, label)
+        self.entries.append(entry)
+        try:
+            cycle = build(f"bench:u:{key}")
+        except (NotAvailable, NotImplementedError) as exc:
+            entry.problem = f"{NA} ({exc})"
+            return
+        except Exception as exc:
+            entry.problem = f"error: {describe_error(exc)}"
+            return
+        if inspect.iscoroutinefunction(cycle):
+            entry.asyncio = cycle
+        else:
+            entry.sync = cycle  # type: ignore[assignment]
+
+    def run_async(self, coro: Awaitable[Any]) -> Any:
+        return self.loop.run_until_complete(coro)
+
+    def close(self) -> None:
+        for close_async in reversed(self._async_closers):
+            with contextlib.suppress(Exception):
+                self.run_async(close_async())
+        for close in reversed(self._closers):
+            with contextlib.suppress(Exception):
+                close()
+
+
+# -- the contenders -------------------------------------------------------------------
+
+
+def _floor(bench: Bench, node: Node) -> Callable[[str], SyncCycle]:
+    def build(key: str) -> SyncCycle:
+        r = bench.sync_client(node)
+        sha = r.script_load(RELEASE_SCRIPT)
+
+        def cycle() -> None:
+            token = os.urandom(16).hex()
+            if not r.set(key, token, nx=True, px=int(TTL * 1000)):
+                raise RuntimeError("floor: key was taken")
+            r.evalsha(sha, 1, key, token)
+
+        return cycle
+
+    return build
+
+
+def _floor_direct(bench: Bench, node: Node) -> Callable[[str], SyncCycle]:
+    """The same two commands written straight to one connection (no command path)."""
+
+    def build(key: str) -> SyncCycle:
+        r = bench.sync_client(node)
+        sha = r.script_load(RELEASE_SCRIPT)
+        pool = r.connection_pool
+        conn: Any = pool.get_connection()
+        bench._closers.append(lambda: pool.release(conn))
+        px = str(int(TTL * 1000))
+
+        def cycle() -> None:
+            token = os.urandom(16).hex()
+            conn.send_command("SET", key, token, "NX", "PX", px)
+            if conn.read_response() is None:
+                raise RuntimeError("direct floor: key was taken")
+            conn.send_command("EVALSHA", sha, "1", key, token)
+            conn.read_response()
+
+        return cycle
+
+    return build
+
+
+def _redlease_lock(bench: Bench, node: Node) -> Callable[[str], SyncCycle]:
+    def build(key: str) -> SyncCycle:
+        lock = redlease.Lock(bench.sync_client(node), key, ttl=TTL)
+
+        def cycle() -> None:
+            lock.acquire().release()
+
+        return cycle
+
+    return build
+
+
+def _redis_py_lock(bench: Bench, node: Node) -> Callable[[str], SyncCycle]:
+    def build(key: str) -> SyncCycle:
+        lock = bench.sync_client(node).lock(key, timeout=TTL)
+
+        def cycle() -> None:
+            if not lock.acquire():
+                raise RuntimeError("redis-py Lock not acquired")
+            lock.release()
+
+        return cycle
+
+    return build
+
+
+def _python_redis_lock(bench: Bench, node: Node) -> Callable[[str], SyncCycle]:
+    def build(key: str) -> SyncCycle:
+        try:
+            import redis_lock
+        except ImportError as exc:
+            raise NotAvailable("python-redis-lock not installed") from exc
+        lock = redis_lock.Lock(bench.sync_client(node), key, expire=int(TTL))
+
+        def cycle() -> None:
+            if not lock.acquire():
+                raise RuntimeError("python-redis-lock not acquired")
+            lock.release()
+
+        return cycle
+
+    return build
+
+
+def _pottery(bench: Bench, nodes: Sequence[Node]) -> Callable[[str], SyncCycle]:
+    def build(key: str) -> SyncCycle:
+        try:
+            from pottery import Redlock
+        except ImportError as exc:
+            raise NotAvailable("pottery not installed") from exc
+        masters = {bench.sync_client(n) for n in nodes}
+        lock = Redlock(key=key, masters=masters, auto_release_time=TTL)
+
+        def cycle() -> None:
+            if not lock.acquire():
+                raise RuntimeError("pottery Redlock not acquired")
+            lock.release()
+
+        return cycle
+
+    return build
+
+
+def _redlock_py(bench: Bench, nodes: Sequence[Node]) -> Callable[[str], SyncCycle]:
+    def build(key: str) -> SyncCycle:
+        try:
+            import redlock
+        except ImportError as exc:
+            raise NotAvailable("redlock-py not installed") from exc
+        manager = redlock.Redlock([n.params() for n in nodes], retry_count=3)
+        for server in manager.servers:
+            bench._closers.append(server.close)
+
+        def cycle() -> None:
+            held = manager.lock(key, int(TTL * 1000))
+            if not held:
+                raise RuntimeError("redlock-py lock not acquired")
+            manager.unlock(held)
+
+        return cycle
+
+    return build
+
+
+def _redlease_redlock(bench: Bench, nodes: Sequence[Node]) -> Callable[[str], SyncCycle]:
+    def build(key: str) -> SyncCycle:
+        lock = redlease.Redlock([bench.sync_client(n) for n in nodes], key, ttl=TTL)
+
+        def cycle() -> None:
+            lock.acquire().release()
+
+        return cycle
+
+    return build
+
+
+def _floor_async(bench: Bench, node: Node) -> Callable[[str], AsyncCycle]:
+    def build(key: str) -> AsyncCycle:
+        r = bench.async_client(node)
+        sha = bench.run_async(r.script_load(RELEASE_SCRIPT))
+
+        async def cycle() -> None:
+            token = os.urandom(16).hex()
+            if not await r.set(key, token, nx=True, px=int(TTL * 1000)):
+                raise RuntimeError("floor: key was taken")
+            await r.evalsha(sha, 1, key, token)
+
+        return cycle
+
+    return build
+
+
+def _redlease_async(bench: Bench, node: Node) -> Callable[[str], AsyncCycle]:
+    def build(key: str) -> AsyncCycle:
+        lock = redlease.AsyncLock(bench.async_client(node), key, ttl=TTL)
+
+        async def cycle() -> None:
+            lease = await lock.acquire()
+            await lease.release()
+
+        return cycle
+
+    return build
+
+
+def _redis_py_async(bench: Bench, node: Node) -> Callable[[str], AsyncCycle]:
+    def build(key: str) -> AsyncCycle:
+        lock = bench.async_client(node).lock(key, timeout=TTL)
+
+        async def cycle() -> None:
+            if not await lock.acquire():
+                raise RuntimeError("redis-py asyncio Lock not acquired")
+            await lock.release()
+
+        return cycle
+
+    return build
+
+
+def _aioredlock(bench: Bench, nodes: Sequence[Node]) -> Callable[[str], AsyncCycle]:
+    def build(key: str) -> AsyncCycle:
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", DeprecationWarning)
+                from aioredlock import Aioredlock
+        except ImportError as exc:
+            raise NotAvailable("aioredlock not installed") from exc
+        manager = Aioredlock([n.params() for n in nodes], retry_count=3)
+        bench._async_closers.append(manager.destroy)
+
+        async def cycle() -> None:
+            held = await manager.lock(key, lock_timeout=TTL)
+            await manager.unlock(held)
+
+        return cycle
+
+    return build
+
+
+def _redlease_async_redlock(bench: Bench, nodes: Sequence[Node]) -> Callable[[str], AsyncCycle]:
+    def build(key: str) -> AsyncCycle:
+        lock = redlease.AsyncRedlock([bench.async_client(n) for n in nodes], key, ttl=TTL)
+
+        async def cycle() -> None:
+            lease = await lock.acquire()
+            await lease.release()
+
+        return cycle
+
+    return build
+
+
+def build_entries(bench: Bench, *, single: bool, redlock: bool, masters: Sequence[int]) -> None:
+    one = bench.nodes[0]
+    bench.add(SINGLE, "floor", "floor: redis-py SET NX PX + EVALSHA", _floor(bench, one))
+    if single:
+        bench.add(
+            SINGLE, "direct", "(reference) same 2 commands, raw conn", _floor_direct(bench, one)
+        )
+        bench.add(SINGLE, "redlease", "redlease Lock (fenced)", _redlease_lock(bench, one))
+        bench.add(SINGLE, "redis-py", "redis-py Lock", _redis_py_lock(bench, one))
+        bench.add(SINGLE, "prl", "python-redis-lock", _python_redis_lock(bench, one))
+        bench.add(SINGLE, "pottery-1", "pottery Redlock, 1 master", _pottery(bench, [one]))
+        bench.add(SINGLE, "redlock-py-1", "redlock-py, 1 master", _redlock_py(bench, [one]))
+        bench.add(
+            SINGLE, "afloor", "(asyncio) floor: SET NX PX + EVALSHA", _floor_async(bench, one)
+        )
+        bench.add(
+            SINGLE, "aredis-py", "(asyncio) redis-py asyncio Lock", _redis_py_async(bench, one)
+        )
+        bench.add(SINGLE, "aredlease", "(asyncio) redlease AsyncLock", _redlease_async(bench, one))
+        bench.add(
+            SINGLE, "aioredlock-1", "(asyncio) aioredlock, 1 master", _aioredlock(bench, [one])
+        )
+    if redlock:
+        for n in masters:
+            group = bench.nodes[:n]
+            if len(group) < n:
+                continue
+            bench.add(
+                REDLOCK,
+                f"rl-{n}",
+                f"redlease Redlock, {n} masters",
+                _redlease_redlock(bench, group),
+            )
+        for n in masters:
+            group = bench.nodes[:n]
+            if len(group) < n:
+                continue
+            bench.add(
+                REDLOCK,
+                f"arl-{n}",
+                f"(asyncio) redlease AsyncRedlock, {n} masters",
+                _redlease_async_redlock(bench, group),
+            )
+        for n in masters:
+            group = bench.nodes[:n]
+            if len(group) < n:
+                continue
+            bench.add(
+                REDLOCK, f"pottery-{n}", f"pottery Redlock, {n} masters", _pottery(bench, group)
+            )
+            bench.add(
+                REDLOCK,
+                f"aioredlock-{n}",
+                f"(asyncio) aioredlock, {n} masters",
+                _aioredlock(bench, group),
+            )
+            bench.add(
+                REDLOCK, f"redlock-py-{n}", f"redlock-py, {n} masters", _redlock_py(bench, group)
+            )
+
+
+# -- measuring --------------------------------------------------------------------------
+
+
+def _timed_sync(cycle: SyncCycle, seconds: float) -> float:
+    done = 0
+    start = time.perf_counter()
+    end = start + seconds
+    while True:
+        for _ in range(BATCH):
+            cycle()
+        done += BATCH
+        now = time.perf_counter()
+        if now >= end:
+            return done / (now - start)
+
+
+async def _timed_async(cycle: AsyncCycle, seconds: float) -> float:
+    done = 0
+    start = time.perf_counter()
+    end = start + seconds
+    while True:
+        for _ in range(BATCH):
+            await cycle()
+        done += BATCH
+        now = time.perf_counter()
+        if now >= end:
+            return done / (now - start)
+
+
+def _measure_once(bench: Bench, entry: Entry, seconds: float) -> None:
+    try:
+        if entry.sync is not None:
+            entry.rates.append(_timed_sync(entry.sync, seconds))
+        elif entry.asyncio is not None:
+            entry.rates.append(bench.run_async(_timed_async(entry.asyncio, seconds)))
+    except NotImplementedError as exc:
+        entry.problem = f"{NA} ({exc})"
+    except Exception as exc:
+        entry.problem = f"error: {describe_error(exc)}"
+
+
+def measure(bench: Bench, settings: Settings, seed: int = 1) -> None:
+    rng = random.Random(seed)
+    live = [e for e in bench.entries if e.problem is None]
+    for entry in live:  # warm-up: connections, scripts loaded, caches
+        _measure_once(bench, entry, min(0.05, settings.round_seconds))
+        entry.rates.clear()
+    for _ in range(settings.rounds):
+        order = [e for e in live if e.problem is None]
+        rng.shuffle(order)
+        for entry in order:
+            _measure_once(bench, entry, settings.round_seconds)
+
+
+# -- the rows ---------------------------------------------------------------------------
+
+
+def _row(entry: Entry, floor: float, *, bar: str = "", ok: bool | None = None) -> Row:
+    if entry.problem is not None:
+        return Row(
+            entry.section,
+            entry.label,
+            "cycles/s",
+            None,
+            entry.problem,
+            bar=bar,
+            verdict=verdict(None) if bar else "",
+        )
+    value = entry.result
+    return Row(
+        entry.section,
+        entry.label,
+        "cycles/s",
+        value,
+        rate(value),
+        ratio=times(value / floor, "floor"),
+        bar=bar,
+        verdict=verdict(ok) if bar else "",
+        extra={"rounds": [round(r, 1) for r in entry.rates]},
+    )
+
+
+def rows(bench: Bench) -> list[Row]:
+    by_key = {e.key: e for e in bench.entries}
+    floor = by_key["floor"].result
+    out: list[Row] = []
+
+    def ok(key: str) -> bool:
+        return key in by_key and by_key[key].problem is None
+
+    for entry in bench.entries:
+        key = entry.key
+        if key == "redlease":
+            value = entry.result / floor
+            out.append(_row(entry, floor, bar=">= 1.3x floor", ok=value >= 1.3))
+        elif key == "aredlease":
+            ref = by_key.get("aredis-py")
+            against = entry.result / ref.result if ref and ok("aredis-py") else float("nan")
+            row = _row(
+                entry,
+                floor,
+                bar=">= 1.25x redis-py asyncio Lock",
+                ok=against >= 1.25 if against == against else None,
+            )
+            out.append(row)
+            if entry.problem is None:
+                out.append(
+                    Row(
+                        entry.section,
+                        entry.label,
+                        "vs redis-py asyncio Lock",
+                        against,
+                        times(against, "redis-py asyncio"),
+                    )
+                )
+        elif key == "rl-5":
+            value = entry.result / floor
+            out.append(_row(entry, floor, bar=">= 0.8x floor", ok=value >= 0.8))
+            for peer, label, need in (
+                ("pottery-5", "pottery", 3.0),
+                ("aioredlock-5", "aioredlock", 2.0),
+            ):
+                if entry.problem is None and ok(peer):
+                    against = entry.result / by_key[peer].result
+                    out.append(
+                        Row(
+                            entry.section,
+                            entry.label,
+                            f"vs {label}, 5 masters",
+                            against,
+                            times(against, label),
+                            bar=f">= {need:g}x {label}",
+                            verdict=verdict(against >= need),
+                        )
+                    )
+        else:
+            out.append(_row(entry, floor))
+    return out
+
+
+def run(
+    nodes: Sequence[Node],
+    settings: Settings,
+    *,
+    single: bool = True,
+    redlock: bool = True,
+    masters: Sequence[int] = (3, 5),
+) -> list[Row]:
+    loop = asyncio.new_event_loop()
+    bench = Bench(nodes, loop)
+    try:
+        build_entries(bench, single=single, redlock=redlock, masters=masters)
+        measure(bench, settings)
+        return rows(bench)
+    finally:
+        bench.close()
+        loop.run_until_complete(loop.shutdown_asyncgens())
+        loop.close()
