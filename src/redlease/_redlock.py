@@ -1,19 +1,689 @@
-"""Redlock over several independent masters (not available yet)."""
+"""``Redlock`` and ``AsyncRedlock``: one lock name over N independent masters, held while
+a majority of them agree. Twins: the same arguments and methods in the same order; the
+rules (quorum, validity, fencing, retries) live in ``_quorum``, the I/O here.
+
+Fan-out. The sync driver writes the command on one connection per node, then reads the
+replies in turn against one shared deadline (the per-node timeout, counted from the
+first send), so a round costs about one round trip whatever N is, with no thread pool.
+The asyncio driver awaits all nodes together. A node that has not answered by then is a
+"no" for that attempt; its connection is dropped, so a late reply cannot be mistaken for
+a later command's. Plain ``redis.Redis`` clients are talked to on the driver's own
+connections, so the client's retry policy (redis-py retries up to 10 times by default)
+cannot stretch a round. Other client types (a ``RedisCluster``, a custom class) go
+through their own methods one node after another, with their own timeouts and retries:
+still safe, because ``elapsed`` is measured around them, but slower and less available.
+
+What Redlock assumes (more in docs/redlock.md): clocks on the nodes and the client run
+at about the same rate (1% drift allowed); a holder that pauses past its validity is
+protected only by its fencing token; and a node that restarts empty may, until the ttl
+has passed, let a second holder in (run the nodes with ``appendfsync always``, or keep
+them down for a ttl after a crash). Fencing tokens stay increasing as long as each
+holder's majority keeps at least one node with its data (see ``_quorum``).
+"""
 
 from __future__ import annotations
 
-from typing import Any
+import asyncio
+import contextlib
+import dataclasses
+import time
+import warnings
+from collections.abc import Callable, Sequence
+from datetime import timedelta
+from types import TracebackType
+from typing import Any, TypeVar
+
+from . import _arguments as args
+from . import _flows, _quorum, _renewal
+from ._backend_errors import BACKEND_FAILURES, backend_error, describe
+from ._errors import (
+    AcquireTimeout,
+    BackendError,
+    InvalidArgument,
+    LockLost,
+    QuorumError,
+    RedleaseWarning,
+)
+from ._flows import Call, Command, LockSpec
+from ._io_async import AsyncIO
+from ._io_sync import _CHECKED as _SYNC_CHECKED
+from ._io_sync import SyncIO
+from ._lease import RELEASED, LeaseState, _cancel_holder, _lost_at_block_end, _shielded
+from ._lock import _is_async_client, _pop, _push
+from ._quorum import SAFE, QuorumAcquisition, QuorumFlow, QuorumGrant, QuorumSpec, Sleep
+from ._quorum import Unsafe as _Unsafe
+from ._timing import Clock
+
+__all__ = ["AsyncRedlock", "AsyncRedlockLease", "Redlock", "RedlockLease", "_Unsafe"]
+
+T = TypeVar("T")
+Seconds = float | timedelta
+OnLost = Callable[[Any], object]
+
+# A read is never asked to wait 0 s: a reply already in the socket buffer is still taken.
+MIN_READ_WAIT = 0.001
+# The one-time eviction-policy check waits at least this long per node (it is only a
+# warning, but a node that is merely slow should not skip it).
+CHECK_WAIT = 0.05
+# What stands for "no answer" from an asyncio node (anything else propagates).
+_NO_ANSWER: tuple[type[BaseException], ...] = (asyncio.TimeoutError, *BACKEND_FAILURES)
 
 
-class Redlock:
-    """A lock held on a majority of independent masters. Not implemented yet."""
+def _node_identity(client: Any) -> tuple[object, ...]:
+    kwargs = getattr(getattr(client, "connection_pool", None), "connection_kwargs", None) or {}
+    if "host" in kwargs:
+        return (kwargs["host"], kwargs.get("port", 6379), kwargs.get("db", 0))
+    if "path" in kwargs:
+        return (kwargs["path"], kwargs.get("db", 0))
+    return (id(client),)
 
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        raise NotImplementedError("Redlock is not implemented yet")
+
+def _node_name(client: Any) -> str:
+    ident = _node_identity(client)
+    if len(ident) == 3:
+        return f"{ident[0]}:{ident[1]}/{ident[2]}"
+    if len(ident) == 2:
+        return f"{ident[0]}/{ident[1]}"
+    return f"{type(client).__name__}@{id(client):x}"
 
 
-class AsyncRedlock:
-    """asyncio twin of ``Redlock``. Not implemented yet."""
+def _check_nodes(nodes: object, *, want_async: bool) -> list[Any]:
+    """The node clients: a non-empty list of distinct clients, all sync or all asyncio."""
+    if callable(getattr(nodes, "execute_command", None)):
+        raise InvalidArgument(
+            "nodes must be a list of clients (one per independent server), not a single "
+            "client; use Lock for one server"
+        )
+    if isinstance(nodes, (str, bytes)) or not isinstance(nodes, Sequence):
+        raise InvalidArgument(f"nodes must be a list of clients, not {type(nodes).__name__}")
+    clients = list(nodes)
+    if not clients:
+        raise InvalidArgument("nodes must not be empty: Redlock needs at least one server")
+    kinds: dict[bool, int] = {}
+    for i, client in enumerate(clients):
+        if not callable(getattr(client, "execute_command", None)):
+            raise InvalidArgument(
+                f"nodes[{i}] must be a redis-py client, not {type(client).__name__}"
+            )
+        kinds.setdefault(_is_async_client(client), i)
+        ident = _node_identity(client)
+        for j, other in enumerate(clients[:i]):
+            if other is client or _node_identity(other) == ident:
+                raise InvalidArgument(
+                    f"nodes[{j}] and nodes[{i}] are the same node ({_node_name(client)}): "
+                    "Redlock needs distinct, independent servers"
+                )
+    if len(kinds) > 1:
+        raise InvalidArgument(
+            f"nodes mixes sync and asyncio clients (nodes[{kinds[False]}] is sync, "
+            f"nodes[{kinds[True]}] is asyncio)"
+        )
+    if want_async not in kinds:
+        if want_async:
+            raise InvalidArgument(
+                "nodes must be redis.asyncio clients for AsyncRedlock; use Redlock with "
+                "sync clients"
+            )
+        raise InvalidArgument(
+            "nodes must be sync redis clients for Redlock; use AsyncRedlock with "
+            "redis.asyncio clients"
+        )
+    return clients
 
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        raise NotImplementedError("AsyncRedlock is not implemented yet")
+
+def _unsent(exc: BaseException, action: str) -> _quorum.Unsent:
+    error = _quorum.Unsent(f"{action} failed: {describe(exc)} ({type(exc).__name__}: {exc})")
+    error.__cause__ = exc
+    return error
+
+
+def _failed(exc: BaseException, action: str) -> BaseException:
+    return exc if isinstance(exc, BackendError) else backend_error(exc, action)
+
+
+# -- drivers ------------------------------------------------------------------------------
+
+
+class _SyncNodes:
+    """Carries quorum flows to N sync clients: write to all, then read all."""
+
+    def __init__(self, clients: Sequence[Any], spec: QuorumSpec) -> None:
+        self.ios = [SyncIO(c) for c in clients]
+        self.spec = spec
+        self._checked = False
+
+    def run(self, flow: QuorumFlow[T], action: str) -> T:
+        reply: Any = None
+        while True:
+            try:
+                step = flow.send(reply)
+            except StopIteration as stop:
+                return stop.value  # type: ignore[no-any-return]
+            if isinstance(step, Sleep):
+                time.sleep(step.seconds)
+                reply = None
+            else:
+                reply = self.fan_out(step.call, step.nodes, step.timeout, action)
+
+    def fan_out(
+        self, op: Call | Command, nodes: Sequence[int], timeout: float, action: str
+    ) -> list[Any]:
+        """``op`` on each of ``nodes``: the replies, or the errors that stand for none."""
+        ios, clock = self.ios, time.monotonic
+        # Each node's reply is due ``timeout`` after its own send began: a node that
+        # needs a new connection to a hung server (its handshake waits out the timeout)
+        # must not use up the others' time.
+        pendings: list[Any] = []
+        ends: list[float] = []
+        for i in nodes:
+            started = clock()
+            ends.append(started + timeout)
+            try:
+                pendings.append(ios[i].send(op))
+            except BACKEND_FAILURES as exc:  # no connection: the command never left
+                pendings.append(_unsent(exc, action))
+        results: list[Any] = []
+        for i, pending, end in zip(nodes, pendings, ends, strict=True):
+            if isinstance(pending, BaseException):
+                results.append(_failed(pending, action))
+                continue
+            left = end - clock()
+            try:
+                results.append(ios[i].receive(pending, action, max(left, MIN_READ_WAIT)))
+            except BackendError as exc:
+                results.append(exc)
+        return results
+
+    def execute_many(self, calls: Sequence[Call]) -> list[Any]:
+        """The renewer's seam: each EXTEND on every node at once; per call 1 (a majority
+        confirmed), 0 (a majority says not ours) or the QuorumError to retry after."""
+        wait = min(call.timeout for call in calls)
+        everywhere = range(len(self.ios))
+        return [
+            _quorum.renewal_result(self.spec, self.fan_out(call, everywhere, wait, "renew"))
+            for call in calls
+        ]
+
+    def check_servers_once(self) -> None:
+        """Warn (once per server) if a node may evict lock keys; never fails."""
+        if self._checked:
+            return
+        self._checked = True
+        fresh = [i for i, io in enumerate(self.ios) if _pool_of(io) not in _SYNC_CHECKED]
+        for i in fresh:
+            _SYNC_CHECKED.add(_pool_of(self.ios[i]))
+        if fresh:
+            wait = max(self.spec.node_timeout, CHECK_WAIT)
+            check = dataclasses.replace(_flows.MAXMEMORY_POLICY, timeout=wait)
+            replies = self.fan_out(check, fresh, wait, "check")
+            _warn_evicting(self.spec, fresh, replies)
+
+
+class _AsyncNodes:
+    """Carries quorum flows to N asyncio clients: all nodes awaited together."""
+
+    def __init__(self, clients: Sequence[Any], spec: QuorumSpec) -> None:
+        self.ios = [AsyncIO(c) for c in clients]
+        self.spec = spec
+        self._checked = False
+
+    async def run(self, flow: QuorumFlow[T], action: str) -> T:
+        reply: Any = None
+        while True:
+            try:
+                step = flow.send(reply)
+            except StopIteration as stop:
+                return stop.value  # type: ignore[no-any-return]
+            if isinstance(step, Sleep):
+                await asyncio.sleep(step.seconds)
+                reply = None
+            else:
+                reply = await self.fan_out(step.call, step.nodes, step.timeout, action)
+
+    async def fan_out(
+        self, op: Call | Command, nodes: Sequence[int], timeout: float, action: str
+    ) -> list[Any]:
+        """``op`` on each of ``nodes``: the replies, or the errors that stand for none."""
+
+        async def one(io: AsyncIO) -> Any:
+            try:
+                return await asyncio.wait_for(io.execute(op), timeout)
+            except _NO_ANSWER as exc:
+                return _failed(exc, action)
+
+        return list(await asyncio.gather(*(one(self.ios[i]) for i in nodes)))
+
+    async def execute_many(self, calls: Sequence[Call]) -> list[Any]:
+        """The renewer's seam (see ``_SyncNodes``); each node gets the batch pipelined."""
+        wait = min(call.timeout for call in calls)
+
+        async def batch(io: AsyncIO) -> list[Any]:
+            try:
+                return await asyncio.wait_for(io.execute_many(calls), wait)
+            except _NO_ANSWER as exc:
+                return [_failed(exc, "renew")] * len(calls)
+
+        per_node = await asyncio.gather(*(batch(io) for io in self.ios))
+        return [
+            _quorum.renewal_result(self.spec, [replies[k] for replies in per_node])
+            for k in range(len(calls))
+        ]
+
+    async def check_servers_once(self) -> None:
+        """Warn (once per server) if a node may evict lock keys; never fails."""
+        if self._checked:
+            return
+        self._checked = True
+        wait = max(self.spec.node_timeout, CHECK_WAIT)
+        check = dataclasses.replace(_flows.MAXMEMORY_POLICY, timeout=wait)
+        everywhere = list(range(len(self.ios)))
+        replies = await self.fan_out(check, everywhere, wait, "check")
+        _warn_evicting(self.spec, everywhere, replies)
+
+
+def _pool_of(io: SyncIO) -> Any:
+    return getattr(io.client, "connection_pool", None) or io.client
+
+
+def _warn_evicting(spec: QuorumSpec, nodes: Sequence[int], replies: Sequence[Any]) -> None:
+    for i, reply in zip(nodes, replies, strict=True):
+        if isinstance(reply, BaseException):
+            continue  # CONFIG may be renamed or denied, or the node is down: nothing to learn
+        message = _flows.eviction_warning(reply)
+        if message:
+            warnings.warn(f"{spec.nodes[i]}: {message}", RedleaseWarning, stacklevel=5)
+
+
+# -- leases -------------------------------------------------------------------------------
+
+
+class RedlockLease(LeaseState):
+    """A held Redlock (sync): the same surface as ``Lease``; extend and release go to
+    every node and count only when a majority confirms."""
+
+    def __init__(
+        self,
+        spec: QuorumSpec,
+        grant: QuorumGrant,
+        nodes: _SyncNodes,
+        on_lost: OnLost | None = None,
+    ) -> None:
+        super().__init__(spec.lock, grant, on_lost)
+        self._quorum = spec
+        self._nodes = nodes
+        self._believed = grant.nodes
+
+    def extend(self, ttl: float | None = None) -> None:
+        """Make the lease last ``ttl`` seconds from now (default: the lock's ttl).
+
+        Raises LockLost if a majority says it is no longer ours, QuorumError if too few
+        nodes answered to tell (the lease then keeps its current validity).
+        """
+        ttl_ms = self._extend_ttl_ms(ttl)
+        self.check()
+        try:
+            until = self._nodes.run(_quorum.extend(self._quorum, self._token, ttl_ms), "extend")
+        except LockLost as exc:
+            self._mark_lost(str(exc))
+            raise
+        self._renewed(until)
+
+    def release(self) -> None:
+        """Give the lock back on every node. Releasing twice is a no-op.
+
+        Raises LockLost if a majority no longer held it, QuorumError if too few nodes
+        answered (the lease counts as released: what is left expires with the ttl).
+        """
+        if self._state == RELEASED:
+            return
+        try:
+            self._nodes.run(_quorum.release(self._quorum, self._token, self._believed), "release")
+        except LockLost as exc:
+            self._mark_lost(str(exc))
+            raise
+        except QuorumError:
+            self._mark_released()
+            raise
+        self._mark_released()
+
+    def __enter__(self) -> RedlockLease:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        try:
+            self.release()
+        except LockLost as lost:
+            _lost_at_block_end(self, lost, exc)
+
+
+class AsyncRedlockLease(LeaseState):
+    """A held Redlock (asyncio twin of ``RedlockLease``)."""
+
+    def __init__(
+        self,
+        spec: QuorumSpec,
+        grant: QuorumGrant,
+        nodes: _AsyncNodes,
+        on_lost: OnLost | None = None,
+    ) -> None:
+        super().__init__(spec.lock, grant, on_lost)
+        self._quorum = spec
+        self._nodes = nodes
+        self._believed = grant.nodes
+        # The task to cancel when the lease is lost (AsyncRedlock's cancel_on_lost).
+        self._holder: asyncio.Task[Any] | None = None
+
+    def _mark_lost(self, reason: str) -> bool:
+        marked = super()._mark_lost(reason)
+        if marked and self._holder is not None:
+            _cancel_holder(self._holder, f"lease on {self.name!r} was lost: {reason}")
+        return marked
+
+    async def extend(self, ttl: float | None = None) -> None:
+        """Make the lease last ``ttl`` seconds from now (default: the lock's ttl).
+
+        Raises LockLost if a majority says it is no longer ours, QuorumError if too few
+        nodes answered to tell (the lease then keeps its current validity).
+        """
+        ttl_ms = self._extend_ttl_ms(ttl)
+        self.check()
+        try:
+            until = await self._nodes.run(
+                _quorum.extend(self._quorum, self._token, ttl_ms), "extend"
+            )
+        except LockLost as exc:
+            self._mark_lost(str(exc))
+            raise
+        self._renewed(until)
+
+    async def release(self) -> None:
+        """Give the lock back on every node. Releasing twice is a no-op.
+
+        Raises LockLost if a majority no longer held it, QuorumError if too few nodes
+        answered (the lease counts as released: what is left expires with the ttl).
+        Cancelling the caller does not cancel the release itself.
+        """
+        if self._state == RELEASED:
+            return
+        flow = _quorum.release(self._quorum, self._token, self._believed)
+        try:
+            await _shielded(self._nodes.run(flow, "release"))
+        except LockLost as exc:
+            self._mark_lost(str(exc))
+            raise
+        except (QuorumError, asyncio.CancelledError):
+            self._mark_released()  # the release ran to its end, shielded
+            raise
+        self._mark_released()
+
+    async def __aenter__(self) -> AsyncRedlockLease:
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        try:
+            await self.release()
+        except LockLost as lost:
+            _lost_at_block_end(self, lost, exc)
+
+
+# -- the locks ----------------------------------------------------------------------------
+
+
+class _RedlockConfig:
+    """Arguments shared by the twins, checked once."""
+
+    def __init__(
+        self,
+        name: object,
+        ttl: object,
+        names: Sequence[str],
+        *,
+        auto_renew: object,
+        on_lost: object,
+        max_hold: object,
+        node_timeout: object,
+        prefix: object,
+        clock: Clock | None,
+        unsafe: object,
+    ) -> None:
+        # fair: a single-server Lock's waiter queued on a node (same name) is served
+        # by our release there; Redlock itself does not queue.
+        lock = LockSpec.create(name, ttl, fair=True, prefix=prefix, clock=clock)
+        if not isinstance(unsafe, _Unsafe):
+            raise InvalidArgument("_unsafe must be a redlease._redlock._Unsafe")
+        timeout = args.optional_positive(node_timeout, "node_timeout")
+        self._spec = QuorumSpec.create(lock, names, timeout, unsafe)
+        self._auto_renew = args.flag(auto_renew, "auto_renew")
+        self._on_lost: OnLost | None = args.callback(on_lost, "on_lost")  # type: ignore[assignment]
+        self._max_hold = args.optional_positive(max_hold, "max_hold")
+
+    @property
+    def name(self) -> str:
+        return self._spec.lock.name
+
+    @property
+    def ttl(self) -> float:
+        return self._spec.lock.ttl
+
+    @property
+    def quorum(self) -> int:
+        """How many nodes must agree: N//2 + 1."""
+        return self._spec.quorum
+
+    @property
+    def node_timeout(self) -> float:
+        """Seconds each node's reply is waited for in a round."""
+        return self._spec.node_timeout
+
+    def __repr__(self) -> str:
+        return (
+            f"<{type(self).__name__} {self.name!r} ttl={self.ttl}s "
+            f"nodes={len(self._spec.nodes)} quorum={self.quorum}>"
+        )
+
+
+class Redlock(_RedlockConfig):
+    """A lock held on a majority of independent Redis/Valkey masters (sync).
+
+    ``nodes`` are one sync client per independent server (standalone masters without
+    replicas between them). The surface is ``Lock``'s: ``acquire(timeout)``,
+    ``try_acquire()``, ``with lock as lease``; the lease has ``fence``, ``token``,
+    ``remaining()``, ``extend()``, ``release()``, ``lost`` and ``check()``.
+
+    ``node_timeout`` is how long each node's reply is waited for in a round (default a
+    twentieth of the ttl, at most 0.1 s). ``auto_renew``, ``on_lost`` and ``max_hold``
+    work as for ``Lock``; a renewal counts only when a majority confirms it in time.
+    A majority that cannot be reached raises ``QuorumError`` naming each failed node;
+    plain contention is not an error.
+    """
+
+    def __init__(
+        self,
+        nodes: Sequence[Any],
+        name: str,
+        ttl: Seconds = 10.0,
+        *,
+        auto_renew: bool = False,
+        on_lost: OnLost | None = None,
+        max_hold: Seconds | None = None,
+        node_timeout: Seconds | None = None,
+        prefix: str = "",
+        clock: Clock | None = None,
+        _unsafe: _Unsafe = SAFE,
+    ) -> None:
+        clients = _check_nodes(nodes, want_async=False)
+        super().__init__(
+            name,
+            ttl,
+            [_node_name(c) for c in clients],
+            auto_renew=auto_renew,
+            on_lost=on_lost,
+            max_hold=max_hold,
+            node_timeout=node_timeout,
+            prefix=prefix,
+            clock=clock,
+            unsafe=_unsafe,
+        )
+        self._nodes = _SyncNodes(clients, self._spec)
+
+    def acquire(self, timeout: Seconds | None = None) -> RedlockLease:
+        """Wait until a majority grants the lock and return the lease.
+
+        ``timeout`` bounds the wait in seconds (None: no bound; 0: a single try).
+        Raises AcquireTimeout if the lock stayed busy, QuorumError if too few nodes
+        answered.
+        """
+        lease = self._acquire(args.timeout(timeout), wait=True)
+        if lease is None:
+            raise AcquireTimeout(f"lock {self.name!r} still busy after {timeout}s")
+        return lease
+
+    def try_acquire(self) -> RedlockLease | None:
+        """Take the lock if a majority grants it right now; never waits. None if busy."""
+        return self._acquire(0.0, wait=False)
+
+    def _acquire(self, timeout: float | None, *, wait: bool) -> RedlockLease | None:
+        self._nodes.check_servers_once()
+        attempt = QuorumAcquisition(self._spec, timeout, wait=wait)
+        try:
+            grant = self._nodes.run(attempt.run(), f"acquire {self.name!r}")
+        except BaseException:
+            if attempt.outstanding:
+                self._abandon(attempt)
+            raise
+        return None if grant is None else self._lease(grant)
+
+    def _abandon(self, attempt: QuorumAcquisition) -> None:
+        # The original error matters more; an orphaned key expires with its ttl.
+        with contextlib.suppress(Exception):
+            self._nodes.run(attempt.abandon(), f"clean up {self.name!r}")
+
+    def _lease(self, grant: QuorumGrant) -> RedlockLease:
+        lease = RedlockLease(self._spec, grant, self._nodes, self._on_lost)
+        if self._auto_renew:
+            _renewal.watch(lease, self._nodes, self._max_hold)
+        return lease
+
+    def __enter__(self) -> RedlockLease:
+        lease = self.acquire()
+        _push(self, lease)
+        return lease
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        lease = _pop(self)
+        assert isinstance(lease, RedlockLease)
+        lease.__exit__(exc_type, exc, tb)
+
+
+class AsyncRedlock(_RedlockConfig):
+    """A lock held on a majority of independent masters (asyncio twin of ``Redlock``).
+
+    ``cancel_on_lost=True`` also cancels the task that acquired a lease when the lease
+    is lost, as for ``AsyncLock``.
+    """
+
+    def __init__(
+        self,
+        nodes: Sequence[Any],
+        name: str,
+        ttl: Seconds = 10.0,
+        *,
+        auto_renew: bool = False,
+        on_lost: OnLost | None = None,
+        max_hold: Seconds | None = None,
+        cancel_on_lost: bool = False,
+        node_timeout: Seconds | None = None,
+        prefix: str = "",
+        clock: Clock | None = None,
+        _unsafe: _Unsafe = SAFE,
+    ) -> None:
+        clients = _check_nodes(nodes, want_async=True)
+        super().__init__(
+            name,
+            ttl,
+            [_node_name(c) for c in clients],
+            auto_renew=auto_renew,
+            on_lost=on_lost,
+            max_hold=max_hold,
+            node_timeout=node_timeout,
+            prefix=prefix,
+            clock=clock,
+            unsafe=_unsafe,
+        )
+        self._nodes = _AsyncNodes(clients, self._spec)
+        self._cancel_on_lost = args.flag(cancel_on_lost, "cancel_on_lost")
+
+    async def acquire(self, timeout: Seconds | None = None) -> AsyncRedlockLease:
+        """Wait until a majority grants the lock and return the lease.
+
+        ``timeout`` bounds the wait in seconds (None: no bound; 0: a single try).
+        Raises AcquireTimeout if the lock stayed busy, QuorumError if too few nodes
+        answered. Cancelling the caller at any point leaves no lock behind.
+        """
+        lease = await self._acquire(args.timeout(timeout), wait=True)
+        if lease is None:
+            raise AcquireTimeout(f"lock {self.name!r} still busy after {timeout}s")
+        return lease
+
+    async def try_acquire(self) -> AsyncRedlockLease | None:
+        """Take the lock if a majority grants it right now; never waits. None if busy."""
+        return await self._acquire(0.0, wait=False)
+
+    async def _acquire(self, timeout: float | None, *, wait: bool) -> AsyncRedlockLease | None:
+        await self._nodes.check_servers_once()
+        attempt = QuorumAcquisition(self._spec, timeout, wait=wait)
+        try:
+            grant = await self._nodes.run(attempt.run(), f"acquire {self.name!r}")
+        except BaseException:
+            if attempt.outstanding:
+                await self._abandon(attempt)
+            raise
+        return None if grant is None else self._lease(grant)
+
+    async def _abandon(self, attempt: QuorumAcquisition) -> None:
+        try:
+            await _shielded(self._nodes.run(attempt.abandon(), f"clean up {self.name!r}"))
+        except Exception:
+            pass  # the original error matters more; an orphaned key expires with its ttl
+        except asyncio.CancelledError:
+            pass  # cancelled again while cleaning up; the clean-up itself ran to its end
+
+    def _lease(self, grant: QuorumGrant) -> AsyncRedlockLease:
+        lease = AsyncRedlockLease(self._spec, grant, self._nodes, self._on_lost)
+        if self._cancel_on_lost:
+            lease._holder = asyncio.current_task()
+        if self._auto_renew:
+            _renewal.watch_async(lease, self._nodes, self._max_hold)
+        elif self._cancel_on_lost:
+            _renewal.watch_async(lease, self._nodes, 0.0)  # watch its validity, never renew
+        return lease
+
+    async def __aenter__(self) -> AsyncRedlockLease:
+        lease = await self.acquire()
+        _push(self, lease)
+        return lease
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        lease = _pop(self)
+        assert isinstance(lease, AsyncRedlockLease)
+        await lease.__aexit__(exc_type, exc, tb)

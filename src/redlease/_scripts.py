@@ -193,3 +193,40 @@ return {0, 0}
 )
 
 ALL = (ACQUIRE, RELEASE, EXTEND, LEAVE)
+
+# -- Redlock (one script run per node; see _quorum.py for how the replies are counted) --
+
+REDLOCK_ACQUIRE = Script(
+    "redlock_acquire",
+    """
+-- KEYS[1] lock  KEYS[2] fence
+-- ARGV[1] token  ARGV[2] ttl ms
+-- Reply {1, counter, ttl}: the lock is ours on this node for ttl ms (taken now, or taken
+-- by an earlier attempt of the same acquisition whose reply was lost: set afresh), and
+-- the node's fence counter, incremented in the same step, is counter.
+-- Reply {0, 0, pttl}: held by another; pttl = its ms left (-1 no TTL, -2 just gone).
+if redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then
+  return {1, redis.call('INCR', KEYS[2]), tonumber(ARGV[2])}
+end
+if redis.call('GET', KEYS[1]) == ARGV[1] then
+  redis.call('PEXPIRE', KEYS[1], ARGV[2])
+  return {1, redis.call('INCR', KEYS[2]), tonumber(ARGV[2])}
+end
+return {0, 0, redis.call('PTTL', KEYS[1])}
+""",
+)
+
+REDLOCK_FENCE = Script(
+    "redlock_fence",
+    """
+-- KEYS[1] lock  KEYS[2] fence
+-- ARGV[1] token  ARGV[2] fencing token chosen by the holder
+-- Reply 1: the lock is ours on this node and its counter is now at least ARGV[2];
+-- 0: not ours (nothing written: a raise counts only while we hold the node).
+if redis.call('GET', KEYS[1]) ~= ARGV[1] then return 0 end
+if tonumber(redis.call('GET', KEYS[2]) or '0') < tonumber(ARGV[2]) then
+  redis.call('SET', KEYS[2], ARGV[2])
+end
+return 1
+""",
+)

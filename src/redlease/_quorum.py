@@ -1,0 +1,376 @@
+"""The Redlock rules, written once and without I/O: quorum counting, validity, fencing
+across nodes, release-all, the retry schedule, majority-confirmed extend and release.
+
+A quorum flow is a generator like the single-server flows of ``_flows``, but it yields
+``Fanout`` (one script to run on several nodes at once, each reply worth waiting for
+``timeout`` seconds from the send) and ``Sleep``; it receives one result per node, the
+reply or the exception that stands for "no answer". The drivers in ``_redlock`` carry
+them: the sync one writes on every node's connection, then reads every reply; the
+asyncio one awaits all nodes together.
+
+The algorithm (antirez, "Distributed locks with Redis"): take the lock on all N nodes at
+once; it is ours iff a majority (N//2 + 1) said yes and the validity left,
+``ttl - elapsed - (ttl * 0.01 + 2 ms)``, is positive, ``elapsed`` counted on the
+monotonic clock from before the first send. Otherwise it is released on every node
+that may hold it (a SET may have landed although its reply was lost) and tried again
+after a random delay.
+
+Fencing across nodes. A per-node counter is not enough: two majorities count
+differently. Each node's acquire step increments its counter in the same script that
+sets the lock, and replies with it. The fencing token is the highest counter among the
+nodes that said yes; every yes-node below it is raised to it (``REDLOCK_FENCE``, only
+while our lock still stands there) before the lease is returned, and a majority must be
+at the token. So when a lease with token ``f`` is handed out, a majority holds a
+counter >= ``f``, written while that lease held the node. The next holder's majority
+shares at least one node with it, takes that node only after our key is gone there,
+reads a counter >= ``f`` and returns at least ``f + 1``. In the usual case (all yes-nodes
+agree) this costs no second round trip; a node that restarted empty is brought back up
+by the next acquisition that reaches it.
+
+What that assumes: the shared node keeps its counter. With all N nodes up a token sits
+on all of them, so up to N - quorum nodes may lose their data (restart without
+persistence) before the next acquisition; when the holder reached only a bare majority,
+none of those may. Nodes with ``appendfsync always`` remove the caveat.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Generator, Sequence
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+from ._backend_errors import describe
+from ._errors import BackendError, LockLost, QuorumError
+from ._flows import Call, Grant, LockSpec, as_int, new_token
+from ._scripts import EXTEND, REDLOCK_ACQUIRE, REDLOCK_FENCE, RELEASE, Script
+from ._timing import Deadline, drift
+
+T = TypeVar("T")
+
+# Per-node reply timeout: a small share of the ttl, so that a slow or dead node costs an
+# attempt little of its validity (antirez suggests 5-50 ms for a 10 s ttl; we allow up
+# to 100 ms because a busy client host can stall that long by itself). A node that has
+# not answered in time is a "no" for that attempt.
+NODE_TIMEOUT_SHARE = 0.05
+NODE_TIMEOUT_CAP = 0.1
+NODE_TIMEOUT_FLOOR = 0.002
+
+# Retry schedule after a failed attempt: a random delay from an exponentially growing
+# range (clients that split the vote must not retry in step), never longer than the
+# time until a majority's holders expire (plus a random hair), nor than the deadline.
+RETRY_BASE = 0.002
+RETRY_CAP = 0.05
+MIN_RETRY = 0.001
+
+
+@dataclass(frozen=True)
+class Unsafe:
+    """DELIBERATELY WRONG variants of Redlock, for the fault harness to show that its
+    checker catches them. Never use outside tests: each one allows two holders at once.
+
+    ``ignore_elapsed``: validity = ttl - drift, as if acquiring took no time;
+    ``half_quorum``: N//2 nodes are taken as a majority;
+    ``release_believed_only``: release only on the nodes that said yes (a SET whose
+    reply was lost stays behind, and a holder it blocks is not counted against).
+    """
+
+    ignore_elapsed: bool = False
+    half_quorum: bool = False
+    release_believed_only: bool = False
+
+
+SAFE = Unsafe()
+
+
+class Unsent(BackendError):
+    """A node's command never left the client (no connection could be made): that node
+    cannot have applied it, so there is nothing to release there."""
+
+
+@dataclass(frozen=True)
+class Fanout:
+    """Run ``call`` on each of ``nodes`` at once; each reply is worth ``timeout`` seconds
+    from the first send. The driver answers with one result per node, in order: the
+    reply, or the exception that stands for no reply."""
+
+    call: Call
+    nodes: tuple[int, ...]
+    timeout: float
+
+
+@dataclass(frozen=True)
+class Sleep:
+    seconds: float
+
+
+QuorumFlow = Generator[Fanout | Sleep, Any, T]
+
+
+@dataclass(frozen=True)
+class QuorumGrant(Grant):
+    """A Redlock grant: also the nodes that said yes (``release_believed_only`` uses it)."""
+
+    nodes: frozenset[int] = frozenset()
+
+
+@dataclass(frozen=True)
+class QuorumSpec:
+    """Everything fixed about one Redlock: the lock itself and its nodes."""
+
+    lock: LockSpec
+    nodes: tuple[str, ...]  # how each node is named in errors
+    node_timeout: float
+    unsafe: Unsafe = SAFE
+
+    @classmethod
+    def create(
+        cls, lock: LockSpec, nodes: Sequence[str], node_timeout: float | None, unsafe: Unsafe
+    ) -> QuorumSpec:
+        if node_timeout is None:
+            node_timeout = max(
+                NODE_TIMEOUT_FLOOR, min(lock.ttl * NODE_TIMEOUT_SHARE, NODE_TIMEOUT_CAP)
+            )
+        return cls(lock, tuple(nodes), node_timeout, unsafe)
+
+    @property
+    def quorum(self) -> int:
+        n = len(self.nodes)
+        return max(1, n // 2) if self.unsafe.half_quorum else n // 2 + 1
+
+    def fan_out(
+        self,
+        script: Script,
+        keys: tuple[str, ...],
+        *argv: str,
+        nodes: Sequence[int] | None = None,
+    ) -> Fanout:
+        everywhere = tuple(range(len(self.nodes)))
+        call = Call(script, keys, argv, self.node_timeout)
+        return Fanout(call, everywhere if nodes is None else tuple(nodes), self.node_timeout)
+
+    @property
+    def lock_and_fence(self) -> tuple[str, str]:
+        return (self.lock.keys.lock, self.lock.keys.fence)
+
+
+def _why(result: BaseException) -> str:
+    cause = result.__cause__ if isinstance(result, BackendError) else result
+    return describe(cause if cause is not None else result)
+
+
+class Tally:
+    """The replies of one acquire round, node by node."""
+
+    def __init__(self, spec: QuorumSpec, fan: Fanout, results: Sequence[Any]) -> None:
+        self.counters: dict[int, int] = {}  # yes: node -> its fence counter
+        self.held: dict[int, int] = {}  # held by another: node -> its pttl ms
+        self.failures: dict[int, str] = {}
+        self.unsent: set[int] = set()
+        for node, result in zip(fan.nodes, results, strict=True):
+            if isinstance(result, BaseException):
+                self.failures[node] = _why(result)
+                if isinstance(result, Unsent):
+                    self.unsent.add(node)
+                continue
+            if as_int(result[0]) == 1:
+                self.counters[node] = as_int(result[1])
+            else:
+                self.held[node] = as_int(result[2])
+
+    @property
+    def answered(self) -> int:
+        return len(self.counters) + len(self.held)
+
+    def maybe_ours(self, spec: QuorumSpec) -> list[int]:
+        """Nodes to release on: every node that may have applied the SET (it said yes,
+        or its reply is missing)."""
+        if spec.unsafe.release_believed_only:
+            return sorted(self.counters)
+        return [i for i in range(len(spec.nodes)) if i not in self.held and i not in self.unsent]
+
+    def free_in(self, quorum: int) -> float | None:
+        """Seconds until a majority could be free (holders' PTTLs), None if unknown."""
+        waits = [0.0] * len(self.counters)  # ours: released right away
+        for pttl in self.held.values():
+            if pttl == -1:
+                return None  # a key without TTL (not ours): its end cannot be known
+            waits.append(max(0, pttl) / 1000.0)
+        waits.sort()
+        return waits[quorum - 1] if len(waits) >= quorum else None
+
+
+def failures_by_name(spec: QuorumSpec, failures: dict[int, str]) -> dict[str, str]:
+    return {spec.nodes[i]: why for i, why in sorted(failures.items())}
+
+
+def retry_delay(spec: QuorumSpec, attempt: int, tally: Tally, rng: random.Random | None) -> float:
+    gen: Any = rng or random
+    ceiling = min(RETRY_CAP, RETRY_BASE * 2 ** min(attempt, 20), spec.lock.ttl)
+    delay: float = gen.uniform(ceiling / 2, ceiling)
+    free_in = tally.free_in(spec.quorum)
+    if free_in is not None and free_in < delay:
+        delay = free_in + gen.uniform(0.0, RETRY_BASE)
+    return max(delay, MIN_RETRY)
+
+
+class QuorumAcquisition:
+    """One caller's attempt to take a Redlock. One token for all its rounds, so that a
+    release with it cleans up a SET of any earlier round whose reply was lost.
+    ``outstanding`` tells the driver whether ``abandon()`` is needed if the attempt is
+    interrupted: true from a send until the release that follows a failed round."""
+
+    def __init__(
+        self,
+        spec: QuorumSpec,
+        timeout: float | None,
+        *,
+        wait: bool,
+        rng: random.Random | None = None,
+    ) -> None:
+        self.spec = spec
+        self.token = new_token()
+        self.deadline = Deadline.after(spec.lock.clock, timeout)
+        self.wait = wait
+        self.outstanding = False
+        self._rng = rng
+
+    def run(self) -> QuorumFlow[QuorumGrant | None]:
+        spec, lock = self.spec, self.spec.lock
+        attempt = 0
+        while True:
+            sent_at = lock.clock()
+            self.outstanding = True
+            fan = spec.fan_out(REDLOCK_ACQUIRE, spec.lock_and_fence, self.token, str(lock.ttl_ms))
+            tally = Tally(spec, fan, (yield fan))
+            if len(tally.counters) >= spec.quorum:
+                grant = yield from self._fence(tally, sent_at)
+                if grant is not None:
+                    return grant
+            yield from self._release(tally.maybe_ours(spec))
+            self.outstanding = False
+            if tally.answered < spec.quorum:
+                raise QuorumError(
+                    f"acquire {lock.name!r}: only {tally.answered} of {len(spec.nodes)} nodes "
+                    f"answered, {spec.quorum} needed",
+                    failures_by_name(spec, tally.failures),
+                )
+            if not self.wait or self.deadline.expired():
+                return None
+            delay = self.deadline.cap(retry_delay(spec, attempt, tally, self._rng))
+            if delay > 0:
+                yield Sleep(delay)
+            attempt += 1
+
+    def _fence(self, tally: Tally, sent_at: float) -> QuorumFlow[QuorumGrant | None]:
+        spec, lock = self.spec, self.spec.lock
+        top = max(tally.counters.values())
+        confirmed = sum(1 for c in tally.counters.values() if c == top)
+        behind = [node for node, c in sorted(tally.counters.items()) if c < top]
+        if behind:
+            # Raise every yes-node that lags (not just enough of them): the more nodes
+            # hold the token, the more of them may later lose their data safely.
+            fan = spec.fan_out(
+                REDLOCK_FENCE, spec.lock_and_fence, self.token, str(top), nodes=behind
+            )
+            results = yield fan
+            confirmed += sum(
+                1 for r in results if not isinstance(r, BaseException) and as_int(r) == 1
+            )
+        now = lock.clock()
+        start = now if spec.unsafe.ignore_elapsed else sent_at
+        until = start + lock.ttl - drift(lock.ttl)
+        if confirmed >= spec.quorum and until > now:
+            return QuorumGrant(self.token, top, until, frozenset(tally.counters))
+        return None
+
+    def _release(self, nodes: Sequence[int]) -> QuorumFlow[None]:
+        if nodes:
+            yield _release_fan(self.spec, self.token, nodes)
+
+    def abandon(self) -> QuorumFlow[None]:
+        """Release whatever any round of this attempt may have taken, on every node."""
+        nodes = range(len(self.spec.nodes))
+        yield from self._release(list(nodes))
+
+
+def _release_fan(spec: QuorumSpec, token: str, nodes: Sequence[int] | None) -> Fanout:
+    # The single-server release script: deletes only our token, and serves a waiter of
+    # a single-server Lock of the same name on that node, if there is one.
+    lock = spec.lock
+    return spec.fan_out(
+        RELEASE, lock.keys.script_keys, token, lock.fair_arg, lock.keys.bell_prefix, nodes=nodes
+    )
+
+
+def _count_ours(fan: Fanout, results: Sequence[Any]) -> tuple[int, dict[int, str]]:
+    ours, failures = 0, {}
+    for node, result in zip(fan.nodes, results, strict=True):
+        if isinstance(result, BaseException):
+            failures[node] = _why(result)
+        elif as_int(result) == 1:
+            ours += 1
+    return ours, failures
+
+
+def extend(spec: QuorumSpec, token: str, ttl_ms: int) -> QuorumFlow[float]:
+    """Reset the lease to ``ttl_ms`` on every node; returns the new validity end. Counts
+    only if a majority confirms in time; raises LockLost when a majority says it is not
+    ours, QuorumError when too few answered to tell."""
+    lock = spec.lock
+    sent_at = lock.clock()
+    fan = spec.fan_out(EXTEND, (lock.keys.lock,), token, str(ttl_ms))
+    ours, failures = _count_ours(fan, (yield fan))
+    ttl = ttl_ms / 1000.0
+    until = sent_at + ttl - drift(ttl)
+    if ours >= spec.quorum:
+        if until > lock.clock():
+            return until
+        raise QuorumError(f"extend {lock.name!r}: confirmed too late to be of use", {})
+    if ours + len(failures) < spec.quorum:
+        raise LockLost(
+            f"lock {lock.name!r} is no longer ours on a majority of nodes: it expired or was "
+            "taken over"
+        )
+    raise QuorumError(
+        f"extend {lock.name!r}: confirmed by {ours} of {len(spec.nodes)} nodes, "
+        f"{spec.quorum} needed",
+        failures_by_name(spec, failures),
+    )
+
+
+def release(spec: QuorumSpec, token: str, believed: frozenset[int]) -> QuorumFlow[None]:
+    """Release on every node (a node whose earlier reply was lost may hold it too).
+    Raises LockLost if a majority no longer held it, QuorumError if too few answered."""
+    lock = spec.lock
+    nodes = sorted(believed) if spec.unsafe.release_believed_only else None
+    fan = _release_fan(spec, token, nodes)
+    ours, failures = _count_ours(fan, (yield fan))
+    if ours >= spec.quorum:
+        return
+    if ours + len(failures) < spec.quorum:
+        raise LockLost(f"lock {lock.name!r} had already expired or been taken over")
+    raise QuorumError(
+        f"release {lock.name!r}: confirmed by {ours} of {len(spec.nodes)} nodes; the rest "
+        "expire with the ttl",
+        failures_by_name(spec, failures),
+    )
+
+
+def renewal_result(spec: QuorumSpec, results: Sequence[Any]) -> Any:
+    """One lease's EXTEND replies from all nodes, as a single-server reply for the
+    renewer's flow: 1 (a majority confirmed), 0 (a majority says not ours), or the
+    QuorumError to retry after."""
+    fan_nodes = tuple(range(len(spec.nodes)))
+    ours = sum(1 for r in results if not isinstance(r, BaseException) and as_int(r) == 1)
+    failures = {
+        n: _why(r) for n, r in zip(fan_nodes, results, strict=True) if isinstance(r, BaseException)
+    }
+    if ours >= spec.quorum:
+        return 1
+    if ours + len(failures) < spec.quorum:
+        return 0
+    return QuorumError(
+        f"renew {spec.lock.name!r}: confirmed by {ours} of {len(spec.nodes)} nodes",
+        failures_by_name(spec, failures),
+    )

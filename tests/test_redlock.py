@@ -1,0 +1,422 @@
+"""Redlock over real, independent server processes: quorum, pauses, lost replies, a node
+restarted empty, mutual exclusion across processes, validation; sync and asyncio."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import subprocess
+import sys
+import textwrap
+import time
+from collections.abc import Iterator
+from contextlib import ExitStack
+
+import pytest
+import redis
+import redis.asyncio as aredis
+
+import redlease
+from redlease import servers
+from redlease._quorum import Fanout, QuorumAcquisition, QuorumSpec
+from redlease._redlock import _Unsafe
+from redlease.chaos.proxy import FaultProxy
+
+NODES = 5
+
+
+@pytest.fixture(scope="module")
+def procs() -> Iterator[list[servers.ServerProcess]]:
+    """Five lock nodes and, last, a separate server for the workload's counter."""
+    with servers.running(NODES + 1) as started:
+        yield started
+
+
+@pytest.fixture
+def nodes(procs: list[servers.ServerProcess]) -> Iterator[list[servers.ServerProcess]]:
+    for proc in procs:
+        proc.resume()
+        redis.Redis(port=proc.port).flushall()
+    yield procs[:NODES]
+    for proc in procs:
+        proc.resume()  # a failed test must not leave a server stopped
+
+
+@pytest.fixture
+def clients(nodes: list[servers.ServerProcess]) -> Iterator[list[redis.Redis]]:
+    made = [redis.Redis(port=p.port) for p in nodes]
+    yield made
+    for client in made:
+        client.close()
+
+
+def _lock_keys(clients: list[redis.Redis], name: str) -> list[int]:
+    """How many nodes still have the lock key."""
+    return [int(c.exists("{" + name + "}")) for c in clients]
+
+
+def _counter(client: redis.Redis, name: str) -> int:
+    return int(client.get("{" + name + "}:fence") or 0)
+
+
+# -- the basics -----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("count", [3, 5])
+def test_acquire_extend_release(clients: list[redis.Redis], name: str, count: int) -> None:
+    lock = redlease.Redlock(clients[:count], name, ttl=5.0)
+    assert lock.quorum == count // 2 + 1
+    with lock as lease:
+        assert lease.name == name
+        assert lease.fence >= 1
+        assert 4.8 < lease.remaining() <= 5.0
+        assert lock.try_acquire() is None  # contention is not an error
+        lease.extend(8.0)
+        assert 7.8 < lease.remaining() <= 8.0
+        assert all(7000 < c.pttl("{" + name + "}") <= 8000 for c in clients[:count])
+        lease.check()
+    assert lease.released
+    assert _lock_keys(clients[:count], name) == [0] * count
+
+
+def test_fences_strictly_increase(clients: list[redis.Redis], name: str) -> None:
+    lock = redlease.Redlock(clients, name, ttl=5.0)
+    fences = []
+    for _ in range(5):
+        lease = lock.acquire(timeout=1.0)
+        fences.append(lease.fence)
+        lease.release()
+    assert fences == sorted(set(fences))
+
+
+def test_waiter_gets_the_lock_when_released(clients: list[redis.Redis], name: str) -> None:
+    lock = redlease.Redlock(clients, name, ttl=5.0)
+    lease = lock.acquire()
+    with pytest.raises(redlease.AcquireTimeout):
+        lock.acquire(timeout=0.05)
+    lease.release()
+    assert lock.acquire(timeout=0.5).fence > lease.fence
+
+
+def test_expired_holder_is_told(clients: list[redis.Redis], name: str) -> None:
+    lock = redlease.Redlock(clients[:3], name, ttl=0.1)
+    lease = lock.acquire()
+    time.sleep(0.15)
+    assert lease.lost
+    with pytest.raises(redlease.LockLost):
+        lease.check()
+    other = lock.acquire(timeout=0.5)
+    assert other.fence > lease.fence
+    with pytest.raises(redlease.LockLost):
+        lease.release()
+    other.release()
+
+
+# -- faults -----------------------------------------------------------------------------------
+
+
+def test_two_of_five_paused_still_acquires_promptly(
+    nodes: list[servers.ServerProcess], clients: list[redis.Redis], name: str
+) -> None:
+    lock = redlease.Redlock(clients, name, ttl=10.0)
+    try:
+        nodes[1].pause()
+        nodes[3].pause()
+        started = time.monotonic()
+        lease = lock.acquire(timeout=2.0)
+        took = time.monotonic() - started
+        assert took < 0.5  # a few node timeouts (0.1 s) at most, not the client's retries
+        assert lease.remaining() > 9.0
+        lease.extend()
+        lease.release()
+    finally:
+        nodes[1].resume()
+        nodes[3].resume()
+
+
+def test_three_of_five_paused_is_a_quorum_error(
+    nodes: list[servers.ServerProcess], clients: list[redis.Redis], name: str
+) -> None:
+    lock = redlease.Redlock(clients, name, ttl=10.0)
+    paused = [0, 2, 4]
+    try:
+        for i in paused:
+            nodes[i].pause()
+        started = time.monotonic()
+        with pytest.raises(redlease.QuorumError) as raised:
+            lock.acquire(timeout=5.0)
+        assert time.monotonic() - started < 1.0  # an outage is reported, not waited out
+        failures = raised.value.failures
+        assert sorted(failures) == sorted(f"localhost:{nodes[i].port}/0" for i in paused)
+        assert all("did not answer in time" in why for why in failures.values())
+        # nothing left behind on the nodes that answered
+        assert _lock_keys([clients[1], clients[3]], name) == [0, 0]
+    finally:
+        for i in paused:
+            nodes[i].resume()
+
+
+def test_lost_replies_are_cleaned_up_by_release_all(
+    nodes: list[servers.ServerProcess], name: str
+) -> None:
+    """The SET is applied on every node but three replies never arrive: not a majority,
+    so QuorumError, and the release sent to all nodes removes all five keys."""
+    with ExitStack() as stack:
+        proxies = [stack.enter_context(FaultProxy("127.0.0.1", p.port).start()) for p in nodes]
+        # No handshake on connect (no HELLO 3, no CLIENT SETINFO): a handshake needs a
+        # reply, which cannot cross a link that drops every reply, and the release goes
+        # out on new connections (the unanswered ones are dropped).
+        via = [
+            stack.enter_context(redis.Redis(port=p.port, protocol=2, driver_info=None))
+            for p in proxies
+        ]
+        direct = [stack.enter_context(redis.Redis(port=p.port)) for p in nodes]
+        lock = redlease.Redlock(via, name, ttl=10.0, node_timeout=0.1)
+        assert lock.try_acquire() is not None  # connects through the proxies first
+        for c in direct:
+            c.delete("{" + name + "}")
+        for proxy in proxies[:3]:
+            proxy.set_mode("drop_replies")
+        with pytest.raises(redlease.QuorumError):
+            lock.try_acquire()
+        deadline = time.monotonic() + 1.0
+        while any(_lock_keys(direct, name)) and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert _lock_keys(direct, name) == [0] * NODES
+        for proxy in proxies:
+            proxy.set_mode("pass")
+
+
+def test_reply_lost_on_a_paused_node_is_released_after_resume(
+    nodes: list[servers.ServerProcess], clients: list[redis.Redis], name: str
+) -> None:
+    """A paused node gets the SET but answers too late: the holder releases on every node,
+    so once the node runs again, it applies the release after the SET and is clean."""
+    lock = redlease.Redlock(clients[:3], name, ttl=10.0)
+    try:
+        nodes[0].pause()
+        lease = lock.acquire(timeout=1.0)  # a majority without node 0
+        lease.release()
+    finally:
+        nodes[0].resume()
+    deadline = time.monotonic() + 2.0
+    while _lock_keys(clients[:1], name) != [0] and time.monotonic() < deadline:
+        time.sleep(0.01)
+    # the acquire's SET (on a dropped connection) and the release reach node 0 in either
+    # order; at worst the key stays until its ttl, never without one
+    assert clients[0].pttl("{" + name + "}") != -1
+
+
+def test_fences_increase_across_nodes_restarted_empty(
+    nodes: list[servers.ServerProcess], name: str
+) -> None:
+    ports = [p.port for p in nodes[:3]]
+
+    def cycle() -> int:
+        with ExitStack() as stack:
+            fresh = [stack.enter_context(redis.Redis(port=port)) for port in ports]
+            lease = redlease.Redlock(fresh, name, ttl=5.0).acquire(timeout=2.0)
+            lease.release()
+            # every node it acquired on now holds its token (the lagging one was raised)
+            assert [_counter(c, name) for c in fresh] == [lease.fence] * 3
+            return lease.fence
+
+    fences = [cycle(), cycle()]
+    for proc in (nodes[0], nodes[1], nodes[2], nodes[0]):
+        proc.restart()  # no persistence: the node comes back empty
+        fences.append(cycle())
+    assert fences == sorted(set(fences))
+
+
+def test_fence_taken_from_the_majority_not_one_node(
+    nodes: list[servers.ServerProcess], clients: list[redis.Redis], name: str
+) -> None:
+    """Counters that disagree (a node was down, another restarted) still give a token
+    above every one handed out before."""
+    lock = redlease.Redlock(clients[:3], name, ttl=5.0)
+    try:
+        nodes[2].pause()
+        fence = 0
+        for _ in range(3):  # nodes 0 and 1 move ahead, node 2 stays behind
+            lease = lock.acquire(timeout=1.0)
+            fence = lease.fence
+            lease.release()
+    finally:
+        nodes[2].resume()
+    nodes[0].restart()  # node 0 forgets; node 1 alone remembers, and any majority has it
+    with ExitStack() as stack:
+        fresh = [stack.enter_context(redis.Redis(port=p.port)) for p in nodes[:3]]
+        lease = redlease.Redlock(fresh, name, ttl=5.0).acquire(timeout=1.0)
+        assert lease.fence > fence
+        lease.release()
+
+
+# -- mutual exclusion across processes ---------------------------------------------------------
+
+_WORKER = textwrap.dedent(
+    """
+    import json, sys, time
+    import redis, redlease
+
+    ports, counter_port, name, rounds = json.loads(sys.argv[1])
+    lock = redlease.Redlock([redis.Redis(port=p) for p in ports], name, ttl=2.0)
+    counter = redis.Redis(port=counter_port)
+    fences = []
+    for _ in range(rounds):
+        with lock as lease:
+            value = int(counter.get("counter") or 0)
+            time.sleep(0.001)
+            counter.set("counter", value + 1)
+            fences.append(lease.fence)
+    print(json.dumps(fences))
+    """
+)
+
+
+def test_processes_exclude_each_other(
+    procs: list[servers.ServerProcess], nodes: list[servers.ServerProcess], name: str
+) -> None:
+    workers, rounds = 4, 25
+    config = json.dumps([[p.port for p in nodes], procs[NODES].port, name, rounds])
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path))
+    running = [
+        subprocess.Popen(
+            [sys.executable, "-c", _WORKER, config], stdout=subprocess.PIPE, env=env, text=True
+        )
+        for _ in range(workers)
+    ]
+    outputs = [p.communicate(timeout=30)[0] for p in running]
+    assert [p.returncode for p in running] == [0] * workers
+    fences = [f for out in outputs for f in json.loads(out)]
+    assert int(redis.Redis(port=procs[NODES].port).get("counter") or 0) == workers * rounds
+    assert len(set(fences)) == workers * rounds  # one token per holder, never reused
+
+
+# -- arguments ----------------------------------------------------------------------------------
+
+
+def test_bad_nodes(clients: list[redis.Redis], nodes: list[servers.ServerProcess]) -> None:
+    with pytest.raises(redlease.InvalidArgument, match="nodes must not be empty"):
+        redlease.Redlock([], "x")
+    with pytest.raises(redlease.InvalidArgument, match="nodes must be a list"):
+        redlease.Redlock(clients[0], "x")  # type: ignore[arg-type]
+    with pytest.raises(redlease.InvalidArgument, match=r"nodes\[0\] and nodes\[1\]"):
+        redlease.Redlock([clients[0], clients[0]], "x")
+    again = redis.Redis(port=nodes[1].port)  # another client, the same server
+    with pytest.raises(redlease.InvalidArgument, match=r"nodes\[1\] and nodes\[2\]"):
+        redlease.Redlock([clients[0], clients[1], again], "x")
+    with pytest.raises(redlease.InvalidArgument, match=r"nodes\[1\] must be a redis-py client"):
+        redlease.Redlock([clients[0], "redis://x"], "x")
+    mixed = [clients[0], aredis.Redis(port=nodes[1].port)]
+    with pytest.raises(redlease.InvalidArgument, match="mixes sync and asyncio"):
+        redlease.Redlock(mixed, "x")
+    with pytest.raises(redlease.InvalidArgument, match="mixes sync and asyncio"):
+        redlease.AsyncRedlock(mixed, "x")
+    with pytest.raises(redlease.InvalidArgument, match="AsyncRedlock"):
+        redlease.Redlock([mixed[1]], "x")
+    with pytest.raises(redlease.InvalidArgument, match=r"redis\.asyncio clients for AsyncRedlock"):
+        redlease.AsyncRedlock(clients[:1], "x")
+
+
+def test_bad_arguments(clients: list[redis.Redis]) -> None:
+    with pytest.raises(redlease.InvalidArgument, match="ttl"):
+        redlease.Redlock(clients, "x", ttl=0)
+    with pytest.raises(redlease.InvalidArgument, match="name"):
+        redlease.Redlock(clients, "")
+    with pytest.raises(redlease.InvalidArgument, match="node_timeout"):
+        redlease.Redlock(clients, "x", node_timeout=-1)
+    with pytest.raises(redlease.InvalidArgument, match="timeout"):
+        redlease.Redlock(clients, "x").acquire(timeout=-1)
+
+
+def test_deliberately_unsafe_variants_are_wired(clients: list[redis.Redis]) -> None:
+    half = redlease.Redlock(clients, "x", _unsafe=_Unsafe(half_quorum=True))
+    assert half.quorum == 2  # wrong on purpose: two disjoint "majorities" of five
+    spec = QuorumSpec.create(
+        redlease.Redlock(clients, "x")._spec.lock,
+        ["a"] * 5,
+        None,
+        _Unsafe(release_believed_only=True),
+    )
+    attempt = QuorumAcquisition(spec, 0.0, wait=False)
+    flow = attempt.run()
+    next(flow)
+    yes, held = [1, 1, 1], [0, 0, 500]
+    lost: Exception = redlease.BackendError("gone")
+    fan = flow.send([yes, yes, held, held, lost])  # no majority: release follows
+    assert isinstance(fan, Fanout)
+    assert fan.nodes == (0, 1)  # only where it believes; a correct one includes node 4
+
+
+def test_auto_renew_keeps_a_majority_lease(clients: list[redis.Redis], name: str) -> None:
+    lock = redlease.Redlock(clients[:3], name, ttl=0.3, auto_renew=True)
+    with lock as lease:
+        time.sleep(0.7)
+        assert not lease.lost
+        assert lease.remaining() > 0.05
+    assert _lock_keys(clients[:3], name) == [0, 0, 0]
+
+
+# -- asyncio ------------------------------------------------------------------------------------
+
+
+async def test_async_twin(nodes: list[servers.ServerProcess], name: str) -> None:
+    made = [aredis.Redis(port=p.port) for p in nodes[:3]]
+    try:
+        lock = redlease.AsyncRedlock(made, name, ttl=5.0)
+        async with lock as lease:
+            assert lease.fence >= 1
+            assert await lock.try_acquire() is None
+            await lease.extend(6.0)
+            assert 5.8 < lease.remaining() <= 6.0
+        second = await lock.acquire(timeout=1.0)
+        assert second.fence > lease.fence
+        await second.release()
+        assert [await c.exists("{" + name + "}") for c in made] == [0, 0, 0]
+    finally:
+        for c in made:
+            await c.aclose()
+
+
+async def test_async_minority_paused_and_majority_paused(
+    nodes: list[servers.ServerProcess], name: str
+) -> None:
+    made = [aredis.Redis(port=p.port) for p in nodes]
+    lock = redlease.AsyncRedlock(made, name, ttl=10.0)
+    try:
+        nodes[0].pause()
+        nodes[1].pause()
+        started = time.monotonic()
+        lease = await lock.acquire(timeout=2.0)
+        assert time.monotonic() - started < 0.5
+        await lease.release()
+        nodes[2].pause()
+        with pytest.raises(redlease.QuorumError) as raised:
+            await lock.acquire(timeout=2.0)
+        assert len(raised.value.failures) == 3
+        assert [await c.exists("{" + name + "}") for c in made[3:]] == [0, 0]
+    finally:
+        for proc in nodes[:3]:
+            proc.resume()
+        for c in made:
+            await c.aclose()
+
+
+async def test_async_cancelled_acquire_leaves_nothing(
+    nodes: list[servers.ServerProcess], name: str
+) -> None:
+    made = [aredis.Redis(port=p.port) for p in nodes[:3]]
+    try:
+        lock = redlease.AsyncRedlock(made, name, ttl=5.0)
+        holder = await lock.acquire()
+        waiter = asyncio.ensure_future(lock.acquire())
+        await asyncio.sleep(0.05)
+        waiter.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await waiter
+        await holder.release()
+        assert [await c.exists("{" + name + "}") for c in made] == [0, 0, 0]
+    finally:
+        for c in made:
+            await c.aclose()
