@@ -95,24 +95,32 @@ def percentile(values: Sequence[float], q: float) -> float:
 
 # Commands that only the benchmark itself sends while it watches the server.
 OBSERVER_COMMANDS = frozenset({"info"})
+# What a client sends once when it opens a connection (not part of waiting or renewing).
+HANDSHAKE_COMMANDS = frozenset({"hello", "client|setinfo", "client|setname", "auth", "select"})
+FAILED = ":failed"  # suffix of the failed-call counts in a ``command_calls`` snapshot
 
 
 def command_calls(client: redis.Redis) -> dict[str, int]:
-    """Calls per command so far (``INFO commandstats``), e.g. ``{"blpop": 12}``."""
+    """Calls per command so far (``INFO commandstats``), e.g. ``{"blpop": 12}``; failed
+    calls (an ``EVALSHA`` answered NOSCRIPT...) also appear as ``"evalsha:failed"``."""
     stats: Mapping[str, Any] = client.info("commandstats")
     calls: dict[str, int] = {}
     for key, value in stats.items():
         name = key.removeprefix("cmdstat_")
         if isinstance(value, Mapping):
             calls[name] = int(value.get("calls", 0))
+            calls[name + FAILED] = int(value.get("failed_calls", 0))
     return calls
 
 
-def calls_between(before: Mapping[str, int], after: Mapping[str, int]) -> dict[str, int]:
-    """Commands counted between two ``command_calls`` snapshots, without the observer's."""
+def calls_between(
+    before: Mapping[str, int], after: Mapping[str, int], *, handshakes: bool = True
+) -> dict[str, int]:
+    """Commands counted between two ``command_calls`` snapshots, without the observer's
+    (and without connection handshakes if ``handshakes`` is false)."""
     delta: dict[str, int] = {}
     for name, count in after.items():
-        if name in OBSERVER_COMMANDS:
+        if name in OBSERVER_COMMANDS or (not handshakes and name in HANDSHAKE_COMMANDS):
             continue
         grew = count - before.get(name, 0)
         if grew:

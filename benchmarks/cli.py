@@ -199,7 +199,9 @@ def notes(settings: Settings, wanted: Sequence[str], elapsed: float) -> list[str
         out.append(
             f"auto-renewal: held {settings.renewal_hold:g} s in a fresh process; "
             f"python-redis-lock runs one thread per lock, so it is measured with "
-            f"{settings.peer_leases:,} locks rather than {settings.leases:,}."
+            f"{settings.peer_leases:,} locks rather than {settings.leases:,}, on a pool with "
+            "room for all of them (redis-py 8's default pool holds 100 connections; the "
+            "renewal threads wake together, some get MaxConnectionsError, their locks expire)."
         )
     out.append(f"whole run: {elapsed:.0f} s.")
     return out

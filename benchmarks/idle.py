@@ -5,8 +5,9 @@ the holder sends nothing); K worker processes then block in acquire. After they 
 the server's ``INFO commandstats`` is read before and after a quiet window of T seconds;
 the commands counted in between (without the INFO calls themselves, and the holder's,
 which are none) divided by K and T are the commands per second per idle waiter.
-Commands run inside scripts count too. Then the holder releases and the waiters take
-the lock in turn and leave.
+Commands run inside scripts count too; connection handshakes (HELLO, CLIENT SETINFO...)
+do not, as they are sent once per connection, not per wait. Then the holder releases
+and the waiters take the lock in turn and leave.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from ._common import Crew, Settings, calls_between, command_calls, describe_error
+from ._common import FAILED, Crew, Settings, calls_between, command_calls, describe_error
 from ._locks import KINDS, PEERS, client, make_lock
 from ._report import NA, Row, verdict
 
@@ -65,8 +66,11 @@ def measure_one(
         tally.blocked = int(blocked)
         if any(f.done() for f in futures):
             raise RuntimeError("a waiter stopped waiting while the lock was held")
-        tally.commands = calls_between(before, after)
-        total = sum(tally.commands.values()) - HOLDER_COMMANDS_IN_WINDOW
+        every = calls_between(before, after)
+        tally.commands = {k: v for k, v in every.items() if not k.endswith(FAILED)}
+        counted = calls_between(before, after, handshakes=False)
+        total = sum(v for k, v in counted.items() if not k.endswith(FAILED))
+        total -= HOLDER_COMMANDS_IN_WINDOW
         tally.per_waiter = total / waiters / window
     finally:
         lock.release(held)

@@ -69,7 +69,15 @@ def _acquire_prl(r: redis.Redis, count: int, ttl: float) -> list[tuple[str, str,
 def hold_many(kind: str, port: int, count: int, ttl: float, hold: float) -> dict[str, Any]:
     """Runs in a fresh process: acquire ``count`` auto-renewed locks, hold, measure."""
     observer = redis.Redis(host="127.0.0.1", port=port)
-    pool = redis.ConnectionPool(host="127.0.0.1", port=port, connection_class=CountingConnection)
+    # Room for every lock's renewal at once: python-redis-lock's renewal threads all wake
+    # together, and redis-py's default pool (100 connections) then refuses some of them
+    # (MaxConnectionsError kills that lock's renewal thread and the lock expires).
+    pool = redis.ConnectionPool(
+        host="127.0.0.1",
+        port=port,
+        connection_class=CountingConnection,
+        max_connections=count + 100,
+    )
     r = redis.Redis(connection_pool=pool)
     r.ping()
     threads_before = os_threads()
@@ -102,7 +110,9 @@ def hold_many(kind: str, port: int, count: int, ttl: float, hold: float) -> dict
     for _, _, handle in held:
         with contextlib.suppress(Exception):  # a lease lost is counted above
             handle.release()
-    renewals = calls.get("evalsha", 0) + calls.get("eval", 0)
+    # An EVALSHA answered NOSCRIPT is retried as EVAL: count each renewal once.
+    fallbacks = calls.get("eval", 0)
+    renewals = calls.get("evalsha", 0) - calls.get("evalsha:failed", 0) + fallbacks
     return {
         "count": count,
         "extra_threads": peak - threads_before,
@@ -112,6 +122,7 @@ def hold_many(kind: str, port: int, count: int, ttl: float, hold: float) -> dict
         "renewals_per_lease_per_s": renewals / window / count,
         "renewals_per_round_trip": renewals / writes if writes else float("nan"),
         "still_held": still_held,
+        "noscript_fallbacks": fallbacks,
         "window": window,
         "commands": calls,
     }
@@ -200,6 +211,15 @@ def rows(tallies: list[Tally], settings: Settings) -> list[Row]:
                 "round trips/s",
                 g["round_trips_per_s"],
                 f"{g['round_trips_per_s']:,.1f}",
+            )
+        )
+        out.append(
+            Row(
+                SECTION,
+                label,
+                "EVAL fallbacks after NOSCRIPT",
+                g["noscript_fallbacks"],
+                f"{g['noscript_fallbacks']:,}",
             )
         )
         per_trip = g["renewals_per_round_trip"]
