@@ -19,9 +19,13 @@ import redis.asyncio as aredis
 
 import redlease
 from redlease import servers
-from redlease._quorum import Fanout, QuorumAcquisition, QuorumSpec
+from redlease._flows import LockSpec
+from redlease._quorum import SAFE, Fanout, QuorumAcquisition, QuorumSpec, Sleep
+from redlease._quorum import extend as quorum_extend
+from redlease._quorum import release as quorum_release
 from redlease._redlock import _Unsafe
 from redlease.chaos.proxy import FaultProxy
+from redlease.testing import FakeClock
 
 NODES = 5
 
@@ -111,6 +115,140 @@ def test_expired_holder_is_told(clients: list[redis.Redis], name: str) -> None:
     with pytest.raises(redlease.LockLost):
         lease.release()
     other.release()
+
+
+# -- the sans-IO core, with a fake clock and scripted replies ---------------------------------
+
+
+def _spec(count: int, ttl: float = 10.0, clock: FakeClock | None = None) -> QuorumSpec:
+    lock = LockSpec.create("core", ttl, clock=clock or FakeClock())
+    return QuorumSpec.create(lock, [f"n{i}" for i in range(count)], None, SAFE)
+
+
+def _yes(counter: int) -> list[int]:
+    return [1, counter, 10000]
+
+
+def _held(pttl: int) -> list[int]:
+    return [0, 0, pttl]
+
+
+NO_REPLY = redlease.BackendError("the server did not answer in time")
+
+
+def test_core_grants_on_a_majority_counting_elapsed_time() -> None:
+    clock = FakeClock()
+    spec = _spec(5, clock=clock)
+    flow = QuorumAcquisition(spec, 0.0, wait=False).run()
+    fan = next(flow)
+    assert isinstance(fan, Fanout)
+    assert fan.nodes == (0, 1, 2, 3, 4)
+    assert fan.timeout == pytest.approx(0.1)  # min(ttl * 5%, 100 ms)
+    clock.advance(0.5)  # the round took half a second
+    with pytest.raises(StopIteration) as done:
+        flow.send([_yes(7), _yes(7), _yes(7), NO_REPLY, _held(900)])
+    grant = done.value.value
+    assert grant.fence == 7  # all yes-nodes agree: no second round
+    # validity = ttl - elapsed - (ttl * 1% + 2 ms), from before the first send
+    assert grant.valid_until - clock() == pytest.approx(10.0 - 0.5 - 0.102)
+
+
+def test_core_too_slow_is_not_a_grant_and_releases_everywhere_it_may_hold() -> None:
+    clock = FakeClock()
+    flow = QuorumAcquisition(_spec(3, ttl=1.0, clock=clock), 0.0, wait=False).run()
+    next(flow)
+    clock.advance(0.99)  # 1 s - 0.99 s - 12 ms < 0
+    release = flow.send([_yes(1), _yes(1), NO_REPLY])
+    assert isinstance(release, Fanout)
+    assert release.call.script.name == "release"
+    assert release.nodes == (0, 1, 2)  # the unanswered node may hold it too
+    with pytest.raises(StopIteration) as done:
+        flow.send([1, 1, NO_REPLY])
+    assert done.value.value is None
+
+
+def test_core_fence_is_the_majority_max_raised_on_lagging_nodes() -> None:
+    flow = QuorumAcquisition(_spec(5), 0.0, wait=False).run()
+    next(flow)
+    # node 0 restarted empty, node 2 missed some grants; nodes 3-4 are held elsewhere
+    raise_round = flow.send([_yes(1), _yes(9), _yes(5), NO_REPLY, _held(100)])
+    assert isinstance(raise_round, Fanout)
+    assert raise_round.call.script.name == "redlock_fence"
+    assert raise_round.nodes == (0, 2)
+    assert raise_round.call.args[1] == "9"
+    with pytest.raises(StopIteration) as done:
+        flow.send([1, 1])
+    assert done.value.value.fence == 9
+
+
+def test_core_fence_needs_a_majority_at_the_token() -> None:
+    flow = QuorumAcquisition(_spec(3), 0.0, wait=False).run()
+    next(flow)
+    flow.send([_yes(1), _yes(9), NO_REPLY])
+    release = flow.send([0])  # node 0 lost our key before it could be raised
+    assert isinstance(release, Fanout)
+    assert release.call.script.name == "release"
+    with pytest.raises(StopIteration) as done:
+        flow.send([1, 1, NO_REPLY])
+    assert done.value.value is None
+
+
+def test_core_quorum_error_names_nodes_after_releasing() -> None:
+    flow = QuorumAcquisition(_spec(5), 1.0, wait=True).run()
+    next(flow)
+    release = flow.send([_yes(3), _held(100), NO_REPLY, NO_REPLY, NO_REPLY])
+    assert isinstance(release, Fanout)
+    assert release.nodes == (0, 2, 3, 4)
+    with pytest.raises(redlease.QuorumError) as raised:
+        flow.send([1, NO_REPLY, NO_REPLY, NO_REPLY])
+    assert sorted(raised.value.failures) == ["n2", "n3", "n4"]
+    assert "2 of 5 nodes answered, 3 needed" in str(raised.value)
+
+
+def test_core_waits_at_most_until_the_holders_expire_and_the_deadline() -> None:
+    clock = FakeClock()
+    flow = QuorumAcquisition(_spec(3, clock=clock), 0.3, wait=True).run()
+    next(flow)
+    delays = []
+    for _ in range(12):
+        step = flow.send([_held(400), _held(400), _held(20_000)])
+        assert isinstance(step, Sleep)  # nothing to release: every node said "held"
+        delays.append(step.seconds)
+        clock.advance(step.seconds)
+        step = flow.send(None)
+        if not isinstance(step, Fanout):
+            break
+    assert all(0.001 <= d <= 0.05 for d in delays)  # randomized, growing, capped
+    assert sum(delays) <= 0.3 + 1e-9  # never past the deadline
+    flow = QuorumAcquisition(_spec(3, clock=clock), 5.0, wait=True).run()
+    next(flow)
+    for _ in range(8):  # the backoff would grow to 50 ms; the holders end in 3 ms
+        step = flow.send([_held(3), _held(3), _held(20_000)])
+        assert isinstance(step, Sleep)
+        assert step.seconds <= 0.003 + 0.002
+        flow.send(None)
+
+
+def test_core_extend_and_release_count_a_majority() -> None:
+    clock = FakeClock()
+    spec = _spec(5, clock=clock)
+    flow = quorum_extend(spec, "t", 4000)
+    next(flow)
+    with pytest.raises(StopIteration) as done:
+        flow.send([1, 1, 1, 0, NO_REPLY])
+    assert done.value.value - clock() == pytest.approx(4.0 - 0.042)
+    flow = quorum_extend(spec, "t", 4000)
+    next(flow)
+    with pytest.raises(redlease.LockLost):
+        flow.send([1, 1, 0, 0, 0])
+    flow = quorum_extend(spec, "t", 4000)
+    next(flow)
+    with pytest.raises(redlease.QuorumError):
+        flow.send([1, 1, 0, NO_REPLY, NO_REPLY])  # the silent ones may still be ours
+    released = quorum_release(spec, "t", frozenset(range(5)))
+    next(released)
+    with pytest.raises(redlease.LockLost):
+        released.send([1, 0, 0, 0, NO_REPLY])
 
 
 # -- faults -----------------------------------------------------------------------------------
