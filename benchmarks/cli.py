@@ -193,7 +193,8 @@ def notes(settings: Settings, wanted: Sequence[str], elapsed: float) -> list[str
     if "handoff" in wanted:
         out.append(
             f"handoff: {settings.handoff_rounds * settings.handoff_reps} releases per lock, "
-            f"the waiter blocked for {settings.handoff_hold * 1000:g} ms before each."
+            f"the waiter blocked for {settings.handoff_hold * 1000:g} ms plus a random "
+            f"0-{settings.handoff_spread * 1000:g} ms before each; p50 and p90 of all."
         )
     if "renewal" in wanted:
         out.append(
@@ -211,5 +212,6 @@ def markdown_page(report: Report) -> str:
     return (
         "# Benchmarks\n\n"
         "The latest table printed by `python -m benchmarks` (see `benchmarks/README.md` for "
-        "what each figure means and how it is measured).\n\n" + report.markdown()
+        "what each figure means and how it is measured). Regenerate this page with "
+        "`python -m benchmarks --markdown docs/benchmarks.md`.\n\n" + report.markdown()
     )

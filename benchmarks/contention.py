@@ -16,7 +16,17 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from ._common import Crew, Settings, describe_error, median, percentile, sleep_until
+from ._common import (
+    FAILED,
+    Crew,
+    Settings,
+    calls_between,
+    command_calls,
+    describe_error,
+    median,
+    percentile,
+    sleep_until,
+)
 from ._locks import CONTENTION, KINDS, client, make_lock
 from ._report import NA, Row, ms, rate, times, verdict
 
@@ -52,6 +62,7 @@ class Tally:
     waits: list[float] = field(default_factory=list)
     sections: int = 0
     lost: int = 0
+    commands: list[float] = field(default_factory=list)  # server commands per section
     processes: set[int] = field(default_factory=set)
     problem: str | None = None
 
@@ -62,6 +73,7 @@ def one_round(
     r = client(port)
     name, counter = f"bench:c:{tag}", f"bench:c:{tag}:counter"
     r.delete(counter)
+    before = command_calls(r)
     start = time.monotonic() + margin
     end = start + seconds
     results = crew.map_all(
@@ -70,6 +82,8 @@ def one_round(
     sections = [res["sections"] for res in results]
     total = sum(sections)
     final = int(r.get(counter) or 0)
+    spent = calls_between(before, command_calls(r), handshakes=False)
+    commands = sum(v for k, v in spent.items() if not k.endswith(FAILED)) - 1  # the GET above
     finished = max(res["done"] for res in results)
     return {
         "rate": total / (finished - start),
@@ -78,6 +92,7 @@ def one_round(
         "sections": total,
         "lost": total - final,
         "pids": {res["pid"] for res in results},
+        "commands": commands / total if total else float("nan"),
     }
 
 
@@ -109,6 +124,7 @@ def measure(
             tally.sections += got["sections"]
             tally.lost += got["lost"]
             tally.processes |= got["pids"]
+            tally.commands.append(got["commands"])
     return tallies
 
 
@@ -157,6 +173,10 @@ def rows(tallies: Sequence[Tally], processes: int) -> list[Row]:
                 verdict=verdict(against >= 1.0) if mine else "",
                 extra={"rounds": [round(x, 1) for x in t.rates]},
             )
+        )
+        spent = median(t.commands)
+        out.append(
+            Row(section, label, "commands per section (incl. in scripts)", spent, f"{spent:.1f}")
         )
         out.append(Row(section, label, "wait p50", p50, ms(p50)))
         out.append(
