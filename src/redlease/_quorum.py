@@ -162,7 +162,7 @@ def _why(result: BaseException) -> str:
 class Tally:
     """The replies of one acquire round, node by node."""
 
-    def __init__(self, spec: QuorumSpec, fan: Fanout, results: Sequence[Any]) -> None:
+    def __init__(self, fan: Fanout, results: Sequence[Any]) -> None:
         self.counters: dict[int, int] = {}  # yes: node -> its fence counter
         self.held: dict[int, int] = {}  # held by another: node -> its pttl ms
         self.failures: dict[int, str] = {}
@@ -242,7 +242,7 @@ class QuorumAcquisition:
             sent_at = lock.clock()
             self.outstanding = True
             fan = spec.fan_out(REDLOCK_ACQUIRE, spec.lock_and_fence, self.token, str(lock.ttl_ms))
-            tally = Tally(spec, fan, (yield fan))
+            tally = Tally(fan, (yield fan))
             if len(tally.counters) >= spec.quorum:
                 grant = yield from self._fence(tally, sent_at)
                 if grant is not None:

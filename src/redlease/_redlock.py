@@ -3,13 +3,16 @@ a majority of them agree. Twins: the same arguments and methods in the same orde
 rules (quorum, validity, fencing, retries) live in ``_quorum``, the I/O here.
 
 Fan-out. The sync driver writes the command on one connection per node, then reads the
-replies in turn against one shared deadline (the per-node timeout, counted from the
-first send), so a round costs about one round trip whatever N is, with no thread pool.
-The asyncio driver awaits all nodes together. A node that has not answered by then is a
-"no" for that attempt; its connection is dropped, so a late reply cannot be mistaken for
-a later command's. Plain ``redis.Redis`` clients are talked to on the driver's own
-connections, so the client's retry policy (redis-py retries up to 10 times by default)
-cannot stretch a round. Other client types (a ``RedisCluster``, a custom class) go
+replies in turn, each due ``node_timeout`` after its own send, so a round costs about one
+round trip whatever N is, with no thread pool. The asyncio driver runs one task per
+node and waits for the round once. A node that has not answered in time is a "no" for
+that attempt; its connection is dropped, so a late reply cannot be mistaken for a later
+command's. A node whose command never left (no connection could be made) cannot hold
+the lock and is not sent the release either.
+
+Plain ``redis.Redis`` clients are talked to on the driver's own connections, so the
+client's retry policy (redis-py retries up to 10 times by default) cannot stretch a
+round. Other client types (a ``RedisCluster``, a custom class) go
 through their own methods one node after another, with their own timeouts and retries:
 still safe, because ``elapsed`` is measured around them, but slower and less available.
 
