@@ -160,7 +160,7 @@ def test_core_too_slow_is_not_a_grant_and_releases_everywhere_it_may_hold() -> N
     clock.advance(0.99)  # 1 s - 0.99 s - 12 ms < 0
     release = flow.send([_yes(1), _yes(1), NO_REPLY])
     assert isinstance(release, Fanout)
-    assert release.call.script.name == "release"
+    assert release.call.script.name == "redlock_release"
     assert release.nodes == (0, 1, 2)  # the unanswered node may hold it too
     with pytest.raises(StopIteration) as done:
         flow.send([1, 1, NO_REPLY])
@@ -187,7 +187,7 @@ def test_core_fence_needs_a_majority_at_the_token() -> None:
     flow.send([_yes(1), _yes(9), NO_REPLY])
     release = flow.send([0])  # node 0 lost our key before it could be raised
     assert isinstance(release, Fanout)
-    assert release.call.script.name == "release"
+    assert release.call.script.name == "redlock_release"
     with pytest.raises(StopIteration) as done:
         flow.send([1, 1, NO_REPLY])
     assert done.value.value is None

@@ -43,7 +43,7 @@ from typing import Any, TypeVar
 from ._backend_errors import describe
 from ._errors import BackendError, LockLost, QuorumError
 from ._flows import Call, Grant, LockSpec, as_int, new_token
-from ._scripts import EXTEND, REDLOCK_ACQUIRE, REDLOCK_FENCE, RELEASE, Script
+from ._scripts import EXTEND, REDLOCK_ACQUIRE, REDLOCK_FENCE, REDLOCK_RELEASE, Script
 from ._timing import Deadline, drift
 
 T = TypeVar("T")
@@ -295,12 +295,7 @@ class QuorumAcquisition:
 
 
 def _release_fan(spec: QuorumSpec, token: str, nodes: Sequence[int] | None) -> Fanout:
-    # The single-server release script: deletes only our token, and serves a waiter of
-    # a single-server Lock of the same name on that node, if there is one.
-    lock = spec.lock
-    return spec.fan_out(
-        RELEASE, lock.keys.script_keys, token, lock.fair_arg, lock.keys.bell_prefix, nodes=nodes
-    )
+    return spec.fan_out(REDLOCK_RELEASE, (spec.lock.keys.lock,), token, nodes=nodes)
 
 
 def _count_ours(fan: Fanout, results: Sequence[Any]) -> tuple[int, dict[int, str]]:

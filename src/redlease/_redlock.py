@@ -12,9 +12,9 @@ the lock and is not sent the release either.
 
 Plain ``redis.Redis`` clients are talked to on the driver's own connections, so the
 client's retry policy (redis-py retries up to 10 times by default) cannot stretch a
-round. Other client types (a ``RedisCluster``, a custom class) go
-through their own methods one node after another, with their own timeouts and retries:
-still safe, because ``elapsed`` is measured around them, but slower and less available.
+round. Other client types (a ``RedisCluster``, a custom class) go through their own
+methods one node after another, with their own timeouts and retries: still safe,
+because ``elapsed`` is measured around them, but slower and less available.
 
 What Redlock assumes (more in docs/redlock.md): clocks on the nodes and the client run
 at about the same rate (1% drift allowed); a holder that pauses past its validity is
@@ -473,9 +473,7 @@ class _RedlockConfig:
         clock: Clock | None,
         unsafe: object,
     ) -> None:
-        # fair: a single-server Lock's waiter queued on a node (same name) is served
-        # by our release there; Redlock itself does not queue.
-        lock = LockSpec.create(name, ttl, fair=True, prefix=prefix, clock=clock)
+        lock = LockSpec.create(name, ttl, prefix=prefix, clock=clock)
         if not isinstance(unsafe, _Unsafe):
             raise InvalidArgument("_unsafe must be a redlease._redlock._Unsafe")
         timeout = args.optional_positive(node_timeout, "node_timeout")
