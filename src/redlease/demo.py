@@ -69,7 +69,8 @@ LABELS = {
 
 FLAWS = {
     "unlocked": "nothing stops two workers reading the same idle number",
-    "setnx-expire": "a crash between SETNX and EXPIRE leaves a lock that never expires",
+    "setnx-expire": "a crash between SETNX and EXPIRE leaves a lock that never expires; "
+    "released by plain DEL too",
     "getset": "trusts every client's wall clock; no owner, a late GETSET moves the expiry",
     "plain-del": "a holder whose lease ran out deletes the next holder's lock",
     "get-del": "the lock can pass to another holder between the GET and the DEL",
