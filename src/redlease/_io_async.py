@@ -179,9 +179,17 @@ class AsyncIO:
                     results.append(None)  # filled in below, once the pipeline is drained
                 except rx.ResponseError as exc:
                     results.append(backend_error(exc, op.script.name))
-            for i, op in enumerate(ops):
-                if results[i] is None:
-                    await _send(conn, _resp.eval_source(op))
+            missing = [i for i, result in enumerate(results) if result is None]
+            if missing:
+                # The server lost its scripts: load each once, then one more pipeline
+                # (not one EVAL round trip per lease).
+                scripts = {ops[i].script.sha: ops[i].script for i in missing}
+                for script in scripts.values():
+                    await _send(conn, _resp.command(("SCRIPT", "LOAD", script.source)))
+                    await conn.read_response(timeout=ops[0].timeout)
+                await _send(conn, b"".join(_resp.evalsha(ops[i]) for i in missing))
+                for i in missing:
+                    op = ops[i]
                     try:
                         results[i] = await conn.read_response(timeout=op.timeout)
                     except rx.ResponseError as exc:

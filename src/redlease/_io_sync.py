@@ -202,9 +202,21 @@ class SyncIO:
                     results.append(None)  # filled in below, once the pipeline is drained
                 except rx.ResponseError as exc:
                     results.append(backend_error(exc, op.script.name))
-            for i, op in enumerate(ops):
-                if results[i] is None:
-                    conn.send_packed_command([_resp.eval_source(op)], check_health=False)
+            missing = [i for i, result in enumerate(results) if result is None]
+            if missing:
+                # The server lost its scripts: load each once, then one more pipeline
+                # (not one EVAL round trip per lease).
+                scripts = {ops[i].script.sha: ops[i].script for i in missing}
+                for script in scripts.values():
+                    conn.send_packed_command(
+                        [_resp.command(("SCRIPT", "LOAD", script.source))], check_health=False
+                    )
+                    _read(conn, ops[0].timeout)
+                conn.send_packed_command(
+                    [b"".join(_resp.evalsha(ops[i]) for i in missing)], check_health=False
+                )
+                for i in missing:
+                    op = ops[i]
                     try:
                         results[i] = _read(conn, op.timeout)
                     except rx.ResponseError as exc:
