@@ -18,7 +18,7 @@ from ._errors import (
 )
 from ._lease import AsyncLease, Lease
 from ._lock import AsyncLock, Lock
-from ._redlock import AsyncRedlock, Redlock
+from ._redlock import AsyncRedlock, AsyncRedlockLease, Redlock, RedlockLease
 
 __version__ = "0.1.0"
 
@@ -27,6 +27,7 @@ __all__ = [
     "AsyncLease",
     "AsyncLock",
     "AsyncRedlock",
+    "AsyncRedlockLease",
     "BackendError",
     "InvalidArgument",
     "Lease",
@@ -36,5 +37,6 @@ __all__ = [
     "QuorumError",
     "RedleaseWarning",
     "Redlock",
+    "RedlockLease",
     "__version__",
 ]
