@@ -12,6 +12,7 @@ lock's hash slot.
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 import os
 import time
@@ -41,6 +42,13 @@ _READ_TAKES_TIMEOUT = "timeout" in inspect.signature(redis.Connection.read_respo
 _CHECKED: weakref.WeakSet[Any] = weakref.WeakSet()
 
 
+def _close_idle(idle: list[tuple[Any, float]]) -> None:
+    while idle:
+        conn, _ = idle.pop()
+        with contextlib.suppress(Exception):
+            conn.disconnect()
+
+
 class _Connections:
     """Idle connections of this driver to one server, made with the client's own
     connection class and settings, so TLS, ACL users and Sentinel discovery apply.
@@ -57,10 +65,13 @@ class _Connections:
         self._kwargs = dict(pool.connection_kwargs)
         self._idle: list[tuple[Any, float]] = []
         self._pid = os.getpid()
+        # Close what is idle when this goes away, or at interpreter exit at the latest.
+        weakref.finalize(self, _close_idle, self._idle)
 
     def take(self, timeout: float) -> Any:
         if self._pid != os.getpid():
-            self._idle, self._pid = [], os.getpid()
+            self._idle.clear()  # the parent's sockets: never used here
+            self._pid = os.getpid()
         while self._idle:
             conn, since = self._idle.pop()
             # A connection idle for a while may have been closed by the server (restart,
