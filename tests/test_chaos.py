@@ -38,8 +38,13 @@ def test_scenario_matches_its_expectation(binary: servers.ServerBinary, row: int
 @pytest.mark.slow
 @pytest.mark.parametrize("key", sorted(BROKEN))
 def test_broken_lock_is_caught(binary: servers.ServerBinary, key: str) -> None:
-    case, outcome = run_broken(key, binary, SEED)
-    assert case.caught(outcome), f"{case.lock} went uncaught"
+    # A broken lock fails when another worker falls into its window, which a loaded
+    # machine can delay past a short run: it must be caught in one of three seeded runs.
+    for seed in (SEED, SEED + 1, SEED + 2):
+        case, outcome = run_broken(key, binary, seed)
+        if case.caught(outcome):
+            return
+    pytest.fail(f"{case.lock} went uncaught in three seeded runs")
 
 
 def test_fenced_resource_refuses_lower_tokens_even_on_read(r: redis.Redis) -> None:
