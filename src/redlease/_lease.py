@@ -14,7 +14,7 @@ import os
 import threading
 from collections.abc import Callable
 from types import TracebackType
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from . import _arguments as args
 from . import _flows
@@ -155,7 +155,53 @@ class LeaseState:
         )
 
 
-class Lease(LeaseState):
+_Sync = TypeVar("_Sync", bound="SyncLeaseBlock")
+_Async = TypeVar("_Async", bound="AsyncLeaseBlock")
+
+
+class SyncLeaseBlock(LeaseState):
+    """``with lease:`` releases it when the block ends; shared by every sync lease."""
+
+    def release(self) -> None:
+        raise NotImplementedError
+
+    def __enter__(self: _Sync) -> _Sync:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        try:
+            self.release()
+        except LockLost as lost:
+            _lost_at_block_end(self, lost, exc)
+
+
+class AsyncLeaseBlock(LeaseState):
+    """``async with lease:`` releases it when the block ends; shared by every async lease."""
+
+    async def release(self) -> None:
+        raise NotImplementedError
+
+    async def __aenter__(self: _Async) -> _Async:
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        try:
+            await self.release()
+        except LockLost as lost:
+            _lost_at_block_end(self, lost, exc)
+
+
+class Lease(SyncLeaseBlock):
     """A held lock (sync). Use as a context manager to release it on exit."""
 
     def __init__(
@@ -196,22 +242,8 @@ class Lease(LeaseState):
             raise
         self._mark_released()
 
-    def __enter__(self) -> Lease:
-        return self
 
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        try:
-            self.release()
-        except LockLost as lost:
-            _lost_at_block_end(self, lost, exc)
-
-
-class AsyncLease(LeaseState):
+class AsyncLease(AsyncLeaseBlock):
     """A held lock (asyncio). Use as an async context manager to release it on exit."""
 
     def __init__(
@@ -271,20 +303,6 @@ class AsyncLease(LeaseState):
             self._mark_lost(str(exc))
             raise
         self._mark_released()
-
-    async def __aenter__(self) -> AsyncLease:
-        return self
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        try:
-            await self.release()
-        except LockLost as lost:
-            _lost_at_block_end(self, lost, exc)
 
 
 def _lost_at_block_end(lease: LeaseState, lost: LockLost, failure: BaseException | None) -> None:

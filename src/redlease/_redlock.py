@@ -51,7 +51,13 @@ from ._flows import Call, Command, LockSpec
 from ._io_async import AsyncIO
 from ._io_sync import _CHECKED as _SYNC_CHECKED
 from ._io_sync import SyncIO
-from ._lease import RELEASED, LeaseState, _cancel_holder, _lost_at_block_end, _shielded
+from ._lease import (
+    RELEASED,
+    AsyncLeaseBlock,
+    SyncLeaseBlock,
+    _cancel_holder,
+    _shielded,
+)
 from ._lock import _is_async_client, _pop, _push
 from ._quorum import SAFE, QuorumAcquisition, QuorumFlow, QuorumGrant, QuorumSpec, Sleep
 from ._quorum import Unsafe as _Unsafe
@@ -314,7 +320,7 @@ def _warn_evicting(spec: QuorumSpec, nodes: Sequence[int], replies: Sequence[Any
 # -- leases -------------------------------------------------------------------------------
 
 
-class RedlockLease(LeaseState):
+class RedlockLease(SyncLeaseBlock):
     """A held Redlock (sync): the same surface as ``Lease``; extend and release go to
     every node and count only when a majority confirms."""
 
@@ -363,22 +369,8 @@ class RedlockLease(LeaseState):
             raise
         self._mark_released()
 
-    def __enter__(self) -> RedlockLease:
-        return self
 
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        try:
-            self.release()
-        except LockLost as lost:
-            _lost_at_block_end(self, lost, exc)
-
-
-class AsyncRedlockLease(LeaseState):
+class AsyncRedlockLease(AsyncLeaseBlock):
     """A held Redlock (asyncio twin of ``RedlockLease``)."""
 
     def __init__(
@@ -437,20 +429,6 @@ class AsyncRedlockLease(LeaseState):
             self._mark_released()  # the release ran to its end, shielded
             raise
         self._mark_released()
-
-    async def __aenter__(self) -> AsyncRedlockLease:
-        return self
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        try:
-            await self.release()
-        except LockLost as lost:
-            _lost_at_block_end(self, lost, exc)
 
 
 # -- the locks ----------------------------------------------------------------------------
