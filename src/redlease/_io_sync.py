@@ -63,7 +63,17 @@ class _Connections:
     def __init__(self, pool: Any) -> None:
         self._cls = pool.connection_class
         self._kwargs = dict(pool.connection_kwargs)
+        # A new connection costs no round trip beyond TCP's: each one would count against
+        # the op's bound and a lease's elapsed time. So no CLIENT SETINFO (a label in
+        # CLIENT LIST), and RESP2 unless the client asked for RESP3 (redis-py 8 would
+        # otherwise send HELLO 3 and CLIENT MAINT_NOTIFICATIONS first).
+        for key in ("driver_info", "lib_name", "lib_version"):
+            if key in self._kwargs:
+                self._kwargs[key] = None
+        if self._kwargs.get("protocol") is None:
+            self._kwargs["protocol"] = 2
         self._idle: list[tuple[Any, float]] = []
+        self._loaded: set[str] = set()  # scripts this server was sent in full
         self._pid = os.getpid()
         # Close what is idle when this goes away, or at interpreter exit at the latest.
         weakref.finalize(self, _close_idle, self._idle)
@@ -89,6 +99,16 @@ class _Connections:
         conn = self._cls(**kwargs)
         conn.connect()  # the class's own connect: Sentinel discovery happens here
         return conn
+
+    def script(self, op: Call) -> bytes:
+        """``op`` as EVALSHA, or as EVAL with the source the first time this server is
+        sent the script: no NOSCRIPT round trip, which in a Redlock fan-out would eat
+        the other nodes' time. (A server that lost its scripts answers NOSCRIPT later,
+        and the caller falls back to EVAL then.)"""
+        if op.script.sha in self._loaded:
+            return _resp.evalsha(op)
+        self._loaded.add(op.script.sha)
+        return _resp.eval_source(op)
 
     def give(self, conn: Any) -> None:
         if len(self._idle) < MAX_IDLE_CONNECTIONS and self._pid == os.getpid():
@@ -199,13 +219,13 @@ class SyncIO:
     def execute_many(self, ops: Sequence[Call]) -> list[Any]:
         """Pipeline ``ops`` on one connection: one round trip for all (used for batched
         renewals). Each result is the reply, or the BackendError for that op."""
-        pendings = [self.send(op) for op in ops] if self._direct is None else None
-        if pendings is not None:
-            return [self.receive(p, "batch") for p in pendings]
-        conn = self._direct.take(min(op.timeout for op in ops))  # type: ignore[union-attr]
+        direct = self._direct
+        if direct is None:
+            return [self.receive(self.send(op), "batch") for op in ops]
+        conn = direct.take(min(op.timeout for op in ops))
         results: list[Any] = []
         try:
-            conn.send_packed_command([b"".join(map(_resp.evalsha, ops))], check_health=False)
+            conn.send_packed_command([b"".join(map(direct.script, ops))], check_health=False)
             for op in ops:
                 try:
                     results.append(_read(conn, op.timeout))
@@ -233,13 +253,13 @@ class SyncIO:
                     except rx.ResponseError as exc:
                         results[i] = backend_error(exc, op.script.name)
         except BACKEND_FAILURES as exc:
-            self._direct.discard(conn)  # type: ignore[union-attr]
+            direct.discard(conn)
             error = backend_error(exc, "batch")
             return results + [error] * (len(ops) - len(results))
         except BaseException:
-            self._direct.discard(conn)  # type: ignore[union-attr]
+            direct.discard(conn)
             raise
-        self._direct.give(conn)  # type: ignore[union-attr]
+        direct.give(conn)
         return results
 
     def send(self, op: Call | Command) -> Pending:
@@ -253,7 +273,7 @@ class SyncIO:
         conn = self._direct.take(op.timeout)
         try:
             if isinstance(op, Call):
-                conn.send_packed_command([_resp.evalsha(op)], check_health=False)
+                conn.send_packed_command([self._direct.script(op)], check_health=False)
             else:
                 conn.send_packed_command([_resp.command(op.args)], check_health=False)
         except BACKEND_FAILURES as exc:
@@ -300,7 +320,7 @@ class SyncIO:
                 return self.client.eval(op.script.source, n, *op.keys, *op.args)
         conn = self._direct.take(op.timeout)
         try:
-            conn.send_packed_command([_resp.evalsha(op)], check_health=False)
+            conn.send_packed_command([self._direct.script(op)], check_health=False)
             try:
                 reply = _read(conn, op.timeout)
             except rx.NoScriptError:
