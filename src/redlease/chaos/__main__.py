@@ -1,6 +1,8 @@
-"""``python -m redlease.chaos``: run the fault scenarios and the broken locks, print the
-report, optionally write it (``--report``) and the timeline picture (``--timeline``).
-Exit status 1 when a row does not match its expectation or a broken lock goes uncaught.
+"""``python -m redlease.chaos``: run the fault scenarios and the broken locks (each once per
+seed; the broken locks' faults then once more with redlease), print the report, optionally
+write it (``--report``) and the timeline picture (``--timeline``). Exit status 1 when a run
+does not match its row's expectation, a broken lock goes uncaught in every run, or
+redlease is flagged under a broken lock's faults.
 """
 
 from __future__ import annotations
@@ -11,7 +13,7 @@ import sys
 
 from .. import servers
 from .harness import BROKEN, SCENARIOS, run_broken, run_scenario
-from .report import Row, render, row_failures, timeline_svg
+from .report import BrokenRow, Row, broken_failures, render, row_failures, timeline_svg
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -19,14 +21,20 @@ def _parser() -> argparse.ArgumentParser:
         prog="redlease chaos", description="Fault-injection harness and safety report."
     )
     parser.add_argument("--quick", action="store_true", help="short runs (as in CI)")
-    parser.add_argument("--seed", type=int, default=1, help="seed of the fault schedule")
+    parser.add_argument(
+        "--seed",
+        type=int,
+        action="append",
+        metavar="N",
+        help="seed of the fault schedule; repeat to run everything once per seed (default 1)",
+    )
     parser.add_argument(
         "--scenario",
         type=int,
         action="append",
         choices=sorted(SCENARIOS),
         metavar="N",
-        help="run only row N of the scenario table (repeatable)",
+        help="run only row N of the scenario table (repeatable; 14 is row 13b)",
     )
     parser.add_argument("--no-broken", action="store_true", help="skip the broken locks")
     parser.add_argument("--report", help="write the Markdown report here")
@@ -35,40 +43,56 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _print(text: str) -> None:
+    print(text, flush=True)
+
+
 def main(argv: list[str] | None = None) -> int:
     options = _parser().parse_args(argv)
+    seeds: list[int] = options.seed or [1]
     binary = servers.find_binary(options.server_kind)
     rows: list[Row] = []
     for number in options.scenario or sorted(SCENARIOS):
-        scenario, outcome, note = run_scenario(number, binary, options.seed, options.quick)
-        rows.append(Row(scenario, outcome, note))
-        print(f"row {number}: {note or '; '.join(row_failures(rows[-1])) or 'ok'}", flush=True)
-    broken = []
+        row = Row(SCENARIOS[number], [])
+        for seed in seeds:
+            _, outcome, row.note = run_scenario(number, binary, seed, options.quick)
+            if outcome is None:
+                break
+            row.outcomes.append(outcome)
+        rows.append(row)
+        _print(f"row {row.scenario.number}: {row.note or '; '.join(row_failures(row)) or 'ok'}")
+    broken: list[BrokenRow] = []
     if not options.no_broken:
-        for key in BROKEN:
-            case, outcome = run_broken(key, binary, options.seed)
-            broken.append((case, outcome))
-            print(f"broken {key}: {'caught' if case.caught(outcome) else 'NOT CAUGHT'}", flush=True)
+        for key, case in BROKEN.items():
+            row_b = BrokenRow(case, [], [])
+            for seed in seeds:
+                row_b.outcomes.append(run_broken(key, binary, seed)[1])
+                row_b.twins.append(run_broken(key, binary, seed, twin=True)[1])
+            broken.append(row_b)
+            _print(
+                f"broken {key}: caught in {row_b.caught} of {len(seeds)}, redlease "
+                f"flagged in {row_b.twin_caught}"
+            )
     timeline_ref = None
     if options.timeline:
-        pictured = next((r for r in rows if r.outcome is not None and r.scenario.row == 1), None)
-        pictured = pictured or next((r for r in rows if r.outcome is not None), None)
-        if pictured is not None and pictured.outcome is not None:
+        pictured = next((r for r in rows if r.outcomes and r.scenario.row == 1), None)
+        pictured = pictured or next((r for r in rows if r.outcomes), None)
+        if pictured is not None:
             with open(options.timeline, "w") as f:
                 f.write(
                     timeline_svg(
-                        pictured.outcome,
-                        f"row {pictured.scenario.row}: "
-                        f"{pictured.scenario.fault} (seed {options.seed})",
+                        pictured.outcomes[0],
+                        f"row {pictured.scenario.number}: "
+                        f"{pictured.scenario.fault} (seed {seeds[0]})",
                     )
                 )
             base = os.path.dirname(os.path.abspath(options.report or "."))
             timeline_ref = os.path.relpath(os.path.abspath(options.timeline), base)
-    processes = sorted({str(r.outcome.record.plan.processes) for r in rows if r.outcome})
+    processes = sorted({str(o.record.plan.processes) for r in rows for o in r.outcomes})
     text = render(
         rows,
         broken,
-        seed=options.seed,
+        seeds=seeds,
         server=f"{binary.kind} {binary.version()}",
         processes=", ".join(processes) or "-",
         quick=options.quick,
@@ -80,7 +104,7 @@ def main(argv: list[str] | None = None) -> int:
     else:
         sys.stdout.write(text)
     failures = [f for r in rows for f in row_failures(r)]
-    failures += [f"broken {c.key} not caught" for c, o in broken if not c.caught(o)]
+    failures += [f for b in broken for f in broken_failures(b)]
     for failure in failures:
         print(f"FAIL: {failure}", file=sys.stderr)
     return 1 if failures else 0

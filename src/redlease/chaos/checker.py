@@ -9,6 +9,7 @@
 - fenced: lost updates (accepted writes minus the final fenced counter), stale writes the
   resource accepted, accepted tokens that went down, grants whose token did not increase;
 - keys without TTL on the lock servers (fence counters excluded: they are meant to stay);
+- keys left behind: nodes still holding a token just released (when the plan audits);
 - lost-lease notifications and their lead time (end of validity minus notification).
 """
 
@@ -62,6 +63,7 @@ class Outcome:
     token_regressions: int
     grant_regressions: int
     keys_without_ttl: list[str]
+    leftovers: int
     acquisitions_per_s: float
     latency_p50_ms: float
     latency_p99_ms: float
@@ -78,7 +80,12 @@ class Outcome:
 
     @property
     def unfenced_violations(self) -> int:
-        return max(0, self.lost_updates) + len(self.overlaps) + len(self.keys_without_ttl)
+        return (
+            max(0, self.lost_updates)
+            + len(self.overlaps)
+            + len(self.keys_without_ttl)
+            + self.leftovers
+        )
 
     @property
     def fenced_violations(self) -> int:
@@ -88,6 +95,7 @@ class Outcome:
             + self.token_regressions
             + self.grant_regressions
             + len(self.keys_without_ttl)
+            + self.leftovers
             + (1 if self.min_lead_ms is not None and self.min_lead_ms < 0 else 0)
         )
 
@@ -140,6 +148,7 @@ def check(record: Record) -> Outcome:
         token_regressions=record.resource.fence_regressions,
         grant_regressions=grant_regressions,
         keys_without_ttl=record.keys_without_ttl,
+        leftovers=sum(int(w.get("leftovers", 0)) for w in record.workers),
         acquisitions_per_s=len(sections) / duration,
         latency_p50_ms=statistics.median(latencies) if latencies else 0.0,
         latency_p99_ms=_percentile(latencies, 0.99),

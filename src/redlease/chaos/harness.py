@@ -13,6 +13,7 @@ import contextlib
 import json
 import os
 import random
+import select
 import shutil
 import signal
 import subprocess
@@ -21,7 +22,7 @@ import tempfile
 import threading
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import redis
@@ -57,6 +58,12 @@ class Plan:
     faketime: bool = False
     between: str | None = None  # broken locks: "kill" or seconds to sleep in the window
     options: dict[str, Any] = field(default_factory=dict)
+    think: float = 0.0  # idle time after every second section
+    # worker -> its own proxy in front of each node, delayed by this many ms (0: no delay)
+    paths: dict[int, list[float]] = field(default_factory=dict)
+    to_validity: list[int] = field(default_factory=list)  # workers that use all their validity
+    audit: bool = False  # after each release, look on every node for the released token
+    replica: bool = False  # each lock node gets an asynchronous replica (failover)
 
 
 @dataclass(frozen=True)
@@ -65,8 +72,13 @@ class Scenario:
     fault: str
     expected_unfenced: str
     expected_fenced: str
-    needs: str | None  # "redlock", "auto_renew", "faketime", "failover" or None
+    needs: str | None  # "redlock", "auto_renew", "faketime" or None
     plan: Callable[[random.Random, bool], Plan]
+    label: str = ""  # how the row is numbered in the report, when not just ``row``
+
+    @property
+    def number(self) -> str:
+        return self.label or str(self.row)
 
 
 def _holder_pause(kind: str) -> Callable[[random.Random, bool], Plan]:
@@ -159,8 +171,26 @@ def _renewal_stall(rng: random.Random, quick: bool) -> Plan:
     return p
 
 
-def _failover(rng: random.Random, quick: bool) -> Plan:
-    return Plan()
+def _failover(replicas: int) -> Callable[[random.Random, bool], Plan]:
+    def plan(rng: random.Random, quick: bool) -> Plan:
+        # Sections of 0.6 s (ttl 1 s), and replication cut 0.65 s before the master dies:
+        # at the failover someone holds a grant the replica never heard of, while the
+        # key the replica has (an earlier holder's) expires before that section ends.
+        # The address then moves to the promoted replica (the proxy), and the old master
+        # comes back, empty, as the new master's replica. Not fair: a fair queue's stale
+        # entries would hold newcomers off long enough to hide the loss.
+        p = Plan(proxies=True, replica=True, ttl=1.0, work=0.6, duration=5.0 if quick else 8.0)
+        p.options = {"fair": False}
+        if replicas:
+            p.options.update(replicas=replicas, replica_timeout=0.1)
+        t = 1.0 + rng.random() * 0.5
+        p.events += [(t, "cut_replication", (0,)), (t + 0.65, "failover", (0,))]
+        p.events += [(t + 0.65, "heal", ()), (t + 1.15, "rejoin", (0,))]
+        if replicas:  # no grant counts until a replica is back: that is the heal
+            p.events.append((t + 1.15, "heal", ()))
+        return p
+
+    return plan
 
 
 SCENARIOS: dict[int, Scenario] = {
@@ -215,11 +245,21 @@ SCENARIOS: dict[int, Scenario] = {
         Scenario(12, "renewal stalls (server paused)", SAFE, SAFE, "auto_renew", _renewal_stall),
         Scenario(
             13,
-            "single master fails over to an async replica",
+            "single master fails over to an async replica (fair=False; the fence counter "
+            "fails over with it)",
             POSSIBLE,
+            POSSIBLE,
+            None,
+            _failover(0),
+        ),
+        Scenario(
+            14,
+            "same, with replicas=1: a grant counts once the replica acknowledged it (WAIT)",
             SAFE,
-            "failover",
-            _failover,
+            SAFE,
+            None,
+            _failover(1),
+            label="13b",
         ),
     ]
 }
@@ -261,25 +301,54 @@ def unsupported(need: str | None) -> str | None:
             pass
     elif need == "faketime" and faketime_library() is None:
         return "skipped: libfaketime not installed (apt package faketime)"
-    elif need == "failover":
-        return "not run: the replica-failover nemesis is not built yet"
     return None
 
 
 # -- running -------------------------------------------------------------------------------
 
 
+def _url(proxy: FaultProxy) -> str:
+    return f"redis://127.0.0.1:{proxy.port}/0"
+
+
 @dataclass
 class Deployment:
-    lock_servers: list[servers.ServerProcess]
+    lock_servers: list[servers.ServerProcess]  # the node's current master
     resource_server: servers.ServerProcess
-    proxies: list[FaultProxy]
+    proxies: list[FaultProxy]  # shared, one per node (when the plan asks for them)
+    replicas: list[servers.ServerProcess] = field(default_factory=list)  # one per node
+    links: list[FaultProxy] = field(default_factory=list)  # replication, replica -> master
+    paths: dict[int, list[FaultProxy]] = field(default_factory=dict)  # a worker's own
+
+    def urls_for(self, worker: int) -> list[str]:
+        if worker in self.paths:
+            return [_url(p) for p in self.paths[worker]]
+        if self.proxies:
+            return [_url(p) for p in self.proxies]
+        return [s.url for s in self.lock_servers]
 
     @property
-    def lock_urls(self) -> list[str]:
-        if self.proxies:
-            return [f"redis://127.0.0.1:{p.port}/0" for p in self.proxies]
-        return [s.url for s in self.lock_servers]
+    def all_proxies(self) -> list[FaultProxy]:
+        return self.proxies + [p for own in self.paths.values() for p in own]
+
+
+# A master sends a new replica its data at once (the default waits 5 s for more replicas).
+PROMPT_SYNC = ["--repl-diskless-sync-delay", "0"]
+
+
+def _start_replica(binary: servers.ServerBinary, master_port: int) -> servers.ServerProcess:
+    replica = servers.ServerProcess(
+        binary, extra_args=[*PROMPT_SYNC, "--replicaof", "127.0.0.1", str(master_port)]
+    )
+    return replica.start()
+
+
+def _in_sync(master: servers.ServerProcess) -> None:
+    with redis.Redis(port=master.port, socket_timeout=10.0) as client:
+        client.set("chaos:replica-probe", 1)
+        if client.wait(1, 10_000) < 1:  # attached and in sync before anything starts
+            raise RuntimeError(f"the replica of port {master.port} did not catch up")
+        client.delete("chaos:replica-probe")
 
 
 @contextlib.contextmanager
@@ -287,14 +356,34 @@ def deploy(plan: Plan, binary: servers.ServerBinary) -> Iterator[Deployment]:
     started: list[servers.ServerProcess] = []
     proxies: list[FaultProxy] = []
     try:
+        extra = PROMPT_SYNC if plan.replica else []
         for _ in range(plan.nodes):
-            started.append(servers.ServerProcess(binary, appendfsync_always=plan.aof).start())
-        res = servers.ServerProcess(binary).start()
-        started.append(res)
+            srv = servers.ServerProcess(binary, appendfsync_always=plan.aof, extra_args=extra)
+            started.append(srv.start())
+        dep = Deployment(list(started), servers.ServerProcess(binary).start(), [])
+        started.append(dep.resource_server)
+        if plan.replica:
+            # Replication runs through a proxy of its own, so that a failover can lose
+            # writes the way an asynchronous replica does (cut the link, then kill the
+            # master: what the master sent since is gone, not held in a socket buffer).
+            for master in dep.lock_servers:
+                proxies.append(FaultProxy("127.0.0.1", master.port).start())
+                dep.links.append(proxies[-1])
+                dep.replicas.append(_start_replica(binary, proxies[-1].port))
+                started.append(dep.replicas[-1])
+                _in_sync(master)
         if plan.proxies:
-            for srv in started[:-1]:
+            for srv in dep.lock_servers:
                 proxies.append(FaultProxy("127.0.0.1", srv.port).start())
-        yield Deployment(started[:-1], res, proxies)
+                dep.proxies.append(proxies[-1])
+        for worker, delays in plan.paths.items():
+            dep.paths[worker] = []
+            for srv, delay in zip(dep.lock_servers, delays, strict=True):
+                proxies.append(FaultProxy("127.0.0.1", srv.port).start())
+                if delay:
+                    proxies[-1].set_mode("delay", delay_ms=delay)
+                dep.paths[worker].append(proxies[-1])
+        yield dep
     finally:
         for proxy in proxies:
             proxy.stop()
@@ -343,9 +432,15 @@ class _Nemesis:
                 f.write(f"{int(fargs[0]):+d}\n")
             self._window("clock step", fargs[0] != 0)
             return
+        if action == "path":  # one worker's own proxy to one node
+            worker, node, mode, delay = fargs
+            self.dep.paths[worker][node].set_mode(mode, delay_ms=delay)
+            return
         node = fargs[0]
         srv = self.dep.lock_servers[node]
-        if action == "pause":
+        if action in ("cut_replication", "failover", "rejoin"):
+            self._replication(action, node)
+        elif action == "pause":
             srv.pause()
             self._window(f"node {node} paused", True)
         elif action == "resume":
@@ -370,6 +465,25 @@ class _Nemesis:
                 for key in client.scan_iter("*"):
                     if not key.endswith(b":fence") and client.pttl(key) > 0:
                         client.pexpire(key, 1)
+
+    def _replication(self, action: str, node: int) -> None:
+        master, replica = self.dep.lock_servers[node], self.dep.replicas[node]
+        if action == "cut_replication":
+            self.dep.links[node].set_mode("blackhole")
+            self._window(f"node {node} replication cut, then failover", True)
+        elif action == "failover":
+            # The master dies; its replica (which missed the latest writes) is promoted and
+            # the node's address moves to it.
+            master.kill()
+            with redis.Redis(port=replica.port, socket_timeout=5.0) as client:
+                client.execute_command("REPLICAOF", "NO", "ONE")
+            self.dep.proxies[node].retarget("127.0.0.1", replica.port)
+            self.dep.proxies[node].reset_connections()
+            self.dep.lock_servers[node], self.dep.replicas[node] = replica, master
+            self._window(f"node {node} replication cut, then failover", False)
+        else:  # rejoin: the old master comes back, empty, as the new master's replica
+            replica.extra_args = [*PROMPT_SYNC, "--replicaof", "127.0.0.1", str(master.port)]
+            replica.restart()
 
     def watch_stops(self) -> None:
         """SIGCONT each worker that stopped itself, ``stop_seconds`` after it stopped."""
@@ -459,19 +573,20 @@ def _run(
     threads: list[threading.Thread],
 ) -> Record:
     resource.reset(res_client)
-    start = time.monotonic() + 1.5 + 0.4 * plan.processes
     env = _worker_env(plan, clock_file)
     outputs: dict[int, str] = {}
     for i in range(plan.processes):
         config = {
             "worker": i,
-            "lock_urls": dep.lock_urls,
+            "lock_urls": dep.urls_for(i),
+            "audit_urls": [s.url for s in dep.lock_servers] if plan.audit else [],
+            "to_validity": i in plan.to_validity,
+            "think": plan.think,
             "resource_url": dep.resource_server.url,
             "contender": plan.contender,
             "name": name,
             "ttl": plan.ttl,
             "duration": plan.duration,
-            "start_at": start,
             "work": plan.work,
             "timeout": plan.timeout,
             "socket_timeout": plan.socket_timeout,
@@ -490,10 +605,19 @@ def _run(
             start_new_session=True,
         )
         procs.append(proc)
+        assert proc.stdin is not None
+        proc.stdin.write(json.dumps(config) + "\n")
+        proc.stdin.flush()
+    start = _all_ready(procs) + 0.1
+    for i, proc in enumerate(procs):
+        assert proc.stdin is not None
+        with contextlib.suppress(OSError):  # a worker that died starting: collected below
+            proc.stdin.write(f"{start}\n")
+            proc.stdin.flush()
 
-        def collect(i: int = i, proc: subprocess.Popen[str] = proc, cfg: str = "") -> None:
+        def collect(i: int = i, proc: subprocess.Popen[str] = proc) -> None:
             try:
-                out, err = proc.communicate(cfg, timeout=plan.duration + 90)
+                out, err = proc.communicate(timeout=plan.duration + 90)
             except subprocess.TimeoutExpired:
                 proc.kill()
                 out, err = proc.communicate()
@@ -501,7 +625,7 @@ def _run(
             if proc.returncode not in (0, -signal.SIGKILL):
                 outputs[i] = out or json.dumps({"crash": err[-2000:]})
 
-        thread = threading.Thread(target=collect, kwargs={"cfg": json.dumps(config)})
+        thread = threading.Thread(target=collect)
         threads.append(thread)
         thread.start()
     nemesis = _Nemesis(plan, dep, start, clock_file)
@@ -517,10 +641,10 @@ def _run(
         for helper in helpers:
             helper.join(30)
     # Heal everything the nemesis may have left broken, then look at the lock keys.
-    for proxy in dep.proxies:
+    for proxy in dep.all_proxies:
         proxy.set_mode("pass")
     no_ttl: list[str] = []
-    for srv in dep.lock_servers:
+    for srv in dep.lock_servers + dep.replicas:
         with contextlib.suppress(OSError):
             srv.resume()
         no_ttl += _keys_without_ttl(srv.port)
@@ -538,6 +662,19 @@ def _run(
         fault_windows=nemesis.windows,
         nemesis_log=nemesis.log,
     )
+
+
+def _all_ready(procs: list[subprocess.Popen[str]], timeout: float = 30.0) -> float:
+    """Wait until every worker has said "ready" (imports done, lock built): the run then
+    starts at once instead of after a guess at how long starting takes."""
+    deadline = time.monotonic() + timeout
+    waiting = {p.stdout: p for p in procs if p.stdout is not None}
+    while waiting and time.monotonic() < deadline:
+        readable, _, _ = select.select(list(waiting), [], [], deadline - time.monotonic())
+        for stream in readable:
+            stream.readline()  # "ready", or "" from a worker that died: either way, done
+            del waiting[stream]
+    return time.monotonic()
 
 
 def _keys_without_ttl(port: int) -> list[str]:
@@ -597,6 +734,61 @@ def _crash_between(rng: random.Random, quick: bool) -> Plan:
     )
 
 
+def _broken_redlock(flaw: str, node_timeout: float | None = None, **fields: Any) -> Plan:
+    """Three nodes, ttl 1 s, and one of ``redlease._redlock._Unsafe``'s flaws switched on."""
+    options: dict[str, Any] = {"unsafe": {flaw: True}}
+    if node_timeout is not None:
+        options["node_timeout"] = node_timeout
+    fields.setdefault("duration", 4.0)
+    return Plan(contender="redlock", nodes=3, ttl=1.0, options=options, **fields)
+
+
+def _slow_acquirer(rng: random.Random, quick: bool) -> Plan:
+    # Worker 0 reaches every node through a 150 ms delay each way, so its acquisitions
+    # take ~0.3 s, and it works until just before the validity it was given. The other
+    # comes straight in, pauses between sections (or worker 0 would hardly ever get in)
+    # and retries as soon as the keys expire.
+    return _broken_redlock(
+        "ignore_elapsed",
+        node_timeout=0.5,
+        processes=2,
+        duration=5.0,
+        think=0.3,
+        paths={0: [150.0, 150.0, 150.0]},
+        to_validity=[0],
+    )
+
+
+def _split_nodes(rng: random.Random, quick: bool) -> Plan:
+    # Worker 0 reaches node 0 at once and nodes 1 and 2 40 ms late: another worker that
+    # tries in between takes nodes 1 and 2 while worker 0 keeps node 0.
+    return _broken_redlock("half_quorum", node_timeout=0.3, paths={0: [0.0, 40.0, 40.0]})
+
+
+def _lost_acquire_replies(rng: random.Random, quick: bool) -> Plan:
+    # One reply from node 1 to worker 0 is lost every ~0.25 s (the command was applied);
+    # the others pause between sections, so that worker 0's acquisitions mostly succeed.
+    p = _broken_redlock(
+        "release_believed_only",
+        socket_timeout=0.3,
+        think=0.1,
+        paths={0: [0.0, 0.0, 0.0]},
+        audit=True,
+    )
+    t = 0.3
+    while t < p.duration - 0.5:
+        p.events.append((t, "path", (0, 1, "drop_next_reply", 0)))
+        t += 0.2 + rng.random() * 0.1
+    return p
+
+
+def safe_twin(plan: Plan) -> Plan:
+    """The same plan and faults with redlease's own lock in place of the broken one."""
+    options = {k: v for k, v in plan.options.items() if k != "unsafe"}
+    contender = plan.contender if plan.contender == "redlock" else "redlease"
+    return replace(plan, contender=contender, options=options, between=None)
+
+
 BROKEN: dict[str, BrokenCase] = {
     c.key: c
     for c in [
@@ -624,10 +816,38 @@ BROKEN: dict[str, BrokenCase] = {
             _crash_between,
             lambda o: bool(o.keys_without_ttl),
         ),
+        BrokenCase(
+            "ignore-elapsed",
+            "Redlock, validity ignores the time acquiring took",
+            "one worker's replies 150 ms late each way (3 nodes)",
+            "overlaps between unpaused holders",
+            _slow_acquirer,
+            lambda o: o.overlaps_unpaused > 0,
+        ),
+        BrokenCase(
+            "half-quorum",
+            "Redlock, N/2 nodes taken for a majority",
+            "one worker 40 ms late to 2 of 3 nodes",
+            "overlaps between unpaused holders",
+            _split_nodes,
+            lambda o: o.overlaps_unpaused > 0,
+        ),
+        BrokenCase(
+            "release-believed",
+            "Redlock, release only on the nodes that said yes",
+            "one worker loses a reply from one node every ~0.25 s",
+            "a released token still on a node",
+            _lost_acquire_replies,
+            lambda o: o.leftovers > 0,
+        ),
     ]
 }
 
 
-def run_broken(key: str, binary: servers.ServerBinary, seed: int) -> tuple[BrokenCase, Outcome]:
+def run_broken(
+    key: str, binary: servers.ServerBinary, seed: int, *, twin: bool = False
+) -> tuple[BrokenCase, Outcome]:
+    """Run a broken lock through its fault; ``twin``: run redlease through the same."""
     case = BROKEN[key]
-    return case, check(run_plan(case.plan(random.Random(seed), True), binary))
+    plan = case.plan(random.Random(seed), True)
+    return case, check(run_plan(safe_twin(plan) if twin else plan, binary))

@@ -6,9 +6,11 @@
     proxy.set_mode("blackhole")             # nothing gets through, connections stay open
     proxy.set_mode("drop_replies")          # commands reach the server and are applied;
                                             # their replies are swallowed
+    proxy.set_mode("drop_next_reply")       # the same, for one reply chunk only; then pass
     proxy.set_mode("reset")                 # every connection is reset (RST), now and on
                                             # connect, until another mode is set
     proxy.reset_connections()               # one-shot reset; the mode stays as it is
+    proxy.retarget("127.0.0.1", other_port) # new connections go there (a moved address)
     proxy.set_mode("pass")                  # back to normal
     proxy.stop()
 
@@ -23,6 +25,8 @@ Modes (``MODES``):
   its server, and clients should drop it (redis-py does on a timeout).
 - ``drop_replies``: client-to-server bytes are forwarded (commands are applied), server-to-
   client bytes are discarded: "applied, unacknowledged".
+- ``drop_next_reply``: like ``drop_replies`` for the next server-to-client chunk only (one
+  lost reply), after which the mode goes back to ``pass`` by itself.
 - ``reset``: existing connections are aborted with an RST, new ones are reset on accept.
 
 The proxy runs its own asyncio loop in a daemon thread, so it works under sync and async
@@ -43,7 +47,7 @@ from dataclasses import dataclass
 
 __all__ = ["MODES", "FaultProxy", "ProxyStats"]
 
-MODES = ("pass", "delay", "blackhole", "drop_replies", "reset")
+MODES = ("pass", "delay", "blackhole", "drop_replies", "drop_next_reply", "reset")
 
 _CHUNK = 65536
 
@@ -114,6 +118,11 @@ class FaultProxy:
         self._mode = mode
         if mode == "reset":
             self.reset_connections()
+
+    def retarget(self, host: str, port: int) -> None:
+        """Send new connections to ``host:port`` (as when an address moves to a promoted
+        replica); open ones keep their server until they close or are reset."""
+        self.target_host, self.target_port = host, port
 
     def reset_connections(self) -> None:
         """Abort every open connection with an RST (the mode does not change)."""
@@ -245,7 +254,10 @@ class FaultProxy:
                 if not data:
                     break
                 mode = self._mode
-                if mode in ("blackhole", "reset") or (mode == "drop_replies" and replies):
+                dropping = mode in ("drop_replies", "drop_next_reply") and replies
+                if mode in ("blackhole", "reset") or dropping:
+                    if mode == "drop_next_reply":
+                        self._mode = "pass"
                     self.stats.bytes_dropped += len(data)
                     continue
                 delay = self._delay if mode == "delay" else 0.0

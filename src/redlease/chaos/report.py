@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import html
+import statistics
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from .checker import Outcome
@@ -11,9 +13,28 @@ from .harness import POSSIBLE, SAFE, VIOLATION, BrokenCase, Scenario
 
 @dataclass
 class Row:
+    """One scenario, run once per seed (``outcomes``), or not run (``note`` says why)."""
+
     scenario: Scenario
-    outcome: Outcome | None
-    note: str | None
+    outcomes: list[Outcome]
+    note: str | None = None
+
+
+@dataclass
+class BrokenRow:
+    """One broken lock, run once per seed; ``twins``: redlease under the same faults."""
+
+    case: BrokenCase
+    outcomes: list[Outcome]
+    twins: list[Outcome]
+
+    @property
+    def caught(self) -> int:
+        return sum(1 for o in self.outcomes if self.case.caught(o))
+
+    @property
+    def twin_caught(self) -> int:
+        return sum(1 for o in self.twins if self.case.caught(o))
 
 
 def _observed(violations: int) -> str:
@@ -29,18 +50,33 @@ def verdict(expected: str, violations: int) -> str:
     return "ok"  # POSSIBLE: either is allowed
 
 
-def row_failures(row: Row) -> list[str]:
-    """What makes this row fail the build (empty when it matches its expectations)."""
-    if row.outcome is None:
-        return []
-    o, s = row.outcome, row.scenario
+def outcome_failures(scenario: Scenario, o: Outcome) -> list[str]:
+    """What makes one run of a scenario fail the build (empty when it matches)."""
     found = []
-    if verdict(s.expected_unfenced, o.unfenced_violations) != "ok":
-        found.append(f"row {s.row} unfenced: {verdict(s.expected_unfenced, o.unfenced_violations)}")
-    if o.fenced and verdict(s.expected_fenced, o.fenced_violations) != "ok":
-        found.append(f"row {s.row} fenced: {verdict(s.expected_fenced, o.fenced_violations)}")
+    label = f"row {scenario.number}"
+    if verdict(scenario.expected_unfenced, o.unfenced_violations) != "ok":
+        found.append(
+            f"{label} unfenced: {verdict(scenario.expected_unfenced, o.unfenced_violations)}"
+        )
+    if o.fenced and verdict(scenario.expected_fenced, o.fenced_violations) != "ok":
+        found.append(f"{label} fenced: {verdict(scenario.expected_fenced, o.fenced_violations)}")
     if o.crashed_workers:
-        found.append(f"row {s.row}: {o.crashed_workers} worker(s) crashed")
+        found.append(f"{label}: {o.crashed_workers} worker(s) crashed")
+    return found
+
+
+def row_failures(row: Row) -> list[str]:
+    return [f for o in row.outcomes for f in outcome_failures(row.scenario, o)]
+
+
+def broken_failures(row: BrokenRow) -> list[str]:
+    """A broken lock must be caught in at least one seeded run (a loaded machine can
+    delay another worker into its window past a short run), and redlease never."""
+    found = []
+    if row.outcomes and not row.caught:
+        found.append(f"broken {row.case.key}: not caught in {len(row.outcomes)} run(s)")
+    if row.twin_caught:
+        found.append(f"broken {row.case.key}: redlease flagged under the same faults")
     return found
 
 
@@ -48,16 +84,61 @@ def _ms(value: float | None) -> str:
     return "-" if value is None else f"{value:.0f}"
 
 
+def _scenario_line(row: Row) -> str:
+    s, runs = row.scenario, row.outcomes
+    expected = f"{s.expected_unfenced} / {s.expected_fenced}"
+    if not runs:
+        return f"| {s.number} | {s.fault} | {expected} | {row.note} |  |  |  |  |  |  |  |  |"
+
+    def total(figure: Callable[[Outcome], int]) -> int:
+        return sum(figure(o) for o in runs)
+
+    unfenced = total(lambda o: o.unfenced_violations)
+    fenced = total(lambda o: o.fenced_violations)
+    unf = f"{_observed(unfenced)}: {total(lambda o: len(o.overlaps))} / "
+    unf += f"{total(lambda o: max(0, o.lost_updates))}"
+    fen = (
+        f"{_observed(fenced)}: {total(lambda o: max(0, o.fenced_lost_updates))} / "
+        f"{total(lambda o: o.stale_accepted)} / "
+        f"{total(lambda o: o.token_regressions + o.grant_regressions)}"
+    )
+    recoveries = [o.recovery_s * 1000 for o in runs if o.recovery_s is not None]
+    leads = [o.min_lead_ms for o in runs if o.min_lead_ms is not None]
+    extra = ""
+    if leads:
+        extra = f"; {total(lambda o: o.notifications)} lost-lease notices, min lead "
+        extra += f"{min(leads):.0f} ms"
+    return (
+        f"| {s.number} | {s.fault} | {expected} | {unf} | {fen} | "
+        f"{total(lambda o: o.rejected)} | {total(lambda o: len(o.keys_without_ttl))} | "
+        f"{total(lambda o: o.completed)} | "
+        f"{statistics.median(o.acquisitions_per_s for o in runs):.0f} | "
+        f"{statistics.median(o.latency_p50_ms for o in runs):.1f} / "
+        f"{max(o.latency_p99_ms for o in runs):.1f} | "
+        f"{_ms(max(recoveries) if recoveries else None)} | "
+        f"{'; '.join(row_failures(row)) or 'ok'}{extra} |"
+    )
+
+
+def _broken_figures(runs: list[Outcome]) -> str:
+    return (
+        f"{sum(len(o.overlaps) for o in runs)} ({sum(o.overlaps_unpaused for o in runs)}) / "
+        f"{sum(max(0, o.lost_updates) for o in runs)} / "
+        f"{sum(len(o.keys_without_ttl) for o in runs)} / {sum(o.leftovers for o in runs)}"
+    )
+
+
 def render(
     rows: list[Row],
-    broken: list[tuple[BrokenCase, Outcome]],
+    broken: list[BrokenRow],
     *,
-    seed: int,
+    seeds: list[int],
     server: str,
     processes: str,
     quick: bool,
     timeline: str | None,
 ) -> str:
+    runs = f"{len(seeds)} run" + ("s" if len(seeds) > 1 else "")
     out = [
         "# Safety report",
         "",
@@ -67,12 +148,14 @@ def render(
         "checked with fencing tokens), and a nemesis injecting the row's faults on a seeded",
         "schedule. The checker compares believed-held intervals on `time.monotonic()`.",
         "",
-        f"- seed: `{seed}`; mode: {'quick' if quick else 'full'}",
+        f"- seeds: {', '.join(f'`{seed}`' for seed in seeds)} ({runs} of every row and broken "
+        f"lock); mode: {'quick' if quick else 'full'}",
         f"- server: {server}",
         f"- worker processes per run: {processes}",
         "",
         "## Scenarios",
         "",
+        f"Figures are totals over the {runs} (rates and p50: median; p99 and recovery: worst).",
         "Violations, unfenced: overlapping holds (pairs) / lost updates. Fenced: lost updates /",
         "stale writes accepted / token regressions (accepted at the resource + grants out of",
         "order). Keys without TTL count in both. Recovery: time from the fault healing to the",
@@ -83,46 +166,32 @@ def render(
         "keys without TTL | sections | acq/s | p50 / p99 ms | recovery ms | verdict |",
         "|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
-    for row in rows:
-        s, o = row.scenario, row.outcome
-        expected = f"{s.expected_unfenced} / {s.expected_fenced}"
-        if o is None:
-            out.append(f"| {s.row} | {s.fault} | {expected} | {row.note} |  |  |  |  |  |  |  |  |")
-            continue
-        unf = f"{_observed(o.unfenced_violations)}: {len(o.overlaps)} / {max(0, o.lost_updates)}"
-        regressions = o.token_regressions + o.grant_regressions
-        fen = (
-            f"{_observed(o.fenced_violations)}: {max(0, o.fenced_lost_updates)} / "
-            f"{o.stale_accepted} / {regressions}"
-        )
-        extra = ""
-        if o.notifications:
-            extra = f"; {o.notifications} lost-lease notices, min lead {o.min_lead_ms:.0f} ms"
-        failures = row_failures(row)
-        out.append(
-            f"| {s.row} | {s.fault} | {expected} | {unf} | {fen} | {o.rejected} | "
-            f"{len(o.keys_without_ttl)} | {o.completed} | {o.acquisitions_per_s:.0f} | "
-            f"{o.latency_p50_ms:.1f} / {o.latency_p99_ms:.1f} | "
-            f"{_ms(None if o.recovery_s is None else o.recovery_s * 1000)} | "
-            f"{'; '.join(failures) or 'ok'}{extra} |"
-        )
+    out += [_scenario_line(row) for row in rows]
     out += [
         "",
-        '"violation expected" rows pass only if the violation is reproduced (no TTL lock can',
-        'prevent it; fencing does); "safe" rows pass only with zero violations;',
-        f'"{POSSIBLE}" rows pass either way.',
+        '"violation expected" rows pass only if every run reproduces the violation (no TTL',
+        'lock can prevent it; fencing does); "safe" rows pass only with zero violations in',
+        f'every run; "{POSSIBLE}" rows pass either way.',
         "",
         "## The checker can fail: broken locks through the same harness",
         "",
-        "| broken lock | fault injected | caught by | overlaps (unpaused) | lost updates | "
-        "keys without TTL | caught |",
-        "|---|---|---|---|---|---|---|",
+        "Each broken lock runs under a fault aimed at its flaw; then redlease runs under the",
+        "very same plan and faults, and must come out clean. Figures: overlaps (of which",
+        "between unpaused holders) / lost updates / keys without TTL / released tokens still",
+        "on a node.",
+        "",
+        "| broken lock | fault injected | caught by | broken lock's figures | caught | "
+        "redlease under the same faults |",
+        "|---|---|---|---|---|---|",
     ]
-    for case, o in broken:
+    for row in broken:
+        case = row.case
+        twin = _broken_figures(row.twins) if row.twins else "not run"
+        if row.twins:
+            twin += " (clean)" if not row.twin_caught else " (FLAGGED)"
         out.append(
-            f"| {case.lock} | {case.window} | {case.catches} | {len(o.overlaps)} "
-            f"({o.overlaps_unpaused}) | {max(0, o.lost_updates)} | {len(o.keys_without_ttl)} | "
-            f"{'yes' if case.caught(o) else 'NO'} |"
+            f"| {case.lock} | {case.window} | {case.catches} | {_broken_figures(row.outcomes)} "
+            f"| {row.caught} of {len(row.outcomes)} runs | {twin} |"
         )
     if timeline:
         out += [

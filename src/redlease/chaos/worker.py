@@ -1,5 +1,6 @@
 """One worker process of the harness: ``python -m redlease.chaos.worker`` reads its
-configuration (JSON) on stdin and prints its record (JSON) on stdout.
+configuration (one JSON line) on stdin, says "ready", reads the start time, and at the
+end prints its record (JSON) on stdout.
 
 Each critical section, under the lock: read both counters of the resource (the fenced
 read carries the token), pause briefly (the window a bad lock lets others into), write
@@ -25,6 +26,7 @@ from typing import Any
 import redis
 
 from .. import broken
+from .._keys import LockKeys
 from .resource import Resource
 
 
@@ -53,8 +55,12 @@ class _Worker:
         ]
         self.resource_client = redis.Redis.from_url(config["resource_url"])
         self.resource = Resource(self.resource_client)
+        self.audit_clients = [
+            redis.Redis.from_url(url, socket_timeout=5.0) for url in config.get("audit_urls", [])
+        ]
         self.notifications: list[tuple[float, float]] = []
         self.lost_on_release = 0
+        self.leftovers = 0
         self.contender = self._contender()
 
     def _on_lost(self, lease: Any) -> None:
@@ -86,6 +92,10 @@ class _Worker:
 
             if self.config.get("auto_renew"):
                 options.update(auto_renew=True, on_lost=self._on_lost)
+            if "unsafe" in options:  # a deliberately broken Redlock (see harness.BROKEN)
+                from redlease._redlock import _Unsafe
+
+                options["_unsafe"] = _Unsafe(**options.pop("unsafe"))
             if kind == "redlease":
                 return redlease.Lock(self.clients[0], name, ttl, **options)
             return redlease.Redlock(self.clients, name, ttl, **options)
@@ -109,10 +119,20 @@ class _Worker:
                     lease.release()
                 except redlease.LockLost:
                     self.lost_on_release += 1
+                finally:
+                    self._audit(lock.name, lease.token)
 
             return _Holding(lease.fence, release, lease)
         held = self.contender.acquire(timeout)
         return None if held is None else _Holding(held.fence, held.release)
+
+    def _audit(self, name: str, token: str) -> None:
+        """Count the nodes (read directly, not through any proxy) where the token just
+        released is still the lock's value: a key left behind."""
+        key = LockKeys.for_name(name).lock
+        for client in self.audit_clients:
+            if client.get(key) == token.encode():
+                self.leftovers += 1
 
     def run(self) -> dict[str, Any]:
         cfg = self.config
@@ -151,6 +171,7 @@ class _Worker:
             "errors": errors,
             "notifications": self.notifications,
             "lost_on_release": self.lost_on_release,
+            "leftovers": self.leftovers,
         }
 
     def _section(
@@ -163,7 +184,10 @@ class _Worker:
         fence = holding.fence
         value = self.resource.read()
         fenced = self.resource.fenced_read(fence) if fence is not None else None
-        _sleep(self.config["work"])
+        work = self.config["work"]
+        if holding.lease is not None and self.config.get("to_validity"):
+            work = max(work, holding.lease.remaining() - 0.005)  # all the validity it was given
+        _sleep(work)
         if pause is not None:
             if pause["kind"] == "sigstop":
                 os.kill(os.getpid(), signal.SIGSTOP)  # the harness sends SIGCONT later
@@ -186,14 +210,18 @@ class _Worker:
         return [self.index, start, end, fence, start - asked, outcome, pause is not None]
 
     def close(self) -> None:
-        for client in self.clients:
+        for client in self.clients + self.audit_clients:
             client.close()
         self.resource_client.close()
 
 
 def main() -> int:
-    config = json.loads(sys.stdin.read())
+    # One line of configuration; "ready" once built; then the start time (monotonic).
+    config = json.loads(sys.stdin.readline())
     worker = _Worker(config)
+    sys.stdout.write("ready\n")
+    sys.stdout.flush()
+    config["start_at"] = float(sys.stdin.readline())
     try:
         record = worker.run()
     finally:
