@@ -58,9 +58,16 @@ REPLY_WAIT = 1 / 3  # of the ttl: the longest wait for a renewal's reply
 RETRY_AFTER = 1 / 4  # of the validity left, after a failed renewal
 MIN_RETRY = 0.01
 MIN_REPLY_WAIT = 0.002  # a driver must never be asked to wait 0 s (or forever)
-# The holder is told this much before validity ends (at most 1% of the ttl), so that a
-# late wake-up of the renewer still tells it in time.
-EARLY_NOTICE = 0.005
+# The holder is told this much before validity ends (at most 2% of the ttl), so that a
+# late wake-up of the renewer still tells it in time: on a loaded machine a thread that
+# wakes may wait for the GIL a switch interval (5 ms) or more.
+EARLY_NOTICE = 0.025
+NOTICE_SHARE = 0.02
+
+
+def notice_lead(ttl: float) -> float:
+    """How long before the end of validity the holder of an unrenewed lease is told."""
+    return min(EARLY_NOTICE, ttl * NOTICE_SHARE)
 
 Loss = tuple[LeaseState, str]
 
@@ -87,7 +94,7 @@ class Renewal:
     @property
     def notice_at(self) -> float:
         """When the holder must be told, if no renewal has been confirmed by then."""
-        return self.lease.valid_until - min(EARLY_NOTICE, self.ttl * 0.01)
+        return self.lease.valid_until - notice_lead(self.ttl)
 
     def renewable_at(self, when: float) -> bool:
         return self.hold_until is None or when < self.hold_until
