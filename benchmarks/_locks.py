@@ -18,10 +18,12 @@ KINDS = {
     "redlease-unfair": "redlease Lock (fair=False)",
     "redis-py": "redis-py Lock (defaults: polls every 0.1 s)",
     "python-redis-lock": "python-redis-lock (BLPOP signal)",
+    "ticket": "FIFO ticket baton (reference: no TTL, not a usable lock)",
 }
 # compared in every multi-process figure; contention also shows redlease without fairness
 PEERS = ("redlease", "redis-py", "python-redis-lock")
-CONTENTION = ("redlease", "redlease-unfair", "redis-py", "python-redis-lock")
+# and the plainest FIFO hand-over there is: what a wake-up per section costs on this machine
+CONTENTION = ("redlease", "redlease-unfair", "redis-py", "python-redis-lock", "ticket")
 
 
 class SyncLock(Protocol):
@@ -74,6 +76,24 @@ class _PythonRedisLock:
         handle.release()
 
 
+class _Ticket:
+    """A ticket lock: take a number (INCR), wait for it to be pushed (BLPOP); release
+    pushes the next number. FIFO with one wake-up per hand-over and nothing else (no TTL,
+    no owner check): the floor under any fair lock's contended cost, not a lock to use."""
+
+    def __init__(self, client: redis.Redis, name: str, ttl: float) -> None:
+        self._client, self._name = client, name
+
+    def acquire(self, timeout: float | None = None) -> Any:
+        number = int(self._client.incr(f"{self._name}:ticket"))
+        if number > 1 and self._client.blpop([f"{self._name}:turn:{number}"], timeout or 0) is None:
+            raise TimeoutError("ticket: not served in time")
+        return number
+
+    def release(self, handle: Any) -> None:
+        self._client.lpush(f"{self._name}:turn:{handle + 1}", 1)
+
+
 def make_lock(kind: str, client: redis.Redis, name: str, ttl: float) -> SyncLock:
     if kind == "redlease":
         return _Redlease(client, name, ttl)
@@ -83,6 +103,8 @@ def make_lock(kind: str, client: redis.Redis, name: str, ttl: float) -> SyncLock
         return _RedisPy(client, name, ttl)
     if kind == "python-redis-lock":
         return _PythonRedisLock(client, name, ttl)
+    if kind == "ticket":
+        return _Ticket(client, name, ttl)
     raise ValueError(f"unknown lock kind {kind!r}")
 
 

@@ -14,7 +14,11 @@ from __future__ import annotations
 
 import contextlib
 import inspect
+import math
 import os
+import socket
+import struct
+import sys
 import time
 import warnings
 import weakref
@@ -24,6 +28,7 @@ from typing import Any, TypeVar
 
 import redis
 from redis import exceptions as rx
+from redis._parsers import hiredis as _hiredis_parser
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
@@ -86,7 +91,10 @@ class _Connections:
             conn, since = self._idle.pop()
             # A connection idle for a while may have been closed by the server (restart,
             # idle timeout): one poll tells, before a command is lost on it.
-            if time.monotonic() - since < STALE_AFTER or not conn.can_read():
+            if time.monotonic() - since < STALE_AFTER:
+                return conn
+            if not conn.can_read():
+                _Lean.attach(conn)  # can_read() put the socket back into timeout mode
                 return conn
             conn.disconnect()
         kwargs = dict(self._kwargs)
@@ -98,6 +106,7 @@ class _Connections:
             kwargs[key] = timeout if configured is None else min(configured, timeout)
         conn = self._cls(**kwargs)
         conn.connect()  # the class's own connect: Sentinel discovery happens here
+        _Lean.attach(conn)
         return conn
 
     def script(self, op: Call) -> bytes:
@@ -131,7 +140,94 @@ class Pending:
     error: BaseException | None
 
 
+_NOT_ENOUGH = getattr(_hiredis_parser, "NOT_ENOUGH_DATA", False)
+
+
+def _timeval(seconds: float) -> bytes:
+    # 0 would mean "no limit" to the kernel: the shortest bound is 1 ms
+    whole, fraction = divmod(max(seconds, 0.001), 1.0)
+    return struct.pack("ll", int(whole), int(fraction * 1e6))
+
+
+class _Lean:
+    """The short way through a plain TCP or Unix socket: written with ``sendall`` and read
+    with ``recv_into`` into the connection's own hiredis reader, the socket blocking but
+    bounded by SO_RCVTIMEO/SO_SNDTIMEO. One system call per read, where redis-py's
+    ``read_response(timeout=)`` makes four (two timeout switches, a poll, the recv).
+    Only for RESP2 connections parsed by hiredis; anything else (TLS, the pure-Python
+    parser, RESP3 with its push messages) keeps redis-py's own path."""
+
+    __slots__ = ("buffer", "reader", "sock", "wait")
+
+    def __init__(self, sock: socket.socket, reader: Any, buffer: bytearray) -> None:
+        self.sock, self.reader, self.buffer = sock, reader, buffer
+        self.wait = -1.0  # the receive bound currently set on the socket
+
+    @staticmethod
+    def attach(conn: Any) -> None:
+        sock: Any = getattr(conn, "_sock", None)
+        parser = getattr(conn, "_parser", None)
+        reader = getattr(parser, "_reader", None)
+        buffer = getattr(parser, "_buffer", None)
+        plain = (
+            type(sock) is socket.socket
+            and str(getattr(conn, "protocol", 2)) == "2"
+            and sys.platform != "win32"  # SO_RCVTIMEO takes a timeval only on POSIX
+        )
+        if not plain or not isinstance(buffer, bytearray) or not hasattr(reader, "gets"):
+            conn._redlease_lean = None
+            return
+        bound = sock.gettimeout() or 1.0  # the connection's own: our op bound, or less
+        sock.settimeout(None)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDTIMEO, _timeval(bound))
+        conn._redlease_lean = _Lean(sock, reader, buffer)
+
+    def read(self, timeout: float) -> Any:
+        reader = self.reader
+        reply = reader.gets()
+        if reply is _NOT_ENOUGH:
+            # Whole milliseconds, rounded up: the reads of one fan-out then share a bound
+            # and the socket option is rarely set again.
+            wait = math.ceil(timeout * 1000) / 1000.0
+            if wait != self.wait:
+                self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVTIMEO, _timeval(wait))
+                self.wait = wait
+            while reply is _NOT_ENOUGH:
+                try:
+                    got = self.sock.recv_into(self.buffer)
+                except BlockingIOError:  # the bound passed
+                    raise rx.TimeoutError(f"no reply within {timeout:.3f}s") from None
+                except OSError as exc:
+                    raise rx.ConnectionError(f"error while reading: {exc}") from exc
+                if not got:
+                    raise rx.ConnectionError("connection closed by server")
+                reader.feed(self.buffer, 0, got)
+                reply = reader.gets()
+        if isinstance(reply, (rx.ResponseError, rx.ConnectionError)):
+            raise reply
+        return reply
+
+    def send(self, data: bytes) -> None:
+        try:
+            self.sock.sendall(data)
+        except BlockingIOError:
+            raise rx.TimeoutError("timed out writing to the server") from None
+        except OSError as exc:
+            raise rx.ConnectionError(f"error while writing: {exc}") from exc
+
+
+def _send(conn: Any, data: bytes) -> None:
+    lean: _Lean | None = conn._redlease_lean
+    if lean is None:
+        conn.send_packed_command([data], check_health=False)
+    else:
+        lean.send(data)
+
+
 def _read(conn: Any, timeout: float) -> Any:
+    lean: _Lean | None = conn._redlease_lean
+    if lean is not None:
+        return lean.read(timeout)
     if _READ_TAKES_TIMEOUT:
         return conn.read_response(timeout=timeout)
     if not conn.can_read(timeout=timeout):
@@ -141,10 +237,7 @@ def _read(conn: Any, timeout: float) -> Any:
 
 def _replicas_acked(conn: Any, replicas: Replicas, timeout: float) -> int:
     """WAIT on the connection that made the write: how many replicas have it."""
-    conn.send_packed_command(
-        [_resp.command(("WAIT", str(replicas.count), str(replicas.timeout_ms)))],
-        check_health=False,
-    )
+    _send(conn, _resp.command(("WAIT", str(replicas.count), str(replicas.timeout_ms))))
     return int(_read(conn, replicas.timeout_ms / 1000.0 + timeout))
 
 
@@ -225,7 +318,7 @@ class SyncIO:
         conn = direct.take(min(op.timeout for op in ops))
         results: list[Any] = []
         try:
-            conn.send_packed_command([b"".join(map(direct.script, ops))], check_health=False)
+            _send(conn, b"".join(map(direct.script, ops)))
             for op in ops:
                 try:
                     results.append(_read(conn, op.timeout))
@@ -239,13 +332,9 @@ class SyncIO:
                 # (not one EVAL round trip per lease).
                 scripts = {ops[i].script.sha: ops[i].script for i in missing}
                 for script in scripts.values():
-                    conn.send_packed_command(
-                        [_resp.command(("SCRIPT", "LOAD", script.source))], check_health=False
-                    )
+                    _send(conn, _resp.command(("SCRIPT", "LOAD", script.source)))
                     _read(conn, ops[0].timeout)
-                conn.send_packed_command(
-                    [b"".join(_resp.evalsha(ops[i]) for i in missing)], check_health=False
-                )
+                _send(conn, b"".join(_resp.evalsha(ops[i]) for i in missing))
                 for i in missing:
                     op = ops[i]
                     try:
@@ -273,9 +362,9 @@ class SyncIO:
         conn = self._direct.take(op.timeout)
         try:
             if isinstance(op, Call):
-                conn.send_packed_command([self._direct.script(op)], check_health=False)
+                _send(conn, self._direct.script(op))
             else:
-                conn.send_packed_command([_resp.command(op.args)], check_health=False)
+                _send(conn, _resp.command(op.args))
         except BACKEND_FAILURES as exc:
             self._direct.discard(conn)
             return Pending(op, None, None, exc)
@@ -295,7 +384,7 @@ class SyncIO:
                 reply = _read(conn, wait)
             except rx.NoScriptError:
                 assert isinstance(op, Call)
-                conn.send_packed_command([_resp.eval_source(op)], check_health=False)
+                _send(conn, _resp.eval_source(op))
                 reply = _read(conn, wait)
         except rx.ResponseError as exc:
             self._direct.give(conn)  # type: ignore[union-attr]
@@ -320,11 +409,11 @@ class SyncIO:
                 return self.client.eval(op.script.source, n, *op.keys, *op.args)
         conn = self._direct.take(op.timeout)
         try:
-            conn.send_packed_command([self._direct.script(op)], check_health=False)
+            _send(conn, self._direct.script(op))
             try:
                 reply = _read(conn, op.timeout)
             except rx.NoScriptError:
-                conn.send_packed_command([_resp.eval_source(op)], check_health=False)
+                _send(conn, _resp.eval_source(op))
                 reply = _read(conn, op.timeout)
             if op.replicas is not None:
                 reply = (reply, _replicas_acked(conn, op.replicas, op.timeout))
@@ -342,7 +431,7 @@ class SyncIO:
             return self.client.execute_command(*op.args)
         conn = self._direct.take(op.timeout)
         try:
-            conn.send_packed_command([_resp.command(op.args)], check_health=False)
+            _send(conn, _resp.command(op.args))
             reply = _read(conn, op.timeout)
         except rx.ResponseError:
             self._direct.give(conn)
@@ -362,9 +451,7 @@ class SyncIO:
             return None if reply is None else reply[1]
         conn = self._direct.take(op.read_timeout - op.timeout)
         try:
-            conn.send_packed_command(
-                [_resp.command(("BLPOP", op.key, f"{op.timeout:.3f}"))], check_health=False
-            )
+            _send(conn, _resp.command(("BLPOP", op.key, f"{op.timeout:.3f}")))
             reply = _read(conn, op.read_timeout)
             rung = None if reply is None else reply[1]
             if op.replicas is not None:

@@ -69,6 +69,7 @@ def notice_lead(ttl: float) -> float:
     """How long before the end of validity the holder of an unrenewed lease is told."""
     return min(EARLY_NOTICE, ttl * NOTICE_SHARE)
 
+
 Loss = tuple[LeaseState, str]
 
 
