@@ -17,6 +17,7 @@ import inspect
 import math
 import os
 import socket
+import ssl
 import struct
 import sys
 import time
@@ -170,7 +171,8 @@ class _Lean:
         reader = getattr(parser, "_reader", None)
         buffer = getattr(parser, "_buffer", None)
         plain = (
-            type(sock) is socket.socket
+            isinstance(sock, socket.socket)
+            and not isinstance(sock, ssl.SSLSocket)
             and str(getattr(conn, "protocol", 2)) == "2"
             and sys.platform != "win32"  # SO_RCVTIMEO takes a timeval only on POSIX
         )
