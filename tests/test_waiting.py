@@ -155,24 +155,32 @@ def test_a_waiter_that_died_does_not_block_the_queue(
     lease.release()
 
 
+def blocked(r: redis.Redis) -> int:
+    return int(r.info("clients")["blocked_clients"])
+
+
 def test_idle_waiters_send_no_commands(r: redis.Redis, name: str) -> None:
     lock = redlease.Lock(r, name, ttl=30.0)
     holder = lock.acquire()
+    already = blocked(r)
     threads = [
         threading.Thread(target=lambda: lock.acquire(timeout=30).release()) for _ in range(3)
     ]
     for t in threads:
         t.start()
-    wait_until(lambda: queued(r, name) == 3)
-    before = r.info("commandstats")
-    time.sleep(1.0)
-    after = r.info("commandstats")
-    # only our own INFO calls happened while the waiters were idle
-    changed = {k for k in after if after[k]["calls"] != before.get(k, {}).get("calls")}
-    assert changed <= {"cmdstat_info"}
-    holder.release()
-    for t in threads:
-        t.join(timeout=30)
+    try:
+        # Queued, and each one's BLPOP has reached the server (it follows the queueing).
+        wait_until(lambda: queued(r, name) == 3 and blocked(r) - already == 3)
+        before = r.info("commandstats")
+        time.sleep(1.0)
+        after = r.info("commandstats")
+        # only our own INFO calls happened while the waiters were idle
+        changed = {k for k in after if after[k]["calls"] != before.get(k, {}).get("calls")}
+        assert changed <= {"cmdstat_info"}
+    finally:
+        holder.release()
+        for t in threads:
+            t.join(timeout=30)
 
 
 def test_waiters_leave_room_in_a_bounded_pool(r: redis.Redis, name: str) -> None:
