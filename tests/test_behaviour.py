@@ -210,3 +210,28 @@ def test_with_block_reports_a_lost_lease_unless_the_block_failed(
 
     with pytest.raises(KeyError):
         fail_after_losing_it()
+
+
+@pytest.mark.parametrize("parser", ["hiredis", "python"])
+def test_either_reply_parser_and_a_server_timeout(server: Any, name: str, parser: str) -> None:
+    """hiredis is optional: the pure-Python parser works too (and a paused server is a
+    timeout, not a hang, on both the lean path and redis-py's own)."""
+    from redis._parsers import _RESP2Parser
+
+    options: dict[str, Any] = {"parser_class": _RESP2Parser} if parser == "python" else {}
+    pool = redis.ConnectionPool(port=server.port, **options)
+    client = redis.Redis(connection_pool=pool)
+    try:
+        lock = redlease.Lock(client, name, ttl=1.0)
+        with lock as lease:
+            assert lease.fence > 0
+        server.pause()
+        try:
+            with pytest.raises(redlease.BackendError, match="did not answer in time"):
+                lock.acquire(timeout=0)
+        finally:
+            server.resume()
+        lock.acquire(timeout=5).release()
+    finally:
+        client.close()
+        pool.disconnect()  # a pool passed in is not closed by the client

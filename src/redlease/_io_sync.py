@@ -72,12 +72,16 @@ class _Connections:
         # A new connection costs no round trip beyond TCP's: each one would count against
         # the op's bound and a lease's elapsed time. So no CLIENT SETINFO (a label in
         # CLIENT LIST), and RESP2 unless the client asked for RESP3 (redis-py 8 would
-        # otherwise send HELLO 3 and CLIENT MAINT_NOTIFICATIONS first).
+        # otherwise send HELLO 3 and CLIENT MAINT_NOTIFICATIONS first). Maintenance
+        # notifications need RESP3 (redis-py 8 refuses them on a RESP2 connection
+        # without hiredis); these connections live for a few commands and do without.
         for key in ("driver_info", "lib_name", "lib_version"):
             if key in self._kwargs:
                 self._kwargs[key] = None
         if self._kwargs.get("protocol") is None:
             self._kwargs["protocol"] = 2
+            if "maint_notifications_config" in self._kwargs:
+                self._kwargs["maint_notifications_config"] = None
         self._idle: list[tuple[Any, float]] = []
         self._loaded: set[str] = set()  # scripts this server was sent in full
         self._pid = os.getpid()
