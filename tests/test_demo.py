@@ -178,3 +178,18 @@ def test_redlock_rows(server: servers.ServerProcess, server_kind: str) -> None:
     assert fenced.rejected >= 1
     assert not unfenced.errors
     assert not fenced.errors
+
+
+def test_demo_fails_when_redlease_itself_fails(
+    server_kind: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # A server without scripting: the broken locks may fail as they like, redlease's own
+    # rows may not, and the exit status says so.
+    no_scripts = ["--rename-command", "EVALSHA", "hidden-evalsha"]
+    no_scripts += ["--rename-command", "EVAL", "hidden-eval"]
+    binary = servers.find_binary(server_kind)
+    with servers.ServerProcess(binary, extra_args=no_scripts) as srv:
+        options = ["--modes", "redlease", "--numbers", "10", "--workers", "2"]
+        code = main(["demo", "--quick", "--no-pause", *options, "--redis", srv.url])
+    assert code == 1
+    assert "redlease demo: redlease" in capsys.readouterr().err

@@ -239,7 +239,7 @@ def _demo(args: argparse.Namespace) -> int:
         raise CliError(f"demo: {exc}") from None
     previous = _exit_on_sigterm()
     try:
-        demo.run_demo(config)
+        report = demo.run_demo(config)
     except FileNotFoundError as exc:
         raise CliError(
             "no Redis or Valkey server binary found to start a private one: "
@@ -251,7 +251,11 @@ def _demo(args: argparse.Namespace) -> int:
     finally:
         if previous is not None:
             signal.signal(signal.SIGTERM, previous)
-    return 0
+    # The broken locks may fail as they like; redlease's own rows must not.
+    failed = [r for r in report.all() if r.errors and r.mode in demo.FENCED_MODES]
+    for result in failed:
+        print(f"redlease demo: {result.label}: {result.errors[0]}", file=sys.stderr)
+    return 1 if failed else 0
 
 
 def _exit_on_sigterm() -> Any:
