@@ -196,7 +196,7 @@ class Grant:
 class Acquisition:
     """One caller's attempt to take a lock, from first try to grant, timeout or give-up.
 
-    ``started`` tells the driver whether anything reached the server: if the attempt is
+    ``outstanding`` tells the driver whether anything reached the server: if the attempt is
     interrupted after that, the driver runs ``abandon()``, which leaves the queue and
     releases a lock that may have been granted meanwhile (nothing is left behind).
     """
@@ -206,7 +206,7 @@ class Acquisition:
         self.token = new_token()
         self.deadline = Deadline.after(spec.clock, timeout)
         self.wait = wait
-        self.started = False
+        self.outstanding = False
 
     def run(self) -> Flow[Grant | None]:
         spec, clock = self.spec, self.spec.clock
@@ -216,7 +216,7 @@ class Acquisition:
             horizon = self.deadline.cap(max(spec.ttl, UNKNOWN_HOLDER_RECHECK)) if self.wait else 0
             queue_ms = math.ceil((horizon + QUEUE_ENTRY_SLACK) * 1000) if horizon > 0 else 0
             sent_at = clock()
-            self.started = True
+            self.outstanding = True
             reply, acked = spec.unpack(
                 (
                     yield spec.call(

@@ -160,7 +160,28 @@ _Async = TypeVar("_Async", bound="AsyncLeaseBlock")
 
 
 class SyncLeaseBlock(LeaseState):
-    """``with lease:`` releases it when the block ends; shared by every sync lease."""
+    """What every sync lease shares: ``extend`` (a lease supplies the flow and the driver
+    that runs it, ``_io``) and ``with lease:``, which releases it when the block ends."""
+
+    _io: Any
+
+    def _extend_flow(self, ttl_ms: int) -> Any:
+        raise NotImplementedError
+
+    def extend(self, ttl: float | None = None) -> None:
+        """Make the lease last ``ttl`` seconds from now (default: the lock's ttl).
+
+        Raises LockLost if it is no longer ours (a Redlock's: if a majority says so; if
+        too few nodes answer to tell, QuorumError, and the lease keeps its validity).
+        """
+        ttl_ms = self._extend_ttl_ms(ttl)
+        self.check()
+        try:
+            until = self._io.run(self._extend_flow(ttl_ms), "extend")
+        except LockLost as exc:
+            self._mark_lost(str(exc))
+            raise
+        self._renewed(until)
 
     def release(self) -> None:
         raise NotImplementedError
@@ -181,7 +202,35 @@ class SyncLeaseBlock(LeaseState):
 
 
 class AsyncLeaseBlock(LeaseState):
-    """``async with lease:`` releases it when the block ends; shared by every async lease."""
+    """What every asyncio lease shares: ``extend`` (as for ``SyncLeaseBlock``), ``async
+    with lease:``, and the task to cancel when the lease is lost (``cancel_on_lost``)."""
+
+    _io: Any
+    _holder: asyncio.Task[Any] | None = None  # set by the lock when cancel_on_lost
+
+    def _mark_lost(self, reason: str) -> bool:
+        marked = super()._mark_lost(reason)
+        if marked and self._holder is not None:
+            _cancel_holder(self._holder, f"lease on {self.name!r} was lost: {reason}")
+        return marked
+
+    def _extend_flow(self, ttl_ms: int) -> Any:
+        raise NotImplementedError
+
+    async def extend(self, ttl: float | None = None) -> None:
+        """Make the lease last ``ttl`` seconds from now (default: the lock's ttl).
+
+        Raises LockLost if it is no longer ours (a Redlock's: if a majority says so; if
+        too few nodes answer to tell, QuorumError, and the lease keeps its validity).
+        """
+        ttl_ms = self._extend_ttl_ms(ttl)
+        self.check()
+        try:
+            until = await self._io.run(self._extend_flow(ttl_ms), "extend")
+        except LockLost as exc:
+            self._mark_lost(str(exc))
+            raise
+        self._renewed(until)
 
     async def release(self) -> None:
         raise NotImplementedError
@@ -214,19 +263,8 @@ class Lease(SyncLeaseBlock):
         super().__init__(spec, grant, on_lost)
         self._io = io
 
-    def extend(self, ttl: float | None = None) -> None:
-        """Make the lease last ``ttl`` seconds from now (default: the lock's ttl).
-
-        Raises LockLost if it is no longer ours.
-        """
-        ttl_ms = self._extend_ttl_ms(ttl)
-        self.check()
-        try:
-            until = self._io.run(_flows.extend(self._spec, self._token, ttl_ms), "extend")
-        except LockLost as exc:
-            self._mark_lost(str(exc))
-            raise
-        self._renewed(until)
+    def _extend_flow(self, ttl_ms: int) -> Any:
+        return _flows.extend(self._spec, self._token, ttl_ms)
 
     def release(self) -> None:
         """Give the lock back (and hand it to the next waiter). Releasing twice is a no-op.
@@ -255,28 +293,9 @@ class AsyncLease(AsyncLeaseBlock):
     ) -> None:
         super().__init__(spec, grant, on_lost)
         self._io = io
-        # The task to cancel when the lease is lost (AsyncLock's cancel_on_lost).
-        self._holder: asyncio.Task[Any] | None = None
 
-    def _mark_lost(self, reason: str) -> bool:
-        marked = super()._mark_lost(reason)
-        if marked and self._holder is not None:
-            _cancel_holder(self._holder, f"lease on {self.name!r} was lost: {reason}")
-        return marked
-
-    async def extend(self, ttl: float | None = None) -> None:
-        """Make the lease last ``ttl`` seconds from now (default: the lock's ttl).
-
-        Raises LockLost if it is no longer ours.
-        """
-        ttl_ms = self._extend_ttl_ms(ttl)
-        self.check()
-        try:
-            until = await self._io.run(_flows.extend(self._spec, self._token, ttl_ms), "extend")
-        except LockLost as exc:
-            self._mark_lost(str(exc))
-            raise
-        self._renewed(until)
+    def _extend_flow(self, ttl_ms: int) -> Any:
+        return _flows.extend(self._spec, self._token, ttl_ms)
 
     async def release(self) -> None:
         """Give the lock back (and hand it to the next waiter). Releasing twice is a no-op.

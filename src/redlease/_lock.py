@@ -17,12 +17,12 @@ from collections.abc import Callable
 from contextvars import ContextVar
 from datetime import timedelta
 from types import TracebackType
-from typing import Any
+from typing import Any, Generic, TypeVar
 
 from . import _arguments as args
 from . import _renewal
 from ._errors import AcquireTimeout, InvalidArgument
-from ._flows import Acquisition, Grant, LockSpec
+from ._flows import Acquisition, LockSpec
 from ._io_async import AsyncIO
 from ._io_sync import SyncIO
 from ._lease import AsyncLease, Lease, LeaseState, _shielded
@@ -48,6 +48,148 @@ def _pop(lock: object) -> LeaseState:
             _entered.set(stack[:i] + stack[i + 1 :])
             return stack[i][1]
     raise RuntimeError("exiting a lock's `with` block that did not enter it")
+
+
+LeaseT = TypeVar("LeaseT", bound=LeaseState)
+
+
+class _Front(Generic[LeaseT]):
+    """What a front needs from the lock it serves (set by the lock's own classes)."""
+
+    _io: Any
+    _attempt_class: Any
+    _lease_class: type[LeaseT]
+    _spec: Any
+    _auto_renew: bool
+    _on_lost: OnLost | None
+    _max_hold: float | None
+
+    @property
+    def name(self) -> str:  # the lock's own config class says
+        raise NotImplementedError
+
+
+class _SyncFront(_Front[LeaseT]):
+    """``acquire``, ``try_acquire`` and ``with``, once for ``Lock`` and ``Redlock``. A
+    subclass sets its driver (``_io``: runs flows, checks its servers once), the attempt
+    it makes (``_attempt_class``: ``run()``, ``abandon()``, ``outstanding``) and the
+    lease it hands out (``_lease_class``)."""
+
+    def acquire(self, timeout: Seconds | None = None) -> LeaseT:
+        """Wait until the lock is ours and return the lease.
+
+        ``timeout`` bounds the wait in seconds (None: no bound; 0: a single try).
+        Raises AcquireTimeout if the lock stayed busy (a Redlock: QuorumError if too few
+        nodes answered).
+        """
+        lease = self._acquire(args.timeout(timeout), wait=True)
+        if lease is None:
+            raise AcquireTimeout(f"lock {self.name!r} still busy after {timeout}s")
+        return lease
+
+    def try_acquire(self) -> LeaseT | None:
+        """Take the lock if it is free right now; never waits. None if it is busy."""
+        return self._acquire(0.0, wait=False)
+
+    def _acquire(self, timeout: float | None, *, wait: bool) -> LeaseT | None:
+        self._io.check_server_once()
+        attempt = self._attempt_class(self._spec, timeout, wait=wait)
+        try:
+            grant = self._io.run(attempt.run(), f"acquire {self.name!r}")
+        except BaseException:
+            if attempt.outstanding:
+                # The original error matters more; an orphaned key expires with its ttl.
+                with contextlib.suppress(Exception):
+                    self._io.run(attempt.abandon(), f"clean up {self.name!r}")
+            raise
+        if grant is None:
+            return None
+        lease = self._lease_class(self._spec, grant, self._io, self._on_lost)  # type: ignore[call-arg]
+        if self._auto_renew:
+            _renewal.watch(lease, self._io, self._max_hold)
+        return lease
+
+    def __enter__(self) -> LeaseT:
+        lease = self.acquire()
+        _push(self, lease)
+        return lease
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        lease = _pop(self)
+        assert isinstance(lease, self._lease_class)
+        lease.__exit__(exc_type, exc, tb)  # type: ignore[attr-defined]
+
+
+class _AsyncFront(_Front[LeaseT]):
+    """The asyncio twin of ``_SyncFront``, once for ``AsyncLock`` and ``AsyncRedlock``;
+    also ``cancel_on_lost``."""
+
+    _cancel_on_lost: bool
+
+    async def acquire(self, timeout: Seconds | None = None) -> LeaseT:
+        """Wait until the lock is ours and return the lease.
+
+        ``timeout`` bounds the wait in seconds (None: no bound; 0: a single try).
+        Raises AcquireTimeout if the lock stayed busy (a Redlock: QuorumError if too few
+        nodes answered). Cancelling the caller at any point leaves no lock behind: a
+        lock granted meanwhile is released.
+        """
+        lease = await self._acquire(args.timeout(timeout), wait=True)
+        if lease is None:
+            raise AcquireTimeout(f"lock {self.name!r} still busy after {timeout}s")
+        return lease
+
+    async def try_acquire(self) -> LeaseT | None:
+        """Take the lock if it is free right now; never waits. None if it is busy."""
+        return await self._acquire(0.0, wait=False)
+
+    async def _acquire(self, timeout: float | None, *, wait: bool) -> LeaseT | None:
+        await self._io.check_server_once()
+        attempt = self._attempt_class(self._spec, timeout, wait=wait)
+        try:
+            grant = await self._io.run(attempt.run(), f"acquire {self.name!r}")
+        except BaseException:
+            if attempt.outstanding:
+                await self._abandon(attempt)
+            raise
+        if grant is None:
+            return None
+        lease = self._lease_class(self._spec, grant, self._io, self._on_lost)  # type: ignore[call-arg]
+        if self._cancel_on_lost:
+            lease._holder = asyncio.current_task()  # type: ignore[attr-defined]
+        if self._auto_renew:
+            _renewal.watch_async(lease, self._io, self._max_hold)
+        elif self._cancel_on_lost:
+            _renewal.watch_async(lease, self._io, 0.0)  # watch its validity, never renew
+        return lease
+
+    async def _abandon(self, attempt: Any) -> None:
+        try:
+            await _shielded(self._io.run(attempt.abandon(), f"clean up {self.name!r}"))
+        except Exception:
+            pass  # the original error matters more; an orphaned key expires with its ttl
+        except asyncio.CancelledError:
+            pass  # cancelled again while cleaning up; the clean-up itself ran to its end
+
+    async def __aenter__(self) -> LeaseT:
+        lease = await self.acquire()
+        _push(self, lease)
+        return lease
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        lease = _pop(self)
+        assert isinstance(lease, self._lease_class)
+        await lease.__aexit__(exc_type, exc, tb)  # type: ignore[attr-defined]
 
 
 def _is_async_client(client: object) -> bool:
@@ -109,7 +251,7 @@ class _LockConfig:
         return f"<{type(self).__name__} {self.name!r} ttl={self.ttl}s>"
 
 
-class Lock(_LockConfig):
+class Lock(_LockConfig, _SyncFront[Lease]):
     """A distributed lock on one Redis/Valkey deployment (sync).
 
     ``ttl`` is the lease length; ``fair`` serves waiters in arrival order (no barging);
@@ -128,6 +270,9 @@ class Lock(_LockConfig):
     so a hung holder cannot keep the lock forever. A lease that is never released keeps
     being renewed (until ``max_hold``).
     """
+
+    _attempt_class = Acquisition
+    _lease_class = Lease
 
     def __init__(
         self,
@@ -164,60 +309,8 @@ class Lock(_LockConfig):
                 "must run on the connection that made the write"
             )
 
-    def acquire(self, timeout: Seconds | None = None) -> Lease:
-        """Wait until the lock is ours and return the lease.
 
-        ``timeout`` bounds the wait in seconds (None: no bound; 0: a single try).
-        Raises AcquireTimeout if the lock stayed busy.
-        """
-        lease = self._acquire(args.timeout(timeout), wait=True)
-        if lease is None:
-            raise AcquireTimeout(f"lock {self.name!r} still busy after {timeout}s")
-        return lease
-
-    def try_acquire(self) -> Lease | None:
-        """Take the lock if it is free right now; never waits. None if it is busy."""
-        return self._acquire(0.0, wait=False)
-
-    def _acquire(self, timeout: float | None, *, wait: bool) -> Lease | None:
-        self._io.check_server_once()
-        attempt = Acquisition(self._spec, timeout, wait=wait)
-        try:
-            grant = self._io.run(attempt.run(), f"acquire {self.name!r}")
-        except BaseException:
-            if attempt.started:
-                self._abandon(attempt)
-            raise
-        return None if grant is None else self._lease(grant)
-
-    def _abandon(self, attempt: Acquisition) -> None:
-        # The original error matters more; an orphaned key expires with its ttl.
-        with contextlib.suppress(Exception):
-            self._io.run(attempt.abandon(), f"clean up {self.name!r}")
-
-    def _lease(self, grant: Grant) -> Lease:
-        lease = Lease(self._spec, grant, self._io, self._on_lost)
-        if self._auto_renew:
-            _renewal.watch(lease, self._io, self._max_hold)
-        return lease
-
-    def __enter__(self) -> Lease:
-        lease = self.acquire()
-        _push(self, lease)
-        return lease
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        lease = _pop(self)
-        assert isinstance(lease, Lease)
-        lease.__exit__(exc_type, exc, tb)
-
-
-class AsyncLock(_LockConfig):
+class AsyncLock(_LockConfig, _AsyncFront[AsyncLease]):
     """A distributed lock on one Redis/Valkey deployment (asyncio twin of ``Lock``).
 
     With ``auto_renew`` the running event loop's one renewer task keeps leases alive
@@ -226,6 +319,9 @@ class AsyncLock(_LockConfig):
     that found out, through ``extend``, ``release`` or ``lost``), so protected work stops
     at its next ``await``; without ``auto_renew`` it still fires when validity runs out.
     """
+
+    _attempt_class = Acquisition
+    _lease_class = AsyncLease
 
     def __init__(
         self,
@@ -263,63 +359,3 @@ class AsyncLock(_LockConfig):
                 "must run on the connection that made the write"
             )
         self._cancel_on_lost = args.flag(cancel_on_lost, "cancel_on_lost")
-
-    async def acquire(self, timeout: Seconds | None = None) -> AsyncLease:
-        """Wait until the lock is ours and return the lease.
-
-        ``timeout`` bounds the wait in seconds (None: no bound; 0: a single try).
-        Raises AcquireTimeout if the lock stayed busy. Cancelling the caller at any
-        point leaves no lock behind: a lock granted meanwhile is released.
-        """
-        lease = await self._acquire(args.timeout(timeout), wait=True)
-        if lease is None:
-            raise AcquireTimeout(f"lock {self.name!r} still busy after {timeout}s")
-        return lease
-
-    async def try_acquire(self) -> AsyncLease | None:
-        """Take the lock if it is free right now; never waits. None if it is busy."""
-        return await self._acquire(0.0, wait=False)
-
-    async def _acquire(self, timeout: float | None, *, wait: bool) -> AsyncLease | None:
-        await self._io.check_server_once()
-        attempt = Acquisition(self._spec, timeout, wait=wait)
-        try:
-            grant = await self._io.run(attempt.run(), f"acquire {self.name!r}")
-        except BaseException:
-            if attempt.started:
-                await self._abandon(attempt)
-            raise
-        return None if grant is None else self._lease(grant)
-
-    async def _abandon(self, attempt: Acquisition) -> None:
-        try:
-            await _shielded(self._io.run(attempt.abandon(), f"clean up {self.name!r}"))
-        except Exception:
-            pass  # the original error matters more; an orphaned key expires with its ttl
-        except asyncio.CancelledError:
-            pass  # cancelled again while cleaning up; the clean-up itself ran to its end
-
-    def _lease(self, grant: Grant) -> AsyncLease:
-        lease = AsyncLease(self._spec, grant, self._io, self._on_lost)
-        if self._cancel_on_lost:
-            lease._holder = asyncio.current_task()
-        if self._auto_renew:
-            _renewal.watch_async(lease, self._io, self._max_hold)
-        elif self._cancel_on_lost:
-            _renewal.watch_async(lease, self._io, 0.0)  # watch its validity, never renew
-        return lease
-
-    async def __aenter__(self) -> AsyncLease:
-        lease = await self.acquire()
-        _push(self, lease)
-        return lease
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        lease = _pop(self)
-        assert isinstance(lease, AsyncLease)
-        await lease.__aexit__(exc_type, exc, tb)

@@ -27,20 +27,17 @@ holder's majority keeps at least one node with its data (see ``_quorum``).
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import dataclasses
 import time
 import warnings
 from collections.abc import Callable, Sequence
 from datetime import timedelta
-from types import TracebackType
 from typing import Any, TypeVar
 
 from . import _arguments as args
-from . import _flows, _quorum, _renewal
+from . import _flows, _quorum
 from ._backend_errors import BACKEND_FAILURES, backend_error, describe
 from ._errors import (
-    AcquireTimeout,
     BackendError,
     InvalidArgument,
     LockLost,
@@ -55,10 +52,9 @@ from ._lease import (
     RELEASED,
     AsyncLeaseBlock,
     SyncLeaseBlock,
-    _cancel_holder,
     _shielded,
 )
-from ._lock import _is_async_client, _pop, _push
+from ._lock import _AsyncFront, _is_async_client, _SyncFront
 from ._quorum import SAFE, QuorumAcquisition, QuorumFlow, QuorumGrant, QuorumSpec, Sleep
 from ._quorum import Unsafe as _Unsafe
 from ._timing import Clock
@@ -213,7 +209,7 @@ class _SyncNodes:
             for call in calls
         ]
 
-    def check_servers_once(self) -> None:
+    def check_server_once(self) -> None:
         """Warn (once per server) if a node may evict lock keys; never fails."""
         if self._checked:
             return
@@ -292,7 +288,7 @@ class _AsyncNodes:
             for k in range(len(calls))
         ]
 
-    async def check_servers_once(self) -> None:
+    async def check_server_once(self) -> None:
         """Warn (once per server) if a node may evict lock keys; never fails."""
         if self._checked:
             return
@@ -333,23 +329,11 @@ class RedlockLease(SyncLeaseBlock):
     ) -> None:
         super().__init__(spec.lock, grant, on_lost)
         self._quorum = spec
-        self._nodes = nodes
+        self._io = nodes
         self._believed = grant.nodes
 
-    def extend(self, ttl: float | None = None) -> None:
-        """Make the lease last ``ttl`` seconds from now (default: the lock's ttl).
-
-        Raises LockLost if a majority says it is no longer ours, QuorumError if too few
-        nodes answered to tell (the lease then keeps its current validity).
-        """
-        ttl_ms = self._extend_ttl_ms(ttl)
-        self.check()
-        try:
-            until = self._nodes.run(_quorum.extend(self._quorum, self._token, ttl_ms), "extend")
-        except LockLost as exc:
-            self._mark_lost(str(exc))
-            raise
-        self._renewed(until)
+    def _extend_flow(self, ttl_ms: int) -> Any:
+        return _quorum.extend(self._quorum, self._token, ttl_ms)
 
     def release(self) -> None:
         """Give the lock back on every node. Releasing twice is a no-op.
@@ -360,7 +344,7 @@ class RedlockLease(SyncLeaseBlock):
         if self._state == RELEASED:
             return
         try:
-            self._nodes.run(_quorum.release(self._quorum, self._token, self._believed), "release")
+            self._io.run(_quorum.release(self._quorum, self._token, self._believed), "release")
         except LockLost as exc:
             self._mark_lost(str(exc))
             raise
@@ -382,33 +366,11 @@ class AsyncRedlockLease(AsyncLeaseBlock):
     ) -> None:
         super().__init__(spec.lock, grant, on_lost)
         self._quorum = spec
-        self._nodes = nodes
+        self._io = nodes
         self._believed = grant.nodes
-        # The task to cancel when the lease is lost (AsyncRedlock's cancel_on_lost).
-        self._holder: asyncio.Task[Any] | None = None
 
-    def _mark_lost(self, reason: str) -> bool:
-        marked = super()._mark_lost(reason)
-        if marked and self._holder is not None:
-            _cancel_holder(self._holder, f"lease on {self.name!r} was lost: {reason}")
-        return marked
-
-    async def extend(self, ttl: float | None = None) -> None:
-        """Make the lease last ``ttl`` seconds from now (default: the lock's ttl).
-
-        Raises LockLost if a majority says it is no longer ours, QuorumError if too few
-        nodes answered to tell (the lease then keeps its current validity).
-        """
-        ttl_ms = self._extend_ttl_ms(ttl)
-        self.check()
-        try:
-            until = await self._nodes.run(
-                _quorum.extend(self._quorum, self._token, ttl_ms), "extend"
-            )
-        except LockLost as exc:
-            self._mark_lost(str(exc))
-            raise
-        self._renewed(until)
+    def _extend_flow(self, ttl_ms: int) -> Any:
+        return _quorum.extend(self._quorum, self._token, ttl_ms)
 
     async def release(self) -> None:
         """Give the lock back on every node. Releasing twice is a no-op.
@@ -421,7 +383,7 @@ class AsyncRedlockLease(AsyncLeaseBlock):
             return
         flow = _quorum.release(self._quorum, self._token, self._believed)
         try:
-            await _shielded(self._nodes.run(flow, "release"))
+            await _shielded(self._io.run(flow, "release"))
         except LockLost as exc:
             self._mark_lost(str(exc))
             raise
@@ -485,7 +447,7 @@ class _RedlockConfig:
         )
 
 
-class Redlock(_RedlockConfig):
+class Redlock(_RedlockConfig, _SyncFront[RedlockLease]):
     """A lock held on a majority of independent Redis/Valkey masters (sync).
 
     ``nodes`` are one sync client per independent server (standalone masters without
@@ -499,6 +461,9 @@ class Redlock(_RedlockConfig):
     A majority that cannot be reached raises ``QuorumError`` naming each failed node;
     plain contention is not an error.
     """
+
+    _attempt_class = QuorumAcquisition
+    _lease_class = RedlockLease
 
     def __init__(
         self,
@@ -527,68 +492,18 @@ class Redlock(_RedlockConfig):
             clock=clock,
             unsafe=_unsafe,
         )
-        self._nodes = _SyncNodes(clients, self._spec)
-
-    def acquire(self, timeout: Seconds | None = None) -> RedlockLease:
-        """Wait until a majority grants the lock and return the lease.
-
-        ``timeout`` bounds the wait in seconds (None: no bound; 0: a single try).
-        Raises AcquireTimeout if the lock stayed busy, QuorumError if too few nodes
-        answered.
-        """
-        lease = self._acquire(args.timeout(timeout), wait=True)
-        if lease is None:
-            raise AcquireTimeout(f"lock {self.name!r} still busy after {timeout}s")
-        return lease
-
-    def try_acquire(self) -> RedlockLease | None:
-        """Take the lock if a majority grants it right now; never waits. None if busy."""
-        return self._acquire(0.0, wait=False)
-
-    def _acquire(self, timeout: float | None, *, wait: bool) -> RedlockLease | None:
-        self._nodes.check_servers_once()
-        attempt = QuorumAcquisition(self._spec, timeout, wait=wait)
-        try:
-            grant = self._nodes.run(attempt.run(), f"acquire {self.name!r}")
-        except BaseException:
-            if attempt.outstanding:
-                self._abandon(attempt)
-            raise
-        return None if grant is None else self._lease(grant)
-
-    def _abandon(self, attempt: QuorumAcquisition) -> None:
-        # The original error matters more; an orphaned key expires with its ttl.
-        with contextlib.suppress(Exception):
-            self._nodes.run(attempt.abandon(), f"clean up {self.name!r}")
-
-    def _lease(self, grant: QuorumGrant) -> RedlockLease:
-        lease = RedlockLease(self._spec, grant, self._nodes, self._on_lost)
-        if self._auto_renew:
-            _renewal.watch(lease, self._nodes, self._max_hold)
-        return lease
-
-    def __enter__(self) -> RedlockLease:
-        lease = self.acquire()
-        _push(self, lease)
-        return lease
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        lease = _pop(self)
-        assert isinstance(lease, RedlockLease)
-        lease.__exit__(exc_type, exc, tb)
+        self._io = _SyncNodes(clients, self._spec)
 
 
-class AsyncRedlock(_RedlockConfig):
+class AsyncRedlock(_RedlockConfig, _AsyncFront[AsyncRedlockLease]):
     """A lock held on a majority of independent masters (asyncio twin of ``Redlock``).
 
     ``cancel_on_lost=True`` also cancels the task that acquired a lease when the lease
     is lost, as for ``AsyncLock``.
     """
+
+    _attempt_class = QuorumAcquisition
+    _lease_class = AsyncRedlockLease
 
     def __init__(
         self,
@@ -618,65 +533,5 @@ class AsyncRedlock(_RedlockConfig):
             clock=clock,
             unsafe=_unsafe,
         )
-        self._nodes = _AsyncNodes(clients, self._spec)
+        self._io = _AsyncNodes(clients, self._spec)
         self._cancel_on_lost = args.flag(cancel_on_lost, "cancel_on_lost")
-
-    async def acquire(self, timeout: Seconds | None = None) -> AsyncRedlockLease:
-        """Wait until a majority grants the lock and return the lease.
-
-        ``timeout`` bounds the wait in seconds (None: no bound; 0: a single try).
-        Raises AcquireTimeout if the lock stayed busy, QuorumError if too few nodes
-        answered. Cancelling the caller at any point leaves no lock behind.
-        """
-        lease = await self._acquire(args.timeout(timeout), wait=True)
-        if lease is None:
-            raise AcquireTimeout(f"lock {self.name!r} still busy after {timeout}s")
-        return lease
-
-    async def try_acquire(self) -> AsyncRedlockLease | None:
-        """Take the lock if a majority grants it right now; never waits. None if busy."""
-        return await self._acquire(0.0, wait=False)
-
-    async def _acquire(self, timeout: float | None, *, wait: bool) -> AsyncRedlockLease | None:
-        await self._nodes.check_servers_once()
-        attempt = QuorumAcquisition(self._spec, timeout, wait=wait)
-        try:
-            grant = await self._nodes.run(attempt.run(), f"acquire {self.name!r}")
-        except BaseException:
-            if attempt.outstanding:
-                await self._abandon(attempt)
-            raise
-        return None if grant is None else self._lease(grant)
-
-    async def _abandon(self, attempt: QuorumAcquisition) -> None:
-        try:
-            await _shielded(self._nodes.run(attempt.abandon(), f"clean up {self.name!r}"))
-        except Exception:
-            pass  # the original error matters more; an orphaned key expires with its ttl
-        except asyncio.CancelledError:
-            pass  # cancelled again while cleaning up; the clean-up itself ran to its end
-
-    def _lease(self, grant: QuorumGrant) -> AsyncRedlockLease:
-        lease = AsyncRedlockLease(self._spec, grant, self._nodes, self._on_lost)
-        if self._cancel_on_lost:
-            lease._holder = asyncio.current_task()
-        if self._auto_renew:
-            _renewal.watch_async(lease, self._nodes, self._max_hold)
-        elif self._cancel_on_lost:
-            _renewal.watch_async(lease, self._nodes, 0.0)  # watch its validity, never renew
-        return lease
-
-    async def __aenter__(self) -> AsyncRedlockLease:
-        lease = await self.acquire()
-        _push(self, lease)
-        return lease
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        lease = _pop(self)
-        assert isinstance(lease, AsyncRedlockLease)
-        await lease.__aexit__(exc_type, exc, tb)
