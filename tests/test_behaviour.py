@@ -222,16 +222,34 @@ def test_either_reply_parser_and_a_server_timeout(server: Any, name: str, parser
     pool = redis.ConnectionPool(port=server.port, **options)
     client = redis.Redis(connection_pool=pool)
     try:
-        lock = redlease.Lock(client, name, ttl=1.0)
-        with lock as lease:
-            assert lease.fence > 0
-        server.pause()
-        try:
-            with pytest.raises(redlease.BackendError, match="did not answer in time"):
-                lock.acquire(timeout=0)
-        finally:
-            server.resume()
-        lock.acquire(timeout=5).release()
+        _times_out_while_paused(redlease.Lock(client, name, ttl=1.0), server)
     finally:
         client.close()
         pool.disconnect()  # a pool passed in is not closed by the client
+
+
+def test_a_server_that_stops_answering_times_out_and_leaves_no_stray_reply(
+    twin: Any, server: Any, name: str
+) -> None:
+    """A reply that comes too late must never be read as a later command's: the
+    connection it was due on is dropped (redis-py's asyncio read with a timeout would
+    return None and keep it)."""
+    _times_out_while_paused(twin.lock(name, ttl=1.0), server)
+
+
+def _times_out_while_paused(lock: Any, server: Any) -> None:
+    """A paused server is a BackendError, not a hang; once it answers again (the
+    stalled commands too), each lease gets its own replies."""
+    with lock as lease:  # a connection is open and idle
+        assert lease.fence > 0
+    server.pause()
+    try:
+        with pytest.raises(redlease.BackendError, match="did not answer in time"):
+            lock.acquire(timeout=0)
+    finally:
+        server.resume()
+    for _ in range(3):
+        lease = lock.acquire(timeout=5)
+        assert lease.fence > 0
+        lease.release()
+        assert lease.released

@@ -6,6 +6,9 @@ Hot path. For a plain ``redis.asyncio.Redis`` the driver keeps a few connections
 own (made with the client's connection class and settings) and writes a command straight
 into the connection's stream, then awaits the reply: the reply's arrival already proves
 the bytes left, so waiting for the write buffer to drain first only adds a loop turn.
+Replies are read under the driver's own deadline: redis-py's ``read_response(timeout=)``
+answers a timeout with None and leaves the late reply on the connection, where the next
+command would read it as its own.
 """
 
 from __future__ import annotations
@@ -13,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import sys
 import warnings
 import weakref
 from collections.abc import Sequence
@@ -20,11 +24,17 @@ from typing import Any, TypeVar
 
 import redis.asyncio as aredis
 from redis import exceptions as rx
+from redis._parsers import hiredis as _hiredis_parser
 
 from . import _flows, _resp
 from ._backend_errors import BACKEND_FAILURES, backend_error
 from ._errors import RedleaseWarning
 from ._flows import Call, Command, Flow, Op, Replicas, Wait
+
+if sys.version_info >= (3, 11, 3):  # earlier 3.11 releases mishandle nested cancellation
+    from asyncio import timeout as _deadline  # type: ignore[attr-defined,unused-ignore]
+else:  # a dependency of redis-py on these versions
+    from async_timeout import timeout as _deadline
 
 T = TypeVar("T")
 
@@ -54,9 +64,11 @@ class _Connections:
         if self._idle:
             return self._idle.pop()
         try:
-            return await asyncio.wait_for(self._pool.get_connection(), timeout)
+            conn = await asyncio.wait_for(self._pool.get_connection(), timeout)
         except asyncio.TimeoutError as exc:
             raise rx.TimeoutError(f"no connection within {timeout:.3f}s") from exc
+        conn._redlease_lean = _lean(conn)
+        return conn
 
     async def give(self, conn: Any) -> None:
         if len(self._idle) < MAX_IDLE_CONNECTIONS and self._pid == os.getpid():
@@ -73,6 +85,43 @@ class _Connections:
             await self._pool.release(conn)
 
 
+_NOT_ENOUGH = getattr(_hiredis_parser, "NOT_ENOUGH_DATA", False)
+_HIREDIS_PARSER: Any = getattr(_hiredis_parser, "_AsyncHiredisParser", None)
+
+
+def _lean(conn: Any) -> bool:
+    """Whether replies on ``conn`` can be taken straight from its hiredis reader: RESP2
+    only (RESP3 may interleave push messages, which redis-py's own path handles)."""
+    return (
+        _HIREDIS_PARSER is not None
+        and type(getattr(conn, "_parser", None)) is _HIREDIS_PARSER
+        and str(getattr(conn, "protocol", 2)) == "2"
+    )
+
+
+async def _read(conn: Any, timeout: float) -> Any:
+    """The next reply on ``conn``; rx.TimeoutError if none came within ``timeout`` (the
+    connection is then in an unknown state: the caller drops it)."""
+    try:
+        async with _deadline(timeout):
+            if not conn._redlease_lean:
+                return await conn.read_response()  # bounded by us, not by its timeout=
+            parser = conn._parser  # the reader and stream of the current connect
+            reader, stream = parser._reader, parser._stream
+            reply = reader.gets()
+            while reply is _NOT_ENOUGH:
+                data = await stream.read(65536)
+                if not data:
+                    raise rx.ConnectionError("connection closed by server")
+                reader.feed(data)
+                reply = reader.gets()
+    except asyncio.TimeoutError:
+        raise rx.TimeoutError(f"no reply within {timeout:.3f}s") from None
+    if isinstance(reply, (rx.ResponseError, rx.ConnectionError)):
+        raise reply
+    return reply
+
+
 async def _send(conn: Any, packed: bytes) -> None:
     if not conn.is_connected:
         await conn.connect()
@@ -86,7 +135,7 @@ async def _send(conn: Any, packed: bytes) -> None:
 async def _replicas_acked(conn: Any, replicas: Replicas, timeout: float) -> int:
     """WAIT on the connection that made the write: how many replicas have it."""
     await _send(conn, _resp.command(("WAIT", str(replicas.count), str(replicas.timeout_ms))))
-    return int(await conn.read_response(timeout=replicas.timeout_ms / 1000.0 + timeout))
+    return int(await _read(conn, replicas.timeout_ms / 1000.0 + timeout))
 
 
 class AsyncIO:
@@ -174,7 +223,7 @@ class AsyncIO:
             await _send(conn, b"".join(map(_resp.evalsha, ops)))
             for op in ops:
                 try:
-                    results.append(await conn.read_response(timeout=op.timeout))
+                    results.append(await _read(conn, op.timeout))
                 except rx.NoScriptError:
                     results.append(None)  # filled in below, once the pipeline is drained
                 except rx.ResponseError as exc:
@@ -186,12 +235,12 @@ class AsyncIO:
                 scripts = {ops[i].script.sha: ops[i].script for i in missing}
                 for script in scripts.values():
                     await _send(conn, _resp.command(("SCRIPT", "LOAD", script.source)))
-                    await conn.read_response(timeout=ops[0].timeout)
+                    await _read(conn, ops[0].timeout)
                 await _send(conn, b"".join(_resp.evalsha(ops[i]) for i in missing))
                 for i in missing:
                     op = ops[i]
                     try:
-                        results[i] = await conn.read_response(timeout=op.timeout)
+                        results[i] = await _read(conn, op.timeout)
                     except rx.ResponseError as exc:
                         results[i] = backend_error(exc, op.script.name)
         except BACKEND_FAILURES as exc:
@@ -217,10 +266,10 @@ class AsyncIO:
         try:
             await _send(conn, _resp.evalsha(op))
             try:
-                reply = await conn.read_response(timeout=op.timeout)
+                reply = await _read(conn, op.timeout)
             except rx.NoScriptError:
                 await _send(conn, _resp.eval_source(op))
-                reply = await conn.read_response(timeout=op.timeout)
+                reply = await _read(conn, op.timeout)
             if op.replicas is not None:
                 reply = (reply, await _replicas_acked(conn, op.replicas, op.timeout))
         except rx.ResponseError:
@@ -238,7 +287,7 @@ class AsyncIO:
         conn = await self._direct.take(op.timeout)
         try:
             await _send(conn, _resp.command(op.args))
-            reply = await conn.read_response(timeout=op.timeout)
+            reply = await _read(conn, op.timeout)
         except rx.ResponseError:
             await self._direct.give(conn)
             raise
@@ -258,7 +307,7 @@ class AsyncIO:
         conn = await self._direct.take(op.read_timeout - op.timeout)
         try:
             await _send(conn, _resp.command(("BLPOP", op.key, f"{op.timeout:.3f}")))
-            reply = await conn.read_response(timeout=op.read_timeout)
+            reply = await _read(conn, op.read_timeout)
             rung = None if reply is None else reply[1]
             if op.replicas is not None:
                 acked = 0 if rung is None else await _replicas_acked(conn, op.replicas, op.timeout)

@@ -23,8 +23,7 @@ import sys
 import time
 import warnings
 import weakref
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
 
 import redis
@@ -34,9 +33,10 @@ from redis.backoff import NoBackoff
 from redis.retry import Retry
 
 from . import _flows, _resp
-from ._backend_errors import BACKEND_FAILURES, backend_error
+from ._backend_errors import BACKEND_FAILURES, backend_error, describe
 from ._errors import RedleaseWarning
 from ._flows import Call, Command, Flow, Op, Replicas, Wait
+from ._quorum import Unsent
 
 T = TypeVar("T")
 
@@ -53,6 +53,14 @@ def _close_idle(idle: list[tuple[Any, float]]) -> None:
         conn, _ = idle.pop()
         with contextlib.suppress(Exception):
             conn.disconnect()
+
+
+def _command_bytes(op: Any) -> bytes:
+    return _resp.command(op.args)
+
+
+_COMMAND, _EVALSHA, _EVAL = 0, 1, 2
+_PACKERS: tuple[Callable[[Any], bytes], ...] = (_command_bytes, _resp.evalsha, _resp.eval_source)
 
 
 class _Connections:
@@ -84,16 +92,14 @@ class _Connections:
                 self._kwargs["maint_notifications_config"] = None
         self._idle: list[tuple[Any, float]] = []
         self._loaded: set[str] = set()  # scripts this server was sent in full
-        self._pid = os.getpid()
+        _ALL_CONNECTIONS.add(self)
         # Close what is idle when this goes away, or at interpreter exit at the latest.
         weakref.finalize(self, _close_idle, self._idle)
 
     def take(self, timeout: float) -> Any:
-        if self._pid != os.getpid():
-            self._idle.clear()  # the parent's sockets: never used here
-            self._pid = os.getpid()
-        while self._idle:
-            conn, since = self._idle.pop()
+        idle = self._idle
+        while idle:
+            conn, since = idle.pop()
             # A connection idle for a while may have been closed by the server (restart,
             # idle timeout): one poll tells, before a command is lost on it.
             if time.monotonic() - since < STALE_AFTER:
@@ -114,18 +120,28 @@ class _Connections:
         _Lean.attach(conn)
         return conn
 
-    def script(self, op: Call) -> bytes:
-        """``op`` as EVALSHA, or as EVAL with the source the first time this server is
-        sent the script: no NOSCRIPT round trip, which in a Redlock fan-out would eat
-        the other nodes' time. (A server that lost its scripts answers NOSCRIPT later,
-        and the caller falls back to EVAL then.)"""
-        if op.script.sha in self._loaded:
-            return _resp.evalsha(op)
-        self._loaded.add(op.script.sha)
-        return _resp.eval_source(op)
+    def wire(self, op: Call | Command, packed: dict[int, bytes] | None = None) -> bytes:
+        """``op`` as bytes for this server. A script goes as EVALSHA, or as EVAL with its
+        source the first time this server is sent it: no NOSCRIPT round trip, which in
+        a Redlock fan-out would eat the other nodes' time. (A server that lost its
+        scripts answers NOSCRIPT later, and the caller falls back to EVAL then.)
+        ``packed`` keeps each form once packed, for the other servers of a fan-out."""
+        if isinstance(op, Command):
+            form = _COMMAND
+        elif op.script.sha in self._loaded:
+            form = _EVALSHA
+        else:
+            self._loaded.add(op.script.sha)
+            form = _EVAL
+        if packed is None:
+            return _PACKERS[form](op)
+        data = packed.get(form)
+        if data is None:
+            data = packed[form] = _PACKERS[form](op)
+        return data
 
     def give(self, conn: Any) -> None:
-        if len(self._idle) < MAX_IDLE_CONNECTIONS and self._pid == os.getpid():
+        if len(self._idle) < MAX_IDLE_CONNECTIONS:
             self._idle.append((conn, time.monotonic()))
         else:
             conn.disconnect()
@@ -135,14 +151,18 @@ class _Connections:
         conn.disconnect()
 
 
-@dataclass
-class Pending:
-    """An op written to a server whose reply has not been read yet."""
+_ALL_CONNECTIONS: weakref.WeakSet[_Connections] = weakref.WeakSet()
 
-    op: Call | Command
-    conn: Any  # None when the op already completed (clients without a direct path)
-    reply: Any
-    error: BaseException | None
+
+def _forget_parents_connections() -> None:
+    # A forked child must never use its parent's sockets: it starts with no idle ones.
+    # (Cleared, not closed: redis-py only shuts a socket down in the process that made it.)
+    for connections in list(_ALL_CONNECTIONS):
+        connections._idle.clear()
+
+
+if hasattr(os, "register_at_fork"):  # not on Windows
+    os.register_at_fork(after_in_child=_forget_parents_connections)
 
 
 _NOT_ENOUGH = getattr(_hiredis_parser, "NOT_ENOUGH_DATA", False)
@@ -241,6 +261,18 @@ def _read(conn: Any, timeout: float) -> Any:
     return conn.read_response()
 
 
+def _reply(conn: Any, op: Call | Command, timeout: float) -> Any:
+    """The reply to ``op``, just written on ``conn``; a script the server has lost is
+    sent again with its source."""
+    lean: _Lean | None = conn._redlease_lean
+    try:
+        return lean.read(timeout) if lean is not None else _read(conn, timeout)
+    except rx.NoScriptError:
+        assert isinstance(op, Call)
+        _send(conn, _resp.eval_source(op))
+        return _read(conn, timeout)
+
+
 def _replicas_acked(conn: Any, replicas: Replicas, timeout: float) -> int:
     """WAIT on the connection that made the write: how many replicas have it."""
     _send(conn, _resp.command(("WAIT", str(replicas.count), str(replicas.timeout_ms))))
@@ -320,11 +352,17 @@ class SyncIO:
         renewals). Each result is the reply, or the BackendError for that op."""
         direct = self._direct
         if direct is None:
-            return [self.receive(self.send(op), "batch") for op in ops]
+            replies: list[Any] = []
+            for op in ops:
+                try:
+                    replies.append(self.execute(op))
+                except BACKEND_FAILURES as exc:
+                    replies.append(backend_error(exc, "batch"))
+            return replies
         conn = direct.take(min(op.timeout for op in ops))
         results: list[Any] = []
         try:
-            _send(conn, b"".join(map(direct.script, ops)))
+            _send(conn, b"".join(map(direct.wire, ops)))
             for op in ops:
                 try:
                     results.append(_read(conn, op.timeout))
@@ -357,53 +395,6 @@ class SyncIO:
         direct.give(conn)
         return results
 
-    def send(self, op: Call | Command) -> Pending:
-        """First half of a split round trip: write ``op`` now, read its reply later with
-        ``receive`` (lets a caller write to several servers before waiting on any)."""
-        if self._direct is None:
-            try:
-                return Pending(op, None, self.execute(op), None)
-            except BACKEND_FAILURES as exc:
-                return Pending(op, None, None, exc)
-        conn = self._direct.take(op.timeout)
-        try:
-            if isinstance(op, Call):
-                _send(conn, self._direct.script(op))
-            else:
-                _send(conn, _resp.command(op.args))
-        except BACKEND_FAILURES as exc:
-            self._direct.discard(conn)
-            return Pending(op, None, None, exc)
-        return Pending(op, conn, None, None)
-
-    def receive(self, pending: Pending, action: str, timeout: float | None = None) -> Any:
-        """Second half: the reply to a ``send``; raises BackendError if there is none
-        within ``timeout`` (default: the op's own)."""
-        op, conn = pending.op, pending.conn
-        if pending.error is not None:
-            raise backend_error(pending.error, action)
-        if conn is None:
-            return pending.reply
-        wait = op.timeout if timeout is None else timeout
-        try:
-            try:
-                reply = _read(conn, wait)
-            except rx.NoScriptError:
-                assert isinstance(op, Call)
-                _send(conn, _resp.eval_source(op))
-                reply = _read(conn, wait)
-        except rx.ResponseError as exc:
-            self._direct.give(conn)  # type: ignore[union-attr]
-            raise backend_error(exc, action) from exc
-        except BACKEND_FAILURES as exc:
-            self._direct.discard(conn)  # type: ignore[union-attr]
-            raise backend_error(exc, action) from exc
-        except BaseException:
-            self._direct.discard(conn)  # type: ignore[union-attr]
-            raise
-        self._direct.give(conn)  # type: ignore[union-attr]
-        return reply
-
     # -- operations --------------------------------------------------------------------
 
     def _call(self, op: Call) -> Any:
@@ -415,12 +406,8 @@ class SyncIO:
                 return self.client.eval(op.script.source, n, *op.keys, *op.args)
         conn = self._direct.take(op.timeout)
         try:
-            _send(conn, self._direct.script(op))
-            try:
-                reply = _read(conn, op.timeout)
-            except rx.NoScriptError:
-                _send(conn, _resp.eval_source(op))
-                reply = _read(conn, op.timeout)
+            _send(conn, self._direct.wire(op))
+            reply = _reply(conn, op, op.timeout)
             if op.replicas is not None:
                 reply = (reply, _replicas_acked(conn, op.replicas, op.timeout))
         except rx.ResponseError:
@@ -468,3 +455,70 @@ class SyncIO:
             raise
         self._direct.give(conn)
         return rung
+
+
+# A read is never asked to wait 0 s: a reply already in the socket buffer is still taken.
+MIN_READ_WAIT = 0.001
+
+
+def fan_out(
+    ios: Sequence[SyncIO], op: Call | Command, nodes: Sequence[int], timeout: float, action: str
+) -> list[Any]:
+    """``op`` on each of ``nodes`` at once: written to every node's connection, then the
+    replies read in turn (no thread per node). Each reply is due ``timeout`` after its
+    own node's send began: a node that needs a new connection to a hung server (whose
+    handshake waits out the timeout) must not use up the others' time.
+
+    One result per node, in order: the reply, or the BackendError that stands for none
+    (an ``Unsent`` one when the command never left). A node that did not answer in time
+    loses its connection, so a late reply cannot be mistaken for a later command's."""
+    clock = time.monotonic
+    packed: dict[int, bytes] = {}  # the op's bytes, packed once for all nodes
+    results: list[Any] = [None] * len(nodes)
+    sent: list[tuple[int, Any, _Connections, float]] = []  # (result index, conn, owner, due)
+    for at, i in enumerate(nodes):
+        io = ios[i]
+        direct = io._direct
+        due = clock() + timeout
+        if direct is None:  # no direct path: the client's own call, one node at a time
+            try:
+                results[at] = io.execute(op)
+            except BACKEND_FAILURES as exc:
+                results[at] = backend_error(exc, action)
+            continue
+        try:
+            conn = direct.take(timeout)
+        except BACKEND_FAILURES as exc:
+            results[at] = _unsent(exc, action)
+            continue
+        try:
+            _send(conn, direct.wire(op, packed))
+        except BACKEND_FAILURES as exc:
+            direct.discard(conn)  # part of the command may have left
+            results[at] = backend_error(exc, action)
+            continue
+        sent.append((at, conn, direct, due))
+    for k, (at, conn, direct, due) in enumerate(sent):
+        wait = due - clock()
+        try:
+            results[at] = _reply(conn, op, wait if wait > MIN_READ_WAIT else MIN_READ_WAIT)
+        except rx.ResponseError as exc:
+            direct.give(conn)  # the reply was read in full: the connection is clean
+            results[at] = backend_error(exc, action)
+            continue
+        except BACKEND_FAILURES as exc:
+            direct.discard(conn)
+            results[at] = backend_error(exc, action)
+            continue
+        except BaseException:
+            for _, other, owner, _ in sent[k:]:
+                owner.discard(other)
+            raise
+        direct.give(conn)
+    return results
+
+
+def _unsent(exc: BaseException, action: str) -> Unsent:
+    error = Unsent(f"{action} failed: {describe(exc)} ({type(exc).__name__}: {exc})")
+    error.__cause__ = exc
+    return error

@@ -88,7 +88,7 @@ class Unsent(BackendError):
     cannot have applied it, so there is nothing to release there."""
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)  # built per cycle: see _flows.Call
 class Fanout:
     """Run ``call`` on each of ``nodes`` at once; each reply is worth ``timeout`` seconds
     from the first send. The driver answers with one result per node, in order: the
@@ -99,7 +99,7 @@ class Fanout:
     timeout: float
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)  # built per cycle: see _flows.Call
 class Sleep:
     seconds: float
 
@@ -107,7 +107,7 @@ class Sleep:
 QuorumFlow = Generator[Fanout | Sleep, Any, T]
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)  # built per cycle: see _flows.Call
 class QuorumGrant(Grant):
     """A Redlock grant: also the nodes that said yes (``release_believed_only`` uses it)."""
 
@@ -265,8 +265,8 @@ class QuorumAcquisition:
     def _fence(self, tally: Tally, sent_at: float) -> QuorumFlow[QuorumGrant | None]:
         spec, lock = self.spec, self.spec.lock
         top = max(tally.counters.values())
-        confirmed = sum(1 for c in tally.counters.values() if c == top)
-        behind = [node for node, c in sorted(tally.counters.items()) if c < top]
+        behind = sorted(node for node, c in tally.counters.items() if c < top)
+        confirmed = len(tally.counters) - len(behind)
         if behind:
             # Raise every yes-node that lags (not just enough of them): the more nodes
             # hold the token, the more of them may later lose their data safely.

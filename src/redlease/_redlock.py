@@ -35,8 +35,8 @@ from datetime import timedelta
 from typing import Any, TypeVar
 
 from . import _arguments as args
-from . import _flows, _quorum
-from ._backend_errors import BACKEND_FAILURES, backend_error, describe
+from . import _flows, _io_sync, _quorum
+from ._backend_errors import BACKEND_FAILURES, backend_error
 from ._errors import (
     BackendError,
     InvalidArgument,
@@ -65,8 +65,6 @@ T = TypeVar("T")
 Seconds = float | timedelta
 OnLost = Callable[[Any], object]
 
-# A read is never asked to wait 0 s: a reply already in the socket buffer is still taken.
-MIN_READ_WAIT = 0.001
 # The one-time eviction-policy check waits at least this long per node (it is only a
 # warning, but a node that is merely slow should not skip it).
 CHECK_WAIT = 0.05
@@ -136,12 +134,6 @@ def _check_nodes(nodes: object, *, want_async: bool) -> list[Any]:
     return clients
 
 
-def _unsent(exc: BaseException, action: str) -> _quorum.Unsent:
-    error = _quorum.Unsent(f"{action} failed: {describe(exc)} ({type(exc).__name__}: {exc})")
-    error.__cause__ = exc
-    return error
-
-
 def _failed(exc: BaseException, action: str) -> BaseException:
     return exc if isinstance(exc, BackendError) else backend_error(exc, action)
 
@@ -174,30 +166,7 @@ class _SyncNodes:
         self, op: Call | Command, nodes: Sequence[int], timeout: float, action: str
     ) -> list[Any]:
         """``op`` on each of ``nodes``: the replies, or the errors that stand for none."""
-        ios, clock = self.ios, time.monotonic
-        # Each node's reply is due ``timeout`` after its own send began: a node that
-        # needs a new connection to a hung server (its handshake waits out the timeout)
-        # must not use up the others' time.
-        pendings: list[Any] = []
-        ends: list[float] = []
-        for i in nodes:
-            started = clock()
-            ends.append(started + timeout)
-            try:
-                pendings.append(ios[i].send(op))
-            except BACKEND_FAILURES as exc:  # no connection: the command never left
-                pendings.append(_unsent(exc, action))
-        results: list[Any] = []
-        for i, pending, end in zip(nodes, pendings, ends, strict=True):
-            if isinstance(pending, BaseException):
-                results.append(_failed(pending, action))
-                continue
-            left = end - clock()
-            try:
-                results.append(ios[i].receive(pending, action, max(left, MIN_READ_WAIT)))
-            except BackendError as exc:
-                results.append(exc)
-        return results
+        return _io_sync.fan_out(self.ios, op, nodes, timeout, action)
 
     def execute_many(self, calls: Sequence[Call]) -> list[Any]:
         """The renewer's seam: each EXTEND on every node at once; per call 1 (a majority
