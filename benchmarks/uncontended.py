@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import inspect
 import os
 import random
@@ -168,6 +169,39 @@ def _floor_direct(bench: Bench, node: Node) -> Callable[[str], SyncCycle]:
                 raise RuntimeError("direct floor: key was taken")
             conn.send_command("EVALSHA", sha, "1", key, token)
             conn.read_response()
+
+        return cycle
+
+    return build
+
+
+def _redlock_direct(bench: Bench, nodes: Sequence[Node]) -> Callable[[str], SyncCycle]:
+    """A hand-written Redlock cycle at its plainest: SET NX PX written to every master's
+    connection, then the replies read; the release likewise. No fencing, no timeouts, no
+    validity check: what is left once the lock's own work is skipped."""
+
+    def build(key: str) -> SyncCycle:
+        conns: list[Any] = []
+        sha = ""
+        for node in nodes:
+            r = bench.sync_client(node)
+            sha = r.script_load(RELEASE_SCRIPT)
+            pool = r.connection_pool
+            conn = pool.get_connection()
+            bench._closers.append(functools.partial(pool.release, conn))
+            conns.append(conn)
+        px = str(int(TTL * 1000))
+
+        def cycle() -> None:
+            token = os.urandom(16).hex()
+            for conn in conns:
+                conn.send_command("SET", key, token, "NX", "PX", px)
+            if sum(conn.read_response() is not None for conn in conns) < len(conns):
+                raise RuntimeError("direct Redlock: key was taken")
+            for conn in conns:
+                conn.send_command("EVALSHA", sha, "1", key, token)
+            for conn in conns:
+                conn.read_response()
 
         return cycle
 
@@ -369,6 +403,13 @@ def build_entries(bench: Bench, *, single: bool, redlock: bool, masters: Sequenc
             SINGLE, "aioredlock-1", "(asyncio) aioredlock, 1 master", _aioredlock(bench, [one])
         )
     if redlock:
+        if len(bench.nodes) >= max(masters):
+            bench.add(
+                REDLOCK,
+                "rl-direct",
+                f"(reference) {max(masters)} masters, raw conns",
+                _redlock_direct(bench, bench.nodes[: max(masters)]),
+            )
         for n in masters:
             group = bench.nodes[:n]
             if len(group) < n:
