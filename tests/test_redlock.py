@@ -4,6 +4,7 @@ restarted empty, mutual exclusion across processes, validation; sync and asyncio
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import subprocess
@@ -569,6 +570,28 @@ async def test_async_cancelled_acquire_leaves_nothing(
         with pytest.raises(asyncio.CancelledError):
             await waiter
         await holder.release()
+        assert [await c.exists("{" + name + "}") for c in made] == [0, 0, 0]
+    finally:
+        for c in made:
+            await c.aclose()
+
+
+@pytest.mark.parametrize("turns", [1, 2, 3, 6])
+async def test_async_cancelled_release_still_releases_everywhere(
+    nodes: list[servers.ServerProcess], name: str, turns: int
+) -> None:
+    """Cancelled a few loop turns into its fan-out (some nodes sent, some answered), the
+    release still runs to its end on every node."""
+    made = [aredis.Redis(port=p.port) for p in nodes[:3]]
+    try:
+        lease = await redlease.AsyncRedlock(made, name, ttl=30.0).acquire()
+        release = asyncio.ensure_future(lease.release())
+        for _ in range(turns):
+            await asyncio.sleep(0)
+        release.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await release
+        assert lease.released
         assert [await c.exists("{" + name + "}") for c in made] == [0, 0, 0]
     finally:
         for c in made:

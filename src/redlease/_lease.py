@@ -12,13 +12,13 @@ import contextlib
 import logging
 import os
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from . import _arguments as args
 from . import _flows
-from ._errors import LockLost
+from ._errors import LockLost, QuorumError
 
 if TYPE_CHECKING:
     from ._io_async import AsyncIO
@@ -132,6 +132,20 @@ class LeaseState:
             self._state = RELEASED
         self._stop_watching()
 
+    @contextlib.contextmanager
+    def _releasing(self) -> Iterator[None]:
+        """Around a release: how it ends sets the state. LockLost: it was lost before;
+        QuorumError: released all the same (what is left expires with the ttl)."""
+        try:
+            yield
+        except LockLost as exc:
+            self._mark_lost(str(exc))
+            raise
+        except QuorumError:
+            self._mark_released()
+            raise
+        self._mark_released()
+
     def _stop_watching(self) -> None:
         unwatch, self._unwatch = self._unwatch, None
         if unwatch is not None:
@@ -183,8 +197,20 @@ class SyncLeaseBlock(LeaseState):
             raise
         self._renewed(until)
 
-    def release(self) -> None:
+    def _release_flow(self) -> Any:
         raise NotImplementedError
+
+    def release(self) -> None:
+        """Give the lock back (and hand it to the next waiter). Releasing twice is a no-op.
+
+        Raises LockLost if the lock had expired or been taken over before the release. A
+        Redlock's: QuorumError if too few nodes answered (the lease counts as released:
+        what is left expires with the ttl).
+        """
+        if self._state == RELEASED:
+            return
+        with self._releasing():
+            self._io.run(self._release_flow(), "release")
 
     def __enter__(self: _Sync) -> _Sync:
         return self
@@ -232,8 +258,28 @@ class AsyncLeaseBlock(LeaseState):
             raise
         self._renewed(until)
 
-    async def release(self) -> None:
+    def _release_flow(self) -> Any:
         raise NotImplementedError
+
+    async def release(self) -> None:
+        """Give the lock back (and hand it to the next waiter). Releasing twice is a no-op.
+
+        Raises LockLost or QuorumError as the sync ``release`` does. Cancelling the caller
+        does not cancel the release itself.
+        """
+        if self._state == RELEASED:
+            return
+        with self._releasing():
+            try:
+                await self._io.run(self._release_flow(), "release")
+            except asyncio.CancelledError:
+                # Cancelled mid-release: it may or may not have reached the server(s). Run
+                # it again to the end, shielded, then let the cancellation go on. "Not
+                # ours" now may mean the first one did land, so it is not reported.
+                with contextlib.suppress(LockLost, QuorumError):
+                    await _shielded(self._io.run(self._release_flow(), "release"))
+                self._mark_released()
+                raise
 
     async def __aenter__(self: _Async) -> _Async:
         return self
@@ -266,19 +312,8 @@ class Lease(SyncLeaseBlock):
     def _extend_flow(self, ttl_ms: int) -> Any:
         return _flows.extend(self._spec, self._token, ttl_ms)
 
-    def release(self) -> None:
-        """Give the lock back (and hand it to the next waiter). Releasing twice is a no-op.
-
-        Raises LockLost if the lock had expired or been taken over before the release.
-        """
-        if self._state == RELEASED:
-            return
-        try:
-            self._io.run(_flows.release(self._spec, self._token), "release")
-        except LockLost as exc:
-            self._mark_lost(str(exc))
-            raise
-        self._mark_released()
+    def _release_flow(self) -> Any:
+        return _flows.release(self._spec, self._token)
 
 
 class AsyncLease(AsyncLeaseBlock):
@@ -297,31 +332,8 @@ class AsyncLease(AsyncLeaseBlock):
     def _extend_flow(self, ttl_ms: int) -> Any:
         return _flows.extend(self._spec, self._token, ttl_ms)
 
-    async def release(self) -> None:
-        """Give the lock back (and hand it to the next waiter). Releasing twice is a no-op.
-
-        Raises LockLost if the lock had expired or been taken over before the release.
-        Cancelling the caller does not cancel the release itself.
-        """
-        if self._state == RELEASED:
-            return
-        try:
-            try:
-                await self._io.run(_flows.release(self._spec, self._token), "release")
-            except asyncio.CancelledError:
-                # Cancelled mid-release: it may or may not have reached the server. Run it
-                # to the end, shielded, then let the cancellation go on. "Not ours" now
-                # may mean the first one did land, so it is not reported as a loss.
-                with contextlib.suppress(LockLost):
-                    await _shielded(
-                        self._io.run(_flows.release(self._spec, self._token), "release")
-                    )
-                self._mark_released()
-                raise
-        except LockLost as exc:
-            self._mark_lost(str(exc))
-            raise
-        self._mark_released()
+    def _release_flow(self) -> Any:
+        return _flows.release(self._spec, self._token)
 
 
 def _lost_at_block_end(lease: LeaseState, lost: LockLost, failure: BaseException | None) -> None:

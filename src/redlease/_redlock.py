@@ -40,8 +40,6 @@ from ._backend_errors import BACKEND_FAILURES, backend_error
 from ._errors import (
     BackendError,
     InvalidArgument,
-    LockLost,
-    QuorumError,
     RedleaseWarning,
 )
 from ._flows import Call, Command, LockSpec
@@ -49,10 +47,8 @@ from ._io_async import AsyncIO
 from ._io_sync import _CHECKED as _SYNC_CHECKED
 from ._io_sync import SyncIO
 from ._lease import (
-    RELEASED,
     AsyncLeaseBlock,
     SyncLeaseBlock,
-    _shielded,
 )
 from ._lock import _AsyncFront, _is_async_client, _SyncFront
 from ._quorum import SAFE, QuorumAcquisition, QuorumFlow, QuorumGrant, QuorumSpec, Sleep
@@ -304,23 +300,8 @@ class RedlockLease(SyncLeaseBlock):
     def _extend_flow(self, ttl_ms: int) -> Any:
         return _quorum.extend(self._quorum, self._token, ttl_ms)
 
-    def release(self) -> None:
-        """Give the lock back on every node. Releasing twice is a no-op.
-
-        Raises LockLost if a majority no longer held it, QuorumError if too few nodes
-        answered (the lease counts as released: what is left expires with the ttl).
-        """
-        if self._state == RELEASED:
-            return
-        try:
-            self._io.run(_quorum.release(self._quorum, self._token, self._believed), "release")
-        except LockLost as exc:
-            self._mark_lost(str(exc))
-            raise
-        except QuorumError:
-            self._mark_released()
-            raise
-        self._mark_released()
+    def _release_flow(self) -> Any:
+        return _quorum.release(self._quorum, self._token, self._believed)
 
 
 class AsyncRedlockLease(AsyncLeaseBlock):
@@ -341,25 +322,8 @@ class AsyncRedlockLease(AsyncLeaseBlock):
     def _extend_flow(self, ttl_ms: int) -> Any:
         return _quorum.extend(self._quorum, self._token, ttl_ms)
 
-    async def release(self) -> None:
-        """Give the lock back on every node. Releasing twice is a no-op.
-
-        Raises LockLost if a majority no longer held it, QuorumError if too few nodes
-        answered (the lease counts as released: what is left expires with the ttl).
-        Cancelling the caller does not cancel the release itself.
-        """
-        if self._state == RELEASED:
-            return
-        flow = _quorum.release(self._quorum, self._token, self._believed)
-        try:
-            await _shielded(self._io.run(flow, "release"))
-        except LockLost as exc:
-            self._mark_lost(str(exc))
-            raise
-        except (QuorumError, asyncio.CancelledError):
-            self._mark_released()  # the release ran to its end, shielded
-            raise
-        self._mark_released()
+    def _release_flow(self) -> Any:
+        return _quorum.release(self._quorum, self._token, self._believed)
 
 
 # -- the locks ----------------------------------------------------------------------------
