@@ -17,9 +17,10 @@ import asyncio
 import contextlib
 import os
 import sys
+import time
 import warnings
 import weakref
-from collections.abc import Sequence
+from collections.abc import Awaitable, Sequence
 from typing import Any, TypeVar
 
 import redis.asyncio as aredis
@@ -30,6 +31,7 @@ from . import _flows, _resp
 from ._backend_errors import BACKEND_FAILURES, backend_error
 from ._errors import RedleaseWarning
 from ._flows import Call, Command, Flow, Op, Replicas, Wait
+from ._quorum import MIN_READ_WAIT, Unsent
 
 if sys.version_info >= (3, 11, 3):  # earlier 3.11 releases mishandle nested cancellation
     from asyncio import timeout as _deadline  # type: ignore[attr-defined,unused-ignore]
@@ -54,6 +56,7 @@ class _Connections:
     def __init__(self, pool: Any) -> None:
         self._pool = pool
         self._idle: list[Any] = []
+        self.wire = _resp.Wire()  # each op as bytes for this server
         self._loop: asyncio.AbstractEventLoop | None = None
         self._pid = os.getpid()
 
@@ -102,24 +105,34 @@ def _lean(conn: Any) -> bool:
 async def _read(conn: Any, timeout: float) -> Any:
     """The next reply on ``conn``; rx.TimeoutError if none came within ``timeout`` (the
     connection is then in an unknown state: the caller drops it)."""
-    try:
-        async with _deadline(timeout):
-            if not conn._redlease_lean:
-                return await conn.read_response()  # bounded by us, not by its timeout=
-            parser = conn._parser  # the reader and stream of the current connect
-            reader, stream = parser._reader, parser._stream
-            reply = reader.gets()
-            while reply is _NOT_ENOUGH:
-                data = await stream.read(65536)
-                if not data:
-                    raise rx.ConnectionError("connection closed by server")
-                reader.feed(data)
-                reply = reader.gets()
-    except asyncio.TimeoutError:
-        raise rx.TimeoutError(f"no reply within {timeout:.3f}s") from None
+    if not conn._redlease_lean:
+        return await _bounded(conn.read_response(), timeout)  # bounded by us, not timeout=
+    parser = conn._parser  # the reader and stream of the current connect
+    reader = parser._reader
+    reply = reader.gets()
+    if reply is _NOT_ENOUGH:  # not in yet: wait for it, under a deadline
+        stream = parser._stream
+        try:
+            async with _deadline(timeout):
+                while reply is _NOT_ENOUGH:
+                    data = await stream.read(65536)
+                    if not data:
+                        raise rx.ConnectionError("connection closed by server")
+                    reader.feed(data)
+                    reply = reader.gets()
+        except asyncio.TimeoutError:
+            raise rx.TimeoutError(f"no reply within {timeout:.3f}s") from None
     if isinstance(reply, (rx.ResponseError, rx.ConnectionError)):
         raise reply
     return reply
+
+
+async def _bounded(reading: Awaitable[Any], timeout: float) -> Any:
+    try:
+        async with _deadline(timeout):
+            return await reading
+    except asyncio.TimeoutError:
+        raise rx.TimeoutError(f"no reply within {timeout:.3f}s") from None
 
 
 async def _send(conn: Any, packed: bytes) -> None:
@@ -130,6 +143,17 @@ async def _send(conn: Any, packed: bytes) -> None:
         await conn.send_packed_command([packed], check_health=False)
     else:
         writer.write(packed)
+
+
+async def _reply(conn: Any, op: Call | Command, timeout: float) -> Any:
+    """The reply to ``op``, just written on ``conn``; a script the server has lost is
+    sent again with its source."""
+    try:
+        return await _read(conn, timeout)
+    except rx.NoScriptError:
+        assert isinstance(op, Call)
+        await _send(conn, _resp.eval_source(op))
+        return await _read(conn, timeout)
 
 
 async def _replicas_acked(conn: Any, replicas: Replicas, timeout: float) -> int:
@@ -220,7 +244,7 @@ class AsyncIO:
         conn = await self._direct.take(min(op.timeout for op in ops))
         results = []
         try:
-            await _send(conn, b"".join(map(_resp.evalsha, ops)))
+            await _send(conn, b"".join(map(self._direct.wire, ops)))
             for op in ops:
                 try:
                     results.append(await _read(conn, op.timeout))
@@ -264,12 +288,8 @@ class AsyncIO:
                 return await self.client.eval(op.script.source, n, *op.keys, *op.args)
         conn = await self._direct.take(op.timeout)
         try:
-            await _send(conn, _resp.evalsha(op))
-            try:
-                reply = await _read(conn, op.timeout)
-            except rx.NoScriptError:
-                await _send(conn, _resp.eval_source(op))
-                reply = await _read(conn, op.timeout)
+            await _send(conn, self._direct.wire(op))
+            reply = await _reply(conn, op, op.timeout)
             if op.replicas is not None:
                 reply = (reply, await _replicas_acked(conn, op.replicas, op.timeout))
         except rx.ResponseError:
@@ -317,3 +337,62 @@ class AsyncIO:
             raise
         await self._direct.give(conn)
         return rung
+
+
+async def fan_out(
+    ios: Sequence[AsyncIO], op: Call | Command, nodes: Sequence[int], timeout: float, action: str
+) -> list[Any]:
+    """Twin of the sync ``fan_out``: ``op`` written to every node's connection (no task
+    per node), then the replies read in turn, each due ``timeout`` after its own node's
+    send began. One result per node: the reply, or the BackendError that stands for none
+    (``Unsent`` when the command never left). A node that did not answer in time, or
+    whose read was cancelled, loses its connection."""
+    clock = time.monotonic
+    packed: dict[int, bytes] = {}  # the op's bytes, packed once for all nodes
+    results: list[Any] = [None] * len(nodes)
+    sent: list[tuple[int, Any, _Connections, float]] = []  # (result index, conn, owner, due)
+    try:
+        for at, i in enumerate(nodes):
+            io = ios[i]
+            direct = io._direct
+            due = clock() + timeout
+            if direct is None:  # no direct path: the client's own call, one node at a time
+                try:
+                    results[at] = await _bounded(io.execute(op), timeout)
+                except BACKEND_FAILURES as exc:
+                    results[at] = backend_error(exc, action)
+                continue
+            try:
+                conn = await direct.take(timeout)
+            except BACKEND_FAILURES as exc:
+                results[at] = Unsent.of(exc, action)
+                continue
+            try:
+                await _send(conn, direct.wire(op, packed))
+            except BaseException as exc:
+                await direct.discard(conn)  # part of the command may have left
+                if not isinstance(exc, BACKEND_FAILURES):
+                    raise
+                results[at] = backend_error(exc, action)
+                continue
+            sent.append((at, conn, direct, due))
+        while sent:
+            at, conn, direct, due = sent[0]
+            wait = due - clock()
+            try:
+                results[at] = await _reply(
+                    conn, op, wait if wait > MIN_READ_WAIT else MIN_READ_WAIT
+                )
+            except rx.ResponseError as exc:
+                results[at] = backend_error(exc, action)
+            except BACKEND_FAILURES as exc:
+                del sent[0]
+                await direct.discard(conn)
+                results[at] = backend_error(exc, action)
+                continue
+            del sent[0]
+            await direct.give(conn)  # the reply was read in full: the connection is clean
+    finally:
+        for _, other, owner, _ in sent:  # cancelled, or a bug: replies still on their way
+            await owner.discard(other)
+    return results

@@ -23,7 +23,7 @@ import sys
 import time
 import warnings
 import weakref
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any, TypeVar
 
 import redis
@@ -33,10 +33,10 @@ from redis.backoff import NoBackoff
 from redis.retry import Retry
 
 from . import _flows, _resp
-from ._backend_errors import BACKEND_FAILURES, backend_error, describe
+from ._backend_errors import BACKEND_FAILURES, backend_error
 from ._errors import RedleaseWarning
 from ._flows import Call, Command, Flow, Op, Replicas, Wait
-from ._quorum import Unsent
+from ._quorum import MIN_READ_WAIT, Unsent
 
 T = TypeVar("T")
 
@@ -53,14 +53,6 @@ def _close_idle(idle: list[tuple[Any, float]]) -> None:
         conn, _ = idle.pop()
         with contextlib.suppress(Exception):
             conn.disconnect()
-
-
-def _command_bytes(op: Any) -> bytes:
-    return _resp.command(op.args)
-
-
-_COMMAND, _EVALSHA, _EVAL = 0, 1, 2
-_PACKERS: tuple[Callable[[Any], bytes], ...] = (_command_bytes, _resp.evalsha, _resp.eval_source)
 
 
 class _Connections:
@@ -91,7 +83,7 @@ class _Connections:
             if "maint_notifications_config" in self._kwargs:
                 self._kwargs["maint_notifications_config"] = None
         self._idle: list[tuple[Any, float]] = []
-        self._loaded: set[str] = set()  # scripts this server was sent in full
+        self.wire = _resp.Wire()  # each op as bytes for this server
         _ALL_CONNECTIONS.add(self)
         # Close what is idle when this goes away, or at interpreter exit at the latest.
         weakref.finalize(self, _close_idle, self._idle)
@@ -119,26 +111,6 @@ class _Connections:
         conn.connect()  # the class's own connect: Sentinel discovery happens here
         _Lean.attach(conn)
         return conn
-
-    def wire(self, op: Call | Command, packed: dict[int, bytes] | None = None) -> bytes:
-        """``op`` as bytes for this server. A script goes as EVALSHA, or as EVAL with its
-        source the first time this server is sent it: no NOSCRIPT round trip, which in
-        a Redlock fan-out would eat the other nodes' time. (A server that lost its
-        scripts answers NOSCRIPT later, and the caller falls back to EVAL then.)
-        ``packed`` keeps each form once packed, for the other servers of a fan-out."""
-        if isinstance(op, Command):
-            form = _COMMAND
-        elif op.script.sha in self._loaded:
-            form = _EVALSHA
-        else:
-            self._loaded.add(op.script.sha)
-            form = _EVAL
-        if packed is None:
-            return _PACKERS[form](op)
-        data = packed.get(form)
-        if data is None:
-            data = packed[form] = _PACKERS[form](op)
-        return data
 
     def give(self, conn: Any) -> None:
         if len(self._idle) < MAX_IDLE_CONNECTIONS:
@@ -457,10 +429,6 @@ class SyncIO:
         return rung
 
 
-# A read is never asked to wait 0 s: a reply already in the socket buffer is still taken.
-MIN_READ_WAIT = 0.001
-
-
 def fan_out(
     ios: Sequence[SyncIO], op: Call | Command, nodes: Sequence[int], timeout: float, action: str
 ) -> list[Any]:
@@ -489,7 +457,7 @@ def fan_out(
         try:
             conn = direct.take(timeout)
         except BACKEND_FAILURES as exc:
-            results[at] = _unsent(exc, action)
+            results[at] = Unsent.of(exc, action)
             continue
         try:
             _send(conn, direct.wire(op, packed))
@@ -516,9 +484,3 @@ def fan_out(
             raise
         direct.give(conn)
     return results
-
-
-def _unsent(exc: BaseException, action: str) -> Unsent:
-    error = Unsent(f"{action} failed: {describe(exc)} ({type(exc).__name__}: {exc})")
-    error.__cause__ = exc
-    return error

@@ -2,10 +2,9 @@
 a majority of them agree. Twins: the same arguments and methods in the same order; the
 rules (quorum, validity, fencing, retries) live in ``_quorum``, the I/O here.
 
-Fan-out. The sync driver writes the command on one connection per node, then reads the
+Fan-out. Both drivers write the command on one connection per node, then read the
 replies in turn, each due ``node_timeout`` after its own send, so a round costs about one
-round trip whatever N is, with no thread pool. The asyncio driver runs one task per
-node and waits for the round once. A node that has not answered in time is a "no" for
+round trip whatever N is, with no thread pool and no task per node. A node that has not answered in time is a "no" for
 that attempt; its connection is dropped, so a late reply cannot be mistaken for a later
 command's. A node whose command never left (no connection could be made) cannot hold
 the lock and is not sent the release either.
@@ -35,7 +34,7 @@ from datetime import timedelta
 from typing import Any, TypeVar
 
 from . import _arguments as args
-from . import _flows, _io_sync, _quorum
+from . import _flows, _io_async, _io_sync, _quorum
 from ._backend_errors import BACKEND_FAILURES, backend_error
 from ._errors import (
     BackendError,
@@ -190,7 +189,7 @@ class _SyncNodes:
 
 
 class _AsyncNodes:
-    """Carries quorum flows to N asyncio clients: all nodes awaited together."""
+    """Carries quorum flows to N asyncio clients: write to all, then read all."""
 
     def __init__(self, clients: Sequence[Any], spec: QuorumSpec) -> None:
         self.ios = [AsyncIO(c) for c in clients]
@@ -214,28 +213,7 @@ class _AsyncNodes:
         self, op: Call | Command, nodes: Sequence[int], timeout: float, action: str
     ) -> list[Any]:
         """``op`` on each of ``nodes``: the replies, or the errors that stand for none."""
-        # One task per node and one wait for the round (cheaper than a wait_for each).
-        tasks = [asyncio.ensure_future(self.ios[i].execute(op)) for i in nodes]
-        try:
-            await asyncio.wait(tasks, timeout=timeout)
-        finally:
-            late = [t for t in tasks if not t.done()]
-            for task in late:
-                task.cancel()  # its connection is dropped: a late reply is never misread
-            if late:
-                await asyncio.wait(late)
-        results: list[Any] = []
-        for task in tasks:
-            exc = None if task.cancelled() else task.exception()
-            if task.cancelled():
-                results.append(_failed(TimeoutError(f"no reply within {timeout:.3f}s"), action))
-            elif exc is None:
-                results.append(task.result())
-            elif isinstance(exc, _NO_ANSWER):
-                results.append(_failed(exc, action))
-            else:
-                raise exc
-        return results
+        return await _io_async.fan_out(self.ios, op, nodes, timeout, action)
 
     async def execute_many(self, calls: Sequence[Call]) -> list[Any]:
         """The renewer's seam (see ``_SyncNodes``); each node gets the batch pipelined."""

@@ -7,8 +7,9 @@ installed) skips redis-py's general-purpose argument handling on the hot path.
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
-from ._flows import Call
+from ._flows import Call, Command
 
 Pack = Callable[[tuple[str, ...]], bytes]
 
@@ -40,3 +41,42 @@ def eval_source(op: Call) -> bytes:
 
 def command(args: tuple[str, ...]) -> bytes:
     return pack(args)
+
+
+_COMMAND, _EVALSHA, _EVAL = 0, 1, 2
+
+
+def _command_bytes(op: Command) -> bytes:
+    return command(op.args)
+
+
+_PACKERS: tuple[Callable[[Any], bytes], ...] = (_command_bytes, evalsha, eval_source)
+
+
+class Wire:
+    """How ops go on the wire to one server, which remembers the scripts it was sent.
+
+    A script goes as EVALSHA, or as EVAL with its source the first time this server is
+    sent it: no NOSCRIPT round trip, which in a Redlock fan-out would eat the other
+    nodes' time. (A server that lost its scripts answers NOSCRIPT later; the driver
+    falls back to EVAL then.)"""
+
+    def __init__(self) -> None:
+        self._loaded: set[str] = set()
+
+    def __call__(self, op: Call | Command, packed: dict[int, bytes] | None = None) -> bytes:
+        """``op`` as bytes for this server; ``packed`` keeps each form once packed, for
+        the other servers of a fan-out."""
+        if isinstance(op, Command):
+            form = _COMMAND
+        elif op.script.sha in self._loaded:
+            form = _EVALSHA
+        else:
+            self._loaded.add(op.script.sha)
+            form = _EVAL
+        if packed is None:
+            return _PACKERS[form](op)
+        data = packed.get(form)
+        if data is None:
+            data = packed[form] = _PACKERS[form](op)
+        return data
