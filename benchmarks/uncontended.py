@@ -24,6 +24,7 @@ import redis
 import redis.asyncio as aredis
 
 import redlease
+from redlease import _io_sync
 
 from ._common import Settings, describe_error, median
 from ._report import NA, Row, rate, times, verdict
@@ -220,6 +221,24 @@ def _redlease_lock(bench: Bench, node: Node) -> Callable[[str], SyncCycle]:
     return build
 
 
+def _no_spin(build: Callable[[str], SyncCycle]) -> Callable[[str], SyncCycle]:
+    """The same contender with the sync driver's polling reads off (REDLEASE_SPIN_US=0)."""
+
+    def build_quiet(key: str) -> SyncCycle:
+        cycle = build(key)
+
+        def quiet() -> None:
+            saved, _io_sync.SPIN_BUDGET = _io_sync.SPIN_BUDGET, 0.0
+            try:
+                cycle()
+            finally:
+                _io_sync.SPIN_BUDGET = saved
+
+        return quiet
+
+    return build_quiet
+
+
 def _redis_py_lock(bench: Bench, node: Node) -> Callable[[str], SyncCycle]:
     def build(key: str) -> SyncCycle:
         lock = bench.sync_client(node).lock(key, timeout=TTL)
@@ -388,6 +407,12 @@ def build_entries(bench: Bench, *, single: bool, redlock: bool, masters: Sequenc
             SINGLE, "direct", "(reference) same 2 commands, raw conn", _floor_direct(bench, one)
         )
         bench.add(SINGLE, "redlease", "redlease Lock (fenced)", _redlease_lock(bench, one))
+        bench.add(
+            SINGLE,
+            "redlease-no-spin",
+            "redlease Lock, REDLEASE_SPIN_US=0",
+            _no_spin(_redlease_lock(bench, one)),
+        )
         bench.add(SINGLE, "redis-py", "redis-py Lock", _redis_py_lock(bench, one))
         bench.add(SINGLE, "prl", "python-redis-lock", _python_redis_lock(bench, one))
         bench.add(SINGLE, "pottery-1", "pottery Redlock, 1 master", _pottery(bench, [one]))
@@ -420,6 +445,13 @@ def build_entries(bench: Bench, *, single: bool, redlock: bool, masters: Sequenc
                 f"redlease Redlock, {n} masters",
                 _redlease_redlock(bench, group),
             )
+            if n == max(masters):
+                bench.add(
+                    REDLOCK,
+                    f"rl-{n}-no-spin",
+                    f"redlease Redlock, {n} masters, REDLEASE_SPIN_US=0",
+                    _no_spin(_redlease_redlock(bench, group)),
+                )
         for n in masters:
             group = bench.nodes[:n]
             if len(group) < n:

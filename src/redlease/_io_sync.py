@@ -41,6 +41,39 @@ from ._quorum import MIN_READ_WAIT, Unsent
 T = TypeVar("T")
 
 MAX_IDLE_CONNECTIONS = 8
+
+# Spin-then-block reads (docs/design.md, "Connections and timeouts"). A reply from a server
+# on this host or a fast link comes back within tens of microseconds, sooner than the
+# kernel wakes a sleeping reader; so a read first polls for up to SPIN_BUDGET seconds,
+# giving the CPU away between polls, and gives up at once if that showed another task
+# wanted the CPU. After SPIN_MISSES straight spins without the reply (a slow link, a busy
+# machine), reads from that server sleep right away for the next SPIN_REST reads.
+# REDLEASE_SPIN_US=0 turns spinning off.
+DEFAULT_SPIN_BUDGET = 100e-6
+SPIN_BUSY = 20e-6  # a yield that took longer than this: another task ran meanwhile
+SPIN_MISSES = 4
+SPIN_REST = 256
+
+
+def _spin_budget(setting: str | None) -> float:
+    if setting is None:
+        return DEFAULT_SPIN_BUDGET
+    try:
+        micros = int(setting)
+    except ValueError:
+        micros = -1
+    if micros < 0:
+        warnings.warn(
+            f"REDLEASE_SPIN_US must be a whole number of microseconds >= 0, not {setting!r}; "
+            f"using {DEFAULT_SPIN_BUDGET * 1e6:.0f}",
+            RedleaseWarning,
+            stacklevel=2,
+        )
+        return DEFAULT_SPIN_BUDGET
+    return micros / 1e6
+
+
+SPIN_BUDGET = _spin_budget(os.environ.get("REDLEASE_SPIN_US"))
 # Seconds of idleness after which a kept connection is checked before use.
 STALE_AFTER = 1.0
 _READ_TAKES_TIMEOUT = "timeout" in inspect.signature(redis.Connection.read_response).parameters
@@ -84,6 +117,7 @@ class _Connections:
                 self._kwargs["maint_notifications_config"] = None
         self._idle: list[tuple[Any, float]] = []
         self.wire = _resp.Wire()  # each op as bytes for this server
+        self.spin = _Spin()  # whether reads from this server poll before sleeping
         _ALL_CONNECTIONS.add(self)
         # Close what is idle when this goes away, or at interpreter exit at the latest.
         weakref.finalize(self, _close_idle, self._idle)
@@ -97,7 +131,7 @@ class _Connections:
             if time.monotonic() - since < STALE_AFTER:
                 return conn
             if not conn.can_read():
-                _Lean.attach(conn)  # can_read() put the socket back into timeout mode
+                _Lean.attach(conn, self.spin)  # can_read() put the socket back in timeout mode
                 return conn
             conn.disconnect()
         kwargs = dict(self._kwargs)
@@ -109,7 +143,7 @@ class _Connections:
             kwargs[key] = timeout if configured is None else min(configured, timeout)
         conn = self._cls(**kwargs)
         conn.connect()  # the class's own connect: Sentinel discovery happens here
-        _Lean.attach(conn)
+        _Lean.attach(conn, self.spin)
         return conn
 
     def give(self, conn: Any) -> None:
@@ -146,6 +180,16 @@ def _timeval(seconds: float) -> bytes:
     return struct.pack("ll", int(whole), int(fraction * 1e6))
 
 
+class _Spin:
+    """One server's spin record, shared by its connections (races only blur a count)."""
+
+    __slots__ = ("misses", "rest")
+
+    def __init__(self) -> None:
+        self.misses = 0  # straight spins that ended without the reply
+        self.rest = 0  # reads left that sleep right away
+
+
 class _Lean:
     """The short way through a plain TCP or Unix socket: written with ``sendall`` and read
     with ``recv_into`` into the connection's own hiredis reader, the socket blocking but
@@ -154,14 +198,14 @@ class _Lean:
     Only for RESP2 connections parsed by hiredis; anything else (TLS, the pure-Python
     parser, RESP3 with its push messages) keeps redis-py's own path."""
 
-    __slots__ = ("buffer", "reader", "sock", "wait")
+    __slots__ = ("buffer", "reader", "sock", "spin", "wait")
 
-    def __init__(self, sock: socket.socket, reader: Any, buffer: bytearray) -> None:
-        self.sock, self.reader, self.buffer = sock, reader, buffer
+    def __init__(self, sock: socket.socket, reader: Any, buffer: bytearray, spin: _Spin) -> None:
+        self.sock, self.reader, self.buffer, self.spin = sock, reader, buffer, spin
         self.wait = -1.0  # the receive bound currently set on the socket
 
     @staticmethod
-    def attach(conn: Any) -> None:
+    def attach(conn: Any, spin: _Spin) -> None:
         sock: Any = getattr(conn, "_sock", None)
         parser = getattr(conn, "_parser", None)
         reader = getattr(parser, "_reader", None)
@@ -178,11 +222,17 @@ class _Lean:
         bound = sock.gettimeout() or 1.0  # the connection's own: our op bound, or less
         sock.settimeout(None)
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDTIMEO, _timeval(bound))
-        conn._redlease_lean = _Lean(sock, reader, buffer)
+        conn._redlease_lean = _Lean(sock, reader, buffer, spin)
 
-    def read(self, timeout: float) -> Any:
+    def read(self, timeout: float, spin: bool = True) -> Any:
+        """The next reply, within ``timeout``; ``spin``: it is due in about a round trip
+        (not a blocking command's reply)."""
         reader = self.reader
         reply = reader.gets()
+        if reply is _NOT_ENOUGH and spin and SPIN_BUDGET > 0:
+            started = time.perf_counter()
+            reply = self._spin(started)
+            timeout = max(timeout - (time.perf_counter() - started), MIN_READ_WAIT)
         if reply is _NOT_ENOUGH:
             # Whole milliseconds, rounded up: the reads of one fan-out then share a bound
             # and the socket option is rarely set again.
@@ -205,6 +255,39 @@ class _Lean:
             raise reply
         return reply
 
+    def _spin(self, started: float) -> Any:
+        """Poll for the reply for up to SPIN_BUDGET, yielding the CPU between polls; the
+        reply, or _NOT_ENOUGH to sleep in the kernel after all."""
+        record = self.spin
+        if record.rest:
+            record.rest -= 1
+            return _NOT_ENOUGH
+        sock, reader, buffer = self.sock, self.reader, self.buffer
+        clock, end = time.perf_counter, started + SPIN_BUDGET
+        while True:
+            try:
+                got = sock.recv_into(buffer, 0, socket.MSG_DONTWAIT)
+            except BlockingIOError:
+                now = clock()
+                if now < end:
+                    os.sched_yield()
+                    if clock() - now < SPIN_BUSY:
+                        continue
+                break  # the budget is spent, or the CPU is wanted elsewhere
+            except OSError as exc:
+                raise rx.ConnectionError(f"error while reading: {exc}") from exc
+            if not got:
+                raise rx.ConnectionError("connection closed by server")
+            reader.feed(buffer, 0, got)
+            reply = reader.gets()
+            if reply is not _NOT_ENOUGH:
+                record.misses = 0
+                return reply
+        record.misses += 1
+        if record.misses >= SPIN_MISSES:
+            record.misses, record.rest = 0, SPIN_REST
+        return _NOT_ENOUGH
+
     def send(self, data: bytes) -> None:
         try:
             self.sock.sendall(data)
@@ -222,10 +305,10 @@ def _send(conn: Any, data: bytes) -> None:
         lean.send(data)
 
 
-def _read(conn: Any, timeout: float) -> Any:
+def _read(conn: Any, timeout: float, spin: bool = True) -> Any:
     lean: _Lean | None = conn._redlease_lean
     if lean is not None:
-        return lean.read(timeout)
+        return lean.read(timeout, spin)
     if _READ_TAKES_TIMEOUT:
         return conn.read_response(timeout=timeout)
     if not conn.can_read(timeout=timeout):
@@ -248,7 +331,7 @@ def _reply(conn: Any, op: Call | Command, timeout: float) -> Any:
 def _replicas_acked(conn: Any, replicas: Replicas, timeout: float) -> int:
     """WAIT on the connection that made the write: how many replicas have it."""
     _send(conn, _resp.command(("WAIT", str(replicas.count), str(replicas.timeout_ms))))
-    return int(_read(conn, replicas.timeout_ms / 1000.0 + timeout))
+    return int(_read(conn, replicas.timeout_ms / 1000.0 + timeout, spin=False))
 
 
 class SyncIO:
@@ -417,7 +500,7 @@ class SyncIO:
         conn = self._direct.take(op.read_timeout - op.timeout)
         try:
             _send(conn, _resp.command(("BLPOP", op.key, f"{op.timeout:.3f}")))
-            reply = _read(conn, op.read_timeout)
+            reply = _read(conn, op.read_timeout, spin=False)  # a blocking command
             rung = None if reply is None else reply[1]
             if op.replicas is not None:
                 acked = 0 if rung is None else _replicas_acked(conn, op.replicas, op.timeout)

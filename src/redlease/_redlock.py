@@ -4,10 +4,10 @@ rules (quorum, validity, fencing, retries) live in ``_quorum``, the I/O here.
 
 Fan-out. Both drivers write the command on one connection per node, then read the
 replies in turn, each due ``node_timeout`` after its own send, so a round costs about one
-round trip whatever N is, with no thread pool and no task per node. A node that has not answered in time is a "no" for
-that attempt; its connection is dropped, so a late reply cannot be mistaken for a later
-command's. A node whose command never left (no connection could be made) cannot hold
-the lock and is not sent the release either.
+round trip whatever N is, with no thread pool and no task per node. A node that has not
+answered in time is a "no" for that attempt; its connection is dropped, so a late reply
+cannot be mistaken for a later command's. A node whose command never left (no
+connection could be made) cannot hold the lock and is not sent the release either.
 
 Plain ``redis.Redis`` clients are talked to on the driver's own connections, so the
 client's retry policy (redis-py retries up to 10 times by default) cannot stretch a
