@@ -232,7 +232,8 @@ class _Lean:
         if reply is _NOT_ENOUGH and spin and SPIN_BUDGET > 0:
             started = time.perf_counter()
             reply = self._spin(started)
-            timeout = max(timeout - (time.perf_counter() - started), MIN_READ_WAIT)
+            if reply is _NOT_ENOUGH:  # what the spin took counts against the bound
+                timeout = max(timeout - (time.perf_counter() - started), MIN_READ_WAIT)
         if reply is _NOT_ENOUGH:
             # Whole milliseconds, rounded up: the reads of one fan-out then share a bound
             # and the socket option is rarely set again.
