@@ -339,6 +339,29 @@ def _floor_async(bench: Bench, node: Node) -> Callable[[str], AsyncCycle]:
     return build
 
 
+def _floor_async_direct(bench: Bench, node: Node) -> Callable[[str], AsyncCycle]:
+    """The asyncio floor's two commands written straight to one connection."""
+
+    def build(key: str) -> AsyncCycle:
+        r = bench.async_client(node)
+        sha = bench.run_async(r.script_load(RELEASE_SCRIPT))
+        pool = r.connection_pool
+        conn: Any = bench.run_async(pool.get_connection())  # type: ignore[no-untyped-call]
+        px = str(int(TTL * 1000))
+
+        async def cycle() -> None:
+            token = os.urandom(16).hex()
+            await conn.send_command("SET", key, token, "NX", "PX", px)
+            if await conn.read_response() is None:
+                raise RuntimeError("direct asyncio floor: key was taken")
+            await conn.send_command("EVALSHA", sha, "1", key, token)
+            await conn.read_response()
+
+        return cycle
+
+    return build
+
+
 def _redlease_async(bench: Bench, node: Node) -> Callable[[str], AsyncCycle]:
     def build(key: str) -> AsyncCycle:
         lock = redlease.AsyncLock(bench.async_client(node), key, ttl=TTL)
@@ -419,6 +442,12 @@ def build_entries(bench: Bench, *, single: bool, redlock: bool, masters: Sequenc
         bench.add(SINGLE, "redlock-py-1", "redlock-py, 1 master", _redlock_py(bench, [one]))
         bench.add(
             SINGLE, "afloor", "(asyncio) floor: SET NX PX + EVALSHA", _floor_async(bench, one)
+        )
+        bench.add(
+            SINGLE,
+            "adirect",
+            "(asyncio) (reference) same 2 commands, raw conn",
+            _floor_async_direct(bench, one),
         )
         bench.add(
             SINGLE, "aredis-py", "(asyncio) redis-py asyncio Lock", _redis_py_async(bench, one)

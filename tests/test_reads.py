@@ -1,5 +1,6 @@
-"""The sync driver's reads: a short poll before sleeping in the kernel, which a slow link
-or a busy machine turns off by itself, and REDLEASE_SPIN_US to set it."""
+"""How the drivers read replies: the sync driver's short poll before sleeping in the
+kernel (which a slow link or a busy machine turns off by itself, and REDLEASE_SPIN_US
+sets), and the asyncio driver's RESP3 reads, which skip push messages."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from typing import Any
 
 import pytest
 import redis
+import redis.asyncio as aredis
 
 import redlease
 from redlease import _io_sync, servers
@@ -73,3 +75,29 @@ def test_spin_setting() -> None:
         check=True,
     )
     assert shown.stdout.strip() == "0.0"
+
+
+async def test_a_push_message_ahead_of_a_reply_is_skipped(
+    server: servers.ServerProcess, name: str
+) -> None:
+    client = aredis.Redis(port=server.port)  # redis-py 8 speaks RESP3 by default
+    other = aredis.Redis(port=server.port, protocol=2)
+    try:
+        lock = redlease.AsyncLock(client, name, ttl=5.0)
+        async with lock as first:
+            pass
+        conn = client.connection_pool._redlease_connections._idle[-1]  # type: ignore[attr-defined]
+        if str(conn.protocol) != "3":
+            pytest.skip("this redis-py speaks RESP2 by default")
+        # Make the server push an invalidation message on the driver's next connection.
+        await conn.send_command("CLIENT", "TRACKING", "ON")
+        await conn.read_response()
+        await conn.send_command("GET", name + ":watched")
+        await conn.read_response()
+        await other.set(name + ":watched", "changed")
+        async with lock as second:
+            assert second.fence == first.fence + 1
+        assert await other.exists("{" + name + "}") == 0
+    finally:
+        await client.aclose()
+        await other.aclose()

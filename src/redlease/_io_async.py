@@ -90,16 +90,22 @@ class _Connections:
 
 _NOT_ENOUGH = getattr(_hiredis_parser, "NOT_ENOUGH_DATA", False)
 _HIREDIS_PARSER: Any = getattr(_hiredis_parser, "_AsyncHiredisParser", None)
+_hiredis: Any
+try:
+    import hiredis as _hiredis
+except ImportError:  # pragma: no cover - hiredis is optional
+    _hiredis = None
+# hiredis >= 3.2 tells RESP3 push messages from replies (None: older or no hiredis)
+_Push: Any = getattr(_hiredis, "PushNotification", None)
 
 
 def _lean(conn: Any) -> bool:
-    """Whether replies on ``conn`` can be taken straight from its hiredis reader: RESP2
-    only (RESP3 may interleave push messages, which redis-py's own path handles)."""
-    return (
-        _HIREDIS_PARSER is not None
-        and type(getattr(conn, "_parser", None)) is _HIREDIS_PARSER
-        and str(getattr(conn, "protocol", 2)) == "2"
-    )
+    """Whether replies on ``conn`` can be taken straight from its hiredis reader: RESP2,
+    or RESP3 (redis-py 8's default) when hiredis marks push messages, which are skipped:
+    these connections subscribe to nothing, and redis-py keeps its own for what does."""
+    if _HIREDIS_PARSER is None or type(getattr(conn, "_parser", None)) is not _HIREDIS_PARSER:
+        return False
+    return str(getattr(conn, "protocol", 2)) == "2" or _Push is not None
 
 
 async def _read(conn: Any, timeout: float) -> Any:
@@ -110,8 +116,11 @@ async def _read(conn: Any, timeout: float) -> Any:
     parser = conn._parser  # the reader and stream of the current connect
     reader = parser._reader
     reply = reader.gets()
-    if reply is _NOT_ENOUGH:  # not in yet: wait for it, under a deadline
-        stream = parser._stream
+    while reply is _NOT_ENOUGH or (_Push is not None and type(reply) is _Push):
+        if reply is not _NOT_ENOUGH:  # a push message: not the reply we wait for
+            reply = reader.gets()
+            continue
+        stream = parser._stream  # not in yet: wait for it, under a deadline
         try:
             async with _deadline(timeout):
                 while reply is _NOT_ENOUGH:
