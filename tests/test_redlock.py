@@ -342,6 +342,29 @@ def test_first_acquire_over_a_slow_link_fits_the_node_timeout(
         lease.release()
 
 
+async def test_async_first_acquire_over_a_slow_link_fits_the_node_timeout(
+    nodes: list[servers.ServerProcess], name: str
+) -> None:
+    """The asyncio twin of the test above (redis-py 8's asyncio connections would spend
+    HELLO 3, CLIENT SETINFO and CLIENT MAINT_NOTIFICATIONS round trips first)."""
+    with ExitStack() as stack:
+        proxies = [stack.enter_context(FaultProxy("127.0.0.1", p.port).start()) for p in nodes]
+        for proxy in proxies:
+            proxy.set_mode("delay", delay_ms=100)
+        for node in nodes:
+            with redis.Redis(port=node.port) as direct:
+                direct.script_flush()
+        via = [aredis.Redis(port=p.port) for p in proxies]
+        try:
+            lock = redlease.AsyncRedlock(via, name, ttl=10.0, node_timeout=0.5)
+            lease = await lock.try_acquire()
+            assert lease is not None
+            await lease.release()
+        finally:
+            for client in via:
+                await client.aclose()
+
+
 def test_reply_lost_on_a_paused_node_is_released_after_resume(
     nodes: list[servers.ServerProcess], clients: list[redis.Redis], name: str
 ) -> None:

@@ -26,6 +26,8 @@ from typing import Any, TypeVar
 import redis.asyncio as aredis
 from redis import exceptions as rx
 from redis._parsers import hiredis as _hiredis_parser
+from redis.asyncio.retry import Retry
+from redis.backoff import NoBackoff
 
 from . import _flows, _resp
 from ._backend_errors import BACKEND_FAILURES, backend_error
@@ -46,15 +48,18 @@ _CHECKED: weakref.WeakSet[Any] = weakref.WeakSet()
 
 
 class _Connections:
-    """Connections this driver keeps checked out of the client's own pool, reused
-    without going through the pool each time. They stay the pool's (its ``disconnect``
-    closes them, its limits count them). Checking a new one out is bounded by the
-    operation's timeout, handshake included, so a hung server cannot hold it forever.
-    asyncio connections cannot move between loops: a new loop (or a forked child)
-    starts with none."""
+    """Connections of this driver to one server, made as the sync driver's are (the
+    client's connection class and settings, no handshake round trip beyond AUTH and
+    SELECT; see ``_resp.private_connection_settings``), every use bounded by the op's
+    timeout, a new connection's handshake included. They are entered in the pool's set
+    of connections in use, so its limits count them and the client's ``aclose()`` (the
+    pool's ``disconnect``) closes them with its own. asyncio connections cannot move
+    between loops: a new loop (or a forked child) starts with none."""
 
     def __init__(self, pool: Any) -> None:
         self._pool = pool
+        self._cls = pool.connection_class
+        self._settings = _resp.private_connection_settings(pool.connection_kwargs)
         self._idle: list[Any] = []
         self.wire = _resp.Wire()  # each op as bytes for this server
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -66,10 +71,19 @@ class _Connections:
             self._idle, self._loop, self._pid = [], loop, os.getpid()
         if self._idle:
             return self._idle.pop()
+        conn = self._cls(**_resp.bounded(self._settings, timeout, Retry(NoBackoff(), 0)))
         try:
-            conn = await asyncio.wait_for(self._pool.get_connection(), timeout)
-        except asyncio.TimeoutError as exc:
-            raise rx.TimeoutError(f"no connection within {timeout:.3f}s") from exc
+            # the class's own connect (Sentinel discovery happens here), bounded as a whole
+            await asyncio.wait_for(conn.connect(), timeout)
+        except BaseException as exc:
+            with contextlib.suppress(BaseException):
+                await conn.disconnect(nowait=True)
+            if isinstance(exc, asyncio.TimeoutError):
+                raise rx.TimeoutError(f"no connection within {timeout:.3f}s") from exc
+            raise
+        in_use = getattr(self._pool, "_in_use_connections", None)
+        if isinstance(in_use, set):
+            in_use.add(conn)
         conn._redlease_lean = _lean(conn)
         return conn
 
@@ -77,15 +91,16 @@ class _Connections:
         if len(self._idle) < MAX_IDLE_CONNECTIONS and self._pid == os.getpid():
             self._idle.append(conn)
         else:
-            await self._pool.release(conn)
+            await self.discard(conn)
 
     async def discard(self, conn: Any) -> None:
-        """A connection whose state is unknown (a reply may still be on its way); never
-        raises, as it runs while another error propagates."""
+        """Close ``conn`` (its state may be unknown: a reply may still be on its way);
+        never raises, as it runs while another error propagates."""
+        in_use = getattr(self._pool, "_in_use_connections", None)
+        if isinstance(in_use, set):
+            in_use.discard(conn)
         with contextlib.suppress(BaseException):
             await conn.disconnect(nowait=True)
-        with contextlib.suppress(BaseException):
-            await self._pool.release(conn)
 
 
 _NOT_ENOUGH = getattr(_hiredis_parser, "NOT_ENOUGH_DATA", False)
@@ -327,9 +342,9 @@ class AsyncIO:
         return reply
 
     async def _wait(self, op: Wait) -> Any:
-        # A blocked waiter occupies one connection of the client's pool, as any BLPOP
-        # would, and hands it back when woken; only up to MAX_IDLE_CONNECTIONS are kept
-        # between uses, so a bounded pool needs room for its concurrent waiters.
+        # A blocked waiter occupies one of the driver's connections (counted by the
+        # pool's limit, as any BLPOP would be) and hands it back when woken; only up to
+        # MAX_IDLE_CONNECTIONS are kept between uses.
         if self._direct is None:
             reply = await self.client.blpop([op.key], op.timeout)
             return None if reply is None else reply[1]

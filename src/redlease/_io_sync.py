@@ -101,20 +101,7 @@ class _Connections:
 
     def __init__(self, pool: Any) -> None:
         self._cls = pool.connection_class
-        self._kwargs = dict(pool.connection_kwargs)
-        # A new connection costs no round trip beyond TCP's: each one would count against
-        # the op's bound and a lease's elapsed time. So no CLIENT SETINFO (a label in
-        # CLIENT LIST), and RESP2 unless the client asked for RESP3 (redis-py 8 would
-        # otherwise send HELLO 3 and CLIENT MAINT_NOTIFICATIONS first). Maintenance
-        # notifications need RESP3 (redis-py 8 refuses them on a RESP2 connection
-        # without hiredis); these connections live for a few commands and do without.
-        for key in ("driver_info", "lib_name", "lib_version"):
-            if key in self._kwargs:
-                self._kwargs[key] = None
-        if self._kwargs.get("protocol") is None:
-            self._kwargs["protocol"] = 2
-            if "maint_notifications_config" in self._kwargs:
-                self._kwargs["maint_notifications_config"] = None
+        self._settings = _resp.private_connection_settings(pool.connection_kwargs)
         self._idle: list[tuple[Any, float]] = []
         self.wire = _resp.Wire()  # each op as bytes for this server
         self.spin = _Spin()  # whether reads from this server poll before sleeping
@@ -134,14 +121,7 @@ class _Connections:
                 _Lean.attach(conn, self.spin)  # can_read() put the socket back in timeout mode
                 return conn
             conn.disconnect()
-        kwargs = dict(self._kwargs)
-        # No client retries on our connections: a retry would stretch the bound below
-        # (and the elapsed-time accounting of a lease) several times over.
-        kwargs["retry"] = Retry(NoBackoff(), 0)
-        for key in ("socket_timeout", "socket_connect_timeout"):
-            configured = kwargs.get(key)
-            kwargs[key] = timeout if configured is None else min(configured, timeout)
-        conn = self._cls(**kwargs)
+        conn = self._cls(**_resp.bounded(self._settings, timeout, Retry(NoBackoff(), 0)))
         conn.connect()  # the class's own connect: Sentinel discovery happens here
         _Lean.attach(conn, self.spin)
         return conn

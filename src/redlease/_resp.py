@@ -80,3 +80,37 @@ class Wire:
         if data is None:
             data = packed[form] = _PACKERS[form](op)
         return data
+
+
+def private_connection_settings(pool_kwargs: dict[str, Any]) -> dict[str, Any]:
+    """The settings of the drivers' own connections: the client's, so TLS, ACL users and
+    Sentinel discovery apply, minus what costs a round trip and means nothing to a lock.
+
+    A new connection must cost no round trip beyond TCP's (AUTH and SELECT when
+    configured): each one counts against the op's bound and a lease's elapsed time, and
+    on a slow link a Redlock node's whole timeout. So no CLIENT SETINFO (a label in
+    CLIENT LIST), and RESP2 unless the client asked for RESP3 (redis-py 8 would otherwise
+    send HELLO 3 and CLIENT MAINT_NOTIFICATIONS first). Maintenance notifications need
+    RESP3 (redis-py 8 refuses them on a RESP2 connection without hiredis); these
+    connections live for a few commands and do without."""
+    settings = dict(pool_kwargs)
+    for key in ("driver_info", "lib_name", "lib_version"):
+        if key in settings:
+            settings[key] = None
+    if settings.get("protocol") is None:
+        settings["protocol"] = 2
+        if "maint_notifications_config" in settings:
+            settings["maint_notifications_config"] = None
+    return settings
+
+
+def bounded(settings: dict[str, Any], timeout: float, no_retry: object) -> dict[str, Any]:
+    """``settings`` for one new connection: its handshake and reads bounded by the op's
+    ``timeout``, and no client retries (a retry would stretch that bound, and a lease's
+    elapsed-time accounting, several times over)."""
+    kwargs = dict(settings)
+    kwargs["retry"] = no_retry
+    for key in ("socket_timeout", "socket_connect_timeout"):
+        configured = kwargs.get(key)
+        kwargs[key] = timeout if configured is None else min(configured, timeout)
+    return kwargs
