@@ -140,3 +140,37 @@ def test_lock_behind_sentinel(sentinel: int) -> None:
         assert client.get("{behind-sentinel}") == lease.token.encode()
     assert client.exists("{behind-sentinel}") == 0
     client.close()
+
+
+def test_lock_over_a_unix_socket(server_kind: str, name: str) -> None:
+    """A Unix socket takes the drivers' lean path (and the sync driver's polling reads)
+    as TCP does; sync and asyncio share the lock."""
+    import asyncio
+
+    import redis.asyncio as aredis
+
+    proc = servers.ServerProcess(servers.find_binary(server_kind))
+    path = os.path.join(proc.workdir, "redis.sock")
+    proc.extra_args = ["--unixsocket", path, "--unixsocketperm", "700"]
+    with proc:
+        client = redis.Redis(unix_socket_path=path)
+        lock = redlease.Lock(client, name, ttl=5.0)
+        fences = []
+        for _ in range(20):
+            with lock as lease:
+                fences.append(lease.fence)
+        idle = client.connection_pool._redlease_connections._idle  # type: ignore[attr-defined]
+        assert all(conn._redlease_lean is not None for conn, _ in idle)
+
+        async def from_asyncio() -> int:
+            async_client = aredis.Redis(unix_socket_path=path)
+            try:
+                async with redlease.AsyncLock(async_client, name, ttl=5.0) as lease:
+                    return lease.fence
+            finally:
+                await async_client.aclose()
+
+        fences.append(asyncio.run(from_asyncio()))
+        assert fences == list(range(fences[0], fences[0] + 21))
+        assert client.exists("{" + name + "}") == 0
+        client.close()
