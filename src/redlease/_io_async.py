@@ -68,6 +68,8 @@ class _Connections:
     async def take(self, timeout: float) -> Any:
         loop = asyncio.get_running_loop()
         if self._loop is not loop or self._pid != os.getpid():
+            for stale in self._idle:  # another loop's (or the parent's): never used here
+                self._forget(stale)
             self._idle, self._loop, self._pid = [], loop, os.getpid()
         if self._idle:
             return self._idle.pop()
@@ -87,6 +89,11 @@ class _Connections:
         conn._redlease_lean = _lean(conn)
         return conn
 
+    def _forget(self, conn: Any) -> None:
+        in_use = getattr(self._pool, "_in_use_connections", None)
+        if isinstance(in_use, set):
+            in_use.discard(conn)
+
     async def give(self, conn: Any) -> None:
         if len(self._idle) < MAX_IDLE_CONNECTIONS and self._pid == os.getpid():
             self._idle.append(conn)
@@ -96,9 +103,7 @@ class _Connections:
     async def discard(self, conn: Any) -> None:
         """Close ``conn`` (its state may be unknown: a reply may still be on its way);
         never raises, as it runs while another error propagates."""
-        in_use = getattr(self._pool, "_in_use_connections", None)
-        if isinstance(in_use, set):
-            in_use.discard(conn)
+        self._forget(conn)
         with contextlib.suppress(BaseException):
             await conn.disconnect(nowait=True)
 
@@ -116,8 +121,8 @@ _Push: Any = getattr(_hiredis, "PushNotification", None)
 
 def _lean(conn: Any) -> bool:
     """Whether replies on ``conn`` can be taken straight from its hiredis reader: RESP2,
-    or RESP3 (redis-py 8's default) when hiredis marks push messages, which are skipped:
-    these connections subscribe to nothing, and redis-py keeps its own for what does."""
+    or RESP3 (when the client asks for it) if hiredis marks push messages, which are
+    skipped: these connections subscribe to nothing."""
     if _HIREDIS_PARSER is None or type(getattr(conn, "_parser", None)) is not _HIREDIS_PARSER:
         return False
     return str(getattr(conn, "protocol", 2)) == "2" or _Push is not None
