@@ -5,8 +5,7 @@ A quorum flow is a generator like the single-server flows of ``_flows``, but it 
 ``Fanout`` (one script to run on several nodes at once, each reply worth waiting for
 ``timeout`` seconds from the send) and ``Sleep``; it receives one result per node, the
 reply or the exception that stands for "no answer". The drivers in ``_redlock`` carry
-them: the sync one writes on every node's connection, then reads every reply; the
-asyncio one awaits all nodes together.
+them: both write on every node's connection, then read every reply.
 
 The algorithm (antirez, "Distributed locks with Redis"): take the lock on all N nodes at
 once; it is ours iff a majority (N//2 + 1) said yes and the validity left,
