@@ -8,6 +8,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import time
 from typing import Any
 
 import pytest
@@ -101,3 +102,28 @@ async def test_a_push_message_ahead_of_a_reply_is_skipped(
     finally:
         await client.aclose()
         await other.aclose()
+
+
+async def test_a_short_read_after_a_long_one_keeps_its_own_deadline(
+    server: servers.ServerProcess,
+) -> None:
+    """The asyncio reads of a connection share one timer, armed for the first read's
+    deadline; a later read with a shorter one must still time out on its own."""
+    from redlease._flows import Command
+    from redlease._io_async import AsyncIO
+
+    client = aredis.Redis(port=server.port)
+    io = AsyncIO(client)
+    try:
+        assert await io.execute(Command(("PING",), 60.0)) in (True, b"PONG")
+        server.pause()
+        try:
+            started = time.monotonic()
+            with pytest.raises(redis.TimeoutError):
+                await io.execute(Command(("PING",), 0.2))
+            assert time.monotonic() - started < 10  # not the first read's 60 s
+        finally:
+            server.resume()
+        assert await io.execute(Command(("PING",), 5.0)) in (True, b"PONG")
+    finally:
+        await client.aclose()

@@ -87,6 +87,7 @@ class _Connections:
         if isinstance(in_use, set):
             in_use.add(conn)
         conn._redlease_lean = _lean(conn)
+        conn._redlease_watch = _Watch()
         return conn
 
     def _forget(self, conn: Any) -> None:
@@ -104,6 +105,7 @@ class _Connections:
         """Close ``conn`` (its state may be unknown: a reply may still be on its way);
         never raises, as it runs while another error propagates."""
         self._forget(conn)
+        conn._redlease_watch.close()
         with contextlib.suppress(BaseException):
             await conn.disconnect(nowait=True)
 
@@ -141,19 +143,79 @@ async def _read(conn: Any, timeout: float) -> Any:
             reply = reader.gets()
             continue
         stream = parser._stream  # not in yet: wait for it, under a deadline
-        try:
-            async with _deadline(timeout):
-                while reply is _NOT_ENOUGH:
-                    data = await stream.read(65536)
-                    if not data:
-                        raise rx.ConnectionError("connection closed by server")
-                    reader.feed(data)
-                    reply = reader.gets()
-        except asyncio.TimeoutError:
-            raise rx.TimeoutError(f"no reply within {timeout:.3f}s") from None
+        if _LAZY_DEADLINES:
+            reply = await conn._redlease_watch.read(stream, reader, timeout)
+        else:
+            reply = await _bounded(_more(stream, reader), timeout)
     if isinstance(reply, (rx.ResponseError, rx.ConnectionError)):
         raise reply
     return reply
+
+
+async def _more(stream: asyncio.StreamReader, reader: Any) -> Any:
+    """Feed ``reader`` from ``stream`` until it holds a reply (or a push message)."""
+    reply = _NOT_ENOUGH
+    while reply is _NOT_ENOUGH:
+        data = await stream.read(65536)
+        if not data:
+            raise rx.ConnectionError("connection closed by server")
+        reader.feed(data)
+        reply = reader.gets()
+    return reply
+
+
+# A timer per read (asyncio.timeout) costs a timer-heap push and leaves a cancelled
+# handle behind, about 4% of a lock cycle. A connection's reads share one timer instead,
+# armed when none is pending and moved only when it fires early: it fires about once per
+# timeout, not once per read. It needs Task.cancelling()/uncancel() (3.11) to tell its
+# own cancellation from the caller's, and the nested-cancellation fixes of 3.11.3.
+_LAZY_DEADLINES = sys.version_info >= (3, 11, 3)
+
+
+class _Watch:
+    """The deadline of the read in progress on one connection (see _LAZY_DEADLINES)."""
+
+    __slots__ = ("due", "expired", "handle", "task")
+
+    def __init__(self) -> None:
+        self.task: asyncio.Task[Any] | None = None  # the task reading, while it reads
+        self.due = 0.0
+        self.expired = False
+        self.handle: asyncio.TimerHandle | None = None
+
+    async def read(self, stream: asyncio.StreamReader, reader: Any, timeout: float) -> Any:
+        loop = asyncio.get_running_loop()
+        task = asyncio.current_task()
+        assert task is not None
+        self.task, self.due, self.expired = task, loop.time() + timeout, False
+        if self.handle is None or self.handle.when() > self.due:
+            if self.handle is not None:
+                self.handle.cancel()
+            self.handle = loop.call_at(self.due, self._fire, loop)
+        cancelling = task.cancelling()  # type: ignore[attr-defined,unused-ignore]
+        try:
+            return await _more(stream, reader)
+        except asyncio.CancelledError:
+            if self.expired and task.uncancel() <= cancelling:  # type: ignore[attr-defined,unused-ignore]
+                raise rx.TimeoutError(f"no reply within {timeout:.3f}s") from None
+            raise  # the caller's own cancellation
+        finally:
+            self.task = None
+
+    def _fire(self, loop: asyncio.AbstractEventLoop) -> None:
+        self.handle = None
+        if self.task is None:
+            return  # no read in progress: the next one arms it again
+        if loop.time() >= self.due:
+            self.expired = True
+            self.task.cancel()
+        else:  # armed for an earlier read: move it to this one's deadline
+            self.handle = loop.call_at(self.due, self._fire, loop)
+
+    def close(self) -> None:
+        if self.handle is not None:
+            self.handle.cancel()
+            self.handle = None
 
 
 async def _bounded(reading: Awaitable[Any], timeout: float) -> Any:
