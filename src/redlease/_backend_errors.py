@@ -23,8 +23,10 @@ def describe(exc: BaseException) -> str:
     return "the server returned an error"
 
 
-def backend_error(exc: BaseException, action: str) -> BackendError:
-    error = BackendError(f"{action} failed: {describe(exc)} ({type(exc).__name__}: {exc})")
+def backend_error(
+    exc: BaseException, action: str, kind: type[BackendError] = BackendError
+) -> BackendError:
+    error = kind(f"{action} failed: {describe(exc)} ({type(exc).__name__}: {exc})")
     error.__cause__ = exc
     return error
 

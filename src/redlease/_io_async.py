@@ -456,7 +456,7 @@ async def fan_out(
             try:
                 conn = await direct.take(timeout)
             except BACKEND_FAILURES as exc:
-                results[at] = Unsent.of(exc, action)
+                results[at] = backend_error(exc, action, Unsent)
                 continue
             try:
                 await _send(conn, direct.wire(op, packed))

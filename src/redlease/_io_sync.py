@@ -300,9 +300,8 @@ def _read(conn: Any, timeout: float, spin: bool = True) -> Any:
 def _reply(conn: Any, op: Call | Command, timeout: float) -> Any:
     """The reply to ``op``, just written on ``conn``; a script the server has lost is
     sent again with its source."""
-    lean: _Lean | None = conn._redlease_lean
     try:
-        return lean.read(timeout) if lean is not None else _read(conn, timeout)
+        return _read(conn, timeout)
     except rx.NoScriptError:
         assert isinstance(op, Call)
         _send(conn, _resp.eval_source(op))
@@ -508,43 +507,46 @@ def fan_out(
     packed: dict[int, bytes] = {}  # the op's bytes, packed once for all nodes
     results: list[Any] = [None] * len(nodes)
     sent: list[tuple[int, Any, _Connections, float]] = []  # (result index, conn, owner, due)
-    for at, i in enumerate(nodes):
-        io = ios[i]
-        direct = io._direct
-        due = clock() + timeout
-        if direct is None:  # no direct path: the client's own call, one node at a time
+    try:
+        for at, i in enumerate(nodes):
+            io = ios[i]
+            direct = io._direct
+            due = clock() + timeout
+            if direct is None:  # no direct path: the client's own call, one node at a time
+                try:
+                    results[at] = io.execute(op)
+                except BACKEND_FAILURES as exc:
+                    results[at] = backend_error(exc, action)
+                continue
             try:
-                results[at] = io.execute(op)
+                conn = direct.take(timeout)
             except BACKEND_FAILURES as exc:
+                results[at] = backend_error(exc, action, Unsent)
+                continue
+            try:
+                _send(conn, direct.wire(op, packed))
+            except BaseException as exc:
+                direct.discard(conn)  # part of the command may have left
+                if not isinstance(exc, BACKEND_FAILURES):
+                    raise
                 results[at] = backend_error(exc, action)
-            continue
-        try:
-            conn = direct.take(timeout)
-        except BACKEND_FAILURES as exc:
-            results[at] = Unsent.of(exc, action)
-            continue
-        try:
-            _send(conn, direct.wire(op, packed))
-        except BACKEND_FAILURES as exc:
-            direct.discard(conn)  # part of the command may have left
-            results[at] = backend_error(exc, action)
-            continue
-        sent.append((at, conn, direct, due))
-    for k, (at, conn, direct, due) in enumerate(sent):
-        wait = due - clock()
-        try:
-            results[at] = _reply(conn, op, wait if wait > MIN_READ_WAIT else MIN_READ_WAIT)
-        except rx.ResponseError as exc:
+                continue
+            sent.append((at, conn, direct, due))
+        while sent:
+            at, conn, direct, due = sent[0]
+            wait = due - clock()
+            try:
+                results[at] = _reply(conn, op, wait if wait > MIN_READ_WAIT else MIN_READ_WAIT)
+            except rx.ResponseError as exc:
+                results[at] = backend_error(exc, action)
+            except BACKEND_FAILURES as exc:
+                del sent[0]
+                direct.discard(conn)
+                results[at] = backend_error(exc, action)
+                continue
+            del sent[0]
             direct.give(conn)  # the reply was read in full: the connection is clean
-            results[at] = backend_error(exc, action)
-            continue
-        except BACKEND_FAILURES as exc:
-            direct.discard(conn)
-            results[at] = backend_error(exc, action)
-            continue
-        except BaseException:
-            for _, other, owner, _ in sent[k:]:
-                owner.discard(other)
-            raise
-        direct.give(conn)
+    finally:
+        for _, other, owner, _ in sent:  # interrupted, or a bug: replies still on their way
+            owner.discard(other)
     return results

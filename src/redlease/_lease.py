@@ -132,15 +132,31 @@ class LeaseState:
             self._state = RELEASED
         self._stop_watching()
 
+    # The flows a lease's driver runs to extend and release it: a single server's here;
+    # a Redlock lease gives the quorum ones.
+    def _extend_flow(self, ttl_ms: int) -> Any:
+        return _flows.extend(self._spec, self._token, ttl_ms)
+
+    def _release_flow(self) -> Any:
+        return _flows.release(self._spec, self._token)
+
     @contextlib.contextmanager
-    def _releasing(self) -> Iterator[None]:
-        """Around a release: how it ends sets the state. LockLost: it was lost before;
-        QuorumError: released all the same (what is left expires with the ttl)."""
+    def _lost_on_lock_lost(self) -> Iterator[None]:
+        """Around a round trip that may find the lease gone: LockLost marks it lost (and
+        tells ``on_lost``) before it propagates."""
         try:
             yield
         except LockLost as exc:
             self._mark_lost(str(exc))
             raise
+
+    @contextlib.contextmanager
+    def _releasing(self) -> Iterator[None]:
+        """Around a release: how it ends sets the state. LockLost: it was lost before;
+        QuorumError: released all the same (what is left expires with the ttl)."""
+        try:
+            with self._lost_on_lock_lost():
+                yield
         except QuorumError:
             self._mark_released()
             raise
@@ -174,13 +190,10 @@ _Async = TypeVar("_Async", bound="AsyncLeaseBlock")
 
 
 class SyncLeaseBlock(LeaseState):
-    """What every sync lease shares: ``extend`` (a lease supplies the flow and the driver
-    that runs it, ``_io``) and ``with lease:``, which releases it when the block ends."""
+    """What every sync lease shares: ``extend`` and ``release`` (the lease's flows, run by
+    its driver ``_io``) and ``with lease:``, which releases it when the block ends."""
 
     _io: Any
-
-    def _extend_flow(self, ttl_ms: int) -> Any:
-        raise NotImplementedError
 
     def extend(self, ttl: float | None = None) -> None:
         """Make the lease last ``ttl`` seconds from now (default: the lock's ttl).
@@ -190,15 +203,9 @@ class SyncLeaseBlock(LeaseState):
         """
         ttl_ms = self._extend_ttl_ms(ttl)
         self.check()
-        try:
+        with self._lost_on_lock_lost():
             until = self._io.run(self._extend_flow(ttl_ms), "extend")
-        except LockLost as exc:
-            self._mark_lost(str(exc))
-            raise
         self._renewed(until)
-
-    def _release_flow(self) -> Any:
-        raise NotImplementedError
 
     def release(self) -> None:
         """Give the lock back (and hand it to the next waiter). Releasing twice is a no-op.
@@ -240,9 +247,6 @@ class AsyncLeaseBlock(LeaseState):
             _cancel_holder(self._holder, f"lease on {self.name!r} was lost: {reason}")
         return marked
 
-    def _extend_flow(self, ttl_ms: int) -> Any:
-        raise NotImplementedError
-
     async def extend(self, ttl: float | None = None) -> None:
         """Make the lease last ``ttl`` seconds from now (default: the lock's ttl).
 
@@ -251,15 +255,9 @@ class AsyncLeaseBlock(LeaseState):
         """
         ttl_ms = self._extend_ttl_ms(ttl)
         self.check()
-        try:
+        with self._lost_on_lock_lost():
             until = await self._io.run(self._extend_flow(ttl_ms), "extend")
-        except LockLost as exc:
-            self._mark_lost(str(exc))
-            raise
         self._renewed(until)
-
-    def _release_flow(self) -> Any:
-        raise NotImplementedError
 
     async def release(self) -> None:
         """Give the lock back (and hand it to the next waiter). Releasing twice is a no-op.
@@ -309,12 +307,6 @@ class Lease(SyncLeaseBlock):
         super().__init__(spec, grant, on_lost)
         self._io = io
 
-    def _extend_flow(self, ttl_ms: int) -> Any:
-        return _flows.extend(self._spec, self._token, ttl_ms)
-
-    def _release_flow(self) -> Any:
-        return _flows.release(self._spec, self._token)
-
 
 class AsyncLease(AsyncLeaseBlock):
     """A held lock (asyncio). Use as an async context manager to release it on exit."""
@@ -328,12 +320,6 @@ class AsyncLease(AsyncLeaseBlock):
     ) -> None:
         super().__init__(spec, grant, on_lost)
         self._io = io
-
-    def _extend_flow(self, ttl_ms: int) -> Any:
-        return _flows.extend(self._spec, self._token, ttl_ms)
-
-    def _release_flow(self) -> Any:
-        return _flows.release(self._spec, self._token)
 
 
 def _lost_at_block_end(lease: LeaseState, lost: LockLost, failure: BaseException | None) -> None:

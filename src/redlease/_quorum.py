@@ -86,12 +86,6 @@ class Unsent(BackendError):
     """A node's command never left the client (no connection could be made): that node
     cannot have applied it, so there is nothing to release there."""
 
-    @classmethod
-    def of(cls, exc: BaseException, action: str) -> Unsent:
-        error = cls(f"{action} failed: {describe(exc)} ({type(exc).__name__}: {exc})")
-        error.__cause__ = exc
-        return error
-
 
 # A fan-out's read is never asked to wait 0 s: a reply already received is still taken.
 MIN_READ_WAIT = 0.001

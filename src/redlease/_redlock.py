@@ -47,6 +47,7 @@ from ._io_sync import _CHECKED as _SYNC_CHECKED
 from ._io_sync import SyncIO
 from ._lease import (
     AsyncLeaseBlock,
+    LeaseState,
     SyncLeaseBlock,
 )
 from ._lock import _AsyncFront, _is_async_client, _SyncFront
@@ -259,20 +260,17 @@ def _warn_evicting(spec: QuorumSpec, nodes: Sequence[int], replies: Sequence[Any
 # -- leases -------------------------------------------------------------------------------
 
 
-class RedlockLease(SyncLeaseBlock):
-    """A held Redlock (sync): the same surface as ``Lease``; extend and release go to
-    every node and count only when a majority confirms."""
+class _QuorumLease(LeaseState):
+    """What both Redlock leases add to a lease, without I/O: the nodes, the ones that
+    said yes, and the quorum flows (extend and release count only when a majority
+    confirms; release goes to every node)."""
 
     def __init__(
-        self,
-        spec: QuorumSpec,
-        grant: QuorumGrant,
-        nodes: _SyncNodes,
-        on_lost: OnLost | None = None,
+        self, spec: QuorumSpec, grant: QuorumGrant, nodes: Any, on_lost: OnLost | None = None
     ) -> None:
         super().__init__(spec.lock, grant, on_lost)
         self._quorum = spec
-        self._io = nodes
+        self._io = nodes  # _SyncNodes or _AsyncNodes
         self._believed = grant.nodes
 
     def _extend_flow(self, ttl_ms: int) -> Any:
@@ -282,26 +280,12 @@ class RedlockLease(SyncLeaseBlock):
         return _quorum.release(self._quorum, self._token, self._believed)
 
 
-class AsyncRedlockLease(AsyncLeaseBlock):
+class RedlockLease(_QuorumLease, SyncLeaseBlock):
+    """A held Redlock (sync): the same surface as ``Lease``."""
+
+
+class AsyncRedlockLease(_QuorumLease, AsyncLeaseBlock):
     """A held Redlock (asyncio twin of ``RedlockLease``)."""
-
-    def __init__(
-        self,
-        spec: QuorumSpec,
-        grant: QuorumGrant,
-        nodes: _AsyncNodes,
-        on_lost: OnLost | None = None,
-    ) -> None:
-        super().__init__(spec.lock, grant, on_lost)
-        self._quorum = spec
-        self._io = nodes
-        self._believed = grant.nodes
-
-    def _extend_flow(self, ttl_ms: int) -> Any:
-        return _quorum.extend(self._quorum, self._token, ttl_ms)
-
-    def _release_flow(self) -> Any:
-        return _quorum.release(self._quorum, self._token, self._believed)
 
 
 # -- the locks ----------------------------------------------------------------------------
