@@ -16,7 +16,7 @@ import os
 import random
 import time
 import warnings
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -24,7 +24,7 @@ import redis
 import redis.asyncio as aredis
 
 import redlease
-from redlease import _io_sync
+from redlease import _spin
 
 from ._common import Settings, describe_error, median
 from ._report import NA, Row, rate, times, verdict
@@ -221,18 +221,39 @@ def _redlease_lock(bench: Bench, node: Node) -> Callable[[str], SyncCycle]:
     return build
 
 
+@contextlib.contextmanager
+def _spin_off() -> Iterator[None]:
+    saved, _spin.BUDGET = _spin.BUDGET, 0.0
+    try:
+        yield
+    finally:
+        _spin.BUDGET = saved
+
+
 def _no_spin(build: Callable[[str], SyncCycle]) -> Callable[[str], SyncCycle]:
-    """The same contender with the sync driver's polling reads off (REDLEASE_SPIN_US=0)."""
+    """The same contender with the drivers' polling reads off (REDLEASE_SPIN_US=0)."""
 
     def build_quiet(key: str) -> SyncCycle:
         cycle = build(key)
 
         def quiet() -> None:
-            saved, _io_sync.SPIN_BUDGET = _io_sync.SPIN_BUDGET, 0.0
-            try:
+            with _spin_off():
                 cycle()
-            finally:
-                _io_sync.SPIN_BUDGET = saved
+
+        return quiet
+
+    return build_quiet
+
+
+def _no_spin_async(build: Callable[[str], AsyncCycle]) -> Callable[[str], AsyncCycle]:
+    """The asyncio twin of ``_no_spin``."""
+
+    def build_quiet(key: str) -> AsyncCycle:
+        cycle = build(key)
+
+        async def quiet() -> None:
+            with _spin_off():
+                await cycle()
 
         return quiet
 
@@ -453,6 +474,12 @@ def build_entries(bench: Bench, *, single: bool, redlock: bool, masters: Sequenc
             SINGLE, "aredis-py", "(asyncio) redis-py asyncio Lock", _redis_py_async(bench, one)
         )
         bench.add(SINGLE, "aredlease", "(asyncio) redlease AsyncLock", _redlease_async(bench, one))
+        bench.add(
+            SINGLE,
+            "aredlease-no-spin",
+            "(asyncio) redlease AsyncLock, REDLEASE_SPIN_US=0",
+            _no_spin_async(_redlease_async(bench, one)),
+        )
         bench.add(
             SINGLE, "aioredlock-1", "(asyncio) aioredlock, 1 master", _aioredlock(bench, [one])
         )

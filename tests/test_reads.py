@@ -5,6 +5,7 @@ skip push messages."""
 
 from __future__ import annotations
 
+import asyncio
 import os
 import subprocess
 import sys
@@ -16,12 +17,13 @@ import redis
 import redis.asyncio as aredis
 
 import redlease
-from redlease import _io_sync, servers
+from redlease import _spin, servers
 from redlease.chaos.proxy import FaultProxy
 
 
-def spin_record(client: redis.Redis) -> Any:
-    return client.connection_pool._redlease_connections.spin  # type: ignore[attr-defined]
+def spin_record(client: redis.Redis | aredis.Redis) -> Any:
+    pool: Any = client.connection_pool
+    return pool._redlease_connections.spin
 
 
 def test_a_slow_link_stops_the_spinning(server: servers.ServerProcess, name: str) -> None:
@@ -30,11 +32,11 @@ def test_a_slow_link_stops_the_spinning(server: servers.ServerProcess, name: str
         client = redis.Redis(port=proxy.port)
         lock = redlease.Lock(client, name, ttl=5.0)
         fences = []
-        for _ in range(_io_sync.SPIN_MISSES):  # two reads each: acquire, release
+        for _ in range(_spin.MISSES):  # two reads each: acquire, release
             with lock as lease:
                 fences.append(lease.fence)
         record = spin_record(client)
-        assert record.rest > _io_sync.SPIN_REST - 2 * _io_sync.SPIN_MISSES
+        assert record.rest > _spin.REST - 2 * _spin.MISSES
         resting = record.rest
         with lock:
             pass
@@ -49,8 +51,8 @@ def test_spinning_off_gives_the_same_results(
     client = redis.Redis(port=server.port)
     lock = redlease.Lock(client, name, ttl=5.0)
     seen = []
-    for budget in (0.0, _io_sync.SPIN_BUDGET, 0.0):
-        monkeypatch.setattr(_io_sync, "SPIN_BUDGET", budget)
+    for budget in (0.0, _spin.BUDGET, 0.0):
+        monkeypatch.setattr(_spin, "BUDGET", budget)
         for _ in range(20):
             with lock as lease:
                 seen.append(lease.fence)
@@ -63,14 +65,14 @@ def test_spinning_off_gives_the_same_results(
 
 
 def test_spin_setting() -> None:
-    assert _io_sync._spin_budget(None) == _io_sync.DEFAULT_SPIN_BUDGET
-    assert _io_sync._spin_budget("0") == 0.0
-    assert _io_sync._spin_budget("250") == pytest.approx(250e-6)
+    assert _spin.budget_from(None) == _spin.DEFAULT_BUDGET
+    assert _spin.budget_from("0") == 0.0
+    assert _spin.budget_from("250") == pytest.approx(250e-6)
     for bad in ("-1", "fast", "1.5"):
         with pytest.warns(redlease.RedleaseWarning, match="REDLEASE_SPIN_US"):
-            assert _io_sync._spin_budget(bad) == _io_sync.DEFAULT_SPIN_BUDGET
+            assert _spin.budget_from(bad) == _spin.DEFAULT_BUDGET
     shown = subprocess.run(
-        [sys.executable, "-c", "from redlease import _io_sync; print(_io_sync.SPIN_BUDGET)"],
+        [sys.executable, "-c", "from redlease import _spin; print(_spin.BUDGET)"],
         env={**os.environ, "REDLEASE_SPIN_US": "0"},
         capture_output=True,
         text=True,
@@ -125,5 +127,143 @@ async def test_a_short_read_after_a_long_one_keeps_its_own_deadline(
         finally:
             server.resume()
         assert await io.execute(Command(("PING",), 5.0)) in (True, b"PONG")
+    finally:
+        await client.aclose()
+
+
+async def test_asyncio_reads_poll_too_and_a_slow_link_stops_them(
+    server: servers.ServerProcess, name: str
+) -> None:
+    with FaultProxy("127.0.0.1", server.port).start() as proxy:
+        proxy.set_mode("delay", delay_ms=5)
+        client = aredis.Redis(port=proxy.port)
+        try:
+            lock = redlease.AsyncLock(client, name, ttl=5.0)
+            fences = []
+            for _ in range(_spin.MISSES):
+                async with lock as lease:
+                    fences.append(lease.fence)
+            record = spin_record(client)
+            assert record.rest > _spin.REST - 2 * _spin.MISSES
+            resting = record.rest
+            async with lock:
+                pass
+            assert record.rest == resting - 2
+            assert fences == sorted(set(fences))
+        finally:
+            await client.aclose()
+
+
+async def test_asyncio_spinning_off_gives_the_same_results(
+    server: servers.ServerProcess, name: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    client = aredis.Redis(port=server.port)
+    try:
+        lock = redlease.AsyncLock(client, name, ttl=5.0)
+        seen = []
+        for budget in (0.0, _spin.BUDGET, 0.0):
+            monkeypatch.setattr(_spin, "BUDGET", budget)
+            for _ in range(20):
+                async with lock as lease:
+                    seen.append(lease.fence)
+                first = await lock.try_acquire()
+                assert first is not None
+                assert await lock.try_acquire() is None
+                await first.release()
+        assert seen == sorted(set(seen))
+    finally:
+        await client.aclose()
+
+
+async def test_replies_polled_in_a_row_still_let_the_loop_turn(
+    server: servers.ServerProcess, name: str
+) -> None:
+    """A read answered by polling never suspends; a run of them must still let timers
+    and I/O of other tasks through, about once per millisecond."""
+    client = aredis.Redis(port=server.port)
+    ticks = 0
+
+    async def ticker() -> None:
+        nonlocal ticks
+        while True:
+            await asyncio.sleep(0.0002)
+            ticks += 1
+
+    try:
+        lock = redlease.AsyncLock(client, name, ttl=5.0)
+        async with lock:
+            pass  # connection made, script loaded
+        task = asyncio.create_task(ticker())
+        await asyncio.sleep(0)
+        started = time.monotonic()
+        for _ in range(400):
+            async with lock:
+                pass
+        elapsed = time.monotonic() - started
+        task.cancel()
+        assert ticks >= min(3, int(elapsed / 0.005))
+    finally:
+        await client.aclose()
+
+
+async def test_a_reply_read_partly_by_the_poll_is_finished_by_the_stream(
+    server: servers.ServerProcess, name: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from redlease._flows import Command
+    from redlease._io_async import AsyncIO
+
+    value = os.urandom(600_000)
+    writer = redis.Redis(port=server.port)
+    writer.set(name, value)
+    polled = []
+    real_poll = _spin.poll
+
+    def first_part_only(recv: Any, buffer: bytearray, reader: Any, record: Any) -> Any:
+        deadline = time.monotonic() + 5
+        while True:  # part of the reply (the poll's buffer is smaller than it)
+            try:
+                got = recv()
+                break
+            except BlockingIOError:
+                assert time.monotonic() < deadline
+                time.sleep(0.001)
+        polled.append(got)
+        reader.feed(buffer, 0, got)
+        return _spin.NOT_ENOUGH  # as if the rest had not come yet
+
+    client = aredis.Redis(port=server.port)
+    io = AsyncIO(client)
+    try:
+        assert await io.execute(Command(("PING",), 5.0)) in (True, b"PONG")
+        monkeypatch.setattr(_spin, "poll", first_part_only)
+        assert await io.execute(Command(("GET", name), 10.0)) == value
+        assert 0 < polled[0] < len(value)
+        monkeypatch.setattr(_spin, "poll", real_poll)
+        assert await io.execute(Command(("GET", name), 10.0)) == value
+    finally:
+        await client.aclose()
+        writer.close()
+
+
+async def test_the_poll_leaves_the_socket_alone_while_the_stream_holds_bytes(
+    server: servers.ServerProcess,
+) -> None:
+    """Bytes the transport already took come before any still on the socket: a poll of
+    the socket then would read a later reply first."""
+    from redlease import _io_async, _resp
+
+    client = aredis.Redis(port=server.port)
+    io = _io_async.AsyncIO(client)
+    direct = io._direct
+    assert direct is not None
+    try:
+        conn = await direct.take(5.0)
+        await _io_async._send(conn, _resp.command(("PING",)))
+        await asyncio.sleep(0.2)  # the transport reads the reply into the stream
+        await _io_async._send(conn, _resp.command(("ECHO", "later")))
+        time.sleep(0.2)  # noqa: ASYNC251 - the reply waits on the socket: the loop must not run
+        assert await _io_async._read(conn, 5.0) in (True, b"PONG")
+        assert await _io_async._read(conn, 5.0) == b"later"
+        await direct.give(conn)
     finally:
         await client.aclose()

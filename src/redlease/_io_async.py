@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import os
 import sys
 import time
@@ -29,7 +30,7 @@ from redis._parsers import hiredis as _hiredis_parser
 from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
 
-from . import _flows, _resp
+from . import _flows, _resp, _spin
 from ._backend_errors import BACKEND_FAILURES, backend_error
 from ._errors import RedleaseWarning
 from ._flows import Call, Command, Flow, Op, Replicas, Wait
@@ -62,6 +63,7 @@ class _Connections:
         self._settings = _resp.private_connection_settings(pool.connection_kwargs)
         self._idle: list[Any] = []
         self.wire = _resp.Wire()  # each op as bytes for this server
+        self.spin = _spin.Record()  # whether reads from this server poll before sleeping
         self._loop: asyncio.AbstractEventLoop | None = None
         self._pid = os.getpid()
 
@@ -88,6 +90,7 @@ class _Connections:
             in_use.add(conn)
         conn._redlease_lean = _lean(conn)
         conn._redlease_watch = _Watch()
+        conn._redlease_poll = _Poll(self.spin)
         return conn
 
     def _forget(self, conn: Any) -> None:
@@ -110,7 +113,7 @@ class _Connections:
             await conn.disconnect(nowait=True)
 
 
-_NOT_ENOUGH = getattr(_hiredis_parser, "NOT_ENOUGH_DATA", False)
+_NOT_ENOUGH = _spin.NOT_ENOUGH
 _HIREDIS_PARSER: Any = getattr(_hiredis_parser, "_AsyncHiredisParser", None)
 _hiredis: Any
 try:
@@ -127,17 +130,29 @@ def _lean(conn: Any) -> bool:
     skipped: these connections subscribe to nothing."""
     if _HIREDIS_PARSER is None or type(getattr(conn, "_parser", None)) is not _HIREDIS_PARSER:
         return False
+    if getattr(conn, "_writer", None) is None:
+        return False
     return str(getattr(conn, "protocol", 2)) == "2" or _Push is not None
 
 
-async def _read(conn: Any, timeout: float) -> Any:
+async def _read(conn: Any, timeout: float, spin: bool = True) -> Any:
     """The next reply on ``conn``; rx.TimeoutError if none came within ``timeout`` (the
-    connection is then in an unknown state: the caller drops it)."""
+    connection is then in an unknown state: the caller drops it). ``spin``: the reply is
+    due in about a round trip (not a blocking command's)."""
     if not conn._redlease_lean:
         return await _bounded(conn.read_response(), timeout)  # bounded by us, not timeout=
     parser = conn._parser  # the reader and stream of the current connect
     reader = parser._reader
     reply = reader.gets()
+    if reply is _NOT_ENOUGH and spin and _POLLS and _spin.BUDGET > 0:
+        poll: _Poll = conn._redlease_poll
+        started = time.perf_counter()
+        reply = poll.reply(conn, parser._stream, reader)
+        if reply is _NOT_ENOUGH:  # what the poll took counts against the bound
+            timeout = max(timeout - (time.perf_counter() - started), MIN_READ_WAIT)
+        elif started - poll.record.turned > TURN_EVERY:
+            poll.record.turned = started
+            await asyncio.sleep(0)  # polled replies in a row: let the loop take a turn
     while reply is _NOT_ENOUGH or (_Push is not None and type(reply) is _Push):
         if reply is not _NOT_ENOUGH:  # a push message: not the reply we wait for
             reply = reader.gets()
@@ -147,9 +162,53 @@ async def _read(conn: Any, timeout: float) -> Any:
             reply = await conn._redlease_watch.read(stream, reader, timeout)
         else:
             reply = await _bounded(_more(stream, reader), timeout)
+        conn._redlease_poll.record.turned = time.perf_counter()
     if isinstance(reply, (rx.ResponseError, rx.ConnectionError)):
         raise reply
     return reply
+
+
+# Polling needs Task.cancelling() (3.11) to leave a due cancellation its await.
+_POLLS = sys.version_info >= (3, 11)
+# The event loop looks at I/O and timers only between turns, and a read answered by
+# polling takes none: after this long without one, a read lets the loop take a turn.
+TURN_EVERY = 1e-3
+
+
+class _Poll:
+    """Polling a lean connection's socket before sleeping (see ``_spin``), as the sync
+    driver does, but only while no other task is ready to run: a poll holds the event
+    loop. It reads the socket itself, past the transport, and only while the stream
+    holds no unread bytes, so the bytes stay in order; never a TLS socket."""
+
+    __slots__ = ("buffer", "record", "recv", "transport")
+
+    def __init__(self, record: _spin.Record) -> None:
+        self.record = record
+        self.buffer = bytearray(16384)
+        self.transport: Any = None  # the transport whose socket ``recv`` reads
+        self.recv: Any = None
+
+    def reply(self, conn: Any, stream: asyncio.StreamReader, reader: Any) -> Any:
+        """The reply, if polling brings it; _NOT_ENOUGH to wait in the loop after all."""
+        # CPython's loop keeps the callbacks due this turn in _ready; any other loop
+        # (uvloop) does not say, so it is never held.
+        loop = asyncio.get_running_loop()
+        ready = getattr(loop, "_ready", None)
+        if ready is None or ready or getattr(stream, "_buffer", True):
+            return _NOT_ENOUGH
+        task = asyncio.current_task(loop)
+        if task is None or task.cancelling():  # type: ignore[attr-defined,unused-ignore]
+            return _NOT_ENOUGH  # a cancellation is due: it lands at this read, as asked
+        transport = conn._writer.transport
+        if transport is not self.transport:  # a new connect: find its socket
+            self.transport, self.recv = transport, None
+            sock = transport.get_extra_info("socket")
+            if sock is not None and transport.get_extra_info("ssl_object") is None:
+                self.recv = functools.partial(os.readv, sock.fileno(), [self.buffer])
+        if self.recv is None or transport.is_closing():  # closing: the fd may be reused
+            return _NOT_ENOUGH
+        return _spin.poll(self.recv, self.buffer, reader, self.record)
 
 
 async def _more(stream: asyncio.StreamReader, reader: Any) -> Any:
@@ -250,7 +309,7 @@ async def _reply(conn: Any, op: Call | Command, timeout: float) -> Any:
 async def _replicas_acked(conn: Any, replicas: Replicas, timeout: float) -> int:
     """WAIT on the connection that made the write: how many replicas have it."""
     await _send(conn, _resp.command(("WAIT", str(replicas.count), str(replicas.timeout_ms))))
-    return int(await _read(conn, replicas.timeout_ms / 1000.0 + timeout))
+    return int(await _read(conn, replicas.timeout_ms / 1000.0 + timeout, spin=False))
 
 
 class AsyncIO:
@@ -418,7 +477,7 @@ class AsyncIO:
         conn = await self._direct.take(op.read_timeout - op.timeout)
         try:
             await _send(conn, _resp.command(("BLPOP", op.key, f"{op.timeout:.3f}")))
-            reply = await _read(conn, op.read_timeout)
+            reply = await _read(conn, op.read_timeout, spin=False)  # a blocking command
             rung = None if reply is None else reply[1]
             if op.replicas is not None:
                 acked = 0 if rung is None else await _replicas_acked(conn, op.replicas, op.timeout)

@@ -13,6 +13,7 @@ lock's hash slot.
 from __future__ import annotations
 
 import contextlib
+import functools
 import inspect
 import math
 import os
@@ -28,11 +29,10 @@ from typing import Any, TypeVar
 
 import redis
 from redis import exceptions as rx
-from redis._parsers import hiredis as _hiredis_parser
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
-from . import _flows, _resp
+from . import _flows, _resp, _spin
 from ._backend_errors import BACKEND_FAILURES, backend_error
 from ._errors import RedleaseWarning
 from ._flows import Call, Command, Flow, Op, Replicas, Wait
@@ -42,38 +42,6 @@ T = TypeVar("T")
 
 MAX_IDLE_CONNECTIONS = 8
 
-# Spin-then-block reads (docs/design.md, "Connections and timeouts"). A reply from a server
-# on this host or a fast link comes back within tens of microseconds, sooner than the
-# kernel wakes a sleeping reader; so a read first polls for up to SPIN_BUDGET seconds,
-# giving the CPU away between polls, and gives up at once if that showed another task
-# wanted the CPU. After SPIN_MISSES straight spins without the reply (a slow link, a busy
-# machine), reads from that server sleep right away for the next SPIN_REST reads.
-# REDLEASE_SPIN_US=0 turns spinning off.
-DEFAULT_SPIN_BUDGET = 100e-6
-SPIN_BUSY = 20e-6  # a yield that took longer than this: another task ran meanwhile
-SPIN_MISSES = 4
-SPIN_REST = 256
-
-
-def _spin_budget(setting: str | None) -> float:
-    if setting is None:
-        return DEFAULT_SPIN_BUDGET
-    try:
-        micros = int(setting)
-    except ValueError:
-        micros = -1
-    if micros < 0:
-        warnings.warn(
-            f"REDLEASE_SPIN_US must be a whole number of microseconds >= 0, not {setting!r}; "
-            f"using {DEFAULT_SPIN_BUDGET * 1e6:.0f}",
-            RedleaseWarning,
-            stacklevel=2,
-        )
-        return DEFAULT_SPIN_BUDGET
-    return micros / 1e6
-
-
-SPIN_BUDGET = _spin_budget(os.environ.get("REDLEASE_SPIN_US"))
 # Seconds of idleness after which a kept connection is checked before use.
 STALE_AFTER = 1.0
 _READ_TAKES_TIMEOUT = "timeout" in inspect.signature(redis.Connection.read_response).parameters
@@ -104,7 +72,7 @@ class _Connections:
         self._settings = _resp.private_connection_settings(pool.connection_kwargs)
         self._idle: list[tuple[Any, float]] = []
         self.wire = _resp.Wire()  # each op as bytes for this server
-        self.spin = _Spin()  # whether reads from this server poll before sleeping
+        self.spin = _spin.Record()  # whether reads from this server poll before sleeping
         _ALL_CONNECTIONS.add(self)
         # Close what is idle when this goes away, or at interpreter exit at the latest.
         weakref.finalize(self, _close_idle, self._idle)
@@ -151,23 +119,13 @@ if hasattr(os, "register_at_fork"):  # not on Windows
     os.register_at_fork(after_in_child=_forget_parents_connections)
 
 
-_NOT_ENOUGH = getattr(_hiredis_parser, "NOT_ENOUGH_DATA", False)
+_NOT_ENOUGH = _spin.NOT_ENOUGH
 
 
 def _timeval(seconds: float) -> bytes:
     # 0 would mean "no limit" to the kernel: the shortest bound is 1 ms
     whole, fraction = divmod(max(seconds, 0.001), 1.0)
     return struct.pack("ll", int(whole), int(fraction * 1e6))
-
-
-class _Spin:
-    """One server's spin record, shared by its connections (races only blur a count)."""
-
-    __slots__ = ("misses", "rest")
-
-    def __init__(self) -> None:
-        self.misses = 0  # straight spins that ended without the reply
-        self.rest = 0  # reads left that sleep right away
 
 
 class _Lean:
@@ -178,14 +136,17 @@ class _Lean:
     Only for RESP2 connections parsed by hiredis; anything else (TLS, the pure-Python
     parser, RESP3 with its push messages) keeps redis-py's own path."""
 
-    __slots__ = ("buffer", "reader", "sock", "spin", "wait")
+    __slots__ = ("buffer", "poll", "reader", "sock", "spin", "wait")
 
-    def __init__(self, sock: socket.socket, reader: Any, buffer: bytearray, spin: _Spin) -> None:
+    def __init__(
+        self, sock: socket.socket, reader: Any, buffer: bytearray, spin: _spin.Record
+    ) -> None:
         self.sock, self.reader, self.buffer, self.spin = sock, reader, buffer, spin
+        self.poll = functools.partial(sock.recv_into, buffer, 0, socket.MSG_DONTWAIT)
         self.wait = -1.0  # the receive bound currently set on the socket
 
     @staticmethod
-    def attach(conn: Any, spin: _Spin) -> None:
+    def attach(conn: Any, spin: _spin.Record) -> None:
         sock: Any = getattr(conn, "_sock", None)
         parser = getattr(conn, "_parser", None)
         reader = getattr(parser, "_reader", None)
@@ -209,9 +170,9 @@ class _Lean:
         (not a blocking command's reply)."""
         reader = self.reader
         reply = reader.gets()
-        if reply is _NOT_ENOUGH and spin and SPIN_BUDGET > 0:
+        if reply is _NOT_ENOUGH and spin and _spin.BUDGET > 0:
             started = time.perf_counter()
-            reply = self._spin(started)
+            reply = _spin.poll(self.poll, self.buffer, reader, self.spin)
             if reply is _NOT_ENOUGH:  # what the spin took counts against the bound
                 timeout = max(timeout - (time.perf_counter() - started), MIN_READ_WAIT)
         if reply is _NOT_ENOUGH:
@@ -235,39 +196,6 @@ class _Lean:
         if isinstance(reply, (rx.ResponseError, rx.ConnectionError)):
             raise reply
         return reply
-
-    def _spin(self, started: float) -> Any:
-        """Poll for the reply for up to SPIN_BUDGET, yielding the CPU between polls; the
-        reply, or _NOT_ENOUGH to sleep in the kernel after all."""
-        record = self.spin
-        if record.rest:
-            record.rest -= 1
-            return _NOT_ENOUGH
-        sock, reader, buffer = self.sock, self.reader, self.buffer
-        clock, end = time.perf_counter, started + SPIN_BUDGET
-        while True:
-            try:
-                got = sock.recv_into(buffer, 0, socket.MSG_DONTWAIT)
-            except BlockingIOError:
-                now = clock()
-                if now < end:
-                    os.sched_yield()
-                    if clock() - now < SPIN_BUSY:
-                        continue
-                break  # the budget is spent, or the CPU is wanted elsewhere
-            except OSError as exc:
-                raise rx.ConnectionError(f"error while reading: {exc}") from exc
-            if not got:
-                raise rx.ConnectionError("connection closed by server")
-            reader.feed(buffer, 0, got)
-            reply = reader.gets()
-            if reply is not _NOT_ENOUGH:
-                record.misses = 0
-                return reply
-        record.misses += 1
-        if record.misses >= SPIN_MISSES:
-            record.misses, record.rest = 0, SPIN_REST
-        return _NOT_ENOUGH
 
     def send(self, data: bytes) -> None:
         try:
