@@ -15,6 +15,7 @@ import redlease
 # kind -> label in the table
 KINDS = {
     "redlease": "redlease Lock (fair, the default)",
+    "redlease-batch": "redlease Lock (fair, batch=8)",
     "redlease-unfair": "redlease Lock (fair=False)",
     "redis-py": "redis-py Lock (defaults: polls every 0.1 s)",
     "python-redis-lock": "python-redis-lock (BLPOP signal)",
@@ -23,7 +24,14 @@ KINDS = {
 # compared in every multi-process figure; contention also shows redlease without fairness
 PEERS = ("redlease", "redis-py", "python-redis-lock")
 # and the plainest FIFO hand-over there is: what a wake-up per section costs on this machine
-CONTENTION = ("redlease", "redlease-unfair", "redis-py", "python-redis-lock", "ticket")
+CONTENTION = (
+    "redlease",
+    "redlease-batch",
+    "redlease-unfair",
+    "redis-py",
+    "python-redis-lock",
+    "ticket",
+)
 
 
 class SyncLock(Protocol):
@@ -33,8 +41,19 @@ class SyncLock(Protocol):
 
 
 class _Redlease:
-    def __init__(self, client: redis.Redis, name: str, ttl: float, *, fair: bool = True) -> None:
-        self._lock = redlease.Lock(client, name, ttl=ttl, fair=fair)
+    def __init__(
+        self,
+        client: redis.Redis,
+        name: str,
+        ttl: float,
+        *,
+        fair: bool = True,
+        batch: int = 1,
+        batch_window: float = 0.002,
+    ) -> None:
+        self._lock = redlease.Lock(
+            client, name, ttl=ttl, fair=fair, batch=batch, batch_window=batch_window
+        )
 
     def acquire(self, timeout: float | None = None) -> Any:
         return self._lock.acquire(timeout=timeout)
@@ -97,6 +116,9 @@ class _Ticket:
 def make_lock(kind: str, client: redis.Redis, name: str, ttl: float) -> SyncLock:
     if kind == "redlease":
         return _Redlease(client, name, ttl)
+    if kind.startswith("redlease-batch"):  # redlease-batch[-holds[-window ms]]
+        holds, window = [*kind.split("-")[2:], "8", "2"][:2]
+        return _Redlease(client, name, ttl, batch=int(holds), batch_window=float(window) / 1000)
     if kind == "redlease-unfair":
         return _Redlease(client, name, ttl, fair=False)
     if kind == "redis-py":

@@ -140,7 +140,7 @@ def rows(tallies: Sequence[Tally], processes: int) -> list[Row]:
     out: list[Row] = []
     for t in tallies:
         label = KINDS[t.kind]
-        mine = t.kind == "redlease"
+        mine = t.kind in ("redlease", "redlease-batch")  # the fair ones: bars apply
         if t.problem is not None:
             out.append(
                 Row(

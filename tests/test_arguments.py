@@ -33,6 +33,12 @@ CLIENT = redis.Redis(port=1)
         ({"on_lost": 3}, "on_lost"),
         ({"max_hold": 0}, "max_hold"),
         ({"prefix": "a{b"}, "prefix"),
+        ({"batch": 0}, "batch"),
+        ({"batch": True}, "batch"),
+        ({"batch": 2.0}, "batch"),
+        ({"batch": 4, "fair": False}, "batch needs fair=True"),
+        ({"batch": 4, "batch_window": 0}, "batch_window"),
+        ({"batch": 4, "batch_window": 5.0}, "batch_window must not be longer than the ttl"),
     ],
 )
 def test_bad_lock_arguments_name_the_argument(kwargs: dict[str, Any], names: str) -> None:

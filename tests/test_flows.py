@@ -40,11 +40,15 @@ def test_acquire_is_one_script_call_and_validity_counts_from_before_sending() ->
         "{orders:42}:fence",
         "{orders:42}:queue",
         "{orders:42}:waiters",
+        "{orders:42}:batch",
     )
-    token, ttl_ms, fair, queue_ms, bells = op.args
+    token, ttl_ms, fair, queue_ms, bells, window_ms, holds, owner = op.args
     assert token == attempt.token
     assert len(token) == 32
     assert (ttl_ms, fair, queue_ms, bells) == ("10000", "1", "0", "{orders:42}:bell:")
+    assert (window_ms, holds) == ("2", "1")  # no batch unless asked for
+    assert len(owner) == 16
+    assert owner == attempt.spec.owner
     clock.advance(0.3)  # time in flight is the holder's loss
     done, grant = step(flow, [7, 10000, 1_000_000])
     assert done == "done"
@@ -84,7 +88,7 @@ def test_waiter_sleeps_on_its_bell_until_the_holders_expiry_at_most() -> None:
     assert isinstance(wait, _flows.Wait)
     assert wait.key == "{orders:42}:bell:" + attempt.token
     assert wait.timeout == pytest.approx(2.5 + _flows.EXPIRY_NUDGE)
-    assert wait.read_timeout > wait.timeout
+    assert wait.give_up == pytest.approx(wait.timeout + _flows.LATE_WAKE)
 
 
 def test_handover_validity_uses_only_server_elapsed_time() -> None:

@@ -16,17 +16,7 @@ import redis
 import redlease
 from redlease import _flows, servers
 from redlease._io_sync import SyncIO
-
-
-def queued(r: redis.Redis, name: str) -> int:
-    return int(r.llen("{" + name + "}:queue"))
-
-
-def wait_until(predicate: Any, timeout: float = 10.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        assert time.monotonic() < deadline, "condition not reached"
-        time.sleep(0.002)
+from waiting_helpers import queued, wait_until
 
 
 def drive(flow: Any, reply: Any, io: SyncIO) -> Any:
@@ -122,6 +112,19 @@ def test_waiter_wakes_when_a_crashed_holders_lease_expires(
     waited = time.monotonic() - started
     assert waited < left + 1.5  # woken by the expiry itself, not a polling schedule
     lease.release()
+
+
+def test_a_short_wait_ends_on_time_on_an_idle_server(r: redis.Redis, name: str) -> None:
+    """An idle server notices a BLPOP's timeout only at its next tick, up to 100 ms late;
+    the driver stops waiting for it soon after the timeout and tries again."""
+    took = []
+    for _ in range(5):
+        redlease.Lock(r, name, ttl=0.05).acquire()  # never released: it expires
+        started = time.monotonic()
+        lease = redlease.Lock(r, name, ttl=5.0).acquire(timeout=10)
+        took.append(time.monotonic() - started)
+        lease.release()
+    assert sorted(took)[2] < 0.05 + 0.04
 
 
 def test_timeout_leaves_the_queue_clean(r: redis.Redis, name: str) -> None:

@@ -47,6 +47,25 @@ def timeout(value: object, name: str = "timeout") -> float | None:
     return secs
 
 
+def batch(value: object, fair: bool) -> int:
+    """How many holds in a row a batch allows: 1 (none) or more, for a fair lock only."""
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise InvalidArgument(f"batch must be an int, not {type(value).__name__}")
+    if value < 1:
+        raise InvalidArgument(f"batch must be at least 1, got {value!r}")
+    if value > 1 and not fair:
+        raise InvalidArgument("batch needs fair=True (an unfair lock keeps no queue order)")
+    return value
+
+
+def batch_window_ms(value: object, lease_ms: int) -> int:
+    """How long a batch may last: positive, at most the ttl; in whole milliseconds."""
+    ms = ttl_ms(value, "batch_window")
+    if ms > lease_ms:
+        raise InvalidArgument(f"batch_window must not be longer than the ttl, got {value!r}")
+    return ms
+
+
 def optional_positive(value: object, name: str) -> float | None:
     """None or a positive duration in seconds."""
     if value is None:

@@ -37,6 +37,8 @@ MIN_WAIT = 0.001
 # A wake-up after the holder's PTTL is a safety net against holders that died; waking a
 # hair after expiry avoids finding the key still there.
 EXPIRY_NUDGE = 0.001
+# How long past a BLPOP's timeout the driver waits for the server's own answer.
+LATE_WAKE = 0.005
 
 
 @dataclass(frozen=True)
@@ -73,13 +75,22 @@ class Command:
 class Wait:
     """Block on the server (BLPOP) until ``key`` gets an element or ``timeout`` passes.
 
-    The reply is the popped element, or None on timeout.
+    The reply is the popped element, or None on timeout. An idle server notices a
+    BLPOP's timeout late (it looks between events, and when idle only every 1/hz s:
+    100 ms by default), so the driver gives up ``LATE_WAKE`` after ``timeout`` and drops
+    the connection (the server drops the BLPOP with it): None as well. Nothing is lost if
+    a ring was popped just then: a grant stays in the lock key, where the next try finds
+    it, and a plain wake-up only asks for that try.
     """
 
     key: str
     timeout: float
-    read_timeout: float  # how long the driver waits for the server's answer in all
+    connect_timeout: float  # a new connection's bound, handshake included
     replicas: Replicas | None = None  # a grant popped from the bell must reach them
+
+    @property
+    def give_up(self) -> float:
+        return self.timeout + LATE_WAKE
 
 
 Op = Call | Command | Wait
@@ -119,6 +130,9 @@ class LockSpec:
     clock: Clock
     reply_timeout: float  # a reply later than this is treated as lost
     replicas: Replicas | None = None
+    batch: int = 1  # holds in a row for one owner (see _scripts.py)
+    batch_window_ms: int = 2
+    owner: str = ""  # names this lock object in batches
 
     @classmethod
     def create(
@@ -131,9 +145,12 @@ class LockSpec:
         clock: Clock | None = None,
         replicas: object = 0,
         replica_timeout: object = None,
+        batch: object = 1,
+        batch_window: object = 0.002,
     ) -> LockSpec:
         checked_name = args.lock_name(name)
         ttl_ms = args.ttl_ms(ttl)
+        checked_fair = args.flag(fair, "fair")
         count = args.count(replicas, "replicas")
         wait = args.optional_positive(replica_timeout, "replica_timeout")
         if clock is not None and not callable(clock):
@@ -143,18 +160,26 @@ class LockSpec:
             ttl=ttl_ms / 1000.0,
             ttl_ms=ttl_ms,
             keys=LockKeys.for_name(checked_name, args.key_prefix(prefix)),
-            fair=args.flag(fair, "fair"),
+            fair=checked_fair,
             clock=clock or MONOTONIC,
             reply_timeout=max(ttl_ms / 1000.0, MIN_REPLY_WAIT),
             # default wait for replicas: a tenth of the lease
             replicas=Replicas(count, math.ceil((wait or ttl_ms / 10000.0) * 1000))
             if count
             else None,
+            batch=args.batch(batch, checked_fair),
+            batch_window_ms=args.batch_window_ms(batch_window, ttl_ms),
+            owner=new_token()[:16],
         )
 
     @property
     def fair_arg(self) -> str:
         return "1" if self.fair else "0"
+
+    @property
+    def batch_args(self) -> tuple[str, str]:
+        """The ACQUIRE script's batch window (ms) and holds."""
+        return str(self.batch_window_ms), str(self.batch)
 
     def call(
         self,
@@ -230,6 +255,9 @@ class Acquisition:
                         spec.fair_arg,
                         str(queue_ms),
                         spec.keys.bell_prefix,
+                        spec.batch_args[0],
+                        spec.batch_args[1],
+                        spec.owner,
                         replicated=True,
                     )
                 )
@@ -254,10 +282,7 @@ class Acquisition:
                 rung, acked = spec.unpack(
                     (
                         yield Wait(
-                            spec.keys.bell(self.token),
-                            wait_for,
-                            wait_for + spec.reply_timeout,
-                            spec.replicas,
+                            spec.keys.bell(self.token), wait_for, spec.reply_timeout, spec.replicas
                         )
                     )
                 )
@@ -321,7 +346,7 @@ def extend(spec: LockSpec, token: str, ttl_ms: int) -> Flow[float]:
 
 def release(spec: LockSpec, token: str) -> Flow[None]:
     """Delete the lock if it is still ours and serve the next waiter, atomically."""
-    ok = yield spec.call(RELEASE, token, spec.fair_arg, spec.keys.bell_prefix)
+    ok = yield spec.call(RELEASE, token, spec.fair_arg, spec.keys.bell_prefix, spec.owner)
     if as_int(ok) != 1:
         raise LockLost(f"lock {spec.name!r} had already expired or been taken over")
 

@@ -474,10 +474,17 @@ class AsyncIO:
         if self._direct is None:
             reply = await self.client.blpop([op.key], op.timeout)
             return None if reply is None else reply[1]
-        conn = await self._direct.take(op.read_timeout - op.timeout)
+        conn = await self._direct.take(op.connect_timeout)
         try:
             await _send(conn, _resp.command(("BLPOP", op.key, f"{op.timeout:.3f}")))
-            reply = await _read(conn, op.read_timeout, spin=False)  # a blocking command
+            reply = await _read(conn, op.give_up, spin=False)  # a blocking command
+        except rx.TimeoutError:  # the server is late to time it out (see Wait): the
+            await self._direct.discard(conn)  # BLPOP goes with the connection
+            return None if op.replicas is None else (None, 0)
+        except BaseException:
+            await self._direct.discard(conn)
+            raise
+        try:
             rung = None if reply is None else reply[1]
             if op.replicas is not None:
                 acked = 0 if rung is None else await _replicas_acked(conn, op.replicas, op.timeout)

@@ -225,6 +225,8 @@ class _LockConfig:
         clock: Clock | None,
         replicas: object = 0,
         replica_timeout: object = None,
+        batch: object = 1,
+        batch_window: object = 0.002,
     ) -> None:
         self._spec = LockSpec.create(
             name,
@@ -234,6 +236,8 @@ class _LockConfig:
             clock=clock,
             replicas=replicas,
             replica_timeout=replica_timeout,
+            batch=batch,
+            batch_window=batch_window,
         )
         self._auto_renew = args.flag(auto_renew, "auto_renew")
         self._on_lost: OnLost | None = args.callback(on_lost, "on_lost")  # type: ignore[assignment]
@@ -288,6 +292,8 @@ class Lock(_LockConfig, _SyncFront[Lease]):
         clock: Clock | None = None,
         replicas: int = 0,
         replica_timeout: Seconds | None = None,
+        batch: int = 1,
+        batch_window: Seconds = 0.002,
     ) -> None:
         _check_client(client, want_async=False)
         super().__init__(
@@ -301,6 +307,8 @@ class Lock(_LockConfig, _SyncFront[Lease]):
             clock=clock,
             replicas=replicas,
             replica_timeout=replica_timeout,
+            batch=batch,
+            batch_window=batch_window,
         )
         self._io = SyncIO(client)
         if self._spec.replicas is not None and not self._io.direct:
@@ -338,6 +346,8 @@ class AsyncLock(_LockConfig, _AsyncFront[AsyncLease]):
         clock: Clock | None = None,
         replicas: int = 0,
         replica_timeout: Seconds | None = None,
+        batch: int = 1,
+        batch_window: Seconds = 0.002,
     ) -> None:
         _check_client(client, want_async=True)
         super().__init__(
@@ -351,6 +361,8 @@ class AsyncLock(_LockConfig, _AsyncFront[AsyncLease]):
             clock=clock,
             replicas=replicas,
             replica_timeout=replica_timeout,
+            batch=batch,
+            batch_window=batch_window,
         )
         self._io = AsyncIO(client)
         if self._spec.replicas is not None and not self._io.direct:
