@@ -12,7 +12,7 @@ import contextlib
 import logging
 import os
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -140,27 +140,15 @@ class LeaseState:
     def _release_flow(self) -> Any:
         return _flows.release(self._spec, self._token)
 
-    @contextlib.contextmanager
-    def _lost_on_lock_lost(self) -> Iterator[None]:
+    def _lost_on_lock_lost(self) -> _Ending:
         """Around a round trip that may find the lease gone: LockLost marks it lost (and
         tells ``on_lost``) before it propagates."""
-        try:
-            yield
-        except LockLost as exc:
-            self._mark_lost(str(exc))
-            raise
+        return _Ending(self, release=False)
 
-    @contextlib.contextmanager
-    def _releasing(self) -> Iterator[None]:
+    def _releasing(self) -> _Ending:
         """Around a release: how it ends sets the state. LockLost: it was lost before;
         QuorumError: released all the same (what is left expires with the ttl)."""
-        try:
-            with self._lost_on_lock_lost():
-                yield
-        except QuorumError:
-            self._mark_released()
-            raise
-        self._mark_released()
+        return _Ending(self, release=True)
 
     def _stop_watching(self) -> None:
         unwatch, self._unwatch = self._unwatch, None
@@ -183,6 +171,30 @@ class LeaseState:
             f"<{type(self).__name__} {self.name!r} fence={self._fence} {self._state} "
             f"remaining={self.remaining():.3f}s>"
         )
+
+
+class _Ending:
+    """The context of ``_lost_on_lock_lost`` and ``_releasing``: a plain class, as a
+    generator-based context manager costs more than the rule it carries."""
+
+    __slots__ = ("lease", "release")
+
+    def __init__(self, lease: LeaseState, *, release: bool) -> None:
+        self.lease, self.release = lease, release
+
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:  # the exception, if any, goes on
+        if exc_type is not None and issubclass(exc_type, LockLost):
+            self.lease._mark_lost(str(exc))
+        elif self.release and (exc_type is None or issubclass(exc_type, QuorumError)):
+            self.lease._mark_released()
 
 
 _Sync = TypeVar("_Sync", bound="SyncLeaseBlock")

@@ -36,7 +36,7 @@ from __future__ import annotations
 
 import random
 from collections.abc import Generator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 from ._backend_errors import describe
@@ -125,6 +125,14 @@ class QuorumSpec:
     nodes: tuple[str, ...]  # how each node is named in errors
     node_timeout: float
     unsafe: Unsafe = SAFE
+    quorum: int = field(init=False)  # how many nodes make a majority
+    everywhere: tuple[int, ...] = field(init=False)  # every node's index
+
+    def __post_init__(self) -> None:
+        n = len(self.nodes)
+        majority = max(1, n // 2) if self.unsafe.half_quorum else n // 2 + 1
+        object.__setattr__(self, "quorum", majority)
+        object.__setattr__(self, "everywhere", tuple(range(n)))
 
     @classmethod
     def create(
@@ -136,11 +144,6 @@ class QuorumSpec:
             )
         return cls(lock, tuple(nodes), node_timeout, unsafe)
 
-    @property
-    def quorum(self) -> int:
-        n = len(self.nodes)
-        return max(1, n // 2) if self.unsafe.half_quorum else n // 2 + 1
-
     def fan_out(
         self,
         script: Script,
@@ -148,9 +151,8 @@ class QuorumSpec:
         *argv: str,
         nodes: Sequence[int] | None = None,
     ) -> Fanout:
-        everywhere = tuple(range(len(self.nodes)))
         call = Call(script, keys, argv, self.node_timeout)
-        return Fanout(call, everywhere if nodes is None else tuple(nodes), self.node_timeout)
+        return Fanout(call, self.everywhere if nodes is None else tuple(nodes), self.node_timeout)
 
     @property
     def lock_and_fence(self) -> tuple[str, str]:
