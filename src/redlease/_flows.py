@@ -39,6 +39,8 @@ MIN_WAIT = 0.001
 EXPIRY_NUDGE = 0.001
 # How long past a BLPOP's timeout the driver waits for the server's own answer.
 LATE_WAKE = 0.005
+# How long a batch (``batch=`` > 1) may last unless the lock says otherwise.
+DEFAULT_BATCH_WINDOW = 0.002
 
 
 @dataclass(frozen=True)
@@ -131,7 +133,7 @@ class LockSpec:
     reply_timeout: float  # a reply later than this is treated as lost
     replicas: Replicas | None = None
     batch: int = 1  # holds in a row for one owner (see _scripts.py)
-    batch_window_ms: int = 2
+    batch_window_ms: int = math.ceil(DEFAULT_BATCH_WINDOW * 1000)
     owner: str = ""  # names this lock object in batches
 
     @classmethod
@@ -146,7 +148,7 @@ class LockSpec:
         replicas: object = 0,
         replica_timeout: object = None,
         batch: object = 1,
-        batch_window: object = 0.002,
+        batch_window: object = DEFAULT_BATCH_WINDOW,
     ) -> LockSpec:
         checked_name = args.lock_name(name)
         ttl_ms = args.ttl_ms(ttl)
@@ -255,8 +257,7 @@ class Acquisition:
                         spec.fair_arg,
                         str(queue_ms),
                         spec.keys.bell_prefix,
-                        spec.batch_args[0],
-                        spec.batch_args[1],
+                        *spec.batch_args,
                         spec.owner,
                         replicated=True,
                     )

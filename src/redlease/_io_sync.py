@@ -136,13 +136,13 @@ class _Lean:
     Only for RESP2 connections parsed by hiredis; anything else (TLS, the pure-Python
     parser, RESP3 with its push messages) keeps redis-py's own path."""
 
-    __slots__ = ("buffer", "poll", "reader", "sock", "spin", "wait")
+    __slots__ = ("buffer", "reader", "recv", "sock", "spin", "wait")
 
     def __init__(
         self, sock: socket.socket, reader: Any, buffer: bytearray, spin: _spin.Record
     ) -> None:
         self.sock, self.reader, self.buffer, self.spin = sock, reader, buffer, spin
-        self.poll = functools.partial(sock.recv_into, buffer, 0, socket.MSG_DONTWAIT)
+        self.recv = functools.partial(sock.recv_into, buffer, 0, socket.MSG_DONTWAIT)
         self.wait = -1.0  # the receive bound currently set on the socket
 
     @staticmethod
@@ -172,7 +172,7 @@ class _Lean:
         reply = reader.gets()
         if reply is _NOT_ENOUGH and spin and _spin.BUDGET > 0:
             started = time.perf_counter()
-            reply = _spin.poll(self.poll, self.buffer, reader, self.spin)
+            reply = _spin.poll(self.recv, self.buffer, reader, self.spin)
             if reply is _NOT_ENOUGH:  # what the spin took counts against the bound
                 timeout = max(timeout - (time.perf_counter() - started), MIN_READ_WAIT)
         if reply is _NOT_ENOUGH:

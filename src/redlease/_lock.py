@@ -22,7 +22,7 @@ from typing import Any, Generic, TypeVar
 from . import _arguments as args
 from . import _renewal
 from ._errors import AcquireTimeout, InvalidArgument
-from ._flows import Acquisition, LockSpec
+from ._flows import DEFAULT_BATCH_WINDOW, Acquisition, LockSpec
 from ._io_async import AsyncIO
 from ._io_sync import SyncIO
 from ._lease import AsyncLease, Lease, LeaseState, _shielded
@@ -226,7 +226,7 @@ class _LockConfig:
         replicas: object = 0,
         replica_timeout: object = None,
         batch: object = 1,
-        batch_window: object = 0.002,
+        batch_window: object = DEFAULT_BATCH_WINDOW,
     ) -> None:
         self._spec = LockSpec.create(
             name,
@@ -293,7 +293,7 @@ class Lock(_LockConfig, _SyncFront[Lease]):
         replicas: int = 0,
         replica_timeout: Seconds | None = None,
         batch: int = 1,
-        batch_window: Seconds = 0.002,
+        batch_window: Seconds = DEFAULT_BATCH_WINDOW,
     ) -> None:
         _check_client(client, want_async=False)
         super().__init__(
@@ -347,7 +347,7 @@ class AsyncLock(_LockConfig, _AsyncFront[AsyncLease]):
         replicas: int = 0,
         replica_timeout: Seconds | None = None,
         batch: int = 1,
-        batch_window: Seconds = 0.002,
+        batch_window: Seconds = DEFAULT_BATCH_WINDOW,
     ) -> None:
         _check_client(client, want_async=True)
         super().__init__(
