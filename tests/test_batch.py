@@ -1,10 +1,12 @@
-"""Batches (``batch=n``): a holder granted the lock from the queue may take it again ahead
-of the queue up to n holds in a row, within ``batch_window``; then the next waiter's turn
-comes, and a lock left free when the window ends is taken at once by the next in line."""
+"""Batches (``batch=n``): a grant is lent to the lock object's callers up to n times
+within ``batch_window`` without a round trip, each hold with a greater fence; then, or
+when the window ends with the grant unused, it goes to the next waiter in line."""
 
 from __future__ import annotations
 
 import asyncio
+import json
+import os
 import subprocess
 import sys
 import textwrap
@@ -18,6 +20,14 @@ import redis
 import redlease
 from redlease import servers
 from waiting_helpers import queued, wait_until
+
+
+class FakeClock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
 
 
 class Waiter(threading.Thread):
@@ -37,73 +47,55 @@ class Waiter(threading.Thread):
         self.lease.release()
 
 
-def start_batch(r: redis.Redis, name: str, owner: redlease.Lock) -> redlease.Lease:
-    """Make ``owner`` get the lock from the queue (which starts its batch)."""
-    first = redlease.Lock(r, name, ttl=30.0).acquire()
-    granted: list[redlease.Lease] = []
-    taker = threading.Thread(target=lambda: granted.append(owner.acquire(timeout=30)))
-    taker.start()
-    wait_until(lambda: queued(r, name) == 1)
-    first.release()
-    taker.join(30)
-    return granted[0]
+def holder(r: redis.Redis, name: str) -> bytes | None:
+    return r.get("{" + name + "}")  # type: ignore[return-value]
 
 
-def test_the_owner_holds_again_ahead_of_the_queue_up_to_its_holds(
-    r: redis.Redis, name: str
-) -> None:
+def test_a_grant_is_lent_up_to_its_holds_then_handed_on(r: redis.Redis, name: str) -> None:
     owner = redlease.Lock(r, name, ttl=30.0, batch=3, batch_window=20.0)
-    lease = start_batch(r, name, owner)  # hold 1 of 3
+    lease = owner.acquire()  # hold 1 of 3
     other = Waiter(redlease.Lock(r, name, ttl=30.0))
     other.start()
     wait_until(lambda: queued(r, name) == 1)
-    fences = [lease.fence]
+    held = [lease]
     lease.release()
-    assert r.exists("{" + name + "}") == 0  # left free for the owner, nobody woken
-    assert queued(r, name) == 1
+    assert lease.released
+    with pytest.raises(redlease.LockLost):
+        lease.extend()  # a parked grant is not the released lease's to extend
+    assert holder(r, name) == lease.token.encode()  # still held on the server
     assert redlease.Lock(r, name, ttl=30.0).try_acquire() is None  # not for a newcomer
-    for _ in range(2):  # holds 2 and 3
+    for _ in range(2):  # holds 2 and 3: lent again
         again = owner.try_acquire()
         assert again is not None
-        fences.append(again.fence)
+        held.append(again)
         again.release()
     wait_until(lambda: other.lease is not None)  # the third release handed it on
     assert owner.try_acquire() is None
     other.done.set()
     other.join(30)
-    assert fences == sorted(set(fences))
+    assert {h.token for h in held} == {lease.token}
+    fences = [h.fence for h in held]
+    assert fences == [lease.fence, lease.fence + 1, lease.fence + 2]
     assert other.lease is not None
     assert other.lease.fence > fences[-1]
 
 
-@pytest.mark.parametrize("queued_when", ["before the batch", "during the batch"])
-def test_a_lock_left_free_goes_to_the_next_in_line_when_the_window_ends(
-    r: redis.Redis, name: str, queued_when: str
+def test_a_parked_grant_goes_to_the_next_in_line_when_the_window_ends(
+    r: redis.Redis, name: str
 ) -> None:
     window = 0.3
     owner = redlease.Lock(r, name, ttl=30.0, batch=8, batch_window=window)
+    lease = owner.acquire()
     other = Waiter(redlease.Lock(r, name, ttl=30.0))
-    if queued_when == "before the batch":
-        first = redlease.Lock(r, name, ttl=30.0).acquire()
-        granted: list[redlease.Lease] = []
-        taker = threading.Thread(target=lambda: granted.append(owner.acquire(timeout=30)))
-        taker.start()
-        wait_until(lambda: queued(r, name) == 1)
-        other.start()  # behind the owner: told when the owner's batch starts
-        wait_until(lambda: queued(r, name) == 2)
-        first.release()
-        taker.join(30)
-        lease = granted[0]
-    else:
-        lease = start_batch(r, name, owner)
-        other.start()  # told by its own try how long the window lasts
-        wait_until(lambda: queued(r, name) == 1)
+    other.start()
+    wait_until(lambda: queued(r, name) == 1)
     started = time.monotonic()
-    lease.release()  # within the batch: the lock stays free for the owner, which leaves
-    other.join(0.0)
+    lease.release()  # parked: the owner does not come back
     wait_until(lambda: other.lease is not None, timeout=20)
-    # woken by the window's end, not by the ttl (30 s) or the wait's horizon
+    # handed on when the window ended, not when the ttl (30 s) ran out
     assert other.got_at - started < window + 3.0
+    assert other.lease is not None
+    assert other.lease.fence >= lease.fence + 8  # after every fence the grant took
     other.done.set()
     other.join(30)
 
@@ -111,7 +103,7 @@ def test_a_lock_left_free_goes_to_the_next_in_line_when_the_window_ends(
 def test_a_batch_ends_with_its_window(r: redis.Redis, name: str) -> None:
     window = 0.2
     owner = redlease.Lock(r, name, ttl=30.0, batch=100, batch_window=window)
-    lease = start_batch(r, name, owner)
+    lease = owner.acquire()
     other = Waiter(redlease.Lock(r, name, ttl=30.0))
     other.start()
     wait_until(lambda: queued(r, name) == 1)
@@ -123,9 +115,29 @@ def test_a_batch_ends_with_its_window(r: redis.Redis, name: str) -> None:
     other.join(30)
 
 
+def test_a_grant_whose_window_has_ended_is_given_back_before_a_new_one(
+    r: redis.Redis, name: str
+) -> None:
+    clock = FakeClock()
+    owner = redlease.Lock(r, name, ttl=30.0, batch=2, batch_window=5.0, clock=clock)
+    lease = owner.acquire()
+    lease.release()  # parked (its timer is 5 s away)
+    clock.now += 6.0  # the window has ended, the timer has not fired yet
+    again = owner.try_acquire()
+    assert again is not None
+    assert again.token != lease.token  # a new grant, after the old one was given back
+    assert again.fence == lease.fence + 2
+    assert holder(r, name) == again.token.encode()
+    again.release()
+    last = owner.try_acquire()  # hold 2 of 2: its release is a real one
+    assert last is not None
+    last.release()
+    assert holder(r, name) is None
+
+
 def test_batch_one_is_the_strict_hand_over(r: redis.Redis, name: str) -> None:
     owner = redlease.Lock(r, name, ttl=30.0)  # batch=1, the default
-    lease = start_batch(r, name, owner)
+    lease = owner.acquire()
     other = Waiter(redlease.Lock(r, name, ttl=30.0))
     other.start()
     wait_until(lambda: queued(r, name) == 1)
@@ -134,6 +146,57 @@ def test_batch_one_is_the_strict_hand_over(r: redis.Redis, name: str) -> None:
     assert owner.try_acquire() is None
     other.done.set()
     other.join(30)
+    assert other.lease is not None
+    assert other.lease.fence == lease.fence + 1
+
+
+def test_threads_sharing_a_batched_lock_exclude_each_other(r: redis.Redis, name: str) -> None:
+    lock = redlease.Lock(r, name, ttl=10.0, batch=4, batch_window=0.05)
+    counter = "count:" + name
+    fences: list[int] = []
+
+    def work() -> None:
+        for _ in range(50):
+            with lock as lease:
+                r.set(counter, int(r.get(counter) or 0) + 1)  # type: ignore[arg-type]
+                fences.append(lease.fence)
+
+    threads = [threading.Thread(target=work) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert int(r.get(counter) or 0) == 200  # type: ignore[arg-type]
+    assert len(set(fences)) == 200
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs fork")
+def test_a_forked_child_is_not_lent_its_parents_grant(r: redis.Redis, name: str) -> None:
+    owner = redlease.Lock(r, name, ttl=30.0, batch=2, batch_window=20.0)
+    lease = owner.acquire()
+    lease.release()  # parked in the parent
+    pid = os.fork()
+    if pid == 0:  # the child: the lock is busy (held by the parent's grant)
+        os._exit(0 if owner.try_acquire() is None else 1)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
+    again = owner.try_acquire()  # the parent still lends it (hold 2 of 2)
+    assert again is not None and again.token == lease.token
+    again.release()
+    assert holder(r, name) is None
+
+
+def test_a_process_that_exits_gives_its_parked_grant_back(
+    server: servers.ServerProcess, r: redis.Redis, name: str
+) -> None:
+    code = textwrap.dedent(f"""
+        import redis, redlease
+        r = redis.Redis.from_url({server.url!r})
+        lock = redlease.Lock(r, {name!r}, ttl=30.0, batch=4, batch_window=20.0)
+        lock.acquire().release()  # parked for 20 s, but the process ends now
+    """)
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=60)
+    assert holder(r, name) is None
 
 
 async def until_queued(r: redis.Redis, name: str) -> None:
@@ -147,19 +210,30 @@ async def until_queued(r: redis.Redis, name: str) -> None:
 async def test_asyncio_batches_behave_the_same(ar: Any, r: redis.Redis, name: str) -> None:
     owner = redlease.AsyncLock(ar, name, ttl=30.0, batch=2, batch_window=20.0)
     newcomer = redlease.AsyncLock(ar, name, ttl=30.0)
-    first = await newcomer.acquire()
-    taking = asyncio.ensure_future(owner.acquire(timeout=30))
-    await until_queued(r, name)
-    await first.release()
-    lease = await taking  # from the queue: hold 1 of 2
+    lease = await owner.acquire()  # hold 1 of 2
     waiting = asyncio.ensure_future(newcomer.acquire(timeout=30))
     await until_queued(r, name)
     await lease.release()
-    again = await owner.try_acquire()  # hold 2 of 2, ahead of the queue
+    assert holder(r, name) == lease.token.encode()
+    again = await owner.try_acquire()  # hold 2 of 2, lent again
     assert again is not None
+    assert (again.token, again.fence) == (lease.token, lease.fence + 1)
     await again.release()  # the batch is spent: handed on
     other = await asyncio.wait_for(waiting, 10)
     assert other.fence == again.fence + 1
+    await other.release()
+
+
+async def test_asyncio_parked_grant_goes_on_when_the_window_ends(
+    ar: Any, r: redis.Redis, name: str
+) -> None:
+    owner = redlease.AsyncLock(ar, name, ttl=30.0, batch=4, batch_window=0.2)
+    lease = await owner.acquire()
+    waiting = asyncio.ensure_future(redlease.AsyncLock(ar, name, ttl=30.0).acquire(timeout=30))
+    await until_queued(r, name)
+    await lease.release()  # parked; the owner does not come back
+    other = await asyncio.wait_for(waiting, 5)  # well before the ttl (30 s)
+    assert other.fence > lease.fence
     await other.release()
 
 
@@ -167,14 +241,25 @@ def test_processes_in_batches_exclude_each_other(
     server: servers.ServerProcess, r: redis.Redis, name: str
 ) -> None:
     code = textwrap.dedent(f"""
-        import redis, redlease
+        import json, redis, redlease
         r = redis.Redis.from_url({server.url!r})
         lock = redlease.Lock(r, {name!r}, ttl=10.0, batch=4, batch_window=0.05)
+        fences = []
         for _ in range(60):
-            with lock:
+            with lock as lease:
                 r.set("count:" + {name!r}, int(r.get("count:" + {name!r}) or 0) + 1)
+                fences.append(lease.fence)
+        print(json.dumps(fences))
     """)
-    workers = [subprocess.Popen([sys.executable, "-c", code]) for _ in range(4)]
+    workers = [
+        subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE) for _ in range(4)
+    ]
+    fences: list[int] = []
     for worker in workers:
-        assert worker.wait(timeout=120) == 0
+        out, _ = worker.communicate(timeout=120)
+        assert worker.returncode == 0
+        mine = json.loads(out)
+        assert mine == sorted(set(mine))
+        fences += mine
     assert int(r.get("count:" + name) or 0) == 240  # no lost update
+    assert len(set(fences)) == 240  # no two holds shared a fence

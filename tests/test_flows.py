@@ -40,15 +40,12 @@ def test_acquire_is_one_script_call_and_validity_counts_from_before_sending() ->
         "{orders:42}:fence",
         "{orders:42}:queue",
         "{orders:42}:waiters",
-        "{orders:42}:batch",
     )
-    token, ttl_ms, fair, queue_ms, bells, window_ms, holds, owner = op.args
+    token, ttl_ms, fair, queue_ms, bells, holds = op.args
     assert token == attempt.token
     assert len(token) == 32
     assert (ttl_ms, fair, queue_ms, bells) == ("10000", "1", "0", "{orders:42}:bell:")
-    assert (window_ms, holds) == ("2", "1")  # no batch unless asked for
-    assert len(owner) == 16
-    assert owner == attempt.spec.owner
+    assert holds == "1"  # one fence per grant unless a batch is asked for
     clock.advance(0.3)  # time in flight is the holder's loss
     done, grant = step(flow, [7, 10000, 1_000_000])
     assert done == "done"

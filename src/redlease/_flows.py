@@ -39,7 +39,7 @@ MIN_WAIT = 0.001
 EXPIRY_NUDGE = 0.001
 # How long past a BLPOP's timeout the driver waits for the server's own answer.
 LATE_WAKE = 0.005
-# How long a batch (``batch=`` > 1) may last unless the lock says otherwise.
+# How long a batch (``batch=`` > 1) lends its grant unless the lock says otherwise.
 DEFAULT_BATCH_WINDOW = 0.002
 
 
@@ -132,9 +132,8 @@ class LockSpec:
     clock: Clock
     reply_timeout: float  # a reply later than this is treated as lost
     replicas: Replicas | None = None
-    batch: int = 1  # holds in a row for one owner (see _scripts.py)
-    batch_window_ms: int = math.ceil(DEFAULT_BATCH_WINDOW * 1000)
-    owner: str = ""  # names this lock object in batches
+    batch: int = 1  # holds one grant is lent for (see _batches.py)
+    batch_window: float = DEFAULT_BATCH_WINDOW  # seconds a grant is lent for
 
     @classmethod
     def create(
@@ -170,18 +169,16 @@ class LockSpec:
             if count
             else None,
             batch=args.batch(batch, checked_fair),
-            batch_window_ms=args.batch_window_ms(batch_window, ttl_ms),
-            owner=new_token()[:16],
+            batch_window=args.batch_window_ms(batch_window, ttl_ms) / 1000.0,
         )
 
     @property
     def fair_arg(self) -> str:
         return "1" if self.fair else "0"
 
-    @property
-    def batch_args(self) -> tuple[str, str]:
-        """The ACQUIRE script's batch window (ms) and holds."""
-        return str(self.batch_window_ms), str(self.batch)
+    def first_fence(self, top: int) -> int:
+        """The first of the fences a grant took (it takes ``batch``, ``top`` the highest)."""
+        return top - self.batch + 1
 
     def call(
         self,
@@ -257,8 +254,7 @@ class Acquisition:
                         spec.fair_arg,
                         str(queue_ms),
                         spec.keys.bell_prefix,
-                        *spec.batch_args,
-                        spec.owner,
+                        str(spec.batch),
                         replicated=True,
                     )
                 )
@@ -266,7 +262,9 @@ class Acquisition:
             fence, pttl, server_us = (as_int(x) for x in reply)
             if fence > 0:
                 spec.check_acked(acked, "acquire")
-                grant = Grant(self.token, fence, valid_until(sent_at, pttl, spec.ttl))
+                grant = Grant(
+                    self.token, spec.first_fence(fence), valid_until(sent_at, pttl, spec.ttl)
+                )
                 if grant.valid_until > clock():
                     return grant
                 # The reply came too late to be of use: give the lock back, try again.
@@ -296,7 +294,9 @@ class Acquisition:
                         # is used, never its clock against ours.
                         start = sent_at + max(0, granted_us - server_us) / 1e6
                         grant = Grant(
-                            self.token, granted, valid_until(start, spec.ttl_ms, spec.ttl)
+                            self.token,
+                            spec.first_fence(granted),
+                            valid_until(start, spec.ttl_ms, spec.ttl),
                         )
                         if grant.valid_until > clock():
                             return grant
@@ -325,7 +325,7 @@ class Acquisition:
         fence, pttl = (as_int(x) for x in reply)
         if fence > 0:
             spec.check_acked(acked, "acquire")
-            return Grant(self.token, fence, valid_until(sent_at, pttl, spec.ttl))
+            return Grant(self.token, spec.first_fence(fence), valid_until(sent_at, pttl, spec.ttl))
         return None
 
     def abandon(self) -> Flow[None]:
@@ -347,7 +347,7 @@ def extend(spec: LockSpec, token: str, ttl_ms: int) -> Flow[float]:
 
 def release(spec: LockSpec, token: str) -> Flow[None]:
     """Delete the lock if it is still ours and serve the next waiter, atomically."""
-    ok = yield spec.call(RELEASE, token, spec.fair_arg, spec.keys.bell_prefix, spec.owner)
+    ok = yield spec.call(RELEASE, token, spec.fair_arg, spec.keys.bell_prefix)
     if as_int(ok) != 1:
         raise LockLost(f"lock {spec.name!r} had already expired or been taken over")
 

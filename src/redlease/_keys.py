@@ -2,13 +2,10 @@
 touches a single slot:
 
     {name}               the lock: value = holder's token, always with a TTL
-    {name}:fence         fencing counter (INCR per grant; the one key kept without TTL,
-                         because a counter that expires could hand out a smaller token)
+    {name}:fence         fencing counter (raised by every grant; the one key kept without
+                         TTL, because a counter that expires could hand out a smaller token)
     {name}:queue         waiters in arrival order (list of tokens), with a TTL
-    {name}:waiters       waiter token -> "deadline_us:ttl_ms:window_ms:holds:owner" (hash),
-                         with a TTL
-    {name}:batch         "owner:holds left" of the running batch (see _scripts.py), with a
-                         TTL: the rest of its window
+    {name}:waiters       waiter token -> "deadline_us:ttl_ms:holds" (hash), with a TTL
     {name}:bell:<token>  a waiter's doorbell list, pushed by the release script, with a TTL
 """
 
@@ -33,7 +30,6 @@ class LockKeys:
     fence: str
     queue: str
     waiters: str
-    batch: str
     bell_prefix: str
 
     @classmethod
@@ -44,7 +40,6 @@ class LockKeys:
             fence=base + ":fence",
             queue=base + ":queue",
             waiters=base + ":waiters",
-            batch=base + ":batch",
             bell_prefix=base + ":bell:",
         )
 
@@ -52,5 +47,5 @@ class LockKeys:
         return self.bell_prefix + token
 
     @property
-    def script_keys(self) -> tuple[str, str, str, str, str]:
-        return (self.lock, self.fence, self.queue, self.waiters, self.batch)
+    def script_keys(self) -> tuple[str, str, str, str]:
+        return (self.lock, self.fence, self.queue, self.waiters)

@@ -21,6 +21,7 @@ from . import _flows
 from ._errors import LockLost, QuorumError
 
 if TYPE_CHECKING:
+    from ._batches import Lender
     from ._io_async import AsyncIO
     from ._io_sync import SyncIO
 
@@ -61,6 +62,7 @@ class LeaseState:
         self._lost_reason: str | None = None
         # Set by the renewer that watches this lease: called once it is released or lost.
         self._unwatch: Callable[[], None] | None = None
+        self._lender: Lender | None = None  # the batch it was lent from, if any
 
     @property
     def name(self) -> str:
@@ -150,6 +152,16 @@ class LeaseState:
         QuorumError: released all the same (what is left expires with the ttl)."""
         return _Ending(self, release=True)
 
+    def _parked(self) -> bool:
+        """Released by keeping its batch's grant for the lock's next hold (no I/O)."""
+        lender = self._lender
+        if lender is None or self._state != HELD:
+            return False
+        if not lender.park(self._token, self._fence, self._valid_until):
+            return False
+        self._mark_released()
+        return True
+
     def _stop_watching(self) -> None:
         unwatch, self._unwatch = self._unwatch, None
         if unwatch is not None:
@@ -224,9 +236,10 @@ class SyncLeaseBlock(LeaseState):
 
         Raises LockLost if the lock had expired or been taken over before the release. A
         Redlock's: QuorumError if too few nodes answered (the lease counts as released:
-        what is left expires with the ttl).
+        what is left expires with the ttl). Within a batch, the grant may be kept for the
+        lock's next hold instead (see ``Lock``).
         """
-        if self._state == RELEASED:
+        if self._state == RELEASED or self._parked():
             return
         with self._releasing():
             self._io.run(self._release_flow(), "release")
@@ -277,7 +290,7 @@ class AsyncLeaseBlock(LeaseState):
         Raises LockLost or QuorumError as the sync ``release`` does. Cancelling the caller
         does not cancel the release itself.
         """
-        if self._state == RELEASED:
+        if self._state == RELEASED or self._parked():
             return
         with self._releasing():
             try:

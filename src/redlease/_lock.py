@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import inspect
+import logging
 from collections.abc import Callable
 from contextvars import ContextVar
 from datetime import timedelta
@@ -20,9 +21,10 @@ from types import TracebackType
 from typing import Any, Generic, TypeVar
 
 from . import _arguments as args
-from . import _renewal
-from ._errors import AcquireTimeout, InvalidArgument
-from ._flows import DEFAULT_BATCH_WINDOW, Acquisition, LockSpec
+from . import _batches, _flows, _renewal
+from ._batches import Lender
+from ._errors import AcquireTimeout, InvalidArgument, LockLost
+from ._flows import DEFAULT_BATCH_WINDOW, Acquisition, Grant, LockSpec
 from ._io_async import AsyncIO
 from ._io_sync import SyncIO
 from ._lease import AsyncLease, Lease, LeaseState, _shielded
@@ -30,6 +32,8 @@ from ._timing import Clock
 
 Seconds = float | timedelta
 OnLost = Callable[[Any], object]
+
+log = logging.getLogger("redlease")
 
 # Leases opened by `with lock` / `async with lock` in this context, innermost last.
 _entered: ContextVar[tuple[tuple[object, LeaseState], ...]] = ContextVar(
@@ -63,10 +67,28 @@ class _Front(Generic[LeaseT]):
     _auto_renew: bool
     _on_lost: OnLost | None
     _max_hold: float | None
+    _lender: Lender | None = None  # a Lock with batch > 1 lends its grants
 
     @property
     def name(self) -> str:  # the lock's own config class says
         raise NotImplementedError
+
+    def _lease_for(self, grant: Grant) -> LeaseT:
+        lease = self._lease_class(self._spec, grant, self._io, self._on_lost)  # type: ignore[call-arg]
+        lease._lender = self._lender
+        return lease
+
+
+def _given_back(name: str, failure: BaseException | None) -> None:
+    """How giving back a batch's grant ended (no caller waits for it: it is logged)."""
+    if isinstance(failure, LockLost):
+        log.warning("batch of lock %r: its grant was lost on the server before it ended", name)
+    elif failure is not None:
+        log.warning(
+            "batch of lock %r: giving its grant back failed (%s); it expires with its ttl",
+            name,
+            failure,
+        )
 
 
 class _SyncFront(_Front[LeaseT]):
@@ -92,6 +114,13 @@ class _SyncFront(_Front[LeaseT]):
         return self._acquire(0.0, wait=False)
 
     def _acquire(self, timeout: float | None, *, wait: bool) -> LeaseT | None:
+        lender = self._lender
+        if lender is not None:
+            lent, closed = lender.lend()
+            if closed is not None:
+                self._give_back(closed)
+            if lent is not None:
+                return self._watched(self._lease_for(lent))
         self._io.check_server_once()
         attempt = self._attempt_class(self._spec, timeout, wait=wait)
         try:
@@ -104,7 +133,20 @@ class _SyncFront(_Front[LeaseT]):
             raise
         if grant is None:
             return None
-        lease = self._lease_class(self._spec, grant, self._io, self._on_lost)  # type: ignore[call-arg]
+        if lender is not None:
+            lender.granted(grant)
+        return self._watched(self._lease_for(grant))
+
+    def _give_back(self, token: str) -> None:
+        """Release a batch's grant for real (its window ended with it parked)."""
+        failure: BaseException | None = None
+        try:
+            self._io.run(_flows.release(self._spec, token), f"release {self.name!r}")
+        except Exception as exc:
+            failure = exc
+        _given_back(self.name, failure)
+
+    def _watched(self, lease: LeaseT) -> LeaseT:
         if self._auto_renew:
             _renewal.watch(lease, self._io, self._max_hold)
         return lease
@@ -130,6 +172,7 @@ class _AsyncFront(_Front[LeaseT]):
     also ``cancel_on_lost``."""
 
     _cancel_on_lost: bool
+    _giving_back: set[asyncio.Task[None]]
 
     async def acquire(self, timeout: Seconds | None = None) -> LeaseT:
         """Wait until the lock is ours and return the lease.
@@ -149,6 +192,13 @@ class _AsyncFront(_Front[LeaseT]):
         return await self._acquire(0.0, wait=False)
 
     async def _acquire(self, timeout: float | None, *, wait: bool) -> LeaseT | None:
+        lender = self._lender
+        if lender is not None:
+            lent, closed = lender.lend()
+            if closed is not None:
+                await _shielded(self._give_back(closed))
+            if lent is not None:
+                return self._watched(self._lease_for(lent))
         await self._io.check_server_once()
         attempt = self._attempt_class(self._spec, timeout, wait=wait)
         try:
@@ -159,7 +209,26 @@ class _AsyncFront(_Front[LeaseT]):
             raise
         if grant is None:
             return None
-        lease = self._lease_class(self._spec, grant, self._io, self._on_lost)  # type: ignore[call-arg]
+        if lender is not None:
+            lender.granted(grant)
+        return self._watched(self._lease_for(grant))
+
+    async def _give_back(self, token: str) -> None:
+        """Release a batch's grant for real (its window ended with it parked)."""
+        failure: BaseException | None = None
+        try:
+            await self._io.run(_flows.release(self._spec, token), f"release {self.name!r}")
+        except Exception as exc:
+            failure = exc
+        _given_back(self.name, failure)
+
+    def _give_back_soon(self, token: str) -> None:
+        """The batch timer's release (it runs in the loop, which has to do the I/O)."""
+        task = asyncio.get_running_loop().create_task(self._give_back(token))
+        self._giving_back.add(task)
+        task.add_done_callback(self._giving_back.discard)
+
+    def _watched(self, lease: LeaseT) -> LeaseT:
         if self._cancel_on_lost:
             lease._holder = asyncio.current_task()  # type: ignore[attr-defined]
         if self._auto_renew:
@@ -311,6 +380,8 @@ class Lock(_LockConfig, _SyncFront[Lease]):
             batch_window=batch_window,
         )
         self._io = SyncIO(client)
+        if self._spec.batch > 1:
+            self._lender = Lender(self._spec, _batches.CLOSER.schedule, self._give_back)
         if self._spec.replicas is not None and not self._io.direct:
             raise InvalidArgument(
                 "replicas needs a plain redis.Redis client (standalone or Sentinel): WAIT "
@@ -371,3 +442,6 @@ class AsyncLock(_LockConfig, _AsyncFront[AsyncLease]):
                 "must run on the connection that made the write"
             )
         self._cancel_on_lost = args.flag(cancel_on_lost, "cancel_on_lost")
+        self._giving_back = set()
+        if self._spec.batch > 1:
+            self._lender = Lender(self._spec, _batches.in_loop, self._give_back_soon)

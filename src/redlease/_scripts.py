@@ -4,19 +4,16 @@ Scripts are data: they are sent as EVALSHA and, on NOSCRIPT (a restarted server,
 SCRIPT FLUSH, a replica promoted), as EVAL, which also caches them again. Nothing is
 remembered per client or per class, so any client works with any lock.
 
-Shared by the lock scripts (KEYS[1..5] = lock, fence, queue, waiters, batch; see _keys.py):
-  * a waiter entry is "deadline_us:ttl_ms:window_ms:holds:owner" in the waiters hash, in
-    arrival order in queue; an entry past its deadline belongs to a waiter that gave up
-    or died and is skipped;
+Shared by the lock scripts (KEYS[1..4] = lock, fence, queue, waiters; see _keys.py):
+  * a waiter entry is "deadline_us:ttl_ms:holds" in the waiters hash, in arrival order in
+    queue; an entry past its deadline belongs to a waiter that gave up or died and is
+    skipped;
   * a doorbell (bell prefix .. token) receives "fence:server_us": a fence > 0 means the
     lock was granted to that waiter at server time server_us; fence 0 is a plain wake-up;
-  * batches (fair mode, a lock made with ``batch`` > 1): a waiter granted the lock from
-    the queue starts a batch for its owner (one Lock object), "owner:holds left" in the
-    batch key, which expires when the window ends. While it runs, that owner may take the
-    lock again ahead of the queue, and its release leaves the lock free for it alone,
-    waking nobody. The next waiter in line is woken once when a batch starts and then
-    sleeps no longer than the window lasts, so a lock left free when it ends is taken
-    without delay.
+  * a grant takes ``holds`` fences at once (INCRBY): a lock made with ``batch=n`` lends
+    one grant to its callers up to n times (see _batches.py), each with its own fence,
+    and whoever is granted the lock next gets a greater one. The reply carries the
+    highest fence taken.
 The bell keys are built inside the scripts from a prefix that carries the lock's hash
 tag, so they are in the same slot as KEYS[1] (Cluster runs them on the right node).
 """
@@ -51,22 +48,7 @@ end
 local function entry_deadline(entry) return tonumber(string.match(entry, '^(%d+)')) end
 local function entry_ttl(entry) return string.match(entry, '^%d+:(%d+)') end
 
--- the waiter's batch window (ms) and holds, as strings, and its owner; nil when it asked
--- for no batch
-local function entry_batch(entry)
-  local ms, holds, owner = string.match(entry, '^%d+:%d+:(%d+):(%d+):(%x+)$')
-  if ms and tonumber(holds) > 1 then return ms, holds, owner end
-  return nil, nil, nil
-end
-
--- the owner of the running batch and the holds it has left, if it has any
-local function batch_owner(batch)
-  local v = redis.call('GET', batch)
-  if not v then return nil, 0 end
-  local owner, left = string.match(v, '^(%x+):(%d+)$')
-  if owner and tonumber(left) > 0 then return owner, tonumber(left) end
-  return nil, 0
-end
+local function entry_holds(entry) return string.match(entry, '^%d+:%d+:(%d+)') or '1' end
 
 -- the first waiter still within its deadline (dead ones are dropped); nil if none
 local function live_head(queue, waiters, now)
@@ -90,18 +72,10 @@ local function ring(bells, w, granted, now, ttl)
   redis.call('PEXPIRE', bell, ttl)
 end
 
--- a waiter granted the lock from the queue starts its owner's batch (this grant is its
--- first hold); the next in line is told, so that it sleeps no longer than the window
-local function start_batch(batch, ms, holds, owner, queue, waiters, bells, now)
-  redis.call('SET', batch, owner .. ':' .. (tonumber(holds) - 1), 'PX', ms)
-  local w, entry = live_head(queue, waiters, now)
-  if w then ring(bells, w, 0, now, entry_ttl(entry)) end
-end
-
 -- the lock is free: fair mode grants it to the first live waiter (no one can barge in
--- between), which starts its batch if it asked for one; otherwise that waiter's bell is
--- rung and it competes again
-local function hand_on(lock, fence, queue, waiters, batch, bells, fair)
+-- between), with the fences it asked for; otherwise that waiter's bell is rung and it
+-- competes again
+local function hand_on(lock, fence, queue, waiters, bells, fair)
   local now = now_us()
   local w, entry = live_head(queue, waiters, now)
   if not w then return end
@@ -111,13 +85,7 @@ local function hand_on(lock, fence, queue, waiters, batch, bells, fair)
   local granted = 0
   if fair == '1' then
     redis.call('SET', lock, w, 'PX', ttl)
-    granted = redis.call('INCR', fence)
-    local ms, holds, owner = entry_batch(entry)
-    if ms then
-      start_batch(batch, ms, holds, owner, queue, waiters, bells, now)
-    else
-      redis.call('DEL', batch)
-    end
+    granted = redis.call('INCRBY', fence, entry_holds(entry))
   end
   ring(bells, w, granted, now, ttl)
 end
@@ -135,25 +103,24 @@ end
 ACQUIRE = Script(
     "acquire",
     """
--- KEYS[1] lock  KEYS[2] fence  KEYS[3] queue  KEYS[4] waiters  KEYS[5] batch
+-- KEYS[1] lock  KEYS[2] fence  KEYS[3] queue  KEYS[4] waiters
 -- ARGV[1] token  ARGV[2] ttl ms  ARGV[3] fair ('1'/'0')
 -- ARGV[4] queue-entry lifetime ms ('0': do not queue)  ARGV[5] bell key prefix
--- ARGV[6] batch window ms  ARGV[7] batch holds ('1': no batch)  ARGV[8] owner (hex)
--- Reply {fence, pttl, server_us}. fence > 0: acquired, pttl = ms of validity left.
--- fence = 0: held by another, pttl = ms to sleep at most: the holder's ms left, or, for
--- the next in line while a batch runs, the window's ms left (-2: free but promised to a
--- waiter).
+-- ARGV[6] fences a grant takes (the lock's batch)
+-- Reply {fence, pttl, server_us}. fence > 0: acquired, the highest fence taken; pttl = ms
+-- of validity left. fence = 0: held by another, pttl = its ms left (-2: free but promised
+-- to a waiter).
 -- Fast path first, before any helper is defined: nobody queued, so nobody can have
 -- been granted or promised the lock.
 if redis.call('EXISTS', KEYS[3]) == 0
     and redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then
-  return {redis.call('INCR', KEYS[2]), tonumber(ARGV[2]), 0}
+  return {redis.call('INCRBY', KEYS[2], ARGV[6]), tonumber(ARGV[2]), 0}
 end
 """
     + _HELPERS
     + """
-local lock, fence, queue, waiters, batch = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
-local token, fair, bell, owner = ARGV[1], ARGV[3], ARGV[5] .. ARGV[1], ARGV[8]
+local lock, fence, queue, waiters = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
+local token, fair, bell = ARGV[1], ARGV[3], ARGV[5] .. ARGV[1]
 local holder = redis.call('GET', lock)
 if holder == token then
   -- granted to us while we were away, or a retried call whose first reply was lost
@@ -162,57 +129,41 @@ if holder == token then
 end
 local now = now_us()
 if not holder then
-  local first, reserved, left = nil, nil, 0
-  if fair == '1' then
-    reserved, left = batch_owner(batch)  -- a batch runs: the free lock is its owner's
-    if not reserved then first = live_head(queue, waiters, now) end
-  end
-  if (not reserved and (first == nil or first == token)) or reserved == owner then
+  local first = nil
+  if fair == '1' then first = live_head(queue, waiters, now) end
+  if first == nil or first == token then
     redis.call('SET', lock, token, 'PX', ARGV[2])
     forget(queue, waiters, token)
     redis.call('DEL', bell)
-    if reserved then  -- ours: one hold fewer left
-      redis.call('SET', batch, owner .. ':' .. (left - 1), 'KEEPTTL')
-    elseif first == token and ARGV[7] ~= '1' then  -- taken from the queue: a batch starts
-      start_batch(batch, ARGV[6], ARGV[7], owner, queue, waiters, ARGV[5], now)
-    end
-    return {redis.call('INCR', fence), tonumber(ARGV[2]), now}
+    return {redis.call('INCRBY', fence, ARGV[6]), tonumber(ARGV[2]), now}
   end
   -- fair: the free lock belongs to the first waiter, not to us
-  if not reserved then hand_on(lock, fence, queue, waiters, batch, ARGV[5], fair) end
+  hand_on(lock, fence, queue, waiters, ARGV[5], fair)
 end
 if ARGV[4] ~= '0' then
   local life = tonumber(ARGV[4])
-  local entry = string.format(
-    '%d:%s:%s:%s:%s', now + life * 1000, ARGV[2], ARGV[6], ARGV[7], owner)
+  local entry = string.format('%d:%s:%s', now + life * 1000, ARGV[2], ARGV[6])
   if redis.call('HSET', waiters, token, entry) == 1 then redis.call('RPUSH', queue, token) end
   keep_for(queue, life)
   keep_for(waiters, life)
 end
-local pttl = redis.call('PTTL', lock)
-if batch_owner(batch) and live_head(queue, waiters, now) == token then
-  local window = redis.call('PTTL', batch)  -- 0: under a millisecond left, still running
-  if window >= 0 and (pttl < 0 or window < pttl) then pttl = window end
-end
-return {0, pttl, now}
+return {0, redis.call('PTTL', lock), now}
 """,
 )
 
 RELEASE = Script(
     "release",
     """
--- KEYS[1] lock  KEYS[2] fence  KEYS[3] queue  KEYS[4] waiters  KEYS[5] batch
--- ARGV[1] token  ARGV[2] fair ('1'/'0')  ARGV[3] bell key prefix  ARGV[4] owner (hex)
--- Reply 1: released (and the next waiter served, unless our batch runs on);
--- 0: the lock was not ours.
+-- KEYS[1] lock  KEYS[2] fence  KEYS[3] queue  KEYS[4] waiters
+-- ARGV[1] token  ARGV[2] fair ('1'/'0')  ARGV[3] bell key prefix
+-- Reply 1: released (and the next waiter served); 0: the lock was not ours.
 if redis.call('GET', KEYS[1]) ~= ARGV[1] then return 0 end
 redis.call('DEL', KEYS[1])
 if redis.call('EXISTS', KEYS[3]) == 0 then return 1 end
 """
     + _HELPERS
     + """
-if ARGV[2] == '1' and batch_owner(KEYS[5]) == ARGV[4] then return 1 end  -- free for us alone
-hand_on(KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], ARGV[3], ARGV[2])
+hand_on(KEYS[1], KEYS[2], KEYS[3], KEYS[4], ARGV[3], ARGV[2])
 return 1
 """,
 )
@@ -234,7 +185,7 @@ LEAVE = Script(
     _HELPERS
     + """
 -- A waiter gives up (timeout, cancellation, error): take it out of the queue.
--- KEYS[1] lock  KEYS[2] fence  KEYS[3] queue  KEYS[4] waiters  KEYS[5] batch
+-- KEYS[1] lock  KEYS[2] fence  KEYS[3] queue  KEYS[4] waiters
 -- ARGV[1] token  ARGV[2] fair ('1'/'0')  ARGV[3] bell key prefix
 -- ARGV[4] '1': keep a lock granted to us meanwhile; '0': release it
 -- Reply {fence, pttl}: fence > 0 when a grant was kept; {0, 0} otherwise.
@@ -250,7 +201,7 @@ if holder == token then
 end
 redis.call('DEL', bell)
 -- a free lock may have been waiting for us (fair) or woken us (not fair): pass it on
-if not holder then hand_on(lock, fence, queue, waiters, KEYS[5], ARGV[3], ARGV[2]) end
+if not holder then hand_on(lock, fence, queue, waiters, ARGV[3], ARGV[2]) end
 return {0, 0}
 """,
 )
