@@ -181,7 +181,8 @@ def test_a_forked_child_is_not_lent_its_parents_grant(r: redis.Redis, name: str)
     _, status = os.waitpid(pid, 0)
     assert os.waitstatus_to_exitcode(status) == 0
     again = owner.try_acquire()  # the parent still lends it (hold 2 of 2)
-    assert again is not None and again.token == lease.token
+    assert again is not None
+    assert again.token == lease.token
     again.release()
     assert holder(r, name) is None
 

@@ -342,6 +342,11 @@ class Lock(_LockConfig, _SyncFront[Lease]):
     of its validity. ``max_hold`` (seconds) stops renewal that long after acquisition,
     so a hung holder cannot keep the lock forever. A lease that is never released keeps
     being renewed (until ``max_hold``).
+
+    ``batch=n`` (fair only) lends each grant to this object's callers for up to ``n``
+    holds within ``batch_window`` seconds: a hold's release keeps the grant and the next
+    acquire takes it without a round trip, with a new lease and fence; then it goes to the
+    next waiter (see ``_batches``).
     """
 
     _attempt_class = Acquisition
