@@ -19,6 +19,8 @@ import redis
 
 import redlease
 from redlease import servers
+from redlease._batches import Lender
+from redlease._flows import Grant, LockSpec
 from waiting_helpers import queued, wait_until
 
 
@@ -264,3 +266,40 @@ def test_processes_in_batches_exclude_each_other(
         fences += mine
     assert int(r.get("count:" + name) or 0) == 240  # no lost update
     assert len(set(fences)) == 240  # no two holds shared a fence
+
+
+def test_lender_rules_without_a_server() -> None:
+    clock = FakeClock()
+    spec = LockSpec.create("rules", 30.0, batch=3, batch_window=1.0, clock=clock)
+    timers: list[tuple[float, Any]] = []
+    released: list[str] = []
+    lender = Lender(spec, lambda delay, callback: timers.append((delay, callback)), released.append)
+    until = clock.now + 30.0
+    lender.granted(Grant("a", 10, until))
+    assert lender.park("a", 10, until)
+    assert [delay for delay, _ in timers] == [1.0]  # the window's end, armed once
+    assert lender.park("a", 10, until) is False  # not the hold lent last
+    lent, closed = lender.lend()
+    assert closed is None
+    assert lent == Grant("a", 11, until)
+    timers[0][1]()  # a timer run while a hold is out gives nothing back
+    assert released == []
+    assert lender.park("a", 11, until)
+    assert len(timers) == 2  # ... and is armed again by the next park
+    lent, _ = lender.lend()
+    assert lent is not None
+    assert lent.fence == 12
+    assert lender.park("a", 12, until) is False  # the last hold: a real release
+    assert lender.lend() == (None, None)
+
+    lender.granted(Grant("b", 13, until))
+    assert lender.park("b", 13, until)
+    clock.now += 2.0
+    timers[-1][1]()  # the window ended with the grant parked: given back
+    assert released == ["b"]
+    assert lender.lend() == (None, None)
+
+    lender.granted(Grant("c", 16, until))
+    assert lender.park("c", 16, until)
+    clock.now += 2.0  # the window ended before the timer ran: the next acquire gives it back
+    assert lender.lend() == (None, "c")

@@ -128,7 +128,10 @@ class Lender:
         """The window has ended: a grant still parked goes back to the server."""
         with self._mutex:
             g = self._grant
-            if g is None or g.lent:
+            if g is None:
+                return
+            if g.lent:  # its hold's release decides (a timer run early would re-arm)
+                g.timed = False
                 return
             self._grant = None
             if g.pid != os.getpid():
