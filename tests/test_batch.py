@@ -160,7 +160,7 @@ def test_threads_sharing_a_batched_lock_exclude_each_other(r: redis.Redis, name:
     def work() -> None:
         for _ in range(50):
             with lock as lease:
-                r.set(counter, int(r.get(counter) or 0) + 1)  # type: ignore[arg-type]
+                r.set(counter, int(r.get(counter) or 0) + 1)
                 fences.append(lease.fence)
 
     threads = [threading.Thread(target=work) for _ in range(4)]
@@ -168,7 +168,7 @@ def test_threads_sharing_a_batched_lock_exclude_each_other(r: redis.Redis, name:
         t.start()
     for t in threads:
         t.join(60)
-    assert int(r.get(counter) or 0) == 200  # type: ignore[arg-type]
+    assert int(r.get(counter) or 0) == 200
     assert len(set(fences)) == 200
 
 
