@@ -20,9 +20,9 @@ import redis
 import redis.asyncio as aredis
 
 import redlease
-from redlease import servers
+from redlease import _spin, servers
 from redlease._flows import LockSpec
-from redlease._quorum import SAFE, Fanout, QuorumAcquisition, QuorumSpec, Sleep
+from redlease._quorum import SAFE, UNREAD, Fanout, QuorumAcquisition, QuorumSpec, Sleep
 from redlease._quorum import extend as quorum_extend
 from redlease._quorum import release as quorum_release
 from redlease._redlock import _Unsafe
@@ -266,6 +266,44 @@ def test_core_extend_and_release_count_a_majority() -> None:
         released.send([1, 0, 0, 0, NO_REPLY])
 
 
+def test_core_a_majority_of_yes_is_enough_and_unread_replies_count_as_neither() -> None:
+    spec = _spec(5)
+    flow = QuorumAcquisition(spec, 0.0, wait=False).run()
+    fan = next(flow)
+    assert isinstance(fan, Fanout)
+    assert fan.enough == 3  # the driver may stop reading at the third yes
+    assert fan.yes([1, 4, 10000])
+    assert not fan.yes([0, 0, 50])
+    assert fan.call.args[2] == "0"  # no token handed out yet: nothing to raise nodes past
+    # nodes 3 and 4 were not read: no second round, and the lease is granted
+    with pytest.raises(StopIteration) as done:
+        flow.send([_yes(7), _yes(7), _yes(7), UNREAD, UNREAD])
+    grant = done.value.value
+    assert grant.fence == 7
+    released = quorum_release(spec, grant.token, grant.nodes)
+    fan = next(released)
+    assert isinstance(fan, Fanout)
+    assert fan.enough == 3
+    assert fan.nodes == (0, 1, 2, 3, 4)
+    with pytest.raises(StopIteration):
+        released.send([1, 1, 1, UNREAD, UNREAD])
+    # the next acquisition passes the highest token handed out, to raise lagging nodes
+    flow = QuorumAcquisition(spec, 0.0, wait=False).run()
+    fan = next(flow)
+    assert isinstance(fan, Fanout)
+    assert fan.call.args[2] == "7"
+    # a round that fails releases every node that may hold it, unread ones included
+    flow = QuorumAcquisition(_spec(3, ttl=1.0), 0.0, wait=False).run()
+    next(flow)
+    raise_round = flow.send([_yes(3), _yes(5), UNREAD])
+    assert isinstance(raise_round, Fanout)
+    assert raise_round.nodes == (0,)
+    release = flow.send([0])  # node 0 lost our key: 1 of 2 needed at the token
+    assert isinstance(release, Fanout)
+    assert release.nodes == (0, 1, 2)
+    assert release.enough == 0
+
+
 # -- faults -----------------------------------------------------------------------------------
 
 
@@ -286,6 +324,69 @@ def test_two_of_five_paused_still_acquires_promptly(
     finally:
         nodes[1].resume()
         nodes[3].resume()
+
+
+def _owed(client: Any) -> list[int]:
+    """The replies each idle driver connection to this client's server still owes."""
+    idle = client.connection_pool._redlease_connections._idle
+    return [conn._redlease_lean.stale for conn, _ in idle]
+
+
+def test_a_majority_is_not_kept_waiting_by_the_slowest_nodes(
+    nodes: list[servers.ServerProcess], clients: list[redis.Redis], name: str
+) -> None:
+    """Acquire and release return once a majority said yes, not after the stopped nodes'
+    timeout; what those nodes owe is read and dropped before their next reply, so a
+    later command on the same connections gets its own reply."""
+    lock = redlease.Redlock(clients, name, ttl=10.0, node_timeout=3.0)
+    lock.acquire().release()  # the servers are checked once, every node answering
+    try:
+        nodes[3].pause()
+        nodes[4].pause()
+        started = time.monotonic()
+        lease = lock.acquire(timeout=1.0)
+        lease.release()
+        assert time.monotonic() - started < 1.5  # not one node_timeout
+        # each owes the acquire and the release (and perhaps the warm-up's last reply)
+        assert all(len(owed) == 1 and 2 <= owed[0] <= 3 for owed in map(_owed, clients[3:]))
+    finally:
+        nodes[3].resume()
+        nodes[4].resume()
+    # the stopped nodes now apply the acquire, then the release: nothing stays behind
+    deadline = time.monotonic() + 2.0
+    while any(_lock_keys(clients, name)) and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert _lock_keys(clients, name) == [0] * NODES
+    # a single-server lock on node 3's client takes the connection that owes two replies
+    other = redlease.Lock(clients[3], name + ":other", ttl=5.0).acquire(timeout=1.0)
+    assert other.fence == 1
+    other.release()
+    assert _owed(clients[3]) == [0]
+    again = lock.acquire(timeout=1.0)
+    assert again.fence > lease.fence
+    again.release()
+
+
+def test_a_stopped_node_owes_a_bounded_number_of_replies(
+    nodes: list[servers.ServerProcess], clients: list[redis.Redis], name: str
+) -> None:
+    """A node that stays stopped is left unread up to MAX_STALE replies per connection;
+    after that its reply is waited for (its timeout), and its connection dropped."""
+    lock = redlease.Redlock(clients, name, ttl=10.0, node_timeout=0.1)
+    lock.acquire().release()  # the servers are checked once, every node answering
+    owed, took = [], []
+    try:
+        nodes[4].pause()
+        for _ in range(5):
+            started = time.monotonic()
+            lock.acquire(timeout=1.0).release()
+            took.append(time.monotonic() - started)
+            owed.append(max(_owed(clients[4]), default=0))
+    finally:
+        nodes[4].resume()
+    assert owed[:2] == [2, _spin.MAX_STALE]  # one owed per acquire and per release
+    assert max(owed) == _spin.MAX_STALE
+    assert max(took[2:]) >= 0.1  # then a read waited out the node's timeout
 
 
 def test_three_of_five_paused_is_a_quorum_error(
@@ -405,12 +506,12 @@ def test_fences_increase_across_nodes_restarted_empty(
     ports = [p.port for p in nodes[:3]]
 
     def cycle() -> int:
-        with ExitStack() as stack:
+        with ExitStack() as stack:  # a new lock each time: it knows no earlier token
             fresh = [stack.enter_context(redis.Redis(port=port)) for port in ports]
             lease = redlease.Redlock(fresh, name, ttl=5.0).acquire(timeout=2.0)
             lease.release()
-            # every node it acquired on now holds its token (the lagging one was raised)
-            assert [_counter(c, name) for c in fresh] == [lease.fence] * 3
+            # a majority holds its token (a lagging node that was read is raised to it)
+            assert sum(_counter(c, name) >= lease.fence for c in fresh) >= 2
             return lease.fence
 
     fences = [cycle(), cycle()]
@@ -418,6 +519,40 @@ def test_fences_increase_across_nodes_restarted_empty(
         proc.restart()  # no persistence: the node comes back empty
         fences.append(cycle())
     assert fences == sorted(set(fences))
+
+
+def test_a_node_restarted_empty_catches_up_at_the_next_acquisition(
+    nodes: list[servers.ServerProcess], name: str
+) -> None:
+    """The lock passes the highest token it handed out with each acquire: a node that
+    lost its counter is raised past it as soon as an acquire reaches it, whether or not
+    its reply is read; and if every node lost its counter, this lock's tokens still
+    increase."""
+    ports = [p.port for p in nodes]
+
+    def cycle(lock: redlease.Redlock) -> int:
+        # the first use of a connection to a restarted node fails: that node is a "no"
+        for _ in range(3):
+            try:
+                lease = lock.acquire(timeout=2.0)
+            except redlease.QuorumError:
+                continue
+            lease.release()
+            return lease.fence
+        raise AssertionError("no majority after the restart")
+
+    with ExitStack() as stack:
+        fresh = [stack.enter_context(redis.Redis(port=port)) for port in ports]
+        lock = redlease.Redlock(fresh, name, ttl=5.0)
+        fences = [cycle(lock) for _ in range(3)]
+        nodes[4].restart()
+        fences += [cycle(lock), cycle(lock)]
+        # the second acquire after the restart reached node 4 and raised it
+        assert [_counter(c, name) for c in fresh] == [fences[-1]] * len(fresh)
+        for proc in nodes:
+            proc.restart()
+        fences += [cycle(lock), cycle(lock)]
+        assert fences == sorted(set(fences))
 
 
 def test_fence_taken_from_the_majority_not_one_node(
@@ -566,6 +701,38 @@ async def test_async_twin(nodes: list[servers.ServerProcess], name: str) -> None
         await second.release()
         assert [await c.exists("{" + name + "}") for c in made] == [0, 0, 0]
     finally:
+        for c in made:
+            await c.aclose()
+
+
+async def test_async_a_majority_is_not_kept_waiting_by_the_slowest_nodes(
+    nodes: list[servers.ServerProcess], name: str
+) -> None:
+    made = [aredis.Redis(port=p.port) for p in nodes]
+    lock = redlease.AsyncRedlock(made, name, ttl=10.0, node_timeout=3.0)
+    try:
+        await (await lock.acquire()).release()  # the servers are checked once
+        nodes[3].pause()
+        nodes[4].pause()
+        started = time.monotonic()
+        lease = await lock.acquire(timeout=1.0)
+        await lease.release()
+        assert time.monotonic() - started < 1.5  # not one node_timeout
+        pool: Any = made[3].connection_pool
+        idle = pool._redlease_connections._idle
+        assert len(idle) == 1
+        assert 2 <= idle[0]._redlease_stale <= 3
+        nodes[3].resume()
+        nodes[4].resume()
+        other = await redlease.AsyncLock(made[3], name + ":other", ttl=5.0).acquire(timeout=1.0)
+        assert other.fence == 1  # its own reply, not one of the two owed
+        await other.release()
+        again = await lock.acquire(timeout=1.0)
+        assert again.fence > lease.fence
+        await again.release()
+    finally:
+        for proc in nodes:
+            proc.resume()
         for c in made:
             await c.aclose()
 

@@ -21,7 +21,7 @@ import sys
 import time
 import warnings
 import weakref
-from collections.abc import Awaitable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, TypeVar
 
 import redis.asyncio as aredis
@@ -34,7 +34,7 @@ from . import _flows, _resp, _spin
 from ._backend_errors import BACKEND_FAILURES, backend_error
 from ._errors import RedleaseWarning
 from ._flows import Call, Command, Flow, Op, Replicas, Wait
-from ._quorum import MIN_READ_WAIT, Unsent
+from ._quorum import MIN_READ_WAIT, UNREAD, Unsent, said_yes
 
 if sys.version_info >= (3, 11, 3):  # earlier 3.11 releases mishandle nested cancellation
     from asyncio import timeout as _deadline  # type: ignore[attr-defined,unused-ignore]
@@ -89,6 +89,8 @@ class _Connections:
         if isinstance(in_use, set):
             in_use.add(conn)
         conn._redlease_lean = _lean(conn)
+        conn._redlease_stale = 0  # replies a fan-out did not wait for (see _read)
+        conn._redlease_wire = self.wire
         conn._redlease_watch = _Watch()
         conn._redlease_poll = _Poll(self.spin)
         return conn
@@ -108,6 +110,7 @@ class _Connections:
         """Close ``conn`` (its state may be unknown: a reply may still be on its way);
         never raises, as it runs while another error propagates."""
         self._forget(conn)
+        self.wire.forget()  # the server may have restarted without its scripts
         conn._redlease_watch.close()
         with contextlib.suppress(BaseException):
             await conn.disconnect(nowait=True)
@@ -141,13 +144,77 @@ async def _read(conn: Any, timeout: float, spin: bool = True) -> Any:
     due in about a round trip (not a blocking command's)."""
     if not conn._redlease_lean:
         return await _bounded(conn.read_response(), timeout)  # bounded by us, not timeout=
+    if conn._redlease_stale:
+        timeout = await _drop_stale(conn, timeout)
+    reply = await _next(conn, timeout, spin)
+    if isinstance(reply, (rx.ResponseError, rx.ConnectionError)):
+        raise reply
+    return reply
+
+
+def _drop_arrived(conn: Any) -> rx.ConnectionError | None:
+    """Drop the stale replies already received on ``conn`` (see ``_spin``), without
+    waiting: first what the loop has read into its stream, then what is still in the
+    socket. The error if the connection failed."""
+    reader = conn._parser._reader
+    held = _buffered(conn._parser._stream)
+    if held:
+        reader.feed(held)
+    recv = conn._redlease_poll.socket_recv(conn) or _nothing_more
+    try:
+        conn._redlease_stale = _spin.drop_arrived(
+            recv,
+            conn._redlease_poll.buffer,
+            reader,
+            conn._redlease_stale,
+            conn._redlease_wire.forget,
+        )
+    except rx.ConnectionError as exc:
+        return exc
+    return None
+
+
+def _buffered(stream: asyncio.StreamReader) -> bytes:
+    """The bytes ``stream`` holds already, taken without waiting (b"" if none)."""
+    if not getattr(stream, "_buffer", None):
+        return b""
+    reading = stream.read(65536)
+    try:
+        reading.send(None)  # with bytes buffered, read() returns without suspending
+    except StopIteration as done:
+        return done.value  # type: ignore[no-any-return]
+    except Exception:  # the stream failed: the next read tells
+        return b""
+    reading.close()
+    return b""
+
+
+def _nothing_more() -> int:
+    raise BlockingIOError
+
+
+async def _drop_stale(conn: Any, timeout: float) -> float:
+    """Read the replies a fan-out left unread on ``conn`` (only lean connections carry
+    them) and drop them; the time left of ``timeout``."""
+    clock = time.perf_counter
+    end = clock() + timeout
+    while conn._redlease_stale:
+        reply = await _next(conn, max(end - clock(), MIN_READ_WAIT), True)
+        _spin.dropped(reply, conn._redlease_wire.forget)
+        conn._redlease_stale -= 1
+    return max(end - clock(), MIN_READ_WAIT)
+
+
+async def _next(conn: Any, timeout: float, spin: bool) -> Any:
+    """The next reply on a lean ``conn`` as parsed (an error reply is returned, not
+    raised)."""
     parser = conn._parser  # the reader and stream of the current connect
     reader = parser._reader
     reply = reader.gets()
     if reply is _NOT_ENOUGH and spin and _POLLS and _spin.BUDGET > 0:
         poll: _Poll = conn._redlease_poll
         started = time.perf_counter()
-        reply = poll.reply(conn, parser._stream, reader)
+        reply = poll.reply(conn, reader)
         if reply is _NOT_ENOUGH:  # what the poll took counts against the bound
             timeout = max(timeout - (time.perf_counter() - started), MIN_READ_WAIT)
         elif started - poll.record.turned > TURN_EVERY:
@@ -163,8 +230,6 @@ async def _read(conn: Any, timeout: float, spin: bool = True) -> Any:
         else:
             reply = await _bounded(_more(stream, reader), timeout)
         conn._redlease_poll.record.turned = time.perf_counter()
-    if isinstance(reply, (rx.ResponseError, rx.ConnectionError)):
-        raise reply
     return reply
 
 
@@ -189,26 +254,37 @@ class _Poll:
         self.transport: Any = None  # the transport whose socket ``recv`` reads
         self.recv: Any = None
 
-    def reply(self, conn: Any, stream: asyncio.StreamReader, reader: Any) -> Any:
+    def reply(self, conn: Any, reader: Any) -> Any:
         """The reply, if polling brings it; _NOT_ENOUGH to wait in the loop after all."""
         # CPython's loop keeps the callbacks due this turn in _ready; any other loop
         # (uvloop) does not say, so it is never held.
         loop = asyncio.get_running_loop()
         ready = getattr(loop, "_ready", None)
-        if ready is None or ready or getattr(stream, "_buffer", True):
+        if ready is None or ready:
             return _NOT_ENOUGH
         task = asyncio.current_task(loop)
         if task is None or task.cancelling():  # type: ignore[attr-defined,unused-ignore]
             return _NOT_ENOUGH  # a cancellation is due: it lands at this read, as asked
+        recv = self.socket_recv(conn)
+        if recv is None:
+            return _NOT_ENOUGH
+        return _spin.poll(recv, self.buffer, reader, self.record)
+
+    def socket_recv(self, conn: Any) -> Any:
+        """A read of ``conn``'s socket past its transport that never waits, or None when
+        that would not keep the bytes in order (the stream holds some), or is not
+        possible (TLS, no socket, closing: the fd may be reused)."""
+        if getattr(conn._parser._stream, "_buffer", True):
+            return None
         transport = conn._writer.transport
         if transport is not self.transport:  # a new connect: find its socket
             self.transport, self.recv = transport, None
             sock = transport.get_extra_info("socket")
             if sock is not None and transport.get_extra_info("ssl_object") is None:
                 self.recv = functools.partial(os.readv, sock.fileno(), [self.buffer])
-        if self.recv is None or transport.is_closing():  # closing: the fd may be reused
-            return _NOT_ENOUGH
-        return _spin.poll(self.recv, self.buffer, reader, self.record)
+        if self.recv is None or transport.is_closing():
+            return None
+        return self.recv
 
 
 async def _more(stream: asyncio.StreamReader, reader: Any) -> Any:
@@ -288,6 +364,7 @@ async def _bounded(reading: Awaitable[Any], timeout: float) -> Any:
 async def _send(conn: Any, packed: bytes) -> None:
     if not conn.is_connected:
         await conn.connect()
+        conn._redlease_stale = 0  # a new socket: what the old one owed is gone
     writer = getattr(conn, "_writer", None)
     if writer is None:  # a redis-py without the stream attribute: the public, slower way
         await conn.send_packed_command([packed], check_health=False)
@@ -497,13 +574,21 @@ class AsyncIO:
 
 
 async def fan_out(
-    ios: Sequence[AsyncIO], op: Call | Command, nodes: Sequence[int], timeout: float, action: str
+    ios: Sequence[AsyncIO],
+    op: Call | Command,
+    nodes: Sequence[int],
+    timeout: float,
+    action: str,
+    enough: int = 0,
+    yes: Callable[[Any], bool] = said_yes,
 ) -> list[Any]:
     """Twin of the sync ``fan_out``: ``op`` written to every node's connection (no task
     per node), then the replies read in turn, each due ``timeout`` after its own node's
     send began. One result per node: the reply, or the BackendError that stands for none
     (``Unsent`` when the command never left). A node that did not answer in time, or
-    whose read was cancelled, loses its connection."""
+    whose read was cancelled, loses its connection. Once ``enough`` replies satisfy
+    ``yes``, the replies still due on lean connections are left to their next read, and
+    their results are UNREAD."""
     clock = time.monotonic
     packed: dict[int, bytes] = {}  # the op's bytes, packed once for all nodes
     results: list[Any] = [None] * len(nodes)
@@ -533,6 +618,15 @@ async def fan_out(
                 results[at] = backend_error(exc, action)
                 continue
             sent.append((at, conn, direct, due))
+        for entry in list(sent):
+            # while the replies are on their way: drop what earlier fan-outs left unread
+            at, conn, direct, _ = entry
+            failure = _drop_arrived(conn) if conn._redlease_stale else None
+            if failure is not None:
+                sent.remove(entry)
+                await direct.discard(conn)
+                results[at] = backend_error(failure, action)
+        confirmed = 0
         while sent:
             at, conn, direct, due = sent[0]
             wait = due - clock()
@@ -549,7 +643,26 @@ async def fan_out(
                 continue
             del sent[0]
             await direct.give(conn)  # the reply was read in full: the connection is clean
+            if enough and yes(results[at]):
+                confirmed += 1
+                if confirmed >= enough:
+                    await _leave_unread(sent, results)
+                    enough = 0
     finally:
         for _, other, owner, _ in sent:  # cancelled, or a bug: replies still on their way
             await owner.discard(other)
     return results
+
+
+async def _leave_unread(
+    sent: list[tuple[int, Any, _Connections, float]], results: list[Any]
+) -> None:
+    """Twin of the sync one: give back the connections whose replies are still due and
+    may be owed (lean ones that owe fewer than MAX_STALE), each reply now stale."""
+    for entry in list(sent):
+        at, conn, owner, _ = entry
+        if conn._redlease_lean and conn._redlease_stale < _spin.MAX_STALE:
+            conn._redlease_stale += 1
+            sent.remove(entry)
+            await owner.give(conn)
+            results[at] = UNREAD

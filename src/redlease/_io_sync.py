@@ -24,7 +24,7 @@ import sys
 import time
 import warnings
 import weakref
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
 
 import redis
@@ -36,7 +36,7 @@ from . import _flows, _resp, _spin
 from ._backend_errors import BACKEND_FAILURES, backend_error
 from ._errors import RedleaseWarning
 from ._flows import Call, Command, Flow, Op, Replicas, Wait
-from ._quorum import MIN_READ_WAIT, Unsent
+from ._quorum import MIN_READ_WAIT, UNREAD, Unsent, said_yes
 
 T = TypeVar("T")
 
@@ -85,13 +85,17 @@ class _Connections:
             # idle timeout): one poll tells, before a command is lost on it.
             if time.monotonic() - since < STALE_AFTER:
                 return conn
+            lean: _Lean | None = conn._redlease_lean
+            if lean is not None and lean.stale and (lean.drop_arrived() or lean.stale):
+                conn.disconnect()  # failed, or replies owed for a second: the server is stuck
+                continue
             if not conn.can_read():
-                _Lean.attach(conn, self.spin)  # can_read() put the socket back in timeout mode
+                _Lean.attach(conn, self)  # can_read() put the socket back in timeout mode
                 return conn
             conn.disconnect()
         conn = self._cls(**_resp.bounded(self._settings, timeout, Retry(NoBackoff(), 0)))
         conn.connect()  # the class's own connect: Sentinel discovery happens here
-        _Lean.attach(conn, self.spin)
+        _Lean.attach(conn, self)
         return conn
 
     def give(self, conn: Any) -> None:
@@ -103,6 +107,7 @@ class _Connections:
     def discard(self, conn: Any) -> None:
         """A connection whose state is unknown (a reply may still be on its way)."""
         conn.disconnect()
+        self.wire.forget()  # the server may have restarted without its scripts
 
 
 _ALL_CONNECTIONS: weakref.WeakSet[_Connections] = weakref.WeakSet()
@@ -134,19 +139,25 @@ class _Lean:
     bounded by SO_RCVTIMEO/SO_SNDTIMEO. One system call per read, where redis-py's
     ``read_response(timeout=)`` makes four (two timeout switches, a poll, the recv).
     Only for RESP2 connections parsed by hiredis; anything else (TLS, the pure-Python
-    parser, RESP3 with its push messages) keeps redis-py's own path."""
+    parser, RESP3 with its push messages) keeps redis-py's own path.
 
-    __slots__ = ("buffer", "reader", "recv", "sock", "spin", "wait")
+    Only these connections may owe ``stale`` replies, the ones a fan-out did not wait
+    for (see ``_quorum.Fanout``): the next read drops them first."""
+
+    __slots__ = ("buffer", "reader", "recv", "sock", "spin", "stale", "wait", "wire")
+    # ``stale``: replies owed to fan-outs that did not wait for them (see ``_spin``)
 
     def __init__(
-        self, sock: socket.socket, reader: Any, buffer: bytearray, spin: _spin.Record
+        self, sock: socket.socket, reader: Any, buffer: bytearray, owner: _Connections
     ) -> None:
-        self.sock, self.reader, self.buffer, self.spin = sock, reader, buffer, spin
+        self.sock, self.reader, self.buffer = sock, reader, buffer
+        self.spin, self.wire = owner.spin, owner.wire
         self.recv = functools.partial(sock.recv_into, buffer, 0, socket.MSG_DONTWAIT)
         self.wait = -1.0  # the receive bound currently set on the socket
+        self.stale = 0
 
     @staticmethod
-    def attach(conn: Any, spin: _spin.Record) -> None:
+    def attach(conn: Any, owner: _Connections) -> None:
         sock: Any = getattr(conn, "_sock", None)
         parser = getattr(conn, "_parser", None)
         reader = getattr(parser, "_reader", None)
@@ -163,11 +174,40 @@ class _Lean:
         bound = sock.gettimeout() or 1.0  # the connection's own: our op bound, or less
         sock.settimeout(None)
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDTIMEO, _timeval(bound))
-        conn._redlease_lean = _Lean(sock, reader, buffer, spin)
+        conn._redlease_lean = _Lean(sock, reader, buffer, owner)
 
     def read(self, timeout: float, spin: bool = True) -> Any:
         """The next reply, within ``timeout``; ``spin``: it is due in about a round trip
         (not a blocking command's reply)."""
+        if self.stale:
+            timeout = self._drop_stale(timeout)
+        reply = self._next(timeout, spin)
+        if isinstance(reply, (rx.ResponseError, rx.ConnectionError)):
+            raise reply
+        return reply
+
+    def _drop_stale(self, timeout: float) -> float:
+        """Read the stale replies and drop them; the time left of ``timeout``."""
+        clock = time.perf_counter
+        end = clock() + timeout
+        while self.stale:
+            _spin.dropped(self._next(max(end - clock(), MIN_READ_WAIT), True), self.wire.forget)
+            self.stale -= 1
+        return max(end - clock(), MIN_READ_WAIT)
+
+    def drop_arrived(self) -> rx.ConnectionError | None:
+        """Drop the stale replies already received, without waiting; the error if the
+        connection failed."""
+        try:
+            self.stale = _spin.drop_arrived(
+                self.recv, self.buffer, self.reader, self.stale, self.wire.forget
+            )
+        except rx.ConnectionError as exc:
+            return exc
+        return None
+
+    def _next(self, timeout: float, spin: bool) -> Any:
+        """The next reply as parsed (an error reply is returned, not raised)."""
         reader = self.reader
         reply = reader.gets()
         if reply is _NOT_ENOUGH and spin and _spin.BUDGET > 0:
@@ -193,8 +233,6 @@ class _Lean:
                     raise rx.ConnectionError("connection closed by server")
                 reader.feed(self.buffer, 0, got)
                 reply = reader.gets()
-        if isinstance(reply, (rx.ResponseError, rx.ConnectionError)):
-            raise reply
         return reply
 
     def send(self, data: bytes) -> None:
@@ -428,7 +466,13 @@ class SyncIO:
 
 
 def fan_out(
-    ios: Sequence[SyncIO], op: Call | Command, nodes: Sequence[int], timeout: float, action: str
+    ios: Sequence[SyncIO],
+    op: Call | Command,
+    nodes: Sequence[int],
+    timeout: float,
+    action: str,
+    enough: int = 0,
+    yes: Callable[[Any], bool] = said_yes,
 ) -> list[Any]:
     """``op`` on each of ``nodes`` at once: written to every node's connection, then the
     replies read in turn (no thread per node). Each reply is due ``timeout`` after its
@@ -437,7 +481,9 @@ def fan_out(
 
     One result per node, in order: the reply, or the BackendError that stands for none
     (an ``Unsent`` one when the command never left). A node that did not answer in time
-    loses its connection, so a late reply cannot be mistaken for a later command's."""
+    loses its connection, so a late reply cannot be mistaken for a later command's.
+    Once ``enough`` replies satisfy ``yes`` (see ``_quorum.Fanout``), the replies still
+    due on lean connections are left to their next read, and their results are UNREAD."""
     clock = time.monotonic
     packed: dict[int, bytes] = {}  # the op's bytes, packed once for all nodes
     results: list[Any] = [None] * len(nodes)
@@ -467,6 +513,16 @@ def fan_out(
                 results[at] = backend_error(exc, action)
                 continue
             sent.append((at, conn, direct, due))
+        for entry in list(sent):
+            # while the replies are on their way: drop what earlier fan-outs left unread
+            at, conn, direct, _ = entry
+            lean = conn._redlease_lean
+            failure = lean.drop_arrived() if lean is not None and lean.stale else None
+            if failure is not None:
+                sent.remove(entry)
+                direct.discard(conn)
+                results[at] = backend_error(failure, action)
+        confirmed = 0
         while sent:
             at, conn, direct, due = sent[0]
             wait = due - clock()
@@ -481,7 +537,25 @@ def fan_out(
                 continue
             del sent[0]
             direct.give(conn)  # the reply was read in full: the connection is clean
+            if enough and yes(results[at]):
+                confirmed += 1
+                if confirmed >= enough:
+                    _leave_unread(sent, results)
+                    enough = 0
     finally:
         for _, other, owner, _ in sent:  # interrupted, or a bug: replies still on their way
             owner.discard(other)
     return results
+
+
+def _leave_unread(sent: list[tuple[int, Any, _Connections, float]], results: list[Any]) -> None:
+    """Give back the connections whose replies are still due and may be owed (lean ones
+    that owe fewer than MAX_STALE), each reply now stale; the rest stay to be read."""
+    for entry in list(sent):
+        at, conn, owner, _ = entry
+        lean: _Lean | None = conn._redlease_lean
+        if lean is not None and lean.stale < _spin.MAX_STALE:
+            lean.stale += 1
+            sent.remove(entry)
+            owner.give(conn)
+            results[at] = UNREAD

@@ -4,10 +4,12 @@ rules (quorum, validity, fencing, retries) live in ``_quorum``, the I/O here.
 
 Fan-out. Both drivers write the command on one connection per node, then read the
 replies in turn, each due ``node_timeout`` after its own send, so a round costs about one
-round trip whatever N is, with no thread pool and no task per node. A node that has not
-answered in time is a "no" for that attempt; its connection is dropped, so a late reply
-cannot be mistaken for a later command's. A node whose command never left (no
-connection could be made) cannot hold the lock and is not sent the release either.
+round trip whatever N is, with no thread pool and no task per node. Acquire, extend and
+release stop reading once a majority said yes; the replies left are read before their
+connections' next ones (see ``_spin``). A node that has not answered in time is a "no"
+for that attempt; its connection is dropped, so a late reply cannot be mistaken for a
+later command's. A node whose command never left (no connection could be made) cannot
+hold the lock and is not sent the release either.
 
 Plain ``redis.Redis`` clients are talked to on the driver's own connections, so the
 client's retry policy (redis-py retries up to 10 times by default) cannot stretch a
@@ -156,7 +158,9 @@ class _SyncNodes:
                 time.sleep(step.seconds)
                 reply = None
             else:
-                reply = self.fan_out(step.call, step.nodes, step.timeout, action)
+                reply = _io_sync.fan_out(
+                    self.ios, step.call, step.nodes, step.timeout, action, step.enough, step.yes
+                )
 
     def fan_out(
         self, op: Call | Command, nodes: Sequence[int], timeout: float, action: str
@@ -208,7 +212,9 @@ class _AsyncNodes:
                 await asyncio.sleep(step.seconds)
                 reply = None
             else:
-                reply = await self.fan_out(step.call, step.nodes, step.timeout, action)
+                reply = await _io_async.fan_out(
+                    self.ios, step.call, step.nodes, step.timeout, action, step.enough, step.yes
+                )
 
     async def fan_out(
         self, op: Call | Command, nodes: Sequence[int], timeout: float, action: str

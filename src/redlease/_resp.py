@@ -64,6 +64,11 @@ class Wire:
     def __init__(self) -> None:
         self._loaded: set[str] = set()
 
+    def forget(self) -> None:
+        """Send every script with its source again: the server answered NOSCRIPT to a
+        reply nobody waited for, or a connection to it failed (it may have restarted)."""
+        self._loaded.clear()
+
     def __call__(self, op: Call | Command, packed: dict[int, bytes] | None = None) -> bytes:
         """``op`` as bytes for this server; ``packed`` keeps each form once packed, for
         the other servers of a fan-out."""

@@ -7,6 +7,13 @@ BUDGET seconds, giving the CPU away between polls, and gives up at once if that 
 another task wanted the CPU. After MISSES straight polls without the reply (a slow link, a
 busy machine), reads from that server sleep right away for the next REST reads.
 REDLEASE_SPIN_US sets the budget; 0 turns spinning off.
+
+Stale replies. A Redlock fan-out stops reading once a majority said yes; the replies it
+did not wait for are owed by their connections (both drivers count them), and read and
+dropped before the next reply there. The next fan-out drops those that have arrived
+while it waits for its own (``drop_arrived``), so a node that is merely a little slower
+than the others costs no waiting at all. At most MAX_STALE may be owed on a connection,
+beyond which its reply is waited for again (a stopped node then costs its timeout).
 """
 
 from __future__ import annotations
@@ -26,6 +33,7 @@ DEFAULT_BUDGET = 100e-6
 BUSY = 20e-6  # a yield that took longer than this: another task ran meanwhile
 MISSES = 4
 REST = 256
+MAX_STALE = 4
 
 NOT_ENOUGH: Any = getattr(_hiredis_parser, "NOT_ENOUGH_DATA", False)
 
@@ -95,3 +103,40 @@ def poll(recv: Callable[[], int], buffer: bytearray, reader: Any, record: Record
     if record.misses >= MISSES:
         record.misses, record.rest = 0, REST
     return NOT_ENOUGH
+
+
+def dropped(reply: Any, forget_scripts: Callable[[], None]) -> None:
+    """A stale reply, read and dropped. NOSCRIPT: the server lost its scripts (they go
+    with their source again); a connection error is raised."""
+    if isinstance(reply, rx.ConnectionError):
+        raise reply
+    if isinstance(reply, rx.NoScriptError):
+        forget_scripts()
+
+
+def drop_arrived(
+    recv: Callable[[], int],
+    buffer: bytearray,
+    reader: Any,
+    stale: int,
+    forget_scripts: Callable[[], None],
+) -> int:
+    """Drop up to ``stale`` replies among those already received, never waiting (``recv``
+    as for ``poll``); how many are still due. Raises rx.ConnectionError if the
+    connection failed."""
+    while stale:
+        reply = reader.gets()
+        if reply is NOT_ENOUGH:
+            try:
+                got = recv()
+            except BlockingIOError:
+                return stale
+            except OSError as exc:
+                raise rx.ConnectionError(f"error while reading: {exc}") from exc
+            if not got:
+                raise rx.ConnectionError("connection closed by server")
+            reader.feed(buffer, 0, got)
+            continue
+        dropped(reply, forget_scripts)
+        stale -= 1
+    return stale
