@@ -325,8 +325,10 @@ class RunSpec:
     budget: float = 10.0  # seconds of work at most
     acquire_timeout: float = 5.0
     pause: float = 0.0  # injected pause inside the critical section (0: none)
-    pause_worker: int = 0
-    pause_sections: tuple[int, ...] = ()  # which of that worker's sections pause
+    # Which critical sections pause their holder, counted from 1 over all workers: a
+    # given worker's turn may never come (Redlock's waiting is not fair), the n-th
+    # section overall always does, and always finds an idle number to claim.
+    pause_sections: tuple[int, ...] = ()
     seed: int = 0
 
 
@@ -341,7 +343,9 @@ class WorkerStats:
     error: str | None = None
 
 
-def _worker(spec: RunSpec, index: int, ready: Any, go: Any, claimed: Any, out: Any) -> None:
+def _worker(
+    spec: RunSpec, index: int, ready: Any, go: Any, claimed: Any, begun: Any, out: Any
+) -> None:
     stats = WorkerStats()
     clients: list[redis.Redis] = []
     db: sqlite3.Connection | None = None
@@ -361,10 +365,9 @@ def _worker(spec: RunSpec, index: int, ready: Any, go: Any, claimed: Any, out: A
                 stats.timeouts += 1
                 continue
             stats.sections += 1
-            pause = 0.0
-            if index == spec.pause_worker and stats.sections in spec.pause_sections:
-                pause = spec.pause
-                stats.pauses += 1
+            with begun.get_lock():
+                begun.value += 1
+                pause = spec.pause if begun.value in spec.pause_sections else 0.0
             try:
                 outcome = claim_number(
                     db, index, held.fence, fenced=spec.fenced, window=spec.window, pause=pause
@@ -373,6 +376,8 @@ def _worker(spec: RunSpec, index: int, ready: Any, go: Any, claimed: Any, out: A
                 held.release()
             if outcome == NONE_LEFT:
                 break
+            if pause:
+                stats.pauses += 1
             if outcome == CLAIMED:
                 stats.claimed += 1
                 with claimed.get_lock():
@@ -472,9 +477,9 @@ def run_mode(spec: RunSpec, numbers: int, progress: Progress | None = None) -> M
     ctx = multiprocessing.get_context("spawn")
     ready, out = ctx.Queue(), ctx.Queue()
     go = ctx.Event()
-    claimed = ctx.Value("i", 0)
+    claimed, begun = ctx.Value("i", 0), ctx.Value("i", 0)  # numbers claimed, sections begun
     procs = [
-        ctx.Process(target=_worker, args=(spec, i, ready, go, claimed, out), daemon=True)
+        ctx.Process(target=_worker, args=(spec, i, ready, go, claimed, begun, out), daemon=True)
         for i in range(spec.workers)
     ]
     result = ModeResult(spec.mode, fenced=spec.fenced, paused=bool(spec.pause_sections))
@@ -722,7 +727,6 @@ def run_demo(config: DemoConfig, out: TextIO | None = None) -> DemoReport:
                     budget=config.budget,
                     acquire_timeout=max(5.0, 2 * lease + pause),
                     pause=pause,
-                    pause_worker=0,
                     pause_sections=config.pause_sections if paused else (),
                     seed=config.seed,
                 )
@@ -742,7 +746,7 @@ def run_demo(config: DemoConfig, out: TextIO | None = None) -> DemoReport:
             locked = [m for m in config.modes if m != "unlocked"]
             if config.pauses and locked:
                 text = (
-                    f"{_sections(config).capitalize()} of worker 0 sleeps "
+                    f"The holder of {_sections(config)} (counted over all workers) sleeps "
                     f"{config.pause_factor:g} x its lease between the read and the write, as "
                     "a GC pause, swapping or SIGSTOP would. Without fencing, the next holder "
                     "reads the same idle number; with fencing, the table records the newest "
@@ -767,7 +771,7 @@ def _sections(config: DemoConfig) -> str:
     numbers = [str(n) for n in config.pause_sections]
     if len(numbers) == 1:
         return f"critical section {numbers[0]}"
-    return f"each of critical sections {', '.join(numbers[:-1])} and {numbers[-1]}"
+    return f"critical sections {', '.join(numbers[:-1])} and {numbers[-1]}"
 
 
 def _plural(n: int, word: str) -> str:
