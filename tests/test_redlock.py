@@ -391,6 +391,30 @@ def test_a_stopped_node_owes_a_bounded_number_of_replies(
     assert max(took) >= 0.1  # then a read waited out the node's timeout
 
 
+def test_connections_that_cannot_owe_replies_are_read_in_full(
+    nodes: list[servers.ServerProcess], name: str
+) -> None:
+    """RESP3 connections keep redis-py's own reads: a fan-out reads every reply there,
+    so a stopped node is waited for (its timeout) instead of being left owing."""
+    with ExitStack() as stack:
+        made = [stack.enter_context(redis.Redis(port=p.port, protocol=3)) for p in nodes]
+        lock = redlease.Redlock(made, name, ttl=10.0, node_timeout=0.2)
+        first = lock.acquire()
+        first.release()
+        pool: Any = made[0].connection_pool
+        assert [conn._redlease_lean for conn, _ in pool._redlease_connections._idle] == [None]
+        try:
+            nodes[4].pause()
+            started = time.monotonic()
+            lock.acquire(timeout=1.0).release()
+            assert time.monotonic() - started >= 0.2  # node 4 was waited for
+        finally:
+            nodes[4].resume()
+        last = lock.acquire(timeout=1.0)
+        assert last.fence > first.fence
+        last.release()
+
+
 def test_three_of_five_paused_is_a_quorum_error(
     nodes: list[servers.ServerProcess], clients: list[redis.Redis], name: str
 ) -> None:
