@@ -326,10 +326,14 @@ def test_two_of_five_paused_still_acquires_promptly(
         nodes[3].resume()
 
 
+def _idle(client: Any) -> list[Any]:
+    """The sync driver's idle connections to this client's server."""
+    return [conn for conn, _ in client.connection_pool._redlease_connections._idle]
+
+
 def _owed(client: Any) -> list[int]:
     """The replies each idle driver connection to this client's server still owes."""
-    idle = client.connection_pool._redlease_connections._idle
-    return [conn._redlease_lean.stale for conn, _ in idle]
+    return [conn._redlease_lean.stale for conn in _idle(client)]
 
 
 def test_a_majority_is_not_kept_waiting_by_the_slowest_nodes(
@@ -401,8 +405,7 @@ def test_connections_that_cannot_owe_replies_are_read_in_full(
         lock = redlease.Redlock(made, name, ttl=10.0, node_timeout=0.2)
         first = lock.acquire()
         first.release()
-        pool: Any = made[0].connection_pool
-        assert [conn._redlease_lean for conn, _ in pool._redlease_connections._idle] == [None]
+        assert [conn._redlease_lean for conn in _idle(made[0])] == [None]
         try:
             nodes[4].pause()
             started = time.monotonic()

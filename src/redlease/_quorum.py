@@ -241,7 +241,7 @@ class Tally:
                 if isinstance(result, Unsent):
                     self.unsent.add(node)
                 continue
-            if as_int(result[0]) == 1:
+            if took_it(result):
                 self.counters[node] = as_int(result[1])
             else:
                 self.held[node] = as_int(result[2])
@@ -349,9 +349,7 @@ class QuorumAcquisition:
                 REDLOCK_FENCE, spec.lock_and_fence, self.token, str(top), nodes=behind
             )
             results = yield fan
-            confirmed += sum(
-                1 for r in results if not isinstance(r, BaseException) and as_int(r) == 1
-            )
+            confirmed += sum(1 for r in results if said_yes(r))
         now = lock.clock()
         start = now if spec.unsafe.ignore_elapsed else sent_at
         until = start + lock.ttl - drift(lock.ttl)
@@ -383,7 +381,7 @@ def _count_ours(fan: Fanout, results: Sequence[Any]) -> tuple[int, dict[int, str
     for node, result in zip(fan.nodes, results, strict=True):
         if isinstance(result, BaseException):
             failures[node] = _why(result)
-        elif result is not UNREAD and as_int(result) == 1:
+        elif result is not UNREAD and said_yes(result):
             ours += 1
     return ours, failures
 
@@ -437,7 +435,7 @@ def renewal_result(spec: QuorumSpec, results: Sequence[Any]) -> Any:
     renewer's flow: 1 (a majority confirmed), 0 (a majority says not ours), or the
     QuorumError to retry after."""
     fan_nodes = tuple(range(len(spec.nodes)))
-    ours = sum(1 for r in results if not isinstance(r, BaseException) and as_int(r) == 1)
+    ours = sum(1 for r in results if said_yes(r))
     failures = {
         n: _why(r) for n, r in zip(fan_nodes, results, strict=True) if isinstance(r, BaseException)
     }
