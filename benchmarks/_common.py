@@ -41,6 +41,8 @@ class Settings:
     peer_leases: int = 300
     renewal_ttl: float = 3.0
     renewal_hold: float = 10.0
+    # timed-out acquires (section 7), per contender
+    timed_out_asks: int = 100
 
 
 FULL = Settings()
@@ -53,6 +55,7 @@ QUICK = Settings(
     handoff_reps=15,
     idle_seconds=2.0,
     renewal_hold=4.0,
+    timed_out_asks=50,
 )
 # For the smoke test: every code path, no meaningful figures.
 TINY = Settings(
@@ -72,6 +75,7 @@ TINY = Settings(
     peer_leases=5,
     renewal_ttl=0.9,
     renewal_hold=0.5,
+    timed_out_asks=5,
 )
 
 

@@ -18,11 +18,11 @@ import redis
 
 from redlease import servers
 
-from . import contention, handoff, idle, renewal, uncontended
+from . import connections, contention, handoff, idle, renewal, uncontended
 from ._common import FULL, QUICK, Crew, Settings, server_version
 from ._report import Report
 
-SECTIONS = ("single", "redlock", "contention", "handoff", "idle", "renewal")
+SECTIONS = ("single", "redlock", "contention", "handoff", "idle", "renewal", "connections")
 SECTION_HELP = {
     "single": "1. uncontended cycles on one server, sync and asyncio",
     "redlock": "2. uncontended Redlock cycles on 3 and 5 masters",
@@ -30,6 +30,7 @@ SECTION_HELP = {
     "handoff": "4. release-to-acquire latency between two processes",
     "idle": "5. commands per second of idle blocked waiters",
     "renewal": "6. thousands of auto-renewed leases in one process",
+    "connections": "7. new TCP connections per 1,000 timed-out acquires",
 }
 
 
@@ -142,6 +143,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         if "renewal" in wanted:
             report.add_all(renewal.run(port, settings))
             progress.step(SECTION_HELP["renewal"])
+        if "connections" in wanted:
+            report.add_all(connections.run(port, settings))
+            progress.step(SECTION_HELP["connections"])
     report.notes.extend(notes(settings, wanted, time.monotonic() - started))
     print(report.text())
     if args.json:

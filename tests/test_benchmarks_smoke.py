@@ -19,7 +19,7 @@ _ROOT = str(Path(__file__).resolve().parents[1])
 if _ROOT not in sys.path:
     sys.path.insert(0, _ROOT)
 
-from benchmarks import contention, handoff, idle, renewal, uncontended  # noqa: E402
+from benchmarks import connections, contention, handoff, idle, renewal, uncontended  # noqa: E402
 from benchmarks._common import TINY, Crew  # noqa: E402
 from benchmarks._report import FAIL, NA, Report, Row  # noqa: E402
 
@@ -114,3 +114,9 @@ def test_renewal_figures(server: servers.ServerProcess) -> None:
         assert got["cpu_share"] >= 0
         assert not math.isnan(got["round_trips_per_s"])
     assert_no_errors(renewal.rows(tallies, TINY))
+
+
+def test_connections_per_timed_out_acquire(server: servers.ServerProcess) -> None:
+    rows = connections.run(server.port, TINY)
+    assert_no_errors(rows)
+    assert [row.value is not None and row.value >= 0 for row in rows] == [True, True]

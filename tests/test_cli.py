@@ -16,7 +16,6 @@ import redis
 import redlease
 from redlease import servers
 from redlease.__main__ import main
-from redlease._cli import _Renewer
 
 
 def _py(code: str) -> list[str]:
@@ -160,18 +159,3 @@ def test_run_kills_the_command_when_the_lease_is_lost(
     assert code == 128 + signal.SIGTERM
     assert time.monotonic() - started < 10
     assert "lost the lock" in capfd.readouterr().err
-
-
-def test_manual_renewer_keeps_the_lease_and_reports_its_loss(r: redis.Redis, name: str) -> None:
-    lease = redlease.Lock(r, name, ttl=0.3).acquire()
-    reasons: list[str] = []
-    renewer = _Renewer(lease, 0.1, reasons.append)
-    renewer.start()
-    time.sleep(0.7)
-    assert not lease.lost
-    assert r.pttl("{" + name + "}") > 0
-    r.delete("{" + name + "}")
-    renewer.join(timeout=2)
-    assert not renewer.is_alive()
-    assert len(reasons) == 1
-    renewer.stop()

@@ -5,6 +5,7 @@ Sentinel (the client discovers the master), with real server processes."""
 
 from __future__ import annotations
 
+import asyncio
 import os
 import subprocess
 import time
@@ -17,6 +18,8 @@ from redis.sentinel import Sentinel
 
 import redlease
 from redlease import servers
+from redlease._endpoint import Kind
+from redlease._io_sync import SyncIO
 
 SLOTS = 16384
 
@@ -79,6 +82,39 @@ def test_lock_on_a_cluster(cluster: list[servers.ServerProcess]) -> None:
             again.release()
     finally:
         client.close()
+
+
+async def test_async_lock_on_a_cluster_from_the_first_call(
+    cluster: list[servers.ServerProcess],
+) -> None:
+    """The asyncio cluster client from its very first acquire (the server check included),
+    names spread over every node, and waiting there too."""
+    from redis.asyncio.cluster import ClusterNode as AsyncClusterNode
+    from redis.asyncio.cluster import RedisCluster as AsyncRedisCluster
+
+    client = AsyncRedisCluster(startup_nodes=[AsyncClusterNode("127.0.0.1", cluster[0].port)])
+    try:
+        for n in [f"ajob:{i}" for i in range(12)]:
+            lock = redlease.AsyncLock(client, n, ttl=5.0)
+            async with lock as lease:
+                assert await lock.try_acquire() is None
+                assert await client.get("{" + n + "}") == lease.token.encode()
+            again = await lock.acquire(timeout=1)
+            assert again.fence > lease.fence
+            await again.release()
+        lock = redlease.AsyncLock(client, "aqueue-on-cluster", ttl=10.0)
+        holder = await lock.acquire()
+        waiter = asyncio.ensure_future(lock.acquire(timeout=10))
+        for _ in range(1000):  # until the waiter is queued
+            if await client.llen("{aqueue-on-cluster}:queue"):
+                break
+            await asyncio.sleep(0.01)
+        await holder.release()
+        handed = await waiter
+        assert handed.fence == holder.fence + 1
+        await handed.release()
+    finally:
+        await client.aclose()
 
 
 def test_waiting_on_a_cluster(cluster: list[servers.ServerProcess]) -> None:
@@ -159,8 +195,10 @@ def test_lock_over_a_unix_socket(server_kind: str, name: str) -> None:
         for _ in range(20):
             with lock as lease:
                 fences.append(lease.fence)
-        idle = client.connection_pool._redlease_connections._idle  # type: ignore[attr-defined]
-        assert all(conn._redlease_lean is not None for conn, _ in idle)
+        pool = SyncIO(client).pool
+        assert pool is not None
+        assert pool.endpoint.kind is Kind.SOCKET
+        assert pool.endpoint.path == path
 
         async def from_asyncio() -> int:
             async_client = aredis.Redis(unix_socket_path=path)

@@ -3,7 +3,6 @@ no sleeping. These pin the rules every driver inherits."""
 
 from __future__ import annotations
 
-import random
 from collections.abc import Generator
 from typing import Any
 
@@ -12,7 +11,7 @@ import pytest
 import redlease
 from redlease import _flows, _scripts
 from redlease._keys import LockKeys, hash_tag
-from redlease._timing import Deadline, drift, jittered_backoff
+from redlease._timing import Deadline, drift
 from redlease.testing import FakeClock
 
 
@@ -61,7 +60,7 @@ def test_busy_lock_without_waiting_gives_none() -> None:
 
 def test_a_reply_too_late_to_be_useful_is_given_back() -> None:
     clock = FakeClock()
-    attempt = _flows.Acquisition(spec(clock, ttl=1.0), None, wait=False)
+    attempt = _flows.Acquisition(spec(clock, ttl=1.0), 10.0, wait=True)
     flow = attempt.run()
     first_token = attempt.token
     next(flow)
@@ -70,9 +69,98 @@ def test_a_reply_too_late_to_be_useful_is_given_back() -> None:
     assert leave.script is _scripts.LEAVE
     assert leave.args[0] == first_token
     assert leave.args[3] == "0"  # release what was granted
-    retry = step(flow, [0, 0])
+    retry = step(flow, [0, 0])  # time is left: try again, with a new token
     assert retry.script is _scripts.ACQUIRE
     assert retry.args[0] != first_token
+
+
+def test_try_acquire_makes_one_attempt_however_late_its_grant() -> None:
+    clock = FakeClock()
+    flow = _flows.Acquisition(spec(clock, ttl=1.0), 0.0, wait=False).run()
+    next(flow)
+    clock.advance(2.0)
+    leave = step(flow, [3, 1000, 1_000_000])
+    assert leave.script is _scripts.LEAVE
+    assert step(flow, [0, 0]) == ("done", None)  # given back, and no second attempt
+
+
+@pytest.mark.parametrize("via", ["reply", "bell"])
+def test_late_grants_do_not_outlast_the_deadline(via: str) -> None:
+    """A round trip longer than the validity makes every grant late: the attempt still
+    ends at its deadline, not after however many late grants come."""
+    clock = FakeClock()
+    flow = _flows.Acquisition(spec(clock, ttl=0.2), 0.5, wait=True).run()
+    op: Any = next(flow)
+    sent = 0
+    while op != ("done", None):
+        assert sent < 10, "still trying long past the deadline"
+        if isinstance(op, _flows.Wait):  # queued, then handed the lock by a release
+            op = step(flow, f"{sent}:1000000".encode())
+        elif op.script is _scripts.ACQUIRE:
+            sent += 1
+            clock.advance(0.24)  # the round trip: longer than 0.2 s less drift
+            op = step(flow, [sent, 200, 1_000_000] if via == "reply" else [0, 100, 1_000_000])
+        else:
+            assert op.script is _scripts.LEAVE
+            op = step(flow, [0, 0])
+    assert sent >= 2  # time was left after the first late grant
+    assert clock() - 1000.0 < 0.5 + 2 * 0.24  # the deadline, plus the attempt under way
+
+
+def test_wait_for_replicas_is_cut_to_the_time_the_deadline_leaves() -> None:
+    clock = FakeClock()
+    s = _flows.LockSpec.create("orders:42", 30.0, clock=clock, replicas=1)
+    assert s.replicas == _flows.Replicas(1, 3000)  # a tenth of the ttl by default
+    flow = _flows.Acquisition(s, 0.0035, wait=True).run()
+    op: Any = next(flow)
+    assert op.replicas == _flows.Replicas(1, 3)  # whole ms, rounded down
+    clock.advance(0.003)
+    wait = step(flow, [[0, 9000, 5_000_000], 1])
+    assert isinstance(wait, _flows.Wait)
+    assert wait.replicas == _flows.Replicas(1, 1)  # 0 would mean "forever" to WAIT
+    clock.advance(0.001)
+    leave = step(flow, (None, 0))
+    assert leave.script is _scripts.LEAVE
+    assert leave.replicas == _flows.Replicas(1, 1)
+    assert step(flow, [[0, 0], 0]) == ("done", None)
+    # no deadline, or one try: the whole WAIT
+    for timeout, wait in ((None, True), (0.0, False)):
+        first: Any = next(_flows.Acquisition(s, timeout, wait=wait).run())
+        assert first.replicas == s.replicas
+
+
+def test_giving_back_with_replicas_does_not_wait_for_them() -> None:
+    clock = FakeClock()
+    s = _flows.LockSpec.create("orders:42", 1.0, clock=clock, replicas=1)
+    flow = _flows.Acquisition(s, 10.0, wait=True).run()
+    next(flow)
+    clock.advance(2.0)
+    leave = step(flow, [[3, 1000, 1_000_000], 1])  # too late
+    assert leave.script is _scripts.LEAVE
+    assert leave.replicas is None
+    assert step(flow, [0, 0]).script is _scripts.ACQUIRE  # a plain reply: no TypeError
+
+
+def test_extend_with_replicas_counts_only_when_acknowledged() -> None:
+    clock = FakeClock()
+    s = _flows.LockSpec.create("orders:42", 3.0, clock=clock, replicas=1)
+    flow = _flows.extend(s, "tok", 3000, wait=0.05)  # as the renewer sends it
+    op: Any = next(flow)
+    assert op.timeout == 0.05
+    assert op.replicas == _flows.Replicas(1, 50)
+    assert step(flow, (1, 1))[0] == "done"
+    flow = _flows.extend(s, "tok", 3000)
+    op = next(flow)
+    assert op.replicas == s.replicas
+    with pytest.raises(redlease.BackendError, match="only 0 of 1 replicas"):
+        flow.send((1, 0))
+
+
+def test_a_ttl_that_leaves_no_validity_is_refused() -> None:
+    assert _flows.LockSpec.create("x", 0.003).ttl_ms == 3
+    for ttl in (0.001, 0.002, 0.0019):
+        with pytest.raises(redlease.InvalidArgument, match="ttl must be at least 3 ms"):
+            _flows.LockSpec.create("x", ttl)
 
 
 def test_waiter_sleeps_on_its_bell_until_the_holders_expiry_at_most() -> None:
@@ -211,10 +299,6 @@ def test_deadline_and_backoff() -> None:
     assert deadline.expired()
     assert deadline.left() == 0.0
     assert Deadline.after(clock, None).cap(3.0) == 3.0
-    rng = random.Random(1)
-    delays = [jittered_backoff(n, base=0.01, cap=0.1, rng=rng) for n in range(20)]
-    assert all(0.0 <= d <= 0.1 for d in delays)
-    assert max(delays[:2]) <= 0.02
 
 
 def test_scripts_have_contract_headers_and_stable_shas() -> None:

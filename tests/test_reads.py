@@ -1,7 +1,6 @@
-"""How the drivers read replies: the sync driver's short poll before sleeping in the
-kernel (which a slow link or a busy machine turns off by itself, and REDLEASE_SPIN_US
-sets), and the asyncio driver's RESP3 reads (when the client asks for RESP3), which
-skip push messages."""
+"""How the drivers read replies on redlease's own sockets: a short poll before sleeping
+(which a slow link or a busy machine turns off by itself, and REDLEASE_SPIN_US sets),
+RESP2 whatever the client speaks, replies in order."""
 
 from __future__ import annotations
 
@@ -17,13 +16,17 @@ import redis
 import redis.asyncio as aredis
 
 import redlease
-from redlease import _spin, servers
+from redlease import _resp, _spin, servers
 from redlease.chaos.proxy import FaultProxy
 
 
 def spin_record(client: redis.Redis | aredis.Redis) -> Any:
-    pool: Any = client.connection_pool
-    return pool._redlease_connections.spin
+    from redlease._io_async import AsyncIO
+    from redlease._io_sync import SyncIO
+
+    io = SyncIO(client) if isinstance(client, redis.Redis) else AsyncIO(client)
+    assert io.pool is not None
+    return io.pool.spin
 
 
 def test_a_slow_link_stops_the_spinning(server: servers.ServerProcess, name: str) -> None:
@@ -81,29 +84,26 @@ def test_spin_setting() -> None:
     assert shown.stdout.strip() == "0.0"
 
 
-async def test_a_push_message_ahead_of_a_reply_is_skipped(
+async def test_a_resp3_client_is_served_on_resp2_sockets(
     server: servers.ServerProcess, name: str
 ) -> None:
-    client = aredis.Redis(port=server.port, protocol=3)  # asked for: the driver keeps it
-    other = aredis.Redis(port=server.port, protocol=2)
+    """redlease's own sockets speak RESP2 whatever the client asked for: no push
+    message can come between a command and its reply."""
+    client = aredis.Redis(port=server.port, protocol=3, client_name="app")
+    other = redis.Redis(port=server.port)
     try:
         lock = redlease.AsyncLock(client, name, ttl=5.0)
         async with lock as first:
             pass
-        conn = client.connection_pool._redlease_connections._idle[-1]  # type: ignore[attr-defined]
-        assert str(conn.protocol) == "3"
-        # Make the server push an invalidation message on the driver's next connection.
-        await conn.send_command("CLIENT", "TRACKING", "ON")
-        await conn.read_response()
-        await conn.send_command("GET", name + ":watched")
-        await conn.read_response()
-        await other.set(name + ":watched", "changed")
         async with lock as second:
             assert second.fence == first.fence + 1
-        assert await other.exists("{" + name + "}") == 0
+        ours = [c for c in other.client_list() if c.get("name") == "app"]
+        assert ours
+        assert all(c.get("resp", "2") == "2" for c in ours)
+        assert other.exists("{" + name + "}") == 0
     finally:
         await client.aclose()
-        await other.aclose()
+        other.close()
 
 
 async def test_a_short_read_after_a_long_one_keeps_its_own_deadline(
@@ -206,7 +206,7 @@ async def test_replies_polled_in_a_row_still_let_the_loop_turn(
         await client.aclose()
 
 
-async def test_a_reply_read_partly_by_the_poll_is_finished_by_the_stream(
+async def test_a_reply_read_partly_by_the_poll_is_finished_by_the_wait(
     server: servers.ServerProcess, name: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     from redlease._flows import Command
@@ -216,9 +216,9 @@ async def test_a_reply_read_partly_by_the_poll_is_finished_by_the_stream(
     writer = redis.Redis(port=server.port)
     writer.set(name, value)
     polled = []
-    real_poll = _spin.poll
+    real_poll = _spin.poll_async
 
-    def first_part_only(recv: Any, buffer: bytearray, reader: Any, record: Any) -> Any:
+    async def first_part_only(recv: Any, buffer: bytearray, reader: Any, record: Any) -> Any:
         deadline = time.monotonic() + 5
         while True:  # part of the reply (the poll's buffer is smaller than it)
             try:
@@ -226,44 +226,41 @@ async def test_a_reply_read_partly_by_the_poll_is_finished_by_the_stream(
                 break
             except BlockingIOError:
                 assert time.monotonic() < deadline
-                time.sleep(0.001)
+                await asyncio.sleep(0.001)
         polled.append(got)
         reader.feed(buffer, 0, got)
-        return _spin.NOT_ENOUGH  # as if the rest had not come yet
+        return _resp.NOT_ENOUGH  # as if the rest had not come yet
 
     client = aredis.Redis(port=server.port)
     io = AsyncIO(client)
     try:
         assert await io.execute(Command(("PING",), 5.0)) in (True, b"PONG")
-        monkeypatch.setattr(_spin, "poll", first_part_only)
+        monkeypatch.setattr(_spin, "poll_async", first_part_only)
         assert await io.execute(Command(("GET", name), 10.0)) == value
         assert 0 < polled[0] < len(value)
-        monkeypatch.setattr(_spin, "poll", real_poll)
+        monkeypatch.setattr(_spin, "poll_async", real_poll)
         assert await io.execute(Command(("GET", name), 10.0)) == value
     finally:
         await client.aclose()
         writer.close()
 
 
-async def test_the_poll_leaves_the_socket_alone_while_the_stream_holds_bytes(
-    server: servers.ServerProcess,
-) -> None:
-    """Bytes the transport already took come before any still on the socket: a poll of
-    the socket then would read a later reply first."""
-    from redlease import _io_async, _resp
+async def test_pipelined_replies_are_read_in_order(server: servers.ServerProcess) -> None:
+    """A reply that waited on the socket while the loop ran comes before a later one."""
+    from redlease._io_async import AsyncIO
 
     client = aredis.Redis(port=server.port)
-    io = _io_async.AsyncIO(client)
-    direct = io._direct
-    assert direct is not None
+    pool = AsyncIO(client).pool
+    assert pool is not None
     try:
-        conn = await direct.take(5.0)
-        await _io_async._send(conn, _resp.command(("PING",)))
-        await asyncio.sleep(0.2)  # the transport reads the reply into the stream
-        await _io_async._send(conn, _resp.command(("ECHO", "later")))
-        time.sleep(0.2)  # noqa: ASYNC251 - the reply waits on the socket: the loop must not run
-        assert await _io_async._read(conn, 5.0) in (True, b"PONG")
-        assert await _io_async._read(conn, 5.0) == b"later"
-        await direct.give(conn)
+        conn = await pool.take(5.0)
+        assert conn is not None
+        await conn.send(_resp.command(("PING",)))
+        await asyncio.sleep(0.2)  # the reply is in while the loop runs
+        await conn.send(_resp.command(("ECHO", "later")))
+        time.sleep(0.2)  # noqa: ASYNC251 - the second reply waits on the socket too
+        assert await conn.read(5.0) == b"PONG"
+        assert await conn.read(5.0) == b"later"
+        pool.give(conn)
     finally:
         await client.aclose()

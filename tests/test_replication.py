@@ -2,33 +2,11 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-
 import pytest
 import redis
 
 import redlease
 from redlease import servers
-
-
-@pytest.fixture
-def master_and_replica(
-    server_kind: str,
-) -> Iterator[tuple[servers.ServerProcess, servers.ServerProcess]]:
-    binary = servers.find_binary(server_kind)
-    master = servers.ServerProcess(binary).start()
-    replica = servers.ServerProcess(
-        binary, extra_args=["--replicaof", "127.0.0.1", str(master.port)]
-    ).start()
-    try:
-        client = redis.Redis(port=master.port)
-        client.set("sync-probe", 1)
-        assert client.wait(1, 10_000) == 1  # the replica is attached and in sync
-        client.close()
-        yield master, replica
-    finally:
-        replica.stop()
-        master.stop()
 
 
 def test_grant_waits_for_the_replica(

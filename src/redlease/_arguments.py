@@ -6,10 +6,14 @@ import math
 from datetime import timedelta
 
 from ._errors import InvalidArgument
+from ._timing import longest_validity
 
 # Redis refuses expiries that overflow its millisecond clock; we stop far below that.
 MAX_TTL_MS = 10**12  # about 31 years
-MIN_TTL_MS = 1
+MIN_MS = 1
+# The shortest ttl whose lease can be valid at all once the drift margin is taken off
+# (3 ms): derived from the validity rule in _timing, not restated here.
+MIN_TTL_MS = next(ms for ms in range(MIN_MS, 1000) if longest_validity(ms / 1000.0) > 0)
 
 
 def seconds(name: str, value: object) -> float:
@@ -26,15 +30,28 @@ def seconds(name: str, value: object) -> float:
     return result
 
 
-def ttl_ms(value: object, name: str = "ttl") -> int:
-    """A lease length: positive, finite, within Redis's limits; in whole milliseconds."""
+def milliseconds(value: object, name: str) -> int:
+    """A positive, finite duration within Redis's limits, in whole milliseconds."""
     secs = seconds(name, value)
     if secs <= 0:
         raise InvalidArgument(f"{name} must be positive, got {value!r}")
     ms = math.ceil(secs * 1000)
     if ms > MAX_TTL_MS:
         raise InvalidArgument(f"{name} must be at most {MAX_TTL_MS // 1000} seconds, got {value!r}")
-    return max(ms, MIN_TTL_MS)
+    return max(ms, MIN_MS)
+
+
+def ttl_ms(value: object, name: str = "ttl") -> int:
+    """A lease length, in whole milliseconds: long enough that a lease granted at once is
+    still valid after the drift margin; a shorter one could never be used, and every
+    grant would come back "too late"."""
+    ms = milliseconds(value, name)
+    if ms < MIN_TTL_MS:
+        raise InvalidArgument(
+            f"{name} must be at least {MIN_TTL_MS} ms: a lease is valid for its ttl less a "
+            f"drift margin (1% + 2 ms), so a shorter one is never valid; got {value!r}"
+        )
+    return ms
 
 
 def timeout(value: object, name: str = "timeout") -> float | None:
@@ -60,7 +77,7 @@ def batch(value: object, fair: bool) -> int:
 
 def batch_window_ms(value: object, lease_ms: int) -> int:
     """How long a batch may last: positive, at most the ttl; in whole milliseconds."""
-    ms = ttl_ms(value, "batch_window")
+    ms = milliseconds(value, "batch_window")
     if ms > lease_ms:
         raise InvalidArgument(f"batch_window must not be longer than the ttl, got {value!r}")
     return ms

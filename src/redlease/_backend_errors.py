@@ -5,9 +5,23 @@ from __future__ import annotations
 from redis import exceptions as rx
 
 from ._errors import BackendError
+from ._resp import ReplyError
+
+# What an error reply's code means for a lock.
+_CODES = {
+    "READONLY": "the server is a read-only replica; locks must be taken on a master",
+    "OOM": "the server is out of memory (maxmemory reached) and refuses writes",
+    "LOADING": "the server is still loading its data set",
+    "NOPERM": "the server refused the command (authentication or ACL permissions)",
+    "NOAUTH": "the server refused the command (authentication or ACL permissions)",
+    "WRONGPASS": "the server refused the command (authentication or ACL permissions)",
+    "MASTERDOWN": "the replica lost its master and refuses commands",
+}
 
 
 def describe(exc: BaseException) -> str:
+    if isinstance(exc, ReplyError):
+        return _CODES.get(exc.code, "the server returned an error")
     if isinstance(exc, rx.ReadOnlyError):
         return "the server is a read-only replica; locks must be taken on a master"
     if isinstance(exc, rx.OutOfMemoryError) or str(exc).startswith("OOM"):
@@ -32,4 +46,4 @@ def backend_error(
 
 
 # What a driver turns into BackendError; anything else (bugs, cancellation) passes through.
-BACKEND_FAILURES: tuple[type[BaseException], ...] = (rx.RedisError, OSError)
+BACKEND_FAILURES: tuple[type[BaseException], ...] = (rx.RedisError, OSError, ReplyError)

@@ -28,12 +28,12 @@ import atexit
 import heapq
 import itertools
 import logging
-import os
 import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from . import _fork
 from ._flows import Grant, LockSpec
 
 log = logging.getLogger("redlease")
@@ -52,7 +52,7 @@ class _Grant:
     last_fence: int  # the last fence the grant took
     closes_at: float  # end of the window, on the lock's clock
     valid_until: float
-    pid: int
+    generation: int  # _fork's: a fork's copy is the parent's grant
     lent: bool = True  # a hold is out (else the grant is parked)
     timed: bool = False  # the closing timer is armed
 
@@ -77,7 +77,7 @@ class Lender:
             g = self._grant
             if g is None or g.lent:
                 return None, None
-            if g.pid != os.getpid():  # a fork's copy: the grant is the parent's
+            if g.generation != _fork.generation:  # a fork's copy: the grant is the parent's
                 self._grant = None
                 return None, None
             now = clock()
@@ -101,7 +101,7 @@ class Lender:
                 grant.fence + self._spec.batch - 1,
                 self._spec.clock() + self._spec.batch_window,
                 grant.valid_until,
-                os.getpid(),
+                _fork.generation,
             )
 
     def park(self, token: str, fence: int, valid_until: float) -> bool:
@@ -134,7 +134,7 @@ class Lender:
                 g.timed = False
                 return
             self._grant = None
-            if g.pid != os.getpid():
+            if g.generation != _fork.generation:
                 return
         self._release(g.token)
 
@@ -148,13 +148,13 @@ class _Closer:
         self._cond = threading.Condition()
         self._timers: list[tuple[float, int, Callable[[], None]]] = []
         self._order = itertools.count()
-        self._pid = -1
+        self._generation = -1
 
     def schedule(self, delay: float, callback: Callable[[], None]) -> None:
         when = time.monotonic() + delay
         with self._cond:
-            if self._pid != os.getpid():  # first use, or first use in a fork's child
-                self._pid, self._timers = os.getpid(), []
+            if self._generation != _fork.generation:  # first use, or first in a fork's child
+                self._generation, self._timers = _fork.generation, []
                 thread = threading.Thread(target=self._run, name="redlease-batches", daemon=True)
                 thread.start()
             heapq.heappush(self._timers, (when, next(self._order), callback))
@@ -171,7 +171,7 @@ class _Closer:
 
     def flush(self) -> None:
         with self._cond:
-            if self._pid != os.getpid():
+            if self._generation != _fork.generation:
                 return
             due, self._timers = self._timers, []
         for _, _, callback in sorted(due):

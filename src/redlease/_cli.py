@@ -316,12 +316,7 @@ def _run(args: argparse.Namespace, cmd: list[str]) -> int:
     client = _client(args.redis)
     options: dict[str, Any] = {"ttl": args.ttl, "prefix": args.prefix}
     try:
-        try:
-            lock = Lock(client, args.name, auto_renew=True, on_lost=watchdog_lost, **options)
-            self_renewing = True
-        except NotImplementedError:
-            lock = Lock(client, args.name, **options)
-            self_renewing = False
+        lock = Lock(client, args.name, auto_renew=True, on_lost=watchdog_lost, **options)
     except InvalidArgument as exc:
         client.close()
         raise CliError(f"run: {exc}") from None
@@ -337,20 +332,14 @@ def _run(args: argparse.Namespace, cmd: list[str]) -> int:
         return EXIT_BUSY
     print(f"redlease: holding {args.name!r}, fence {lease.fence}", file=sys.stderr)
     env = dict(os.environ, REDLEASE_FENCE=str(lease.fence), REDLEASE_LOCK=args.name)
-    renewer: _Renewer | None = None
     try:
         try:
             child = subprocess.Popen(cmd, env=env)
         except OSError as exc:
             print(f"redlease: cannot run {cmd[0]!r}: {exc.strerror or exc}", file=sys.stderr)
             return 127 if isinstance(exc, FileNotFoundError) else 126
-        if not self_renewing:
-            renewer = _Renewer(lease, args.ttl / 3.0, on_lost)
-            renewer.start()
         code = _wait_child(child)
     finally:
-        if renewer is not None:
-            renewer.stop()
         try:
             lease.release()
         except LockLost as exc:
@@ -369,31 +358,6 @@ def _wait_child(child: subprocess.Popen[bytes]) -> int:
             # The terminal sent SIGINT to the child too; let it finish its own way.
             continue
         return code if code >= 0 else 128 - code  # killed by a signal: shell convention
-
-
-class _Renewer(threading.Thread):
-    """Extends the lease every ``interval`` seconds until stopped or lost."""
-
-    def __init__(self, lease: Any, interval: float, on_lost: Any) -> None:
-        super().__init__(name="redlease-renew", daemon=True)
-        self.lease, self.interval, self.on_lost = lease, interval, on_lost
-        self._stopped = threading.Event()
-
-    def run(self) -> None:
-        from . import LockError
-
-        while not self._stopped.wait(self.interval):
-            try:
-                self.lease.extend()
-            except LockError as exc:
-                if self.lease.lost or self.lease.remaining() <= 0:
-                    self.on_lost(str(exc))
-                    return
-                # a transient failure: try again at the next tick while validity lasts
-
-    def stop(self) -> None:
-        self._stopped.set()
-        self.join(timeout=10)
 
 
 # --------------------------------------------------------------------------- status

@@ -39,6 +39,9 @@ MIN_WAIT = 0.001
 EXPIRY_NUDGE = 0.001
 # How long past a BLPOP's timeout the driver waits for the server's own answer.
 LATE_WAKE = 0.005
+# An op sent when a wait's deadline has (all but) passed may still take this long: the
+# last try, and the clean-up after a failed one.
+PAST_DEADLINE = 0.5
 # How long a batch (``batch=`` > 1) lends its grant unless the lock says otherwise.
 DEFAULT_BATCH_WINDOW = 0.002
 
@@ -50,6 +53,12 @@ class Replicas:
 
     count: int
     timeout_ms: int
+
+    def within(self, seconds: float) -> Replicas:
+        """This WAIT, cut to ``seconds`` if they are shorter: whole milliseconds, rounded
+        down so as not to outlast them, and at least 1 (``WAIT`` takes 0 as "forever")."""
+        ms = max(1, int(seconds * 1000))
+        return self if ms >= self.timeout_ms else Replicas(self.count, ms)
 
 
 # Built on every lock cycle: plain slotted dataclasses (a frozen one costs four times as
@@ -79,10 +88,10 @@ class Wait:
 
     The reply is the popped element, or None on timeout. An idle server notices a
     BLPOP's timeout late (it looks between events, and when idle only every 1/hz s:
-    100 ms by default), so the driver gives up ``LATE_WAKE`` after ``timeout`` and drops
-    the connection (the server drops the BLPOP with it): None as well. Nothing is lost if
-    a ring was popped just then: a grant stays in the lock key, where the next try finds
-    it, and a plain wake-up only asks for that try.
+    100 ms by default), so the driver ends it itself ``LATE_WAKE`` after ``timeout``:
+    None as well, or the ring popped just then. Nothing is lost if such a ring is dropped
+    (see the drivers): a grant stays in the lock key, where the next try finds it, and a
+    plain wake-up only asks for that try. A wait whose connection fails is None too.
     """
 
     key: str
@@ -185,30 +194,33 @@ class LockSpec:
         script: Script,
         *argv: str,
         keys: tuple[str, ...] | None = None,
-        replicated: bool = False,
+        replicas: Replicas | None = None,
+        timeout: float | None = None,
     ) -> Call:
         return Call(
             script,
             self.keys.script_keys if keys is None else keys,
             argv,
-            self.reply_timeout,
-            self.replicas if replicated else None,
+            self.reply_timeout if timeout is None else timeout,
+            replicas,
         )
 
-    def unpack(self, reply: Any) -> tuple[Any, int | None]:
-        """Split a replicated op's reply into (reply, replicas that acknowledged it)."""
-        if self.replicas is None:
+    @staticmethod
+    def unpack(reply: Any, replicas: Replicas | None) -> tuple[Any, int | None]:
+        """Split the reply of an op sent with ``replicas`` into (reply, replicas that
+        acknowledged it); an op sent without them gives (reply, None)."""
+        if replicas is None:
             return reply, None
         value, acked = reply
         return value, acked
 
-    def check_acked(self, acked: int | None, action: str) -> None:
+    def check_acked(self, acked: int | None, action: str, replicas: Replicas | None) -> None:
         """A grant or extension counts only once enough replicas have it (``replicas=``):
         a failover to a replica that lacks it would free the lock under its holder."""
-        if self.replicas is not None and (acked or 0) < self.replicas.count:
+        if replicas is not None and (acked or 0) < replicas.count:
             raise BackendError(
-                f"{action} {self.name!r}: only {acked} of {self.replicas.count} replicas "
-                f"acknowledged it within {self.replicas.timeout_ms} ms"
+                f"{action} {self.name!r}: only {acked} of {replicas.count} replicas "
+                f"acknowledged it within {replicas.timeout_ms} ms"
             )
 
 
@@ -243,6 +255,7 @@ class Acquisition:
             # the deadline, and by the ttl so a waiter refreshes its entry now and then.
             horizon = self.deadline.cap(max(spec.ttl, UNKNOWN_HOLDER_RECHECK)) if self.wait else 0
             queue_ms = math.ceil((horizon + QUEUE_ENTRY_SLACK) * 1000) if horizon > 0 else 0
+            replicas = self._replicas()
             sent_at = clock()
             self.outstanding = True
             reply, acked = spec.unpack(
@@ -255,22 +268,23 @@ class Acquisition:
                         str(queue_ms),
                         spec.keys.bell_prefix,
                         str(spec.batch),
-                        replicated=True,
+                        replicas=replicas,
+                        timeout=self._bound(),
                     )
-                )
+                ),
+                replicas,
             )
             fence, pttl, server_us = (as_int(x) for x in reply)
             if fence > 0:
-                spec.check_acked(acked, "acquire")
+                spec.check_acked(acked, "acquire", replicas)
                 grant = Grant(
                     self.token, spec.first_fence(fence), valid_until(sent_at, pttl, spec.ttl)
                 )
                 if grant.valid_until > clock():
                     return grant
-                # The reply came too late to be of use: give the lock back, try again.
-                yield from self.abandon()
-                self.token = new_token()
-                continue
+                if (yield from self._gave_back_too_late()):
+                    continue
+                return None
             if queue_ms == 0:
                 return None
             wait_for = horizon - (clock() - sent_at)
@@ -278,17 +292,15 @@ class Acquisition:
                 wait_for = min(wait_for, pttl / 1000.0 + EXPIRY_NUDGE)
             if wait_for > 0:
                 wait_for = max(wait_for, MIN_WAIT)
+                replicas = self._replicas()
                 rung, acked = spec.unpack(
-                    (
-                        yield Wait(
-                            spec.keys.bell(self.token), wait_for, spec.reply_timeout, spec.replicas
-                        )
-                    )
+                    (yield Wait(spec.keys.bell(self.token), wait_for, self._bound(), replicas)),
+                    replicas,
                 )
                 if rung is not None:
                     granted, granted_us = (int(x) for x in as_text(rung).split(":"))
                     if granted > 0:
-                        spec.check_acked(acked, "acquire")
+                        spec.check_acked(acked, "acquire", replicas)
                         # Handed over by a release at server time granted_us; our acquire
                         # ran at server_us, after sent_at. Only the server's elapsed time
                         # is used, never its clock against ours.
@@ -300,15 +312,49 @@ class Acquisition:
                         )
                         if grant.valid_until > clock():
                             return grant
-                        yield from self.abandon()
-                        self.token = new_token()
-                        continue
+                        if (yield from self._gave_back_too_late()):
+                            continue
+                        return None
             if self.deadline.expired():
                 # Give up, but keep a lock granted in the last instant: it is ours.
                 return (yield from self.leave(keep=True))
 
+    def _bound(self) -> float:
+        """How long the reply to this attempt's next op is worth waiting for, connection
+        retries included: the lock's reply bound, cut to the time the deadline leaves
+        (at least PAST_DEADLINE, for the last try and the clean-up after it), so that a
+        server that is down or hung cannot stretch ``acquire(timeout=)``. A
+        ``try_acquire`` keeps the whole bound: its one attempt includes the client's
+        retries."""
+        left = self.deadline.left()
+        if left is None or not self.wait:
+            return self.spec.reply_timeout
+        return min(self.spec.reply_timeout, max(left, PAST_DEADLINE))
+
+    def _replicas(self) -> Replicas | None:
+        """The WAIT for replicas after this attempt's next write: ``replicas=``'s, cut to
+        the time the deadline leaves, so that it cannot outlast ``acquire(timeout=)``. A
+        ``try_acquire`` keeps it whole: its one attempt includes its WAIT."""
+        replicas = self.spec.replicas
+        if replicas is None or not self.wait:
+            return replicas
+        left = self.deadline.left()
+        return replicas if left is None else replicas.within(left)
+
+    def _gave_back_too_late(self) -> Flow[bool]:
+        """A grant came too late to be of use (its validity had ended by the time it was
+        read): give it back. True to try again with a new token; False when the attempt
+        is over (a ``try_acquire``, or the deadline has passed), so that no link slower
+        than the validity, however many late grants it brings, stretches the wait."""
+        yield from self.abandon()
+        if not self.wait or self.deadline.expired():
+            return False
+        self.token = new_token()
+        return True
+
     def leave(self, *, keep: bool) -> Flow[Grant | None]:
         spec = self.spec
+        replicas = self._replicas() if keep else None
         sent_at = spec.clock()
         reply, acked = spec.unpack(
             (
@@ -318,13 +364,15 @@ class Acquisition:
                     spec.fair_arg,
                     spec.keys.bell_prefix,
                     "1" if keep else "0",
-                    replicated=keep,
+                    replicas=replicas,
+                    timeout=self._bound(),
                 )
-            )
+            ),
+            replicas,
         )
         fence, pttl = (as_int(x) for x in reply)
         if fence > 0:
-            spec.check_acked(acked, "acquire")
+            spec.check_acked(acked, "acquire", replicas)
             return Grant(self.token, spec.first_fence(fence), valid_until(sent_at, pttl, spec.ttl))
         return None
 
@@ -333,21 +381,33 @@ class Acquisition:
         yield from self.leave(keep=False)
 
 
-def extend(spec: LockSpec, token: str, ttl_ms: int) -> Flow[float]:
-    """Reset the lease to ``ttl_ms`` from now; returns the new local validity end."""
+def extend(spec: LockSpec, token: str, ttl_ms: int, wait: float | None = None) -> Flow[float]:
+    """Reset the lease to ``ttl_ms`` from now; returns the new local validity end.
+    ``wait``: how long the reply, and the replicas' acknowledgement, are worth waiting
+    for (the renewer's bound); by default the lock's own."""
+    replicas = spec.replicas
+    if replicas is not None and wait is not None:
+        replicas = replicas.within(wait)
     sent_at = spec.clock()
     ok, acked = spec.unpack(
-        (yield spec.call(EXTEND, token, str(ttl_ms), keys=(spec.keys.lock,), replicated=True))
+        (
+            yield spec.call(
+                EXTEND, token, str(ttl_ms), keys=(spec.keys.lock,), replicas=replicas, timeout=wait
+            )
+        ),
+        replicas,
     )
     if as_int(ok) != 1:
         raise LockLost(f"lock {spec.name!r} is no longer ours: it expired or was taken over")
-    spec.check_acked(acked, "extend")
+    spec.check_acked(acked, "extend", replicas)
     return valid_until(sent_at, ttl_ms, ttl_ms / 1000.0)
 
 
 def release(spec: LockSpec, token: str) -> Flow[None]:
     """Delete the lock if it is still ours and serve the next waiter, atomically."""
-    ok = yield spec.call(RELEASE, token, spec.fair_arg, spec.keys.bell_prefix)
+    # The release mark lasts as long as the release may be retried (its reply's bound).
+    mark_ms = str(math.ceil(spec.reply_timeout * 1000))
+    ok = yield spec.call(RELEASE, token, spec.fair_arg, spec.keys.bell_prefix, mark_ms)
     if as_int(ok) != 1:
         raise LockLost(f"lock {spec.name!r} had already expired or been taken over")
 

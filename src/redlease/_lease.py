@@ -10,14 +10,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import os
 import threading
 from collections.abc import Callable
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from . import _arguments as args
-from . import _flows
+from . import _flows, _fork
 from ._errors import LockLost, QuorumError
 
 if TYPE_CHECKING:
@@ -40,8 +39,7 @@ def _new_transitions_lock() -> None:
     _TRANSITIONS = threading.Lock()
 
 
-if hasattr(os, "register_at_fork"):  # not on Windows
-    os.register_at_fork(after_in_child=_new_transitions_lock)
+_fork.in_child(_new_transitions_lock)
 
 
 class LeaseState:
@@ -63,6 +61,7 @@ class LeaseState:
         # Set by the renewer that watches this lease: called once it is released or lost.
         self._unwatch: Callable[[], None] | None = None
         self._lender: Lender | None = None  # the batch it was lent from, if any
+        self._generation = _fork.generation  # a fork's child never holds it
 
     @property
     def name(self) -> str:
@@ -92,8 +91,11 @@ class LeaseState:
     @property
     def lost(self) -> bool:
         """True once the lease is known gone or its validity has run out (not after release)."""
-        if self._state == HELD and self._spec.clock() >= self._valid_until:
-            self._mark_lost("its validity ran out")
+        if self._state == HELD:
+            if self._generation != _fork.generation:
+                self._forked()
+            elif self._spec.clock() >= self._valid_until:
+                self._mark_lost("its validity ran out")
         return self._state == LOST
 
     @property
@@ -167,6 +169,15 @@ class LeaseState:
         if unwatch is not None:
             unwatch()
 
+    def _not_forked(self) -> None:
+        """Raise LockLost in a fork's child (before anything is sent): the lease is the
+        parent's, and the child must neither release nor extend it."""
+        if self._generation != _fork.generation:
+            self._forked()
+            raise LockLost(
+                f"lease on {self.name!r} belongs to the process this one was forked from"
+            )
+
     def _forked(self) -> None:
         """In a child after ``fork``: the lease is the parent's, never the child's (no
         callback runs: the child never held it)."""
@@ -239,7 +250,10 @@ class SyncLeaseBlock(LeaseState):
         what is left expires with the ttl). Within a batch, the grant may be kept for the
         lock's next hold instead (see ``Lock``).
         """
-        if self._state == RELEASED or self._parked():
+        if self._state == RELEASED:
+            return
+        self._not_forked()
+        if self._parked():
             return
         with self._releasing():
             self._io.run(self._release_flow(), "release")
@@ -290,7 +304,10 @@ class AsyncLeaseBlock(LeaseState):
         Raises LockLost or QuorumError as the sync ``release`` does. Cancelling the caller
         does not cancel the release itself.
         """
-        if self._state == RELEASED or self._parked():
+        if self._state == RELEASED:
+            return
+        self._not_forked()
+        if self._parked():
             return
         with self._releasing():
             try:

@@ -15,7 +15,8 @@ once; it is ours iff a majority (N//2 + 1) said yes and the validity left,
 ``ttl - elapsed - (ttl * 0.01 + 2 ms)``, is positive, ``elapsed`` counted on the
 monotonic clock from before the first send. Otherwise it is released on every node
 that may hold it (a SET may have landed although its reply was lost or unread), every
-reply read, and tried again after a random delay.
+reply read, and tried again after a random delay until the deadline, whether the round
+failed on contention or on nodes that did not answer.
 
 Fencing across nodes. A per-node counter is not enough: two majorities count
 differently. Each node's acquire step increments its counter in the same script that
@@ -283,8 +284,10 @@ def retry_delay(spec: QuorumSpec, attempt: int, tally: Tally, rng: random.Random
 
 
 class QuorumAcquisition:
-    """One caller's attempt to take a Redlock. One token for all its rounds, so that a
-    release with it cleans up a SET of any earlier round whose reply was lost.
+    """One caller's attempt to take a Redlock. Each round has a token of its own: a
+    release of an earlier round, held up on a stopped node's old connection, could
+    otherwise run there after a later round's SET and delete the key that round holds.
+    (A SET of an earlier round that lands late stays until its ttl, as a lost one would.)
     ``outstanding`` tells the driver whether ``abandon()`` is needed if the attempt is
     interrupted: true from a send until the release that follows a failed round."""
 
@@ -324,13 +327,17 @@ class QuorumAcquisition:
                     return grant
             yield from self._release(tally.maybe_ours(spec))
             self.outstanding = False
-            if tally.answered < spec.quorum:
-                raise QuorumError(
-                    f"acquire {lock.name!r}: only {tally.answered} of {len(spec.nodes)} nodes "
-                    f"answered, {spec.quorum} needed",
-                    failures_by_name(spec, tally.failures),
-                )
+            self.token = new_token()
+            # A round without a quorum is retried until the deadline, whether the nodes
+            # were busy or unreachable (a node may be back in a moment); the error says
+            # which it was in the last round: an outage is not contention.
             if not self.wait or self.deadline.expired():
+                if tally.answered < spec.quorum:
+                    raise QuorumError(
+                        f"acquire {lock.name!r}: only {tally.answered} of {len(spec.nodes)} "
+                        f"nodes answered, {spec.quorum} needed",
+                        failures_by_name(spec, tally.failures),
+                    )
                 return None
             delay = self.deadline.cap(retry_delay(spec, attempt, tally, self._rng))
             if delay > 0:

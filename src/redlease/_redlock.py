@@ -37,13 +37,12 @@ from typing import Any, TypeVar
 
 from . import _arguments as args
 from . import _flows, _io_async, _io_sync, _quorum
-from ._backend_errors import BACKEND_FAILURES, backend_error
 from ._errors import (
-    BackendError,
     InvalidArgument,
     RedleaseWarning,
 )
 from ._flows import Call, Command, LockSpec
+from ._io_async import _CHECKED as _ASYNC_CHECKED
 from ._io_async import AsyncIO
 from ._io_sync import _CHECKED as _SYNC_CHECKED
 from ._io_sync import SyncIO
@@ -66,8 +65,6 @@ OnLost = Callable[[Any], object]
 # The one-time eviction-policy check waits at least this long per node (it is only a
 # warning, but a node that is merely slow should not skip it).
 CHECK_WAIT = 0.05
-# What stands for "no answer" from an asyncio node (anything else propagates).
-_NO_ANSWER: tuple[type[BaseException], ...] = (asyncio.TimeoutError, *BACKEND_FAILURES)
 
 
 def _node_identity(client: Any) -> tuple[object, ...]:
@@ -130,10 +127,6 @@ def _check_nodes(nodes: object, *, want_async: bool) -> list[Any]:
             "redis.asyncio clients"
         )
     return clients
-
-
-def _failed(exc: BaseException, action: str) -> BaseException:
-    return exc if isinstance(exc, BackendError) else backend_error(exc, action)
 
 
 # -- drivers ------------------------------------------------------------------------------
@@ -223,19 +216,12 @@ class _AsyncNodes:
         return await _io_async.fan_out(self.ios, op, nodes, timeout, action)
 
     async def execute_many(self, calls: Sequence[Call]) -> list[Any]:
-        """The renewer's seam (see ``_SyncNodes``); each node gets the batch pipelined."""
+        """The renewer's seam (see ``_SyncNodes``)."""
         wait = min(call.timeout for call in calls)
-
-        async def batch(io: AsyncIO) -> list[Any]:
-            try:
-                return await asyncio.wait_for(io.execute_many(calls), wait)
-            except _NO_ANSWER as exc:
-                return [_failed(exc, "renew")] * len(calls)
-
-        per_node = await asyncio.gather(*(batch(io) for io in self.ios))
+        everywhere = range(len(self.ios))
         return [
-            _quorum.renewal_result(self.spec, [replies[k] for replies in per_node])
-            for k in range(len(calls))
+            _quorum.renewal_result(self.spec, await self.fan_out(call, everywhere, wait, "renew"))
+            for call in calls
         ]
 
     async def check_server_once(self) -> None:
@@ -243,15 +229,19 @@ class _AsyncNodes:
         if self._checked:
             return
         self._checked = True
-        wait = max(self.spec.node_timeout, CHECK_WAIT)
-        check = dataclasses.replace(_flows.MAXMEMORY_POLICY, timeout=wait)
-        everywhere = list(range(len(self.ios)))
-        replies = await self.fan_out(check, everywhere, wait, "check")
-        _warn_evicting(self.spec, everywhere, replies)
+        fresh = [i for i, io in enumerate(self.ios) if _pool_of(io) not in _ASYNC_CHECKED]
+        for i in fresh:
+            _ASYNC_CHECKED.add(_pool_of(self.ios[i]))
+        if fresh:
+            wait = max(self.spec.node_timeout, CHECK_WAIT)
+            check = dataclasses.replace(_flows.MAXMEMORY_POLICY, timeout=wait)
+            replies = await self.fan_out(check, fresh, wait, "check")
+            _warn_evicting(self.spec, fresh, replies)
 
 
-def _pool_of(io: SyncIO) -> Any:
-    return getattr(io.client, "connection_pool", None) or io.client
+def _pool_of(io: SyncIO | AsyncIO) -> Any:
+    """What a server is checked once per: redlease's pool for it, or the client."""
+    return io.pool or io.client
 
 
 def _warn_evicting(spec: QuorumSpec, nodes: Sequence[int], replies: Sequence[Any]) -> None:

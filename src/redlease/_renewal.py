@@ -35,17 +35,15 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import dataclasses
 import logging
 import math
-import os
 import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from . import _flows
-from ._errors import LockLost
+from . import _flows, _fork
+from ._errors import BackendError, LockLost
 from ._flows import Call
 from ._lease import HELD, LeaseState
 from ._timing import MONOTONIC, Clock
@@ -151,15 +149,16 @@ class Schedule:
 
     def take_due(self, now: float) -> list[Batch]:
         """The renewals to send now, one batch per client."""
-        batches: dict[int, Batch] = {}
+        batches: dict[tuple[int, bool], Batch] = {}
         for renewal in self._renewals:
             if not renewal.renewable_at(now):
                 continue
             early = 0.0 if renewal.retry_at is not None else renewal.ttl * RIDE_ALONG
             if renewal.due - early <= now:
                 # Each lock has its own driver, but drivers of one client share its
-                # connections: one batch per client.
-                key = id(getattr(renewal.io, "client", renewal.io))
+                # connections: one batch per client (and per kind: see _carry_sync).
+                client = id(getattr(renewal.io, "client", renewal.io))
+                key = (client, renewal.lease._spec.replicas is not None)
                 batch = batches.get(key)
                 if batch is None:
                     batch = batches[key] = Batch(renewal.io, [])
@@ -186,11 +185,13 @@ class Schedule:
         batch.flows, calls = [], []
         for renewal in batch.renewals:
             lease = renewal.lease
-            flow = _flows.extend(lease._spec, lease.token, lease._spec.ttl_ms)
+            # The lease's own extend flow: validity from the send, and with replicas=,
+            # a renewal that too few replicas acknowledged does not count.
+            flow = _flows.extend(lease._spec, lease.token, lease._spec.ttl_ms, wait)
             batch.flows.append(flow)
             call = next(flow)
             assert isinstance(call, Call)
-            calls.append(dataclasses.replace(call, timeout=wait))
+            calls.append(call)
         return calls, wait
 
     def settle(self, batch: Batch, results: Sequence[Any], now: float) -> list[Loss]:
@@ -209,6 +210,8 @@ class Schedule:
             except LockLost as exc:
                 self.discard(renewal)
                 losses.append((lease, str(exc)))
+            except BackendError:  # too few replicas acknowledged it: a failed renewal
+                renewal.retry_at = now + max(MIN_RETRY, (lease.valid_until - now) * RETRY_AFTER)
             except Exception:
                 log.exception("unexpected reply renewing %r", lease.name)
                 renewal.retry_at = now + max(MIN_RETRY, (lease.valid_until - now) * RETRY_AFTER)
@@ -234,6 +237,34 @@ def _tell(losses: Sequence[Loss]) -> None:
 
 def _failed(exc: BaseException, count: int) -> list[Any]:
     return [exc] * count
+
+
+def _carry_sync(io: Any, calls: Sequence[Call]) -> list[Any]:
+    """Send one batch: pipelined in one round trip; but a batch of ``replicas=`` leases
+    one call at a time, since only ``execute`` follows an EXTEND with the ``WAIT`` on the
+    connection that wrote it (a batch holds one kind: see ``Schedule.take_due``)."""
+    if calls[0].replicas is None:
+        return io.execute_many(calls)  # type: ignore[no-any-return]
+    results: list[Any] = []
+    for call in calls:
+        try:
+            results.append(io.execute(call))
+        except Exception as exc:
+            results.append(exc)
+    return results
+
+
+async def _carry_async(io: Any, calls: Sequence[Call]) -> list[Any]:
+    """The asyncio twin of ``_carry_sync``."""
+    if calls[0].replicas is None:
+        return await io.execute_many(calls)  # type: ignore[no-any-return]
+    results: list[Any] = []
+    for call in calls:
+        try:
+            results.append(await io.execute(call))
+        except Exception as exc:
+            results.append(exc)
+    return results
 
 
 class SyncRenewer:
@@ -317,7 +348,7 @@ class SyncRenewer:
                     if not calls:
                         continue
                     try:
-                        results = batch.io.execute_many(calls)
+                        results = _carry_sync(batch.io, calls)
                     except Exception as exc:
                         results = _failed(exc, len(calls))
                     with self._cond:
@@ -410,7 +441,7 @@ class AsyncRenewer:
         calls, wait = self._schedule.start(batch, self._clock())
         try:
             # The outer bound also covers making a new connection.
-            results = await asyncio.wait_for(batch.io.execute_many(calls), wait)
+            results = await asyncio.wait_for(_carry_async(batch.io, calls), wait)
         except Exception as exc:
             results = _failed(exc, len(calls))
         _tell(self._schedule.settle(batch, results, self._clock()))
@@ -447,5 +478,4 @@ def _after_fork_in_child() -> None:
         renewal.lease._forked()
 
 
-if hasattr(os, "register_at_fork"):  # not on Windows
-    os.register_at_fork(after_in_child=_after_fork_in_child)
+_fork.in_child(_after_fork_in_child)

@@ -1,7 +1,11 @@
-"""RESP encoding of the core's operations, shared by both drivers.
+"""RESP, the wire format, for both drivers: encoding the core's operations, and reading
+replies from the sockets redlease owns.
 
 The lock's commands are short lists of str; packing them here (in C when hiredis is
-installed) skips redis-py's general-purpose argument handling on the hot path.
+installed) skips a client's general-purpose argument handling on the hot path. Replies
+are parsed by ``hiredis.Reader`` when installed, else by ``PyReader`` (RESP2, which is
+all redlease's own connections speak). Either returns an error reply as a
+``ReplyError`` (not raised) and ``NOT_ENOUGH`` while a reply is incomplete.
 """
 
 from __future__ import annotations
@@ -10,6 +14,18 @@ from collections.abc import Callable
 from typing import Any
 
 from ._flows import Call, Command
+
+NOT_ENOUGH: Any = object()  # what a reader's gets() returns until a whole reply is in
+
+
+class ReplyError(Exception):
+    """An error reply from the server; ``code`` is its first word (NOSCRIPT, READONLY...)."""
+
+    @property
+    def code(self) -> str:
+        text = str(self)
+        return text.split(" ", 1)[0] if text else ""
+
 
 Pack = Callable[[tuple[str, ...]], bytes]
 
@@ -23,12 +39,13 @@ def _pack_python(parts: tuple[str, ...]) -> bytes:
 
 
 pack: Pack = _pack_python
+_hiredis: Any
 try:
-    import hiredis
+    import hiredis as _hiredis
 except ImportError:  # pragma: no cover - hiredis is optional
-    pass
+    _hiredis = None
 else:
-    pack = hiredis.pack_command  # type: ignore[assignment]
+    pack = _hiredis.pack_command
 
 
 def evalsha(op: Call) -> bytes:
@@ -87,35 +104,69 @@ class Wire:
         return data
 
 
-def private_connection_settings(pool_kwargs: dict[str, Any]) -> dict[str, Any]:
-    """The settings of the drivers' own connections: the client's, so TLS, ACL users and
-    Sentinel discovery apply, minus what costs a round trip and means nothing to a lock.
+class PyReader:
+    """The replies of a RESP2 byte stream, as hiredis.Reader gives them (``feed``, then
+    ``gets`` until NOT_ENOUGH): bulk strings as bytes, nil as None, errors as ReplyError."""
 
-    A new connection must cost no round trip beyond TCP's (AUTH and SELECT when
-    configured): each one counts against the op's bound and a lease's elapsed time, and
-    on a slow link a Redlock node's whole timeout. So no CLIENT SETINFO (a label in
-    CLIENT LIST), and RESP2 unless the client asked for RESP3 (redis-py 8 would otherwise
-    send HELLO 3 and CLIENT MAINT_NOTIFICATIONS first). Maintenance notifications need
-    RESP3 (redis-py 8 refuses them on a RESP2 connection without hiredis); these
-    connections live for a few commands and do without."""
-    settings = dict(pool_kwargs)
-    for key in ("driver_info", "lib_name", "lib_version"):
-        if key in settings:
-            settings[key] = None
-    if settings.get("protocol") is None:
-        settings["protocol"] = 2
-        if "maint_notifications_config" in settings:
-            settings["maint_notifications_config"] = None
-    return settings
+    __slots__ = ("_at", "_data")
+
+    def __init__(self) -> None:
+        self._data = bytearray()
+        self._at = 0
+
+    def feed(self, data: bytes | bytearray | memoryview, start: int = 0, length: int = -1) -> None:
+        view = memoryview(data)
+        self._data += view[start:] if length < 0 else view[start : start + length]
+
+    def gets(self) -> Any:
+        try:
+            reply, at = self._parse(self._at)
+        except IndexError:
+            return NOT_ENOUGH
+        if at >= 65536:  # drop what was read, now and then
+            del self._data[:at]
+            at = 0
+        self._at = at
+        return reply
+
+    def _line(self, at: int) -> tuple[bytes, int]:
+        end = self._data.find(b"\r\n", at)
+        if end < 0:
+            raise IndexError
+        return bytes(self._data[at:end]), end + 2
+
+    def _parse(self, at: int) -> tuple[Any, int]:
+        line, at = self._line(at)
+        if not line:
+            raise ValueError("empty RESP line")
+        kind, rest = line[:1], line[1:]
+        if kind == b"+":
+            return rest, at
+        if kind == b"-":
+            return ReplyError(rest.decode(errors="replace")), at
+        if kind == b":":
+            return int(rest), at
+        if kind == b"$":
+            size = int(rest)
+            if size < 0:
+                return None, at
+            if len(self._data) < at + size + 2:
+                raise IndexError
+            return bytes(self._data[at : at + size]), at + size + 2
+        if kind == b"*":
+            count = int(rest)
+            if count < 0:
+                return None, at
+            items = []
+            for _ in range(count):
+                item, at = self._parse(at)
+                items.append(item)
+            return items, at
+        raise ValueError(f"unexpected RESP type {kind!r}")
 
 
-def bounded(settings: dict[str, Any], timeout: float, no_retry: object) -> dict[str, Any]:
-    """``settings`` for one new connection: its handshake and reads bounded by the op's
-    ``timeout``, and no client retries (a retry would stretch that bound, and a lease's
-    elapsed-time accounting, several times over)."""
-    kwargs = dict(settings)
-    kwargs["retry"] = no_retry
-    for key in ("socket_timeout", "socket_connect_timeout"):
-        configured = kwargs.get(key)
-        kwargs[key] = timeout if configured is None else min(configured, timeout)
-    return kwargs
+def new_reader() -> Any:
+    """A reply reader for one connection."""
+    if _hiredis is None:
+        return PyReader()
+    return _hiredis.Reader(notEnoughData=NOT_ENOUGH, replyError=ReplyError)

@@ -28,6 +28,9 @@ from dataclasses import dataclass, field
 class Script:
     name: str
     source: str
+    # Why running it again, after a reply lost with its connection, is harmless (the
+    # driver then may); empty: it must not be sent twice.
+    retry: str = ""
     sha: str = field(init=False)
 
     def __post_init__(self) -> None:
@@ -149,6 +152,7 @@ if ARGV[4] ~= '0' then
 end
 return {0, redis.call('PTTL', lock), now}
 """,
+    retry="the same token again finds its own grant and reports it, or queues it once",
 )
 
 RELEASE = Script(
@@ -156,9 +160,14 @@ RELEASE = Script(
     """
 -- KEYS[1] lock  KEYS[2] fence  KEYS[3] queue  KEYS[4] waiters
 -- ARGV[1] token  ARGV[2] fair ('1'/'0')  ARGV[3] bell key prefix
--- Reply 1: released (and the next waiter served); 0: the lock was not ours.
-if redis.call('GET', KEYS[1]) ~= ARGV[1] then return 0 end
+-- ARGV[4] ms to keep the mark that this token released the lock (lock .. ':released:'
+-- .. token): a second run, after a reply lost with its connection, finds it
+-- Reply 1: released (and the next waiter served), now or by an earlier run of this
+-- release; 0: the lock was not ours.
+local mark = KEYS[1] .. ':released:' .. ARGV[1]
+if redis.call('GET', KEYS[1]) ~= ARGV[1] then return redis.call('EXISTS', mark) end
 redis.call('DEL', KEYS[1])
+redis.call('SET', mark, '1', 'PX', ARGV[4])
 if redis.call('EXISTS', KEYS[3]) == 0 then return 1 end
 """
     + _HELPERS
@@ -166,6 +175,7 @@ if redis.call('EXISTS', KEYS[3]) == 0 then return 1 end
 hand_on(KEYS[1], KEYS[2], KEYS[3], KEYS[4], ARGV[3], ARGV[2])
 return 1
 """,
+    retry="a second run finds the mark the first one left and reports the release",
 )
 
 EXTEND = Script(
@@ -178,6 +188,7 @@ if redis.call('GET', KEYS[1]) == ARGV[1] then
 end
 return 0
 """,
+    retry="setting the same expiry twice is setting it once",
 )
 
 LEAVE = Script(
@@ -204,6 +215,7 @@ redis.call('DEL', bell)
 if not holder then hand_on(lock, fence, queue, waiters, ARGV[3], ARGV[2]) end
 return {0, 0}
 """,
+    retry="a second run finds the entry gone and the grant kept, or already released",
 )
 
 ALL = (ACQUIRE, RELEASE, EXTEND, LEAVE)

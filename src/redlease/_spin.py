@@ -18,24 +18,23 @@ beyond which its reply is waited for again (a stopped node then costs its timeou
 
 from __future__ import annotations
 
+import asyncio
 import os
 import time
 import warnings
 from collections.abc import Callable
 from typing import Any
 
-from redis import exceptions as rx
-from redis._parsers import hiredis as _hiredis_parser
-
+from ._endpoint import ConnectionFailed
 from ._errors import RedleaseWarning
+from ._resp import NOT_ENOUGH, ReplyError
 
 DEFAULT_BUDGET = 100e-6
 BUSY = 20e-6  # a yield that took longer than this: another task ran meanwhile
 MISSES = 4
 REST = 256
 MAX_STALE = 4
-
-NOT_ENOUGH: Any = getattr(_hiredis_parser, "NOT_ENOUGH_DATA", False)
+TURN = 20e-6  # asyncio: the longest a poll holds the event loop between its turns
 
 
 def budget_from(setting: str | None) -> float:
@@ -71,10 +70,32 @@ class Record:
         self.turned = 0.0  # asyncio: when a read from this server last let the loop run
 
 
+def received(recv: Callable[[], int], buffer: bytearray, reader: Any) -> Any:
+    """What one non-blocking read with ``recv`` (into ``buffer``: the byte count, 0 at end
+    of stream) brings: the next reply, or NOT_ENOUGH; BlockingIOError if nothing came."""
+    try:
+        got = recv()
+    except BlockingIOError:
+        raise
+    except OSError as exc:
+        raise ConnectionFailed(f"error while reading: {exc}") from exc
+    if not got:
+        raise ConnectionFailed("connection closed by server")
+    reader.feed(buffer, 0, got)
+    return reader.gets()
+
+
+def _missed(record: Record) -> Any:
+    """A poll ended without the reply: after MISSES in a row, rest."""
+    record.misses += 1
+    if record.misses >= MISSES:
+        record.misses, record.rest = 0, REST
+    return NOT_ENOUGH
+
+
 def poll(recv: Callable[[], int], buffer: bytearray, reader: Any, record: Record) -> Any:
-    """The next reply from ``reader``, polling for up to BUDGET with ``recv`` (a
-    non-blocking read into ``buffer``: the byte count, 0 at end of stream, or
-    BlockingIOError); NOT_ENOUGH when the reader should sleep in the kernel after all."""
+    """The next reply from ``reader``, polling for up to BUDGET with ``recv`` (see
+    ``received``); NOT_ENOUGH when the reader should sleep in the kernel after all."""
     if record.rest:
         record.rest -= 1
         return NOT_ENOUGH
@@ -82,35 +103,54 @@ def poll(recv: Callable[[], int], buffer: bytearray, reader: Any, record: Record
     end = clock() + BUDGET
     while True:
         try:
-            got = recv()
+            reply = received(recv, buffer, reader)
         except BlockingIOError:
             now = clock()
             if now < end:
                 os.sched_yield()
                 if clock() - now < BUSY:
                     continue
-            break  # the budget is spent, or the CPU is wanted elsewhere
-        except OSError as exc:
-            raise rx.ConnectionError(f"error while reading: {exc}") from exc
-        if not got:
-            raise rx.ConnectionError("connection closed by server")
-        reader.feed(buffer, 0, got)
-        reply = reader.gets()
+            return _missed(record)  # the budget is spent, or the CPU is wanted elsewhere
         if reply is not NOT_ENOUGH:
             record.misses = 0
             return reply
-    record.misses += 1
-    if record.misses >= MISSES:
-        record.misses, record.rest = 0, REST
-    return NOT_ENOUGH
+
+
+async def poll_async(
+    recv: Callable[[], int], buffer: bytearray, reader: Any, record: Record
+) -> Any:
+    """Twin of ``poll`` for the asyncio driver, on a non-blocking socket: every TURN of
+    polling the event loop takes a turn, so other tasks wait on it no longer than that."""
+    if record.rest:
+        record.rest -= 1
+        return NOT_ENOUGH
+    clock = time.perf_counter
+    end = clock() + BUDGET
+    turn = end - BUDGET + TURN
+    while True:
+        try:
+            reply = received(recv, buffer, reader)
+        except BlockingIOError:
+            now = clock()
+            if now < end:
+                if now >= turn:
+                    await asyncio.sleep(0)
+                    turn = record.turned = clock()
+                    turn += TURN
+                    continue
+                os.sched_yield()
+                if clock() - now < BUSY:
+                    continue
+            return _missed(record)
+        if reply is not NOT_ENOUGH:
+            record.misses = 0
+            return reply
 
 
 def dropped(reply: Any, forget_scripts: Callable[[], None]) -> None:
     """A stale reply, read and dropped. NOSCRIPT: the server lost its scripts (they go
-    with their source again); a connection error is raised."""
-    if isinstance(reply, rx.ConnectionError):
-        raise reply
-    if isinstance(reply, rx.NoScriptError):
+    with their source again)."""
+    if isinstance(reply, ReplyError) and reply.code == "NOSCRIPT":
         forget_scripts()
 
 
@@ -122,21 +162,17 @@ def drop_arrived(
     forget_scripts: Callable[[], None],
 ) -> int:
     """Drop up to ``stale`` replies among those already received, never waiting (``recv``
-    as for ``poll``); how many are still due. Raises rx.ConnectionError if the
+    as for ``received``); how many are still due. Raises ConnectionFailed if the
     connection failed."""
     while stale:
         reply = reader.gets()
         if reply is NOT_ENOUGH:
             try:
-                got = recv()
+                reply = received(recv, buffer, reader)
             except BlockingIOError:
                 return stale
-            except OSError as exc:
-                raise rx.ConnectionError(f"error while reading: {exc}") from exc
-            if not got:
-                raise rx.ConnectionError("connection closed by server")
-            reader.feed(buffer, 0, got)
-            continue
+            if reply is NOT_ENOUGH:
+                continue
         dropped(reply, forget_scripts)
         stale -= 1
     return stale

@@ -7,7 +7,6 @@ tested with a fake one (``redlease.testing.FakeClock``).
 
 from __future__ import annotations
 
-import random
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -31,6 +30,12 @@ UNKNOWN_HOLDER_RECHECK = 1.0
 
 def drift(ttl: float) -> float:
     return ttl * DRIFT_FACTOR + DRIFT_FLOOR
+
+
+def longest_validity(ttl: float) -> float:
+    """How long a lease of ``ttl`` seconds is valid if granted in no time: ``ttl - drift``.
+    Zero or less: no lease of that ttl can ever be used."""
+    return ttl - drift(ttl)
 
 
 def valid_until(sent_at: float, remaining_ms: int, ttl: float) -> float:
@@ -65,15 +70,3 @@ class Deadline:
     def cap(self, seconds: float) -> float:
         left = self.left()
         return seconds if left is None else min(seconds, left)
-
-
-def jittered_backoff(
-    attempt: int, base: float = 0.005, cap: float = 0.2, rng: random.Random | None = None
-) -> float:
-    """Full-jitter exponential backoff: a random delay in [0, min(cap, base * 2**attempt)].
-
-    Randomness keeps clients that failed together (a Redlock split vote) from retrying
-    in lockstep.
-    """
-    ceiling = min(cap, base * (2 ** min(attempt, 30)))
-    return (rng or random).uniform(0.0, ceiling)

@@ -279,27 +279,8 @@ def redlock_status(urls: Sequence[str]) -> str | None:
         if lease is None:
             return "the probe lock was busy"
         lease.release()
-    except NotImplementedError:
-        return "not available yet in this version"
     except Exception as exc:
         return f"failed: {type(exc).__name__}: {exc}"
-    finally:
-        for client in clients:
-            client.close()
-    return None
-
-
-def _redlock_missing() -> str | None:
-    """Why ``redlease.Redlock`` cannot run at all (before starting servers for it)."""
-    from . import Redlock
-
-    clients = [redis.Redis(port=port) for port in (1, 2, 3)]  # never connected here
-    try:
-        Redlock(clients, "redlease-demo:probe", ttl=2.0)
-    except NotImplementedError:
-        return "not available yet in this version"
-    except Exception:
-        return None  # decided later, on the real servers
     finally:
         for client in clients:
             client.close()
@@ -692,8 +673,6 @@ def run_demo(config: DemoConfig, out: TextIO | None = None) -> DemoReport:
     workdir = tempfile.mkdtemp(prefix="redlease-demo-")
     want_redlock = "redlock" in config.modes
     redlock_why: str | None = None
-    if want_redlock and not config.urls:
-        redlock_why = _redlock_missing()
     try:
         servers_wanted = 3 if want_redlock and redlock_why is None else 1
         with _servers(config, servers_wanted, out) as (urls, where):

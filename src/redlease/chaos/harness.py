@@ -64,6 +64,8 @@ class Plan:
     to_validity: list[int] = field(default_factory=list)  # workers that use all their validity
     audit: bool = False  # after each release, look on every node for the released token
     replica: bool = False  # each lock node gets an asynchronous replica (failover)
+    server_args: list[str] = field(default_factory=list)  # for every lock server
+    forks: list[int] = field(default_factory=list)  # sections in which a worker forks
 
 
 @dataclass(frozen=True)
@@ -75,6 +77,7 @@ class Scenario:
     needs: str | None  # "redlock", "auto_renew", "faketime" or None
     plan: Callable[[random.Random, bool], Plan]
     label: str = ""  # how the row is numbered in the report, when not just ``row``
+    available: bool = False  # no operation may fail (the faults heal within a retry)
 
     @property
     def number(self) -> str:
@@ -171,6 +174,32 @@ def _renewal_stall(rng: random.Random, quick: bool) -> Plan:
     return p
 
 
+def _dropped_connections(rng: random.Random, quick: bool) -> Plan:
+    # The server closes clients idle for 1 s, and the workers idle for longer between
+    # some sections; meanwhile every client connection is killed now and then, and the
+    # server restarted (its data kept by the AOF).
+    p = Plan(ttl=1.0, duration=5.0 if quick else 10.0, think=1.3, aof=True, work=0.01)
+    p.server_args = ["--timeout", "1"]
+    t = 0.7 + rng.random() * 0.3
+    while t < p.duration - 1.0:
+        if rng.random() < 0.5:
+            p.events.append((t, "client_kill", (0,)))
+        else:
+            p.events += [(t, "kill", (0,)), (t + 0.05, "restart", (0,))]
+        p.events.append((t + 0.05, "heal", ()))
+        t += 0.8 + rng.random()
+    return p
+
+
+def _fork_in_section(rng: random.Random, quick: bool) -> Plan:
+    # A holder forks in the middle of some sections; the child leaves the lease's `with`
+    # block by sys.exit. Were the parent's lock released by it, another worker would get
+    # in while the parent is still at work: an overlap and a lost update.
+    p = Plan(ttl=2.0, work=0.2, duration=3.0 if quick else 6.0)
+    p.forks = sorted(rng.sample(range(1, 8), 3))
+    return p
+
+
 def _failover(replicas: int) -> Callable[[random.Random, bool], Plan]:
     def plan(rng: random.Random, quick: bool) -> Plan:
         # Sections of 0.6 s (ttl 1 s), and replication cut 0.65 s before the master dies:
@@ -261,6 +290,23 @@ SCENARIOS: dict[int, Scenario] = {
             _failover(1),
             label="13b",
         ),
+        Scenario(
+            16,
+            "server closes idle clients (timeout 1), CLIENT KILL, restart with AOF while idle",
+            SAFE,
+            SAFE,
+            None,
+            _dropped_connections,
+            available=True,
+        ),
+        Scenario(
+            18,
+            "fork() while holding; the child leaves the with block by sys.exit",
+            SAFE,
+            SAFE,
+            None,
+            _fork_in_section,
+        ),
     ]
 }
 
@@ -281,25 +327,8 @@ def faketime_library() -> str | None:
 
 def unsupported(need: str | None) -> str | None:
     """Why a scenario cannot run here, or None if it can."""
-    import redlease
 
-    if need == "redlock":
-        try:
-            with redis.Redis() as probe:
-                redlease.Redlock([probe], "probe", 1.0)
-        except NotImplementedError:
-            return "not supported yet (Redlock is not on main)"
-        except Exception:
-            pass
-    elif need == "auto_renew":
-        try:
-            with redis.Redis() as probe:
-                redlease.Lock(probe, "probe", 1.0, auto_renew=True)
-        except NotImplementedError:
-            return "not supported yet (auto-renewal is not on main)"
-        except Exception:
-            pass
-    elif need == "faketime" and faketime_library() is None:
+    if need == "faketime" and faketime_library() is None:
         return "skipped: libfaketime not installed (apt package faketime)"
     return None
 
@@ -356,7 +385,7 @@ def deploy(plan: Plan, binary: servers.ServerBinary) -> Iterator[Deployment]:
     started: list[servers.ServerProcess] = []
     proxies: list[FaultProxy] = []
     try:
-        extra = PROMPT_SYNC if plan.replica else []
+        extra = [*(PROMPT_SYNC if plan.replica else []), *plan.server_args]
         for _ in range(plan.nodes):
             srv = servers.ServerProcess(binary, appendfsync_always=plan.aof, extra_args=extra)
             started.append(srv.start())
@@ -460,6 +489,9 @@ class _Nemesis:
             for key in list(self._open):
                 if key.startswith(f"node {node} ") and key != f"node {node} {mode}":
                     self._window(key, False)
+        elif action == "client_kill":
+            with redis.Redis(port=srv.port, socket_timeout=1.0) as client:
+                client.execute_command("CLIENT", "KILL", "TYPE", "normal", "SKIPME", "yes")
         elif action == "pexpire":
             with redis.Redis(port=srv.port, socket_timeout=1.0) as client:
                 for key in client.scan_iter("*"):
@@ -591,6 +623,7 @@ def _run(
             "timeout": plan.timeout,
             "socket_timeout": plan.socket_timeout,
             "pauses": plan.pauses,
+            "forks": plan.forks,
             "auto_renew": plan.auto_renew,
             "between": plan.between,
             "options": plan.options,

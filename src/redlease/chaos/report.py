@@ -62,6 +62,8 @@ def outcome_failures(scenario: Scenario, o: Outcome) -> list[str]:
         found.append(f"{label} fenced: {verdict(scenario.expected_fenced, o.fenced_violations)}")
     if o.crashed_workers:
         found.append(f"{label}: {o.crashed_workers} worker(s) crashed")
+    if scenario.available and o.errors:
+        found.append(f"{label}: {o.errors} operation(s) failed where none may")
     return found
 
 

@@ -61,6 +61,7 @@ class _Worker:
         self.notifications: list[tuple[float, float]] = []
         self.lost_on_release = 0
         self.leftovers = 0
+        self.sections_done = 0
         self.contender = self._contender()
 
     def _on_lost(self, lease: Any) -> None:
@@ -157,6 +158,7 @@ class _Worker:
                 continue
             start = time.monotonic()
             pause = pauses.get(len(sections))
+            self.sections_done = len(sections)
             sections.append(self._section(holding, asked, start, pause))
             try:
                 holding.release()
@@ -185,6 +187,8 @@ class _Worker:
         value = self.resource.read()
         fenced = self.resource.fenced_read(fence) if fence is not None else None
         work = self.config["work"]
+        if holding.lease is not None and self.sections_done in self.config.get("forks", []):
+            _fork_and_leave(holding.lease)
         if holding.lease is not None and self.config.get("to_validity"):
             work = max(work, holding.lease.remaining() - 0.005)  # all the validity it was given
         _sleep(work)
@@ -213,6 +217,27 @@ class _Worker:
         for client in self.clients + self.audit_clients:
             client.close()
         self.resource_client.close()
+
+
+def _fork_and_leave(lease: Any) -> None:
+    """Fork; the child leaves the lease's ``with`` block by sys.exit, which must not
+    release the parent's lock. The parent waits for it, then goes on with its section."""
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)  # fork of a threaded process
+        pid = os.fork()
+    if pid == 0:
+        code = 0
+        try:
+            with lease:
+                sys.exit(0)
+        except SystemExit:
+            pass
+        except BaseException:
+            code = 1
+        os._exit(code)
+    os.waitpid(pid, 0)
 
 
 def main() -> int:

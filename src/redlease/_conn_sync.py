@@ -1,0 +1,434 @@
+"""redlease's own connections to one server, blocking flavour (twin of ``_conn_async``).
+
+A ``Pool`` per process and server (``pool_for``) keeps them: at most MAX_CONNECTIONS,
+of which blocking waits may hold all but RESERVED (so a release always finds one),
+MAX_IDLE kept open between uses. They are never the application's: its pool's limit is
+neither used nor exceeded on redlease's account. A connection taken from the idle list
+is checked first, without a round trip, and replaced if the server closed it (an idle
+``timeout``, ``CLIENT KILL``, a restart). After ``fork`` the child never uses its
+parent's sockets: the pool notices the new process id and starts empty.
+
+Two kinds of connection (see ``_endpoint``): ``SocketConnection``, a socket of our own
+read with hiredis (or ``_resp.PyReader``), and ``ClassConnection``, one made with the
+client's own connection class and used through its public methods.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import math
+import socket
+import struct
+import threading
+import time
+import weakref
+from typing import Any
+
+from . import _fork, _resp, _spin
+from ._endpoint import ConnectionFailed, Endpoint, Kind, ReplyTimedOut, bounded
+
+MAX_CONNECTIONS = 128
+RESERVED = 16  # never held by blocking waits: short commands always find a connection
+MAX_IDLE = 8
+# A connection owing the reply of a wait that was given up on (the server answers a
+# BLPOP's timeout late when idle) is set aside until that reply comes, at most this long.
+OWED_REPLY_LIMIT = 1.0
+
+NOT_ENOUGH = _resp.NOT_ENOUGH
+_MIN_WAIT = 0.001
+
+
+def _timeval(seconds: float) -> bytes:
+    # 0 would mean "no limit" to the kernel: the shortest bound is 1 ms
+    whole, fraction = divmod(max(seconds, 0.001), 1.0)
+    return struct.pack("ll", int(whole), int(fraction * 1e6))
+
+
+class SocketConnection:
+    """A plain TCP or Unix socket of our own, blocking but bounded by SO_RCVTIMEO and
+    SO_SNDTIMEO: a write is one ``sendall``, a read one ``recv_into`` (after a short
+    poll, see ``_spin``). ``stale``: replies owed to fan-outs that did not wait for them
+    (see ``_quorum``), dropped before the next reply is read."""
+
+    lean = True
+    __slots__ = ("buffer", "client_id", "reader", "recv", "sock", "spin", "stale", "wait", "wire")
+
+    def __init__(self, sock: socket.socket, pool: Pool) -> None:
+        self.sock = sock
+        self.buffer = bytearray(65536)
+        self.reader = _resp.new_reader()
+        self.recv = functools.partial(sock.recv_into, self.buffer, 0, socket.MSG_DONTWAIT)
+        self.spin, self.wire = pool.spin, pool.wire
+        self.wait = -1.0  # the receive bound currently set on the socket
+        self.stale = 0
+        self.client_id: int | None = None  # the server's id for it, once asked (CLIENT ID)
+
+    @classmethod
+    def open(cls, endpoint: Endpoint, timeout: float, pool: Pool) -> SocketConnection:
+        limit = endpoint.connect_timeout
+        bound = timeout if limit is None else min(limit, timeout)
+        try:
+            if endpoint.path:
+                sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+                try:
+                    sock.settimeout(bound)
+                    sock.connect(endpoint.path)
+                except BaseException:
+                    sock.close()
+                    raise
+            else:
+                sock = socket.create_connection((endpoint.host, endpoint.port), bound)
+                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+                if endpoint.keepalive:
+                    sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
+                    for option, value in endpoint.keepalive_options.items():
+                        sock.setsockopt(socket.IPPROTO_TCP, option, value)
+        except TimeoutError as exc:
+            raise ReplyTimedOut(f"no connection to {endpoint.label} within {bound:.3f}s") from exc
+        except OSError as exc:
+            raise ConnectionFailed(f"cannot connect to {endpoint.label}: {exc}") from exc
+        sock.settimeout(None)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDTIMEO, _timeval(bound))
+        conn = cls(sock, pool)
+        try:
+            conn._handshake(endpoint, bound)
+        except BaseException:
+            conn.close()
+            raise
+        return conn
+
+    def _handshake(self, endpoint: Endpoint, timeout: float) -> None:
+        """AUTH, SELECT and CLIENT SETNAME as configured, in one write."""
+        commands: list[tuple[str, ...]] = []
+        credentials = endpoint.credentials()
+        if credentials:
+            commands.append(("AUTH", *credentials))
+        if endpoint.db:
+            commands.append(("SELECT", str(endpoint.db)))
+        if endpoint.client_name:
+            commands.append(("CLIENT", "SETNAME", endpoint.client_name))
+        if not commands:
+            return
+        self.send(b"".join(_resp.command(c) for c in commands))
+        for _ in commands:
+            self.read(timeout, spin=False)
+
+    def alive(self) -> bool:
+        """Nothing known to be wrong: the server has not closed it, and sent nothing
+        unasked (without a round trip: a peek at what arrived)."""
+        try:
+            data = self.sock.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT)
+        except BlockingIOError:
+            return True
+        except OSError:
+            return False
+        return bool(data) and self.stale > 0
+
+    def send(self, data: bytes) -> None:
+        try:
+            self.sock.sendall(data)
+        except BlockingIOError:
+            raise ReplyTimedOut("timed out writing to the server") from None
+        except OSError as exc:
+            raise ConnectionFailed(f"error while writing: {exc}") from exc
+
+    def read(self, timeout: float, spin: bool = True) -> Any:
+        """The next reply, within ``timeout``; ``spin``: it is due in about a round trip
+        (not a blocking command's reply). An error reply is raised as ReplyError."""
+        if self.stale:
+            timeout = self._drop_stale(timeout)
+        reply = self._next(timeout, spin)
+        if isinstance(reply, _resp.ReplyError):
+            raise reply
+        return reply
+
+    def _drop_stale(self, timeout: float) -> float:
+        """Read the stale replies and drop them; the time left of ``timeout``."""
+        clock = time.perf_counter
+        end = clock() + timeout
+        while self.stale:
+            _spin.dropped(self._next(max(end - clock(), _MIN_WAIT), True), self.wire.forget)
+            self.stale -= 1
+        return max(end - clock(), _MIN_WAIT)
+
+    def drop_arrived(self) -> ConnectionFailed | None:
+        """Drop the stale replies already received, without waiting; the error if the
+        connection failed."""
+        try:
+            self.stale = _spin.drop_arrived(
+                self.recv, self.buffer, self.reader, self.stale, self.wire.forget
+            )
+        except ConnectionFailed as exc:
+            return exc
+        return None
+
+    def _next(self, timeout: float, spin: bool) -> Any:
+        """The next reply as parsed (an error reply is returned, not raised)."""
+        reader = self.reader
+        reply = reader.gets()
+        if reply is NOT_ENOUGH and spin and _spin.BUDGET > 0:
+            started = time.perf_counter()
+            reply = _spin.poll(self.recv, self.buffer, reader, self.spin)
+            if reply is NOT_ENOUGH:  # what the spin took counts against the bound
+                timeout = max(timeout - (time.perf_counter() - started), _MIN_WAIT)
+        if reply is NOT_ENOUGH:
+            # Whole milliseconds, rounded up: the reads of one fan-out then share a bound
+            # and the socket option is rarely set again.
+            wait = math.ceil(timeout * 1000) / 1000.0
+            if wait != self.wait:
+                self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVTIMEO, _timeval(wait))
+                self.wait = wait
+            while reply is NOT_ENOUGH:
+                try:
+                    got = self.sock.recv_into(self.buffer)
+                except BlockingIOError:  # the bound passed
+                    raise ReplyTimedOut(f"no reply within {timeout:.3f}s") from None
+                except OSError as exc:
+                    raise ConnectionFailed(f"error while reading: {exc}") from exc
+                if not got:
+                    raise ConnectionFailed("connection closed by server")
+                reader.feed(self.buffer, 0, got)
+                reply = reader.gets()
+        return reply
+
+    def close(self) -> None:
+        with contextlib.suppress(OSError):
+            self.sock.close()
+
+
+class ClassConnection:
+    """A connection made with the client's own connection class (TLS, Sentinel...), used
+    through its public methods only. It owes no stale replies: fan-outs read all of its."""
+
+    lean = False
+    stale = 0
+    client_id: int | None = None
+    __slots__ = ("conn", "wire")
+
+    def __init__(self, conn: Any, pool: Pool) -> None:
+        self.conn = conn
+        self.wire = pool.wire
+
+    @classmethod
+    def open(cls, endpoint: Endpoint, timeout: float, pool: Pool) -> ClassConnection:
+        conn = endpoint.connection_class(**bounded(endpoint.class_settings, timeout))
+        conn.connect()  # the class's own connect: Sentinel discovery happens here
+        return cls(conn, pool)
+
+    def alive(self) -> bool:
+        try:
+            return not self.conn.can_read(timeout=0)  # readable while idle: closed
+        except Exception:
+            return False
+
+    def send(self, data: bytes) -> None:
+        self.conn.send_packed_command([data], check_health=False)
+
+    def read(self, timeout: float, spin: bool = True) -> Any:
+        if not self.conn.can_read(timeout=timeout):
+            raise ReplyTimedOut(f"no reply within {timeout:.3f}s")
+        return self.conn.read_response()
+
+    def drop_arrived(self) -> ConnectionFailed | None:
+        return None
+
+    def close(self) -> None:
+        with contextlib.suppress(Exception):
+            self.conn.disconnect()
+
+
+Connection = SocketConnection | ClassConnection
+
+
+class Pool:
+    """redlease's connections to one server, in this process (see the module docstring).
+    Threads share it; ``_lock`` guards the lists and counts."""
+
+    def __init__(self, endpoint: Endpoint) -> None:
+        self.endpoint = endpoint
+        self._open = SocketConnection.open if endpoint.kind is Kind.SOCKET else ClassConnection.open
+        self.wire = _resp.Wire()  # each op as bytes for this server
+        self.spin = _spin.Record()  # whether reads from this server poll before sleeping
+        self._lock = threading.Lock()
+        self._freed = threading.Condition(self._lock)
+        self._idle: list[Connection] = []
+        self._owing: list[tuple[Connection, float]] = []  # (conn, give up on it at)
+        self._count = 0  # connections open (idle, owing or in use)
+        self._blocking = 0  # of which held by blocking waits
+        self._waiting = 0  # threads waiting for a connection to be freed
+        self._generation = _fork.generation
+        self.opened = 0  # connections ever opened (for tests and benchmarks)
+        weakref.finalize(self, _close_all, self._idle, self._owing)
+
+    def take(self, timeout: float, *, blocking: bool = False) -> Connection | None:
+        """A connection, within ``timeout``: an idle one still alive, or a new one. For a
+        ``blocking`` wait, None if none can be spared within ``timeout``."""
+        idle = self._idle
+        if not blocking and not self._owing and self._generation == _fork.generation:
+            # The hot path, without the lock: list.pop is atomic.
+            while idle:
+                try:
+                    conn = idle.pop()
+                except IndexError:
+                    break
+                if conn.alive():
+                    return conn
+                with self._lock:
+                    self._dead(conn)
+        with self._lock:
+            if self._generation != _fork.generation:
+                self._forget_parents()
+            end = time.monotonic() + timeout
+            while True:
+                found = self._idle_one()
+                if found is not None:
+                    if blocking:
+                        self._blocking += 1
+                    return found
+                limit = MAX_CONNECTIONS - RESERVED if blocking else MAX_CONNECTIONS
+                in_use = self._blocking if blocking else self._count
+                if in_use < limit and self._count < MAX_CONNECTIONS:
+                    break
+                left = end - time.monotonic()
+                if left <= 0:
+                    if blocking:
+                        return None
+                    raise ReplyTimedOut(
+                        f"all {MAX_CONNECTIONS} of redlease's connections to "
+                        f"{self.endpoint.label} stayed busy for {timeout:.3f}s"
+                    )
+                # (a give on the hot path does not notify: look again now and then)
+                self._waiting += 1
+                self._freed.wait(min(left, 0.01))
+                self._waiting -= 1
+            self._count += 1
+            if blocking:
+                self._blocking += 1
+        try:
+            conn = self._open(self.endpoint, timeout, self)
+        except BaseException:
+            self._gone(blocking)
+            raise
+        self.opened += 1
+        return conn
+
+    def _dead(self, conn: Connection) -> None:
+        """``conn`` was found closed by the server: it goes, and the scripts with it (the
+        server may have restarted without them). Lock held."""
+        conn.close()
+        self._count -= 1
+        self.wire.forget()
+
+    def _idle_one(self) -> Connection | None:
+        """An idle connection still alive (the dead ones closed), or None. Lock held."""
+        if self._owing:
+            self._settle_owing()
+        idle = self._idle
+        while idle:
+            conn = idle.pop()
+            if conn.alive():
+                return conn
+            self._dead(conn)
+        return None
+
+    def _settle_owing(self) -> None:
+        now = time.monotonic()
+        for entry in list(self._owing):
+            conn, until = entry
+            failure = conn.drop_arrived()
+            if failure is None and not conn.stale:
+                self._owing.remove(entry)
+                self._idle.append(conn)
+            elif failure is not None or now >= until:
+                self._owing.remove(entry)
+                conn.close()
+                self._count -= 1
+
+    def give(self, conn: Connection, *, blocking: bool = False) -> None:
+        """Take back ``conn``, its replies read in full (or owed: see ``owe``)."""
+        hot = not (blocking or self._waiting) and self._generation == _fork.generation
+        if hot and len(self._idle) < MAX_IDLE:
+            self._idle.append(conn)  # the hot path: list.append is atomic
+            return
+        with self._lock:
+            if blocking:
+                self._blocking -= 1
+            if self._generation == _fork.generation and len(self._idle) < MAX_IDLE:
+                self._idle.append(conn)
+            else:
+                conn.close()
+                self._count -= 1
+            self._freed.notify()
+
+    def owe(self, conn: Connection, *, blocking: bool = False) -> None:
+        """Take back ``conn``, which owes one reply still on its way (a wait given up
+        on): it is reused once that reply came and was dropped."""
+        if not isinstance(conn, SocketConnection):
+            self.discard(conn, blocking=blocking)
+            return
+        conn.stale += 1
+        with self._lock:
+            if blocking:
+                self._blocking -= 1
+            self._owing.append((conn, time.monotonic() + OWED_REPLY_LIMIT))
+            self._freed.notify()
+
+    def discard(self, conn: Connection, *, blocking: bool = False) -> None:
+        """Close ``conn``, whose state is unknown (a reply may still be on its way)."""
+        conn.close()
+        self.wire.forget()  # the server may have restarted without its scripts
+        self._gone(blocking)
+
+    def _gone(self, blocking: bool) -> None:
+        with self._lock:
+            self._count -= 1
+            if blocking:
+                self._blocking -= 1
+            self._freed.notify()
+
+    def _forget_parents(self) -> None:
+        """In a forked child: the parent's sockets are closed here (which leaves them
+        open in the parent) and never used. Lock held."""
+        for conn in self._idle:
+            conn.close()
+        for conn, _ in self._owing:
+            conn.close()
+        self._idle.clear()
+        self._owing.clear()
+        self._count = self._blocking = 0
+        self._generation = _fork.generation
+
+    def idle_connections(self) -> list[Connection]:
+        """The idle connections, in the order they would be taken last to first."""
+        return list(self._idle)
+
+    def close(self) -> None:
+        """Close the idle connections (those in use close when given back)."""
+        with self._lock:
+            for conn in self._idle:
+                conn.close()
+                self._count -= 1
+            self._idle.clear()
+
+
+def _close_all(idle: list[Connection], owing: list[tuple[Connection, float]]) -> None:
+    for conn in idle:
+        conn.close()
+    for conn, _ in owing:
+        conn.close()
+
+
+_POOLS: weakref.WeakKeyDictionary[Any, Pool] = weakref.WeakKeyDictionary()
+_POOLS_LOCK = threading.Lock()
+
+
+def pool_for(client: Any, endpoint: Endpoint) -> Pool:
+    """The pool of redlease's connections to ``client``'s server, shared by every lock on
+    that client: it lives as long as the client's own connection pool."""
+    key = client.connection_pool
+    with _POOLS_LOCK:
+        pool = _POOLS.get(key)
+        if pool is None:
+            pool = _POOLS[key] = Pool(endpoint)
+        return pool

@@ -1,0 +1,112 @@
+"""The shape of the code: every module on the design page's map, the sync and asyncio
+twins with the same names in the same order, and no private attribute of another library
+touched anywhere in ``src/``."""
+
+from __future__ import annotations
+
+import ast
+import io
+import re
+import tokenize
+from pathlib import Path
+
+import pytest
+
+SRC = Path(__file__).resolve().parents[1] / "src" / "redlease"
+DESIGN = Path(__file__).resolve().parents[1] / "docs" / "design.md"
+
+
+def test_the_module_map_names_every_module() -> None:
+    text = DESIGN.read_text()
+    missing = [
+        str(path.relative_to(SRC))
+        for path in sorted(SRC.rglob("*.py"))
+        if (path.name if path.parent == SRC else path.stem) not in text
+    ]
+    assert missing == []
+
+
+def _shape(path: Path) -> list[str]:
+    """Names defined at the top level and in classes, in order (``Class.method``)."""
+    names: list[str] = []
+    for node in ast.parse(path.read_text()).body:
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            names.append(node.name)
+        elif isinstance(node, ast.ClassDef):
+            names.append(node.name)
+            names += [
+                f"{node.name}.{item.name}"
+                for item in node.body
+                if isinstance(item, (ast.FunctionDef, ast.AsyncFunctionDef))
+            ]
+    return names
+
+
+@pytest.mark.parametrize(
+    ("sync", "asyncio", "only_one"),
+    [
+        ("_io_sync.py", "_io_async.py", set()),
+        # sync only: SO_RCVTIMEO's argument; asyncio only: connecting with the loop, a
+        # read's shared deadline timer, and where a cancellation lands
+        (
+            "_conn_sync.py",
+            "_conn_async.py",
+            {"_timeval", "_bounded", "SocketConnection.more", "_connect", "_cancel_due", "_Watch"},
+        ),
+    ],
+)
+def test_twins_have_the_same_names_in_the_same_order(
+    sync: str, asyncio: str, only_one: set[str]
+) -> None:
+    def kept(names: list[str]) -> list[str]:
+        return [
+            name.replace("AsyncIO", "SyncIO")
+            for name in names
+            if name not in only_one and name.split(".")[0] not in only_one
+        ]
+
+    assert kept(_shape(SRC / asyncio)) == kept(_shape(SRC / sync))
+
+
+# Private attributes of redis-py and asyncio objects (a connection's socket, parser,
+# reader or buffer, a stream's writer or transport, a pool's connection lists, a retry
+# policy's parts, an event loop's ready queue), reached on anything but ``self``/``cls``;
+# redis-py's private modules; attributes of redlease's own hung onto foreign objects.
+_FOREIGN_PRIVATE = re.compile(
+    r"(?<!\bself)(?<!\bcls)\._(?:sock|reader|buffer|parser|writer|stream|transport|ready"
+    r"|in_use_connections|available_connections|connections|retries|backoff"
+    r"|supported_errors|loop|protocol)\b"
+    r"|\bredis\._parsers\b"
+    r"|\._redlease_\w+"
+    r"|\b(?:getattr|setattr|hasattr|delattr)\([^)]*,\s*[\"']_(?!_)"
+)
+
+
+def _code_lines(path: Path) -> list[tuple[int, str]]:
+    """The file's lines without comments and docstrings (which may name what they avoid)."""
+    source = path.read_text()
+    lines = source.splitlines()
+    for token in tokenize.generate_tokens(io.StringIO(source).readline):
+        if token.type == tokenize.COMMENT:
+            row, col = token.start
+            lines[row - 1] = lines[row - 1][:col]
+    for node in ast.walk(ast.parse(source)):
+        if (
+            isinstance(node, ast.Expr)
+            and isinstance(node.value, ast.Constant)
+            and isinstance(node.value.value, str)
+            and node.end_lineno is not None
+        ):
+            for row in range(node.lineno, node.end_lineno + 1):
+                lines[row - 1] = ""
+    return list(enumerate(lines, start=1))
+
+
+def test_no_private_attribute_of_another_library_is_touched() -> None:
+    offending = [
+        f"{path.relative_to(SRC)}:{row}: {line.strip()}"
+        for path in sorted(SRC.rglob("*.py"))
+        for row, line in _code_lines(path)
+        if _FOREIGN_PRIVATE.search(line)
+    ]
+    assert offending == []
