@@ -306,3 +306,55 @@ def test_scripts_have_contract_headers_and_stable_shas() -> None:
         assert "-- KEYS[1]" in script.source
         assert "Reply" in script.source
         assert len(script.sha) == 40
+
+
+def _failure(cause: BaseException) -> redlease.BackendError:
+    from redlease._backend_errors import backend_error
+
+    return backend_error(cause, "acquire")
+
+
+def test_a_wait_with_time_left_waits_out_a_failure_that_may_pass() -> None:
+    """The server unreachable (a failover, a restart): a wait with time left tries again
+    after a random delay, with the same token; past its deadline the failure is raised."""
+    import redis
+
+    clock = FakeClock()
+    attempt = _flows.Acquisition(spec(clock), 2.0, wait=True)
+    flow = attempt.run()
+    first = next(flow)
+    assert isinstance(first, _flows.Call)
+    pauses = 0
+    while True:
+        try:
+            op = flow.throw(_failure(redis.ConnectionError("refused")))
+        except redlease.BackendError:
+            break
+        assert isinstance(op, _flows.Sleep)
+        assert 0 < op.seconds <= _flows.PASSING_RETRY_CAP
+        pauses += 1
+        clock.advance(op.seconds)
+        again = next(flow)
+        assert isinstance(again, _flows.Call)
+        assert again.script is _scripts.ACQUIRE
+        assert again.args[0] == first.args[0]  # a try that did land is found
+    assert pauses >= 3
+    assert clock() >= 1002.0  # not before the deadline
+
+
+@pytest.mark.parametrize(
+    ("timeout", "wait", "cause"),
+    [
+        (None, True, "refused"),  # no deadline: the client's retries decided
+        (0.0, False, "refused"),  # try_acquire: one attempt
+        (5.0, True, "readonly"),  # not a failure that passes by itself
+    ],
+)
+def test_other_failures_are_raised_at_once(timeout: float | None, wait: bool, cause: str) -> None:
+    import redis
+
+    error = redis.ConnectionError("refused") if cause == "refused" else redis.ReadOnlyError("x")
+    flow = _flows.Acquisition(spec(FakeClock()), timeout, wait=wait).run()
+    next(flow)
+    with pytest.raises(redlease.BackendError):
+        flow.throw(_failure(error))

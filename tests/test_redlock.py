@@ -21,10 +21,10 @@ import redis.asyncio as aredis
 
 import redlease
 from redlease import _spin, servers
-from redlease._flows import LockSpec
+from redlease._flows import LockSpec, Sleep
 from redlease._io_async import AsyncIO
 from redlease._io_sync import SyncIO
-from redlease._quorum import SAFE, UNREAD, Fanout, QuorumAcquisition, QuorumSpec, Sleep
+from redlease._quorum import SAFE, UNREAD, Fanout, QuorumAcquisition, QuorumSpec
 from redlease._quorum import extend as quorum_extend
 from redlease._quorum import release as quorum_release
 from redlease._redlock import _Unsafe

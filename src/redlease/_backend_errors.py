@@ -37,6 +37,24 @@ def describe(exc: BaseException) -> str:
     return "the server returned an error"
 
 
+# Error replies that say "not now" rather than "never": loading its data after a restart,
+# a replica that lost its master, a blocked command ended by a role change, a cluster
+# resharding or without a majority.
+_PASSING = ("LOADING", "MASTERDOWN", "UNBLOCKED", "TRYAGAIN", "CLUSTERDOWN")
+
+
+def passing(error: BaseException) -> bool:
+    """Whether a BackendError (or a failure) may pass by itself: the server was not
+    reached, did not answer in time, or answered "not now". A wait with time left tries
+    again after such a failure rather than giving up."""
+    cause = error.__cause__ if isinstance(error, BackendError) else error
+    if isinstance(cause, (rx.ConnectionError, rx.TimeoutError, OSError, rx.BusyLoadingError)):
+        return True
+    if isinstance(cause, ReplyError):
+        return cause.code in _PASSING
+    return isinstance(cause, rx.ResponseError) and str(cause).startswith(_PASSING)
+
+
 def backend_error(
     exc: BaseException, action: str, kind: type[BackendError] = BackendError
 ) -> BackendError:

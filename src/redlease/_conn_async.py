@@ -23,6 +23,7 @@ import socket
 import sys
 import time
 import weakref
+from collections.abc import AsyncGenerator
 from typing import Any
 
 from . import _fork, _resp, _spin
@@ -203,6 +204,10 @@ class SocketConnection:
         with contextlib.suppress(OSError):
             self.sock.close()
 
+    async def shut(self) -> None:
+        """Close it, from the loop (as at its shutdown)."""
+        self.close()
+
 
 async def _connect(loop: asyncio.AbstractEventLoop, endpoint: Endpoint) -> socket.socket:
     if endpoint.path:
@@ -345,6 +350,11 @@ class ClassConnection:
         with contextlib.suppress(Exception):
             asyncio.get_running_loop().create_task(self.conn.disconnect(nowait=True))
 
+    async def shut(self) -> None:
+        """Close it, from the loop (as at its shutdown), and wait for that."""
+        with contextlib.suppress(Exception):
+            await self.conn.disconnect(nowait=True)
+
 
 Connection = SocketConnection | ClassConnection
 
@@ -366,9 +376,27 @@ class Pool:
         self._blocking = 0
         self._generation = _fork.generation
         self.opened = 0
+        self._shutdown: AsyncGenerator[None, None] | None = None
         weakref.finalize(self, _close_all, self._idle, self._owing)
 
+    async def _closed_at_shutdown(self) -> AsyncGenerator[None, None]:
+        """Suspended for the loop's life: the loop closes its async generators when it
+        shuts down (``asyncio.run``, ``asyncio.Runner``), and this one then closes the
+        idle connections, as only the loop can (a transport cannot close without it)."""
+        try:
+            yield
+        finally:
+            idle, owing = list(self._idle), [conn for conn, _ in self._owing]
+            self._idle.clear()
+            self._owing.clear()
+            for conn in idle + owing:
+                self._count -= 1
+                await conn.shut()
+
     async def take(self, timeout: float, *, blocking: bool = False) -> Connection | None:
+        if self._shutdown is None:
+            self._shutdown = self._closed_at_shutdown()
+            await self._shutdown.__anext__()
         if self._generation != _fork.generation:
             self._forget_parents()
         end = time.monotonic() + timeout

@@ -183,3 +183,10 @@ def is_noscript(exc: BaseException) -> bool:
     return isinstance(exc, rx.NoScriptError) or (
         isinstance(exc, ReplyError) and exc.code == "NOSCRIPT"
     )
+
+
+def is_unblocked(exc: BaseException) -> bool:
+    """A blocked command was ended by the server because it changed role (a failover)."""
+    if isinstance(exc, ReplyError):
+        return exc.code == "UNBLOCKED"
+    return isinstance(exc, rx.ResponseError) and str(exc).startswith("UNBLOCKED")

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import math
 import os
+import random
 from collections.abc import Generator
 from dataclasses import dataclass
 from typing import Any, TypeVar
@@ -42,6 +43,10 @@ LATE_WAKE = 0.005
 # An op sent when a wait's deadline has (all but) passed may still take this long: the
 # last try, and the clean-up after a failed one.
 PAST_DEADLINE = 0.5
+# A wait with time left tries again after a failure that may pass, after a random delay
+# from a range growing from this base up to this cap.
+PASSING_RETRY_BASE = 0.05
+PASSING_RETRY_CAP = 1.0
 # How long a batch (``batch=`` > 1) lends its grant unless the lock says otherwise.
 DEFAULT_BATCH_WINDOW = 0.002
 
@@ -104,7 +109,14 @@ class Wait:
         return self.timeout + LATE_WAKE
 
 
-Op = Call | Command | Wait
+@dataclass(slots=True)
+class Sleep:
+    """Sleep before the next try (a retry's delay): no I/O."""
+
+    seconds: float
+
+
+Op = Call | Command | Wait | Sleep
 Flow = Generator[Op, Any, T]
 
 
@@ -247,6 +259,7 @@ class Acquisition:
         self.deadline = Deadline.after(spec.clock, timeout)
         self.wait = wait
         self.outstanding = False
+        self.failures = 0  # tries that failed in a way that may pass
 
     def run(self) -> Flow[Grant | None]:
         spec, clock = self.spec, self.spec.clock
@@ -258,22 +271,22 @@ class Acquisition:
             replicas = self._replicas()
             sent_at = clock()
             self.outstanding = True
-            reply, acked = spec.unpack(
-                (
-                    yield spec.call(
-                        ACQUIRE,
-                        self.token,
-                        str(spec.ttl_ms),
-                        spec.fair_arg,
-                        str(queue_ms),
-                        spec.keys.bell_prefix,
-                        str(spec.batch),
-                        replicas=replicas,
-                        timeout=self._bound(),
-                    )
-                ),
-                replicas,
-            )
+            try:
+                raw = yield spec.call(
+                    ACQUIRE,
+                    self.token,
+                    str(spec.ttl_ms),
+                    spec.fair_arg,
+                    str(queue_ms),
+                    spec.keys.bell_prefix,
+                    str(spec.batch),
+                    replicas=replicas,
+                    timeout=self._bound(),
+                )
+            except BackendError as failure:
+                yield from self._wait_out(failure)
+                continue
+            reply, acked = spec.unpack(raw, replicas)
             fence, pttl, server_us = (as_int(x) for x in reply)
             if fence > 0:
                 spec.check_acked(acked, "acquire", replicas)
@@ -318,6 +331,21 @@ class Acquisition:
             if self.deadline.expired():
                 # Give up, but keep a lock granted in the last instant: it is ours.
                 return (yield from self.leave(keep=True))
+
+    def _wait_out(self, failure: BackendError) -> Flow[None]:
+        """A try failed on the server's side. A wait with time left on its deadline
+        waits out a failure that may pass (the server unreachable, restarting, failing
+        over: see ``_backend_errors.passing``) with a growing random delay, and then
+        tries again, with the same token (a try that did reach the server is found);
+        anything else is raised. Without a deadline the client's retries decide."""
+        from ._backend_errors import passing  # (it imports the wire format, which needs us)
+
+        left = self.deadline.left()
+        if not self.wait or left is None or left <= 0 or not passing(failure):
+            raise failure
+        self.failures += 1
+        ceiling = min(PASSING_RETRY_CAP, PASSING_RETRY_BASE * 2 ** min(self.failures, 10))
+        yield Sleep(min(random.uniform(ceiling / 2, ceiling), left))
 
     def _bound(self) -> float:
         """How long the reply to this attempt's next op is worth waiting for, connection

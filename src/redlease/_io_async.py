@@ -30,10 +30,11 @@ from ._endpoint import (
     ReplyTimedOut,
     endpoint_of,
     is_noscript,
+    is_unblocked,
     read_bound,
 )
 from ._errors import RedleaseWarning
-from ._flows import LATE_WAKE, Call, Command, Flow, Op, Replicas, Wait
+from ._flows import LATE_WAKE, Call, Command, Flow, Op, Replicas, Sleep, Wait
 from ._quorum import MIN_READ_WAIT, UNREAD, Unsent, said_yes
 
 T = TypeVar("T")
@@ -110,6 +111,9 @@ class AsyncIO:
             return await self._call(op)
         if isinstance(op, Wait):
             return await self._wait(op)
+        if isinstance(op, Sleep):
+            await asyncio.sleep(op.seconds)
+            return None
         return await self._command(op)
 
     async def check_server_once(self) -> None:
@@ -302,8 +306,10 @@ class AsyncIO:
         except ConnectionFailed:
             pool.discard(conn, blocking=True)  # lost while waiting: look at the lock again
             return nothing
-        except REPLY_ERRORS:
+        except REPLY_ERRORS as exc:
             pool.give(conn, blocking=True)
+            if is_unblocked(exc):  # the server changed role (a failover): look again
+                return nothing
             raise
         except BaseException:
             pool.discard(conn, blocking=True)

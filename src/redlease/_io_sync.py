@@ -28,10 +28,11 @@ from ._endpoint import (
     ReplyTimedOut,
     endpoint_of,
     is_noscript,
+    is_unblocked,
     read_bound,
 )
 from ._errors import RedleaseWarning
-from ._flows import LATE_WAKE, Call, Command, Flow, Op, Replicas, Wait
+from ._flows import LATE_WAKE, Call, Command, Flow, Op, Replicas, Sleep, Wait
 from ._quorum import MIN_READ_WAIT, UNREAD, Unsent, said_yes
 
 T = TypeVar("T")
@@ -103,6 +104,9 @@ class SyncIO:
             return self._call(op)
         if isinstance(op, Wait):
             return self._wait(op)
+        if isinstance(op, Sleep):
+            time.sleep(op.seconds)
+            return None
         return self._command(op)
 
     def check_server_once(self) -> None:
@@ -287,8 +291,10 @@ class SyncIO:
         except ConnectionFailed:
             pool.discard(conn, blocking=True)  # lost while waiting: look at the lock again
             return nothing
-        except REPLY_ERRORS:
+        except REPLY_ERRORS as exc:
             pool.give(conn, blocking=True)
+            if is_unblocked(exc):  # the server changed role (a failover): look again
+                return nothing
             raise
         except BaseException:
             pool.discard(conn, blocking=True)

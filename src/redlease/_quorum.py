@@ -50,7 +50,7 @@ from typing import Any, TypeVar
 
 from ._backend_errors import describe
 from ._errors import BackendError, LockLost, QuorumError
-from ._flows import Call, Grant, LockSpec, as_int, new_token
+from ._flows import Call, Grant, LockSpec, Sleep, as_int, new_token
 from ._scripts import EXTEND, REDLOCK_ACQUIRE, REDLOCK_FENCE, REDLOCK_RELEASE, Script
 from ._timing import Deadline, drift
 
@@ -136,11 +136,6 @@ class Fanout:
     timeout: float
     enough: int = 0
     yes: Callable[[Any], bool] = said_yes
-
-
-@dataclass(slots=True)  # built per cycle: see _flows.Call
-class Sleep:
-    seconds: float
 
 
 QuorumFlow = Generator[Fanout | Sleep, Any, T]

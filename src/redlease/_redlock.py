@@ -41,7 +41,7 @@ from ._errors import (
     InvalidArgument,
     RedleaseWarning,
 )
-from ._flows import Call, Command, LockSpec
+from ._flows import Call, Command, LockSpec, Sleep
 from ._io_async import _CHECKED as _ASYNC_CHECKED
 from ._io_async import AsyncIO
 from ._io_sync import _CHECKED as _SYNC_CHECKED
@@ -52,7 +52,7 @@ from ._lease import (
     SyncLeaseBlock,
 )
 from ._lock import _AsyncFront, _is_async_client, _SyncFront
-from ._quorum import SAFE, QuorumAcquisition, QuorumFlow, QuorumGrant, QuorumSpec, Sleep
+from ._quorum import SAFE, QuorumAcquisition, QuorumFlow, QuorumGrant, QuorumSpec
 from ._quorum import Unsafe as _Unsafe
 from ._timing import Clock
 
