@@ -19,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
+import select
 import socket
 import sys
 import time
@@ -59,6 +60,7 @@ class SocketConnection:
         "buffer",
         "client_id",
         "loop",
+        "poller",
         "reader",
         "recv",
         "sock",
@@ -78,6 +80,8 @@ class SocketConnection:
         self.watch = _Watch()
         self.stale = 0
         self.client_id: int | None = None  # the server's id for it, once asked (CLIENT ID)
+        self.poller = select.poll()  # whether anything arrived (see alive)
+        self.poller.register(sock, select.POLLIN)
 
     @classmethod
     async def open(cls, endpoint: Endpoint, timeout: float, pool: Pool) -> SocketConnection:
@@ -117,9 +121,11 @@ class SocketConnection:
 
     def alive(self) -> bool:
         """Nothing known to be wrong: the server has not closed it, and sent nothing
-        unasked (without a round trip: a peek at what arrived)."""
+        unasked (without a round trip: a poll, then a peek at what arrived, if any)."""
+        if not self.poller.poll(0):
+            return True
         try:
-            data = self.sock.recv(1, socket.MSG_PEEK)
+            data = self.sock.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT)
         except BlockingIOError:
             return True
         except OSError:

@@ -18,6 +18,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import math
+import select
 import socket
 import struct
 import threading
@@ -52,7 +53,18 @@ class SocketConnection:
     (see ``_quorum``), dropped before the next reply is read."""
 
     lean = True
-    __slots__ = ("buffer", "client_id", "reader", "recv", "sock", "spin", "stale", "wait", "wire")
+    __slots__ = (
+        "buffer",
+        "client_id",
+        "poller",
+        "reader",
+        "recv",
+        "sock",
+        "spin",
+        "stale",
+        "wait",
+        "wire",
+    )
 
     def __init__(self, sock: socket.socket, pool: Pool) -> None:
         self.sock = sock
@@ -63,6 +75,8 @@ class SocketConnection:
         self.wait = -1.0  # the receive bound currently set on the socket
         self.stale = 0
         self.client_id: int | None = None  # the server's id for it, once asked (CLIENT ID)
+        self.poller = select.poll()  # whether anything arrived (see alive)
+        self.poller.register(sock, select.POLLIN)
 
     @classmethod
     def open(cls, endpoint: Endpoint, timeout: float, pool: Pool) -> SocketConnection:
@@ -116,7 +130,9 @@ class SocketConnection:
 
     def alive(self) -> bool:
         """Nothing known to be wrong: the server has not closed it, and sent nothing
-        unasked (without a round trip: a peek at what arrived)."""
+        unasked (without a round trip: a poll, then a peek at what arrived, if any)."""
+        if not self.poller.poll(0):
+            return True
         try:
             data = self.sock.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT)
         except BlockingIOError:

@@ -189,48 +189,75 @@ class AsyncIO:
         *,
         safe: bool,
     ) -> T:
-        """``await work(conn, time_left)`` on one of redlease's connections, within ``timeout``.
+        """``work(conn, time_left)`` on one of redlease's connections, within ``timeout``.
 
         A connection failure is retried as the client's retry policy says, while time
         is left, if nothing was written yet or the work is ``safe`` to do twice (not
-        after a timeout: the server may still be doing it)."""
+        after a timeout: the server may still be doing it). The first try is made
+        outside the policy (the hot path), so the first retry comes at once."""
         pool = self.pool
         assert pool is not None
         end = time.monotonic() + timeout
-        failed: list[BaseException] = []  # the last failure, if a retry finds no time left
+        conn: Connection | None = None
+        try:
+            conn = await pool.take(timeout)
+            assert conn is not None
+            result = await work(conn, read_bound(pool.endpoint, timeout))
+        except REPLY_ERRORS:
+            if conn is not None:
+                pool.give(conn)  # the reply was read in full: the connection is clean
+            raise
+        except BACKEND_FAILURES as exc:
+            if conn is not None:
+                pool.discard(conn)  # a reply may still be on its way
+            if pool.endpoint.retry is None or not _again(exc, conn is not None, safe, end):
+                raise
+            return await self._retried(work, end, safe, exc)
+        except BaseException:
+            if conn is not None:
+                pool.discard(conn)
+            raise
+        pool.give(conn)
+        return result
+
+    async def _retried(
+        self,
+        work: Callable[[Connection, float], Awaitable[T]],
+        end: float,
+        safe: bool,
+        first: BaseException,
+    ) -> T:
+        """The tries after a first that failed, as the client's retry policy says."""
+        pool = self.pool
+        assert pool is not None
+        failed = [first]  # the last failure, if a retry finds no time left
 
         async def once() -> T:
             left = end - time.monotonic()
             if left <= 0:
-                raise _Final(failed[-1] if failed else ReplyTimedOut(f"no time left: {timeout}s"))
+                raise _Final(failed[-1])
+            conn: Connection | None = None
             try:
                 conn = await pool.take(left)
                 assert conn is not None
-            except BACKEND_FAILURES as exc:
-                failed.append(exc)
-                _final_unless(exc, time.monotonic() < end)
-                raise
-            try:
                 result = await work(conn, read_bound(pool.endpoint, left))
             except REPLY_ERRORS:
-                pool.give(conn)  # the reply was read in full: the connection is clean
+                if conn is not None:
+                    pool.give(conn)
                 raise
             except BaseException as exc:
-                pool.discard(conn)  # a reply may still be on its way
+                if conn is not None:
+                    pool.discard(conn)
                 if isinstance(exc, BACKEND_FAILURES):
                     failed.append(exc)
-                    again = safe and not isinstance(exc, ReplyTimedOut)
-                    _final_unless(exc, again and time.monotonic() < end)
+                    if not _again(exc, conn is not None, safe, end):
+                        raise _Final(exc) from exc
                 raise
             pool.give(conn)
             return result
 
-        retry = pool.endpoint.retry
         try:
-            if retry is None:
-                result: T = await once()
-                return result
-            retried: T = await retry.call_with_retry(once, _ignore)
+            retried: T = await pool.endpoint.retry.call_with_retry(once, _ignore)
             return retried
         except _Final as final:
             raise final.error from final.error.__cause__
@@ -279,12 +306,9 @@ class AsyncIO:
         conn = await pool.take(op.connect_timeout, blocking=True)
         if conn is None:  # every connection a wait may hold is busy: try again later
             return nothing
-        # No read outlasts the client's socket_timeout: a longer wait is cut short (the
-        # flow then tries again, which is what it does after any wake-up).
+        # The reply is due when the wait ends: LATE_WAKE after that, the server counts
+        # as late (the client's socket_timeout bounds replies due at once, not this one).
         wait = op.timeout
-        limit = pool.endpoint.socket_timeout
-        if limit is not None and wait + LATE_WAKE > limit:
-            wait = max(limit - LATE_WAKE, _flows.MIN_WAIT)
         try:
             blpop = _resp.command(("BLPOP", op.key, f"{wait:.3f}"))
             if conn.lean and conn.client_id is None:  # learnt once, in the same write
@@ -367,9 +391,12 @@ class _Final(Exception):
         self.error = error
 
 
-def _final_unless(error: BaseException, retryable: bool) -> None:
-    if not retryable:
-        raise _Final(error) from error
+def _again(error: BaseException, written: bool, safe: bool, end: float) -> bool:
+    """Whether a failed try may be made again: time is left, and nothing was written or
+    the work is safe to do twice (not after a timeout: the server may still be at it)."""
+    if time.monotonic() >= end:
+        return False
+    return not written or (safe and not isinstance(error, ReplyTimedOut))
 
 
 async def fan_out(

@@ -102,8 +102,8 @@ def poll(recv: Callable[[], int], buffer: bytearray, reader: Any, record: Record
     clock = time.perf_counter
     end = clock() + BUDGET
     while True:
-        try:
-            reply = received(recv, buffer, reader)
+        try:  # (received's steps, inline: this loop's turns are the reply's latency)
+            got = recv()
         except BlockingIOError:
             now = clock()
             if now < end:
@@ -111,6 +111,12 @@ def poll(recv: Callable[[], int], buffer: bytearray, reader: Any, record: Record
                 if clock() - now < BUSY:
                     continue
             return _missed(record)  # the budget is spent, or the CPU is wanted elsewhere
+        except OSError as exc:
+            raise ConnectionFailed(f"error while reading: {exc}") from exc
+        if not got:
+            raise ConnectionFailed("connection closed by server")
+        reader.feed(buffer, 0, got)
+        reply = reader.gets()
         if reply is not NOT_ENOUGH:
             record.misses = 0
             return reply
@@ -128,8 +134,8 @@ async def poll_async(
     end = clock() + BUDGET
     turn = end - BUDGET + TURN
     while True:
-        try:
-            reply = received(recv, buffer, reader)
+        try:  # (received's steps, inline, as in poll)
+            got = recv()
         except BlockingIOError:
             now = clock()
             if now < end:
@@ -142,6 +148,12 @@ async def poll_async(
                 if clock() - now < BUSY:
                     continue
             return _missed(record)
+        except OSError as exc:
+            raise ConnectionFailed(f"error while reading: {exc}") from exc
+        if not got:
+            raise ConnectionFailed("connection closed by server")
+        reader.feed(buffer, 0, got)
+        reply = reader.gets()
         if reply is not NOT_ENOUGH:
             record.misses = 0
             return reply
