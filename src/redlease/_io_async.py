@@ -70,6 +70,7 @@ class AsyncIO:
         self.endpoint = endpoint_of(client, asyncio=True)
         self._pools = self.endpoint.kind is not Kind.CLIENT
         self._pool: Pool | None = None  # the running loop's, found at first use
+        self._checked = False  # this driver has looked (see check_server_once)
 
     @property
     def direct(self) -> bool:
@@ -118,6 +119,9 @@ class AsyncIO:
 
     async def check_server_once(self) -> None:
         """Warn (once per server) if the server may evict lock keys; never fails."""
+        if self._checked:
+            return
+        self._checked = True
         pool = self.pool
         target = pool if pool is not None else self.client
         if target in _CHECKED:

@@ -67,6 +67,7 @@ class SyncIO:
         self.client = client
         self.endpoint = endpoint_of(client, asyncio=False)
         self._pool: Pool | None = None
+        self._checked = False  # this driver has looked (see check_server_once)
         if self.endpoint.kind is not Kind.CLIENT:
             self._pool = pool_for(client, self.endpoint)
 
@@ -111,6 +112,9 @@ class SyncIO:
 
     def check_server_once(self) -> None:
         """Warn (once per server) if the server may evict lock keys; never fails."""
+        if self._checked:
+            return
+        self._checked = True
         target = self._pool if self._pool is not None else self.client
         if target in _CHECKED:
             return

@@ -7,8 +7,8 @@ touches a single slot:
     {name}:queue         waiters in arrival order (list of tokens), with a TTL
     {name}:waiters       waiter token -> "deadline_us:ttl_ms:holds" (hash), with a TTL
     {name}:bell:<token>  a waiter's doorbell list, pushed by the release script, with a TTL
-    {name}:released:<token>  "this token released the lock", for a retried release to
-                         find, with a TTL (the release's reply bound)
+    {name}:released      the token of the last release, for a retried release to find,
+                         with a TTL (the release's reply bound)
 """
 
 from __future__ import annotations

@@ -160,14 +160,18 @@ RELEASE = Script(
     """
 -- KEYS[1] lock  KEYS[2] fence  KEYS[3] queue  KEYS[4] waiters
 -- ARGV[1] token  ARGV[2] fair ('1'/'0')  ARGV[3] bell key prefix
--- ARGV[4] ms to keep the mark that this token released the lock (lock .. ':released:'
--- .. token): a second run, after a reply lost with its connection, finds it
+-- ARGV[4] ms to keep the mark of the last release (lock .. ':released' = its token): a
+-- second run, after a reply lost with its connection, finds it (one key per lock, not
+-- per release: releases of one lock follow one another)
 -- Reply 1: released (and the next waiter served), now or by an earlier run of this
 -- release; 0: the lock was not ours.
-local mark = KEYS[1] .. ':released:' .. ARGV[1]
-if redis.call('GET', KEYS[1]) ~= ARGV[1] then return redis.call('EXISTS', mark) end
+local mark = KEYS[1] .. ':released'
+if redis.call('GET', KEYS[1]) ~= ARGV[1] then
+  if redis.call('GET', mark) == ARGV[1] then return 1 end
+  return 0
+end
 redis.call('DEL', KEYS[1])
-redis.call('SET', mark, '1', 'PX', ARGV[4])
+redis.call('SET', mark, ARGV[1], 'PX', ARGV[4])
 if redis.call('EXISTS', KEYS[3]) == 0 then return 1 end
 """
     + _HELPERS
