@@ -202,69 +202,59 @@ class AsyncIO:
         pool = self.pool
         assert pool is not None
         end = time.monotonic() + timeout
-        conn: Connection | None = None
         try:
-            conn = await pool.take(timeout)
-            assert conn is not None
-            result = await work(conn, read_bound(pool.endpoint, timeout))
-        except REPLY_ERRORS:
-            if conn is not None:
-                pool.give(conn)  # the reply was read in full: the connection is clean
-            raise
-        except BACKEND_FAILURES as exc:
-            if conn is not None:
-                pool.discard(conn)  # a reply may still be on its way
-            if pool.endpoint.retry is None or not _again(exc, conn is not None, safe, end):
+            return await self._attempt(pool, work, timeout, safe, end)
+        except _Final as final:
+            raise final.error from final.error.__cause__
+        except BACKEND_FAILURES as first:
+            retry = pool.endpoint.retry
+            if retry is None:
                 raise
-            return await self._retried(work, end, safe, exc)
-        except BaseException:
-            if conn is not None:
-                pool.discard(conn)
-            raise
-        pool.give(conn)
-        return result
-
-    async def _retried(
-        self,
-        work: Callable[[Connection, float], Awaitable[T]],
-        end: float,
-        safe: bool,
-        first: BaseException,
-    ) -> T:
-        """The tries after a first that failed, as the client's retry policy says."""
-        pool = self.pool
-        assert pool is not None
-        failed = [first]  # the last failure, if a retry finds no time left
+            failed = [first]  # the last failure, if a retry finds no time left
 
         async def once() -> T:
             left = end - time.monotonic()
             if left <= 0:
                 raise _Final(failed[-1])
-            conn: Connection | None = None
             try:
-                conn = await pool.take(left)
-                assert conn is not None
-                result = await work(conn, read_bound(pool.endpoint, left))
-            except REPLY_ERRORS:
-                if conn is not None:
-                    pool.give(conn)
+                return await self._attempt(pool, work, left, safe, end)
+            except BACKEND_FAILURES as exc:
+                failed.append(exc)
                 raise
-            except BaseException as exc:
-                if conn is not None:
-                    pool.discard(conn)
-                if isinstance(exc, BACKEND_FAILURES):
-                    failed.append(exc)
-                    if not _again(exc, conn is not None, safe, end):
-                        raise _Final(exc) from exc
-                raise
-            pool.give(conn)
-            return result
 
         try:
-            retried: T = await pool.endpoint.retry.call_with_retry(once, _ignore)
+            retried: T = await retry.call_with_retry(once, _ignore)
             return retried
         except _Final as final:
             raise final.error from final.error.__cause__
+
+    async def _attempt(
+        self,
+        pool: Pool,
+        work: Callable[[Connection, float], Awaitable[T]],
+        left: float,
+        safe: bool,
+        end: float,
+    ) -> T:
+        """One try on one connection, given back clean or dropped. A failure that may
+        not be tried again (see ``_again``) is raised as _Final."""
+        conn: Connection | None = None
+        try:
+            conn = await pool.take(left)
+            assert conn is not None
+            result = await work(conn, read_bound(pool.endpoint, left))
+        except REPLY_ERRORS:
+            if conn is not None:
+                pool.give(conn)  # the reply was read in full: the connection is clean
+            raise
+        except BaseException as exc:
+            if conn is not None:
+                pool.discard(conn)  # a reply may still be on its way
+            if isinstance(exc, BACKEND_FAILURES) and not _again(exc, conn is not None, safe, end):
+                raise _Final(exc) from exc
+            raise
+        pool.give(conn)
+        return result
 
     async def _call(self, op: Call) -> Any:
         pool = self.pool
