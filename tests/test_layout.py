@@ -78,6 +78,30 @@ def test_twins_have_the_same_names_in_the_same_order(
     assert kept(_SHAPES[asyncio]) == kept(_SHAPES[sync])
 
 
+@pytest.mark.parametrize(
+    ("module", "sync", "asyncio", "only_one"),
+    [
+        # asyncio only: cleaning up shielded from a second cancellation
+        ("_fronts.py", "SyncFront", "AsyncFront", {"_abandon"}),
+        # asyncio only: the batch timer's release, which the loop must run
+        ("_lock.py", "Lock", "AsyncLock", {"_give_back_soon"}),
+        ("_redlock.py", "_SyncNodes", "_AsyncNodes", set()),
+        # asyncio only: cancelling the holder's task when the lease is lost
+        ("_lease.py", "SyncLeaseBlock", "AsyncLeaseBlock", {"_mark_lost"}),
+        ("_lease.py", "SyncDriver", "AsyncDriver", set()),
+        ("_lease.py", "Lease", "AsyncLease", set()),
+    ],
+)
+def test_twin_classes_have_the_same_methods_in_the_same_order(
+    module: str, sync: str, asyncio: str, only_one: set[str]
+) -> None:
+    def kept(names: list[str]) -> list[str]:
+        # __aenter__ is __enter__'s twin, and so on
+        return [name.replace("__a", "__") for name in names if name not in only_one]
+
+    assert kept(_CLASSES[module, asyncio]) == kept(_CLASSES[module, sync])
+
+
 # Private attributes of redis-py and asyncio objects (a connection's socket, parser,
 # reader or buffer, a stream's writer or transport, a pool's connection lists, a retry
 # policy's parts, an event loop's ready queue), reached on anything but ``self``/``cls``;
@@ -118,6 +142,14 @@ _CODE = {path: _code_lines(path) for path in sorted(SRC.rglob("*.py"))}
 _SHAPES = {
     name: _shape(SRC / name)
     for name in ("_io_sync.py", "_io_async.py", "_conn_sync.py", "_conn_async.py")
+}
+_CLASSES = {
+    (module, node.name): [
+        item.name for item in node.body if isinstance(item, (ast.FunctionDef, ast.AsyncFunctionDef))
+    ]
+    for module in ("_fronts.py", "_lock.py", "_redlock.py", "_lease.py")
+    for node in ast.parse((SRC / module).read_text()).body
+    if isinstance(node, ast.ClassDef)
 }
 
 

@@ -20,15 +20,15 @@ import redis
 import redis.asyncio as aredis
 
 import redlease
-from redlease import _spin, servers
+from redlease import _stale, servers
 from redlease._flows import LockSpec, Sleep
 from redlease._io_async import AsyncIO
 from redlease._io_sync import SyncIO
 from redlease._quorum import SAFE, UNREAD, Fanout, QuorumAcquisition, QuorumSpec
 from redlease._quorum import extend as quorum_extend
 from redlease._quorum import release as quorum_release
-from redlease._redlock import _Unsafe
 from redlease.chaos.proxy import FaultProxy
+from redlease.chaos.unsafe import Unsafe
 from redlease.testing import FakeClock
 
 NODES = 5
@@ -455,8 +455,8 @@ def test_a_stopped_node_owes_a_bounded_number_of_replies(
         nodes[4].resume()
     # one more owed per acquire and per release, up to the bound (where this starts
     # depends on whether the warm-up's last reply came in before the pause)
-    assert _spin.MAX_STALE in owed
-    assert max(owed) == _spin.MAX_STALE
+    assert _stale.MAX_STALE in owed
+    assert max(owed) == _stale.MAX_STALE
     assert max(took) >= 0.1  # then a read waited out the node's timeout
 
 
@@ -764,13 +764,13 @@ def test_bad_arguments(clients: list[redis.Redis]) -> None:
 
 
 def test_deliberately_unsafe_variants_are_wired(clients: list[redis.Redis]) -> None:
-    half = redlease.Redlock(clients, "x", _unsafe=_Unsafe(half_quorum=True))
+    half = redlease.Redlock(clients, "x", _rules=Unsafe(half_quorum=True))
     assert half.quorum == 2  # wrong on purpose: two disjoint "majorities" of five
     spec = QuorumSpec.create(
         redlease.Redlock(clients, "x")._spec.lock,
         ["a"] * 5,
         None,
-        _Unsafe(release_believed_only=True),
+        Unsafe(release_believed_only=True),
     )
     attempt = QuorumAcquisition(spec, 0.0, wait=False)
     flow = attempt.run()
@@ -789,6 +789,78 @@ def test_auto_renew_keeps_a_majority_lease(clients: list[redis.Redis], name: str
         assert not lease.lost
         assert lease.remaining() > 0.05
     assert _lock_keys(clients[:3], name) == [0, 0, 0]
+
+
+def _lost_reason(lease: Any) -> str:
+    with pytest.raises(redlease.LockLost) as caught:
+        lease.check()
+    return str(caught.value)
+
+
+@pytest.mark.parametrize("taken", [1, 2])
+def test_renewal_counts_a_majority_like_extend(
+    clients: list[redis.Redis], name: str, taken: int
+) -> None:
+    """The renewer judges a Redlock renewal by the lease's own extend rule: a node taken
+    over is outvoted by the other two; a majority taken over is a loss, told at the next
+    renewal (ttl/3), not when validity runs out."""
+    seen: list[Any] = []
+    lock = redlease.Redlock(clients[:3], name, ttl=3.0, auto_renew=True, on_lost=seen.append)
+    lease = lock.acquire()
+    for client in clients[:taken]:
+        client.set("{" + name + "}", "another holder", px=60_000)
+    deadline = time.monotonic() + 2.5  # validity would run out at 3 s
+    while time.monotonic() < deadline and not seen:
+        time.sleep(0.05)
+    if taken == 1:
+        assert not lease.lost
+        assert lease.remaining() > 1.5  # renewed at 1 s and 2 s
+        lease.release()
+    else:
+        assert seen == [lease]
+        assert "majority" in _lost_reason(lease)
+
+
+def test_renewal_outlasts_one_stopped_node_and_not_two(
+    nodes: list[servers.ServerProcess], clients: list[redis.Redis], name: str
+) -> None:
+    """With one of three nodes stopped a majority still renews; with two, renewals fail
+    (too few answered: retried, not a loss) until the validity runs out."""
+    one = redlease.Redlock(clients[:3], name, ttl=0.6, auto_renew=True).acquire()
+    nodes[0].pause()
+    time.sleep(1.0)
+    assert not one.lost
+    one.release()
+    two = redlease.Redlock(clients[:3], f"{name}:2", ttl=0.6, auto_renew=True).acquire()
+    nodes[1].pause()
+    deadline = time.monotonic() + 3.0
+    while time.monotonic() < deadline and not two.lost:
+        time.sleep(0.05)
+    assert "renewals failed until its validity ran out" in _lost_reason(two)
+
+
+async def test_async_renewal_counts_a_majority_like_extend(
+    nodes: list[servers.ServerProcess], clients: list[redis.Redis], name: str
+) -> None:
+    made = [aredis.Redis(port=p.port) for p in nodes[:3]]
+    seen: list[Any] = []
+    told = asyncio.Event()
+
+    def on_lost(lease: Any) -> None:
+        seen.append(lease)
+        told.set()
+
+    try:
+        lock = redlease.AsyncRedlock(made, name, ttl=3.0, auto_renew=True, on_lost=on_lost)
+        lease = await lock.acquire()
+        for other in clients[:2]:
+            other.set("{" + name + "}", "another holder", px=60_000)
+        await asyncio.wait_for(told.wait(), 2.5)  # validity would run out at 3 s
+        assert seen == [lease]
+        assert "majority" in _lost_reason(lease)
+    finally:
+        for node in made:
+            await node.aclose()
 
 
 # -- asyncio ------------------------------------------------------------------------------------

@@ -27,7 +27,7 @@ import weakref
 from collections.abc import AsyncGenerator
 from typing import Any
 
-from . import _fork, _resp, _spin
+from . import _fork, _resp, _spin, _stale
 from ._conn_sync import MAX_CONNECTIONS, MAX_IDLE, OWED_REPLY_LIMIT, RESERVED
 from ._endpoint import ConnectionFailed, Endpoint, Kind, ReplyTimedOut, bounded
 
@@ -157,13 +157,13 @@ class SocketConnection:
         end = clock() + timeout
         while self.stale:
             reply = await self._next(max(end - clock(), _MIN_WAIT), True)
-            _spin.dropped(reply, self.wire.forget)
+            _stale.dropped(reply, self.wire.forget)
             self.stale -= 1
         return max(end - clock(), _MIN_WAIT)
 
     def drop_arrived(self) -> ConnectionFailed | None:
         try:
-            self.stale = _spin.drop_arrived(
+            self.stale = _stale.drop_arrived(
                 self.recv, self.buffer, self.reader, self.stale, self.wire.forget
             )
         except ConnectionFailed as exc:

@@ -26,7 +26,7 @@ import time
 import weakref
 from typing import Any
 
-from . import _fork, _resp, _spin
+from . import _fork, _resp, _spin, _stale
 from ._endpoint import ConnectionFailed, Endpoint, Kind, ReplyTimedOut, bounded
 
 MAX_CONNECTIONS = 128
@@ -164,7 +164,7 @@ class SocketConnection:
         clock = time.perf_counter
         end = clock() + timeout
         while self.stale:
-            _spin.dropped(self._next(max(end - clock(), _MIN_WAIT), True), self.wire.forget)
+            _stale.dropped(self._next(max(end - clock(), _MIN_WAIT), True), self.wire.forget)
             self.stale -= 1
         return max(end - clock(), _MIN_WAIT)
 
@@ -172,7 +172,7 @@ class SocketConnection:
         """Drop the stale replies already received, without waiting; the error if the
         connection failed."""
         try:
-            self.stale = _spin.drop_arrived(
+            self.stale = _stale.drop_arrived(
                 self.recv, self.buffer, self.reader, self.stale, self.wire.forget
             )
         except ConnectionFailed as exc:

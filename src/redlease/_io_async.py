@@ -20,7 +20,7 @@ import weakref
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, TypeVar
 
-from . import _flows, _resp, _spin
+from . import _flows, _resp, _stale
 from ._backend_errors import BACKEND_FAILURES, backend_error
 from ._conn_async import Connection, Pool, _bounded, pool_for
 from ._endpoint import (
@@ -139,16 +139,18 @@ class AsyncIO:
             warnings.warn(f"{self.describe()}: {message}", RedleaseWarning, stacklevel=4)
 
     async def execute_many(self, ops: Sequence[Call]) -> list[Any]:
-        """Pipeline ``ops`` on one connection: one round trip for all (used for batched
-        renewals). Each result is the reply, or the BackendError for that op."""
+        """The renewer's seam: ``ops`` pipelined on one connection, one round trip for
+        all. Each result is the reply, or the BackendError for that op. With replicas=,
+        one op at a time: only ``execute`` follows an EXTEND with its ``WAIT`` on the
+        connection that wrote it."""
         pool = self.pool
-        if pool is None:
+        if pool is None or any(op.replicas is not None for op in ops):
             replies: list[Any] = []
             for op in ops:
                 try:
                     replies.append(await self.execute(op))
                 except BACKEND_FAILURES as exc:
-                    replies.append(backend_error(exc, "batch"))
+                    replies.append(backend_error(exc, "renew"))
             return replies
         results: list[Any] = []
 
@@ -160,7 +162,7 @@ class AsyncIO:
                     results.append(await conn.read(timeout))
                 except REPLY_ERRORS as exc:
                     # NOSCRIPT: filled in below, once the pipeline is drained
-                    results.append(None if is_noscript(exc) else backend_error(exc, "batch"))
+                    results.append(None if is_noscript(exc) else backend_error(exc, "renew"))
             missing = [i for i, result in enumerate(results) if result is None]
             if missing:
                 # The server lost its scripts: load each once, then one more pipeline
@@ -174,14 +176,14 @@ class AsyncIO:
                     try:
                         results[i] = await conn.read(timeout)
                     except REPLY_ERRORS as exc:
-                        results[i] = backend_error(exc, "batch")
+                        results[i] = backend_error(exc, "renew")
             return results
 
         try:
             # renewals (EXTEND) are safe to send again
             return await self._on_connection(pipeline, min(op.timeout for op in ops), safe=True)
         except BACKEND_FAILURES as exc:
-            error = backend_error(exc, "batch")
+            error = backend_error(exc, "renew")
             return results + [error] * (len(ops) - len(results))
 
     # -- operations --------------------------------------------------------------------
@@ -484,7 +486,7 @@ def _leave_unread(sent: list[tuple[int, Connection, Pool, float]], results: list
     ones that owe fewer than MAX_STALE), each reply now stale; the rest stay to be read."""
     for entry in list(sent):
         at, conn, pool, _ = entry
-        if conn.lean and conn.stale < _spin.MAX_STALE:
+        if conn.lean and conn.stale < _stale.MAX_STALE:
             conn.stale += 1
             sent.remove(entry)
             pool.give(conn)

@@ -11,9 +11,9 @@ import asyncio
 import contextlib
 import logging
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Generator, Sequence
 from types import TracebackType
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 from . import _arguments as args
 from . import _flows, _fork
@@ -40,6 +40,30 @@ def _new_transitions_lock() -> None:
 
 
 _fork.in_child(_new_transitions_lock)
+
+T = TypeVar("T")
+
+
+class SyncDriver(Protocol):
+    """Runs a lock's flows on its server(s) (``SyncIO``, or Redlock's ``_SyncNodes``):
+    what a lease, its lock's front and the renewer need."""
+
+    def run(self, flow: Generator[Any, Any, T], action: str) -> T: ...
+
+    def check_server_once(self) -> None: ...
+
+    def execute_many(self, steps: Sequence[Any]) -> list[Any]:
+        """The first steps of several leases' extend flows, at once (the renewer's)."""
+
+
+class AsyncDriver(Protocol):
+    """The asyncio twin of ``SyncDriver``."""
+
+    async def run(self, flow: Generator[Any, Any, T], action: str) -> T: ...
+
+    async def check_server_once(self) -> None: ...
+
+    async def execute_many(self, steps: Sequence[Any]) -> list[Any]: ...
 
 
 class LeaseState:
@@ -136,10 +160,10 @@ class LeaseState:
             self._state = RELEASED
         self._stop_watching()
 
-    # The flows a lease's driver runs to extend and release it: a single server's here;
-    # a Redlock lease gives the quorum ones.
-    def _extend_flow(self, ttl_ms: int) -> Any:
-        return _flows.extend(self._spec, self._token, ttl_ms)
+    # The flows a lease's driver runs to extend and release it, the renewer's included
+    # (``wait``: its bound): a single server's here; a Redlock lease gives the quorum ones.
+    def _extend_flow(self, ttl_ms: int, wait: float | None = None) -> Any:
+        return _flows.extend(self._spec, self._token, ttl_ms, wait)
 
     def _release_flow(self) -> Any:
         return _flows.release(self._spec, self._token)
@@ -228,7 +252,7 @@ class SyncLeaseBlock(LeaseState):
     """What every sync lease shares: ``extend`` and ``release`` (the lease's flows, run by
     its driver ``_io``) and ``with lease:``, which releases it when the block ends."""
 
-    _io: Any
+    _io: SyncDriver
 
     def extend(self, ttl: float | None = None) -> None:
         """Make the lease last ``ttl`` seconds from now (default: the lock's ttl).
@@ -277,7 +301,7 @@ class AsyncLeaseBlock(LeaseState):
     """What every asyncio lease shares: ``extend`` (as for ``SyncLeaseBlock``), ``async
     with lease:``, and the task to cancel when the lease is lost (``cancel_on_lost``)."""
 
-    _io: Any
+    _io: AsyncDriver
     _holder: asyncio.Task[Any] | None = None  # set by the lock when cancel_on_lost
 
     def _mark_lost(self, reason: str) -> bool:

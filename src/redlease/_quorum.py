@@ -72,23 +72,30 @@ RETRY_CAP = 0.05
 MIN_RETRY = 0.001
 
 
-@dataclass(frozen=True)
-class Unsafe:
-    """DELIBERATELY WRONG variants of Redlock, for the fault harness to show that its
-    checker catches them. Never use outside tests: each one allows two holders at once.
+class Rules:
+    """Where Redlock's safety is decided: the size of a majority, when validity starts,
+    and where a failed round and a release are undone. The harness's deliberately wrong
+    variants (``redlease.chaos.unsafe``) override these to show that its checker catches
+    each mistake; redlease itself only ever uses these."""
 
-    ``ignore_elapsed``: validity = ttl - drift, as if acquiring took no time;
-    ``half_quorum``: N//2 nodes are taken as a majority;
-    ``release_believed_only``: release only on the nodes that said yes (a SET whose
-    reply was lost stays behind, and a holder it blocks is not counted against).
-    """
+    def quorum(self, n: int) -> int:
+        return n // 2 + 1
 
-    ignore_elapsed: bool = False
-    half_quorum: bool = False
-    release_believed_only: bool = False
+    def validity_start(self, sent_at: float, now: float) -> float:
+        return sent_at  # acquiring took time: it comes off the validity
+
+    def undo_round(self, tally: Tally, n: int) -> list[int]:
+        """Nodes to release on after a failed round: every node that may have applied the
+        SET (it said yes, or its reply is missing or unread)."""
+        return [i for i in range(n) if i not in tally.held and i not in tally.unsent]
+
+    def release_on(self, believed: frozenset[int]) -> list[int] | None:
+        """Nodes a lease is released on (None: every node; one whose reply to the
+        acquire was lost may hold it too)."""
+        return None
 
 
-SAFE = Unsafe()
+SAFE = Rules()
 
 
 class Unsent(BackendError):
@@ -143,7 +150,8 @@ QuorumFlow = Generator[Fanout | Sleep, Any, T]
 
 @dataclass(slots=True)  # built per cycle: see _flows.Call
 class QuorumGrant(Grant):
-    """A Redlock grant: also the nodes that said yes (``release_believed_only`` uses it)."""
+    """A Redlock grant: also the nodes that said yes (which the harness's wrong
+    ``release_believed_only`` releases on)."""
 
     nodes: frozenset[int] = frozenset()
 
@@ -173,27 +181,26 @@ class QuorumSpec:
     lock: LockSpec
     nodes: tuple[str, ...]  # how each node is named in errors
     node_timeout: float
-    unsafe: Unsafe = SAFE
+    rules: Rules = SAFE
     quorum: int = field(init=False)  # how many nodes make a majority
     everywhere: tuple[int, ...] = field(init=False)  # every node's index
     high: HighWater = field(init=False, compare=False)
 
     def __post_init__(self) -> None:
         n = len(self.nodes)
-        majority = max(1, n // 2) if self.unsafe.half_quorum else n // 2 + 1
-        object.__setattr__(self, "quorum", majority)
+        object.__setattr__(self, "quorum", self.rules.quorum(n))
         object.__setattr__(self, "everywhere", tuple(range(n)))
         object.__setattr__(self, "high", HighWater())
 
     @classmethod
     def create(
-        cls, lock: LockSpec, nodes: Sequence[str], node_timeout: float | None, unsafe: Unsafe
+        cls, lock: LockSpec, nodes: Sequence[str], node_timeout: float | None, rules: Rules = SAFE
     ) -> QuorumSpec:
         if node_timeout is None:
             node_timeout = max(
                 NODE_TIMEOUT_FLOOR, min(lock.ttl * NODE_TIMEOUT_SHARE, NODE_TIMEOUT_CAP)
             )
-        return cls(lock, tuple(nodes), node_timeout, unsafe)
+        return cls(lock, tuple(nodes), node_timeout, rules)
 
     def fan_out(
         self,
@@ -202,14 +209,17 @@ class QuorumSpec:
         *argv: str,
         nodes: Sequence[int] | None = None,
         yes: Callable[[Any], bool] | None = None,
+        wait: float | None = None,
     ) -> Fanout:
         """``script`` on ``nodes`` (default: all); with ``yes``, a majority of replies that
-        satisfy it is enough (see ``Fanout``)."""
-        call = Call(script, keys, argv, self.node_timeout)
+        satisfy it is enough (see ``Fanout``); replies are worth ``wait`` seconds (default
+        ``node_timeout``)."""
+        timeout = self.node_timeout if wait is None else wait
+        call = Call(script, keys, argv, timeout)
         at = self.everywhere if nodes is None else tuple(nodes)
         if yes is None:
-            return Fanout(call, at, self.node_timeout)
-        return Fanout(call, at, self.node_timeout, self.quorum, yes)
+            return Fanout(call, at, timeout)
+        return Fanout(call, at, timeout, self.quorum, yes)
 
     @property
     def lock_and_fence(self) -> tuple[str, str]:
@@ -245,13 +255,6 @@ class Tally:
     @property
     def answered(self) -> int:
         return len(self.counters) + len(self.held)
-
-    def maybe_ours(self, spec: QuorumSpec) -> list[int]:
-        """Nodes to release on: every node that may have applied the SET (it said yes,
-        or its reply is missing or unread)."""
-        if spec.unsafe.release_believed_only:
-            return sorted(self.counters)
-        return [i for i in range(len(spec.nodes)) if i not in self.held and i not in self.unsent]
 
     def free_in(self, quorum: int) -> float | None:
         """Seconds until a majority could be free (holders' PTTLs), None if unknown."""
@@ -320,7 +323,7 @@ class QuorumAcquisition:
                 grant = yield from self._fence(tally, sent_at)
                 if grant is not None:
                     return grant
-            yield from self._release(tally.maybe_ours(spec))
+            yield from self._release(spec.rules.undo_round(tally, len(spec.nodes)))
             self.outstanding = False
             self.token = new_token()
             # A round without a quorum is retried until the deadline, whether the nodes
@@ -353,8 +356,7 @@ class QuorumAcquisition:
             results = yield fan
             confirmed += sum(1 for r in results if said_yes(r))
         now = lock.clock()
-        start = now if spec.unsafe.ignore_elapsed else sent_at
-        until = start + lock.ttl - drift(lock.ttl)
+        until = spec.rules.validity_start(sent_at, now) + lock.ttl - drift(lock.ttl)
         if confirmed >= spec.quorum and until > now:
             spec.high.passed(top)
             return QuorumGrant(self.token, top, until, frozenset(tally.counters))
@@ -388,13 +390,16 @@ def _count_ours(fan: Fanout, results: Sequence[Any]) -> tuple[int, dict[int, str
     return ours, failures
 
 
-def extend(spec: QuorumSpec, token: str, ttl_ms: int) -> QuorumFlow[float]:
+def extend(
+    spec: QuorumSpec, token: str, ttl_ms: int, wait: float | None = None
+) -> QuorumFlow[float]:
     """Reset the lease to ``ttl_ms`` on every node; returns the new validity end. Counts
     only if a majority confirms in time; raises LockLost when a majority says it is not
-    ours, QuorumError when too few answered to tell."""
+    ours, QuorumError when too few answered to tell. ``wait``: how long the replies are
+    worth waiting for (the renewer's bound); by default ``node_timeout``."""
     lock = spec.lock
     sent_at = lock.clock()
-    fan = spec.fan_out(EXTEND, (lock.keys.lock,), token, str(ttl_ms), yes=said_yes)
+    fan = spec.fan_out(EXTEND, (lock.keys.lock,), token, str(ttl_ms), yes=said_yes, wait=wait)
     ours, failures = _count_ours(fan, (yield fan))
     ttl = ttl_ms / 1000.0
     until = sent_at + ttl - drift(ttl)
@@ -418,8 +423,7 @@ def release(spec: QuorumSpec, token: str, believed: frozenset[int]) -> QuorumFlo
     """Release on every node (a node whose earlier reply was lost may hold it too).
     Raises LockLost if a majority no longer held it, QuorumError if too few answered."""
     lock = spec.lock
-    nodes = sorted(believed) if spec.unsafe.release_believed_only else None
-    fan = _release_fan(spec, token, nodes, majority=True)
+    fan = _release_fan(spec, token, spec.rules.release_on(believed), majority=True)
     ours, failures = _count_ours(fan, (yield fan))
     if ours >= spec.quorum:
         return
@@ -428,24 +432,5 @@ def release(spec: QuorumSpec, token: str, believed: frozenset[int]) -> QuorumFlo
     raise QuorumError(
         f"release {lock.name!r}: confirmed by {ours} of {len(spec.nodes)} nodes; the rest "
         "expire with the ttl",
-        failures_by_name(spec, failures),
-    )
-
-
-def renewal_result(spec: QuorumSpec, results: Sequence[Any]) -> Any:
-    """One lease's EXTEND replies from all nodes, as a single-server reply for the
-    renewer's flow: 1 (a majority confirmed), 0 (a majority says not ours), or the
-    QuorumError to retry after."""
-    fan_nodes = tuple(range(len(spec.nodes)))
-    ours = sum(1 for r in results if said_yes(r))
-    failures = {
-        n: _why(r) for n, r in zip(fan_nodes, results, strict=True) if isinstance(r, BaseException)
-    }
-    if ours >= spec.quorum:
-        return 1
-    if ours + len(failures) < spec.quorum:
-        return 0
-    return QuorumError(
-        f"renew {spec.lock.name!r}: confirmed by {ours} of {len(spec.nodes)} nodes",
         failures_by_name(spec, failures),
     )

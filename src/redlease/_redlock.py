@@ -41,7 +41,8 @@ from ._errors import (
     InvalidArgument,
     RedleaseWarning,
 )
-from ._flows import Call, Command, LockSpec, Sleep
+from ._flows import Call, Command, Grant, LockSpec, Sleep
+from ._fronts import AsyncFront, SyncFront, is_async_client
 from ._io_async import _CHECKED as _ASYNC_CHECKED
 from ._io_async import AsyncIO
 from ._io_sync import _CHECKED as _SYNC_CHECKED
@@ -51,12 +52,10 @@ from ._lease import (
     LeaseState,
     SyncLeaseBlock,
 )
-from ._lock import _AsyncFront, _is_async_client, _SyncFront
-from ._quorum import SAFE, QuorumAcquisition, QuorumFlow, QuorumGrant, QuorumSpec
-from ._quorum import Unsafe as _Unsafe
+from ._quorum import SAFE, Fanout, QuorumAcquisition, QuorumFlow, QuorumGrant, QuorumSpec, Rules
 from ._timing import Clock
 
-__all__ = ["AsyncRedlock", "AsyncRedlockLease", "Redlock", "RedlockLease", "_Unsafe"]
+__all__ = ["AsyncRedlock", "AsyncRedlockLease", "Redlock", "RedlockLease"]
 
 T = TypeVar("T")
 Seconds = float | timedelta
@@ -103,7 +102,7 @@ def _check_nodes(nodes: object, *, want_async: bool) -> list[Any]:
             raise InvalidArgument(
                 f"nodes[{i}] must be a redis-py client, not {type(client).__name__}"
             )
-        kinds.setdefault(_is_async_client(client), i)
+        kinds.setdefault(is_async_client(client), i)
         ident = _node_identity(client)
         for j, other in enumerate(clients[:i]):
             if other is client or _node_identity(other) == ident:
@@ -151,9 +150,7 @@ class _SyncNodes:
                 time.sleep(step.seconds)
                 reply = None
             else:
-                reply = _io_sync.fan_out(
-                    self.ios, step.call, step.nodes, step.timeout, action, step.enough, step.yes
-                )
+                reply = self._carry(step, action)
 
     def fan_out(
         self, op: Call | Command, nodes: Sequence[int], timeout: float, action: str
@@ -161,15 +158,15 @@ class _SyncNodes:
         """``op`` on each of ``nodes``: the replies, or the errors that stand for none."""
         return _io_sync.fan_out(self.ios, op, nodes, timeout, action)
 
-    def execute_many(self, calls: Sequence[Call]) -> list[Any]:
-        """The renewer's seam: each EXTEND on every node at once; per call 1 (a majority
-        confirmed), 0 (a majority says not ours) or the QuorumError to retry after."""
-        wait = min(call.timeout for call in calls)
-        everywhere = range(len(self.ios))
-        return [
-            _quorum.renewal_result(self.spec, self.fan_out(call, everywhere, wait, "renew"))
-            for call in calls
-        ]
+    def execute_many(self, fans: Sequence[Fanout]) -> list[Any]:
+        """The renewer's seam: the first step of each lease's extend flow, one fan-out
+        after another; per fan-out the replies, for the flow to judge."""
+        return [self._carry(fan, "renew") for fan in fans]
+
+    def _carry(self, fan: Fanout, action: str) -> list[Any]:
+        return _io_sync.fan_out(
+            self.ios, fan.call, fan.nodes, fan.timeout, action, fan.enough, fan.yes
+        )
 
     def check_server_once(self) -> None:
         """Warn (once per server) if a node may evict lock keys; never fails."""
@@ -205,9 +202,7 @@ class _AsyncNodes:
                 await asyncio.sleep(step.seconds)
                 reply = None
             else:
-                reply = await _io_async.fan_out(
-                    self.ios, step.call, step.nodes, step.timeout, action, step.enough, step.yes
-                )
+                reply = await self._carry(step, action)
 
     async def fan_out(
         self, op: Call | Command, nodes: Sequence[int], timeout: float, action: str
@@ -215,14 +210,14 @@ class _AsyncNodes:
         """``op`` on each of ``nodes``: the replies, or the errors that stand for none."""
         return await _io_async.fan_out(self.ios, op, nodes, timeout, action)
 
-    async def execute_many(self, calls: Sequence[Call]) -> list[Any]:
+    async def execute_many(self, fans: Sequence[Fanout]) -> list[Any]:
         """The renewer's seam (see ``_SyncNodes``)."""
-        wait = min(call.timeout for call in calls)
-        everywhere = range(len(self.ios))
-        return [
-            _quorum.renewal_result(self.spec, await self.fan_out(call, everywhere, wait, "renew"))
-            for call in calls
-        ]
+        return [await self._carry(fan, "renew") for fan in fans]
+
+    async def _carry(self, fan: Fanout, action: str) -> list[Any]:
+        return await _io_async.fan_out(
+            self.ios, fan.call, fan.nodes, fan.timeout, action, fan.enough, fan.yes
+        )
 
     async def check_server_once(self) -> None:
         """Warn (once per server) if a node may evict lock keys; never fails."""
@@ -269,8 +264,8 @@ class _QuorumLease(LeaseState):
         self._io = nodes  # _SyncNodes or _AsyncNodes
         self._believed = grant.nodes
 
-    def _extend_flow(self, ttl_ms: int) -> Any:
-        return _quorum.extend(self._quorum, self._token, ttl_ms)
+    def _extend_flow(self, ttl_ms: int, wait: float | None = None) -> Any:
+        return _quorum.extend(self._quorum, self._token, ttl_ms, wait)
 
     def _release_flow(self) -> Any:
         return _quorum.release(self._quorum, self._token, self._believed)
@@ -302,13 +297,13 @@ class _RedlockConfig:
         node_timeout: object,
         prefix: object,
         clock: Clock | None,
-        unsafe: object,
+        rules: object,
     ) -> None:
         lock = LockSpec.create(name, ttl, prefix=prefix, clock=clock)
-        if not isinstance(unsafe, _Unsafe):
-            raise InvalidArgument("_unsafe must be a redlease._redlock._Unsafe")
+        if not isinstance(rules, Rules):
+            raise InvalidArgument("_rules must be a redlease._quorum.Rules")
         timeout = args.optional_positive(node_timeout, "node_timeout")
-        self._spec = QuorumSpec.create(lock, names, timeout, unsafe)
+        self._spec = QuorumSpec.create(lock, names, timeout, rules)
         self._auto_renew = args.flag(auto_renew, "auto_renew")
         self._on_lost: OnLost | None = args.callback(on_lost, "on_lost")  # type: ignore[assignment]
         self._max_hold = args.optional_positive(max_hold, "max_hold")
@@ -338,7 +333,7 @@ class _RedlockConfig:
         )
 
 
-class Redlock(_RedlockConfig, _SyncFront[RedlockLease]):
+class Redlock(_RedlockConfig, SyncFront[RedlockLease]):
     """A lock held on a majority of independent Redis/Valkey masters (sync).
 
     ``nodes`` are one sync client per independent server (standalone masters without
@@ -353,8 +348,7 @@ class Redlock(_RedlockConfig, _SyncFront[RedlockLease]):
     plain contention is not an error.
     """
 
-    _attempt_class = QuorumAcquisition
-    _lease_class = RedlockLease
+    _io: _SyncNodes
 
     def __init__(
         self,
@@ -368,7 +362,7 @@ class Redlock(_RedlockConfig, _SyncFront[RedlockLease]):
         node_timeout: Seconds | None = None,
         prefix: str = "",
         clock: Clock | None = None,
-        _unsafe: _Unsafe = SAFE,
+        _rules: Rules = SAFE,
     ) -> None:
         clients = _check_nodes(nodes, want_async=False)
         super().__init__(
@@ -381,20 +375,26 @@ class Redlock(_RedlockConfig, _SyncFront[RedlockLease]):
             node_timeout=node_timeout,
             prefix=prefix,
             clock=clock,
-            unsafe=_unsafe,
+            rules=_rules,
         )
         self._io = _SyncNodes(clients, self._spec)
 
+    def _new_attempt(self, timeout: float | None, *, wait: bool) -> QuorumAcquisition:
+        return QuorumAcquisition(self._spec, timeout, wait=wait)
 
-class AsyncRedlock(_RedlockConfig, _AsyncFront[AsyncRedlockLease]):
+    def _new_lease(self, grant: Grant) -> RedlockLease:
+        assert isinstance(grant, QuorumGrant)
+        return RedlockLease(self._spec, grant, self._io, self._on_lost)
+
+
+class AsyncRedlock(_RedlockConfig, AsyncFront[AsyncRedlockLease]):
     """A lock held on a majority of independent masters (asyncio twin of ``Redlock``).
 
     ``cancel_on_lost=True`` also cancels the task that acquired a lease when the lease
     is lost, as for ``AsyncLock``.
     """
 
-    _attempt_class = QuorumAcquisition
-    _lease_class = AsyncRedlockLease
+    _io: _AsyncNodes
 
     def __init__(
         self,
@@ -409,7 +409,7 @@ class AsyncRedlock(_RedlockConfig, _AsyncFront[AsyncRedlockLease]):
         node_timeout: Seconds | None = None,
         prefix: str = "",
         clock: Clock | None = None,
-        _unsafe: _Unsafe = SAFE,
+        _rules: Rules = SAFE,
     ) -> None:
         clients = _check_nodes(nodes, want_async=True)
         super().__init__(
@@ -422,7 +422,14 @@ class AsyncRedlock(_RedlockConfig, _AsyncFront[AsyncRedlockLease]):
             node_timeout=node_timeout,
             prefix=prefix,
             clock=clock,
-            unsafe=_unsafe,
+            rules=_rules,
         )
         self._io = _AsyncNodes(clients, self._spec)
         self._cancel_on_lost = args.flag(cancel_on_lost, "cancel_on_lost")
+
+    def _new_attempt(self, timeout: float | None, *, wait: bool) -> QuorumAcquisition:
+        return QuorumAcquisition(self._spec, timeout, wait=wait)
+
+    def _new_lease(self, grant: Grant) -> AsyncRedlockLease:
+        assert isinstance(grant, QuorumGrant)
+        return AsyncRedlockLease(self._spec, grant, self._io, self._on_lost)

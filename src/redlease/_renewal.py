@@ -22,7 +22,7 @@ The schedule, for a lease of ``ttl`` seconds:
   over, evicted, expired) or when its validity runs out without a confirmed renewal.
   The holder is told a few milliseconds *before* validity ends, never after.
 
-Validity is always counted from the moment a renewal was sent (``_flows.extend``), so a
+Validity is always counted from the moment a renewal was sent (the lease's extend flow), so a
 slow reply shortens the lease instead of stretching it. Times come from the monotonic
 clock; a lock with an injected clock should not be auto-renewed.
 
@@ -38,13 +38,12 @@ import contextlib
 import logging
 import math
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Generator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from . import _flows, _fork
+from . import _fork
 from ._errors import BackendError, LockLost
-from ._flows import Call
 from ._lease import HELD, LeaseState
 from ._timing import MONOTONIC, Clock
 
@@ -110,7 +109,7 @@ class Batch:
 
     io: Any
     renewals: list[Renewal]
-    flows: list[_flows.Flow[float]] = field(default_factory=list)
+    flows: list[Generator[Any, Any, float]] = field(default_factory=list)
 
 
 class Schedule:
@@ -156,7 +155,8 @@ class Schedule:
             early = 0.0 if renewal.retry_at is not None else renewal.ttl * RIDE_ALONG
             if renewal.due - early <= now:
                 # Each lock has its own driver, but drivers of one client share its
-                # connections: one batch per client (and per kind: see _carry_sync).
+                # connections: one batch per client (and per kind: a replicas=
+                # lease's EXTEND cannot share a pipeline, see SyncIO.execute_many).
                 client = id(getattr(renewal.io, "client", renewal.io))
                 key = (client, renewal.lease._spec.replicas is not None)
                 batch = batches.get(key)
@@ -171,9 +171,9 @@ class Schedule:
             return min((r.notice_at for r in self._renewals), default=None)
         return min((r.next_event() for r in self._renewals), default=None)
 
-    def start(self, batch: Batch, now: float) -> tuple[list[Call], float]:
-        """Start the batch's EXTEND flows (their send time is now) and return the calls
-        and how long their replies are worth waiting for."""
+    def start(self, batch: Batch, now: float) -> tuple[list[Any], float]:
+        """Start the batch's extend flows (their send time is now) and return their first
+        steps and how long their replies are worth waiting for."""
         # Renewals of leases released meanwhile are not sent.
         batch.renewals = [r for r in batch.renewals if r in self._renewals]
         notices = (r.notice_at for r in self._renewals)
@@ -182,17 +182,15 @@ class Schedule:
             min(notices, default=math.inf) - now,
         )
         wait = max(wait, MIN_REPLY_WAIT)
-        batch.flows, calls = [], []
+        batch.flows, steps = [], []
         for renewal in batch.renewals:
             lease = renewal.lease
-            # The lease's own extend flow: validity from the send, and with replicas=,
-            # a renewal that too few replicas acknowledged does not count.
-            flow = _flows.extend(lease._spec, lease.token, lease._spec.ttl_ms, wait)
+            # The lease's own extend rule (validity from the send; with replicas=, too few
+            # acknowledgements; a Redlock's majority), only bounded by the renewer's wait.
+            flow = lease._extend_flow(lease._spec.ttl_ms, wait)
             batch.flows.append(flow)
-            call = next(flow)
-            assert isinstance(call, Call)
-            calls.append(call)
-        return calls, wait
+            steps.append(next(flow))
+        return steps, wait
 
     def settle(self, batch: Batch, results: Sequence[Any], now: float) -> list[Loss]:
         """Apply the replies (or errors) of a batch; return the leases found lost."""
@@ -237,34 +235,6 @@ def _tell(losses: Sequence[Loss]) -> None:
 
 def _failed(exc: BaseException, count: int) -> list[Any]:
     return [exc] * count
-
-
-def _carry_sync(io: Any, calls: Sequence[Call]) -> list[Any]:
-    """Send one batch: pipelined in one round trip; but a batch of ``replicas=`` leases
-    one call at a time, since only ``execute`` follows an EXTEND with the ``WAIT`` on the
-    connection that wrote it (a batch holds one kind: see ``Schedule.take_due``)."""
-    if calls[0].replicas is None:
-        return io.execute_many(calls)  # type: ignore[no-any-return]
-    results: list[Any] = []
-    for call in calls:
-        try:
-            results.append(io.execute(call))
-        except Exception as exc:
-            results.append(exc)
-    return results
-
-
-async def _carry_async(io: Any, calls: Sequence[Call]) -> list[Any]:
-    """The asyncio twin of ``_carry_sync``."""
-    if calls[0].replicas is None:
-        return await io.execute_many(calls)  # type: ignore[no-any-return]
-    results: list[Any] = []
-    for call in calls:
-        try:
-            results.append(await io.execute(call))
-        except Exception as exc:
-            results.append(exc)
-    return results
 
 
 class SyncRenewer:
@@ -348,7 +318,7 @@ class SyncRenewer:
                     if not calls:
                         continue
                     try:
-                        results = _carry_sync(batch.io, calls)
+                        results = batch.io.execute_many(calls)
                     except Exception as exc:
                         results = _failed(exc, len(calls))
                     with self._cond:
@@ -441,7 +411,7 @@ class AsyncRenewer:
         calls, wait = self._schedule.start(batch, self._clock())
         try:
             # The outer bound also covers making a new connection.
-            results = await asyncio.wait_for(_carry_async(batch.io, calls), wait)
+            results = await asyncio.wait_for(batch.io.execute_many(calls), wait)
         except Exception as exc:
             results = _failed(exc, len(calls))
         _tell(self._schedule.settle(batch, results, self._clock()))

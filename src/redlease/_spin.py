@@ -7,13 +7,6 @@ BUDGET seconds, giving the CPU away between polls, and gives up at once if that 
 another task wanted the CPU. After MISSES straight polls without the reply (a slow link, a
 busy machine), reads from that server sleep right away for the next REST reads.
 REDLEASE_SPIN_US sets the budget; 0 turns spinning off.
-
-Stale replies. A Redlock fan-out stops reading once a majority said yes; the replies it
-did not wait for are owed by their connections (both drivers count them), and read and
-dropped before the next reply there. The next fan-out drops those that have arrived
-while it waits for its own (``drop_arrived``), so a node that is merely a little slower
-than the others costs no waiting at all. At most MAX_STALE may be owed on a connection,
-beyond which its reply is waited for again (a stopped node then costs its timeout).
 """
 
 from __future__ import annotations
@@ -27,13 +20,12 @@ from typing import Any
 
 from ._endpoint import ConnectionFailed
 from ._errors import RedleaseWarning
-from ._resp import NOT_ENOUGH, ReplyError
+from ._resp import NOT_ENOUGH
 
 DEFAULT_BUDGET = 100e-6
 BUSY = 20e-6  # a yield that took longer than this: another task ran meanwhile
 MISSES = 4
 REST = 256
-MAX_STALE = 4
 TURN = 20e-6  # asyncio: the longest a poll holds the event loop between its turns
 
 
@@ -70,21 +62,6 @@ class Record:
         self.turned = 0.0  # asyncio: when a read from this server last let the loop run
 
 
-def received(recv: Callable[[], int], buffer: bytearray, reader: Any) -> Any:
-    """What one non-blocking read with ``recv`` (into ``buffer``: the byte count, 0 at end
-    of stream) brings: the next reply, or NOT_ENOUGH; BlockingIOError if nothing came."""
-    try:
-        got = recv()
-    except BlockingIOError:
-        raise
-    except OSError as exc:
-        raise ConnectionFailed(f"error while reading: {exc}") from exc
-    if not got:
-        raise ConnectionFailed("connection closed by server")
-    reader.feed(buffer, 0, got)
-    return reader.gets()
-
-
 def _missed(record: Record) -> Any:
     """A poll ended without the reply: after MISSES in a row, rest."""
     record.misses += 1
@@ -95,14 +72,14 @@ def _missed(record: Record) -> Any:
 
 def poll(recv: Callable[[], int], buffer: bytearray, reader: Any, record: Record) -> Any:
     """The next reply from ``reader``, polling for up to BUDGET with ``recv`` (see
-    ``received``); NOT_ENOUGH when the reader should sleep in the kernel after all."""
+    ``_stale.received``); NOT_ENOUGH when the reader should sleep in the kernel after all."""
     if record.rest:
         record.rest -= 1
         return NOT_ENOUGH
     clock = time.perf_counter
     end = clock() + BUDGET
     while True:
-        try:  # (received's steps, inline: this loop's turns are the reply's latency)
+        try:  # (_stale.received's steps, inline: this loop's turns are the reply's latency)
             got = recv()
         except BlockingIOError:
             now = clock()
@@ -134,7 +111,7 @@ async def poll_async(
     end = clock() + BUDGET
     turn = end - BUDGET + TURN
     while True:
-        try:  # (received's steps, inline, as in poll)
+        try:  # (_stale.received's steps, inline, as in poll)
             got = recv()
         except BlockingIOError:
             now = clock()
@@ -157,34 +134,3 @@ async def poll_async(
         if reply is not NOT_ENOUGH:
             record.misses = 0
             return reply
-
-
-def dropped(reply: Any, forget_scripts: Callable[[], None]) -> None:
-    """A stale reply, read and dropped. NOSCRIPT: the server lost its scripts (they go
-    with their source again)."""
-    if isinstance(reply, ReplyError) and reply.code == "NOSCRIPT":
-        forget_scripts()
-
-
-def drop_arrived(
-    recv: Callable[[], int],
-    buffer: bytearray,
-    reader: Any,
-    stale: int,
-    forget_scripts: Callable[[], None],
-) -> int:
-    """Drop up to ``stale`` replies among those already received, never waiting (``recv``
-    as for ``received``); how many are still due. Raises ConnectionFailed if the
-    connection failed."""
-    while stale:
-        reply = reader.gets()
-        if reply is NOT_ENOUGH:
-            try:
-                reply = received(recv, buffer, reader)
-            except BlockingIOError:
-                return stale
-            if reply is NOT_ENOUGH:
-                continue
-        dropped(reply, forget_scripts)
-        stale -= 1
-    return stale

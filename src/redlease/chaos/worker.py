@@ -94,9 +94,9 @@ class _Worker:
             if self.config.get("auto_renew"):
                 options.update(auto_renew=True, on_lost=self._on_lost)
             if "unsafe" in options:  # a deliberately broken Redlock (see harness.BROKEN)
-                from redlease._redlock import _Unsafe
+                from .unsafe import Unsafe
 
-                options["_unsafe"] = _Unsafe(**options.pop("unsafe"))
+                options["_rules"] = Unsafe(**options.pop("unsafe"))
             if kind == "redlease":
                 return redlease.Lock(self.clients[0], name, ttl, **options)
             return redlease.Redlock(self.clients, name, ttl, **options)

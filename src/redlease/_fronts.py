@@ -1,0 +1,262 @@
+"""The fronts: what a caller of ``Lock``, ``AsyncLock``, ``Redlock`` and ``AsyncRedlock``
+sees — ``acquire``, ``try_acquire``, ``with`` / ``async with`` — written once per twin.
+A lock class supplies its driver (``_io``), the attempt it makes (``_new_attempt``) and
+the lease it hands out (``_new_lease``); the front does the rest: checking the server
+once, cleaning up after an interrupted attempt, lending from a batch, starting renewal.
+
+``with lock as lease`` remembers the lease it opened in a context variable (per thread,
+per task), so nested and concurrent blocks each release their own.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import inspect
+from collections.abc import Generator
+from contextvars import ContextVar
+from datetime import timedelta
+from types import TracebackType
+from typing import Any, Generic, Protocol, TypeVar
+
+from . import _arguments as args
+from . import _renewal
+from ._batches import Lender
+from ._errors import AcquireTimeout, InvalidArgument
+from ._flows import Grant
+from ._lease import AsyncDriver, AsyncLeaseBlock, LeaseState, SyncDriver, SyncLeaseBlock, _shielded
+
+Seconds = float | timedelta
+
+
+class Attempt(Protocol):
+    """One caller's try to take a lock (``_flows.Acquisition``, ``_quorum``'s twin)."""
+
+    @property
+    def outstanding(self) -> bool:
+        """Whether ``abandon()`` is needed if the attempt is interrupted."""
+
+    def run(self) -> Generator[Any, Any, Grant | None]: ...
+
+    def abandon(self) -> Generator[Any, Any, None]: ...
+
+
+# Leases opened by `with lock` / `async with lock` in this context, innermost last.
+_entered: ContextVar[tuple[tuple[object, LeaseState], ...]] = ContextVar(
+    "redlease_entered", default=()
+)
+
+
+def _push(lock: object, lease: LeaseState) -> None:
+    _entered.set((*_entered.get(), (lock, lease)))
+
+
+def _pop(lock: object) -> LeaseState:
+    stack = _entered.get()
+    for i in range(len(stack) - 1, -1, -1):
+        if stack[i][0] is lock:
+            _entered.set(stack[:i] + stack[i + 1 :])
+            return stack[i][1]
+    raise RuntimeError("exiting a lock's `with` block that did not enter it")
+
+
+SyncLeaseT = TypeVar("SyncLeaseT", bound=SyncLeaseBlock)
+AsyncLeaseT = TypeVar("AsyncLeaseT", bound=AsyncLeaseBlock)
+
+
+class _Front:
+    """What both fronts need from the lock class they serve."""
+
+    _auto_renew: bool
+    _max_hold: float | None
+    _lender: Lender | None = None  # a Lock with batch > 1 lends its grants
+
+    @property
+    def name(self) -> str:  # the lock's own config class says
+        raise NotImplementedError
+
+    def _new_attempt(self, timeout: float | None, *, wait: bool) -> Attempt:
+        raise NotImplementedError
+
+    def _lent(self, lease: LeaseState) -> None:
+        lease._lender = self._lender
+
+
+class SyncFront(_Front, Generic[SyncLeaseT]):
+    """``acquire``, ``try_acquire`` and ``with``, once for ``Lock`` and ``Redlock``."""
+
+    _io: SyncDriver
+
+    def _new_lease(self, grant: Grant) -> SyncLeaseT:
+        raise NotImplementedError
+
+    def _give_back(self, token: str) -> None:
+        """Release a batch's grant for real (only a lock that lends has this)."""
+        raise NotImplementedError
+
+    def acquire(self, timeout: Seconds | None = None) -> SyncLeaseT:
+        """Wait until the lock is ours and return the lease.
+
+        ``timeout`` bounds the wait in seconds (None: no bound; 0: a single try).
+        Raises AcquireTimeout if the lock stayed busy (a Redlock: QuorumError if too few
+        nodes answered).
+        """
+        lease = self._acquire(args.timeout(timeout), wait=True)
+        if lease is None:
+            raise AcquireTimeout(f"lock {self.name!r} still busy after {timeout}s")
+        return lease
+
+    def try_acquire(self) -> SyncLeaseT | None:
+        """Take the lock if it is free right now; never waits. None if it is busy."""
+        return self._acquire(0.0, wait=False)
+
+    def _acquire(self, timeout: float | None, *, wait: bool) -> SyncLeaseT | None:
+        lender = self._lender
+        if lender is not None:
+            lent, closed = lender.lend()
+            if closed is not None:
+                self._give_back(closed)
+            if lent is not None:
+                return self._watched(lent)
+        self._io.check_server_once()
+        attempt = self._new_attempt(timeout, wait=wait)
+        try:
+            grant = self._io.run(attempt.run(), f"acquire {self.name!r}")
+        except BaseException:
+            if attempt.outstanding:
+                # The original error matters more; an orphaned key expires with its ttl.
+                with contextlib.suppress(Exception):
+                    self._io.run(attempt.abandon(), f"clean up {self.name!r}")
+            raise
+        if grant is None:
+            return None
+        if lender is not None:
+            lender.granted(grant)
+        return self._watched(grant)
+
+    def _watched(self, grant: Grant) -> SyncLeaseT:
+        lease = self._new_lease(grant)
+        self._lent(lease)
+        if self._auto_renew:
+            _renewal.watch(lease, self._io, self._max_hold)
+        return lease
+
+    def __enter__(self) -> SyncLeaseT:
+        lease = self.acquire()
+        _push(self, lease)
+        return lease
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        lease = _pop(self)
+        assert isinstance(lease, SyncLeaseBlock)
+        lease.__exit__(exc_type, exc, tb)
+
+
+class AsyncFront(_Front, Generic[AsyncLeaseT]):
+    """The asyncio twin of ``SyncFront``, once for ``AsyncLock`` and ``AsyncRedlock``;
+    also ``cancel_on_lost``."""
+
+    _io: AsyncDriver
+    _cancel_on_lost: bool
+
+    def _new_lease(self, grant: Grant) -> AsyncLeaseT:
+        raise NotImplementedError
+
+    async def _give_back(self, token: str) -> None:
+        """Release a batch's grant for real (only a lock that lends has this)."""
+        raise NotImplementedError
+
+    async def acquire(self, timeout: Seconds | None = None) -> AsyncLeaseT:
+        """Wait until the lock is ours and return the lease.
+
+        ``timeout`` bounds the wait in seconds (None: no bound; 0: a single try).
+        Raises AcquireTimeout if the lock stayed busy (a Redlock: QuorumError if too few
+        nodes answered). Cancelling the caller at any point leaves no lock behind: a
+        lock granted meanwhile is released.
+        """
+        lease = await self._acquire(args.timeout(timeout), wait=True)
+        if lease is None:
+            raise AcquireTimeout(f"lock {self.name!r} still busy after {timeout}s")
+        return lease
+
+    async def try_acquire(self) -> AsyncLeaseT | None:
+        """Take the lock if it is free right now; never waits. None if it is busy."""
+        return await self._acquire(0.0, wait=False)
+
+    async def _acquire(self, timeout: float | None, *, wait: bool) -> AsyncLeaseT | None:
+        lender = self._lender
+        if lender is not None:
+            lent, closed = lender.lend()
+            if closed is not None:
+                await _shielded(self._give_back(closed))
+            if lent is not None:
+                return self._watched(lent)
+        await self._io.check_server_once()
+        attempt = self._new_attempt(timeout, wait=wait)
+        try:
+            grant = await self._io.run(attempt.run(), f"acquire {self.name!r}")
+        except BaseException:
+            if attempt.outstanding:
+                await self._abandon(attempt)
+            raise
+        if grant is None:
+            return None
+        if lender is not None:
+            lender.granted(grant)
+        return self._watched(grant)
+
+    def _watched(self, grant: Grant) -> AsyncLeaseT:
+        lease = self._new_lease(grant)
+        self._lent(lease)
+        if self._cancel_on_lost:
+            lease._holder = asyncio.current_task()
+        if self._auto_renew:
+            _renewal.watch_async(lease, self._io, self._max_hold)
+        elif self._cancel_on_lost:
+            _renewal.watch_async(lease, self._io, 0.0)  # watch its validity, never renew
+        return lease
+
+    async def _abandon(self, attempt: Attempt) -> None:
+        try:
+            await _shielded(self._io.run(attempt.abandon(), f"clean up {self.name!r}"))
+        except Exception:
+            pass  # the original error matters more; an orphaned key expires with its ttl
+        except asyncio.CancelledError:
+            pass  # cancelled again while cleaning up; the clean-up itself ran to its end
+
+    async def __aenter__(self) -> AsyncLeaseT:
+        lease = await self.acquire()
+        _push(self, lease)
+        return lease
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        lease = _pop(self)
+        assert isinstance(lease, AsyncLeaseBlock)
+        await lease.__aexit__(exc_type, exc, tb)
+
+
+def is_async_client(client: object) -> bool:
+    return inspect.iscoroutinefunction(getattr(client, "execute_command", None))
+
+
+def check_client(client: object, *, want_async: bool) -> None:
+    if not callable(getattr(client, "execute_command", None)):
+        raise InvalidArgument(f"client must be a redis-py client, not {type(client).__name__}")
+    if is_async_client(client) != want_async:
+        if want_async:
+            raise InvalidArgument(
+                "client must be a redis.asyncio client for AsyncLock; use Lock with a sync client"
+            )
+        raise InvalidArgument(
+            "client must be a sync redis client for Lock; use AsyncLock with a redis.asyncio client"
+        )
