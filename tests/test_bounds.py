@@ -265,6 +265,63 @@ def _up(nodes: list[servers.ServerProcess], how: str) -> None:
             node.restart()
 
 
+class _Wrapped:
+    """A client type redlease does not know (a wrapper): only its public command methods
+    are used, with their own timeouts."""
+
+    def __init__(self, client: Any) -> None:
+        self.client = client
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.client, name)
+
+
+def test_redlock_gives_up_on_a_hung_node_it_reaches_through_the_client(
+    three: list[servers.ServerProcess], name: str
+) -> None:
+    """A node reached through the client's own methods (no connection of redlease's) is
+    still given up on after node_timeout, not after the client's socket_timeout."""
+    with ExitStack() as stack:
+        clients = [
+            _Wrapped(stack.enter_context(redis.Redis(port=p.port, socket_timeout=HUNG)))
+            for p in three
+        ]
+        lock = redlease.Redlock(clients, name, ttl=5.0, node_timeout=0.2)
+        lock.acquire().release()  # connections are open before the outage
+        three[0].pause()
+        try:
+            thread, out = _in_thread(lock.try_acquire)
+            thread.join(HUNG)
+        finally:
+            three[0].resume()
+        lease = out.get("result")
+        assert isinstance(lease, redlease.RedlockLease), out  # 2 of 3 said yes
+        assert out["took"] < HUNG / 2
+        lease.release()
+
+
+async def test_async_redlock_gives_up_on_a_hung_node_it_reaches_through_the_client(
+    three: list[servers.ServerProcess], name: str
+) -> None:
+    clients = [_Wrapped(aredis.Redis(port=p.port, socket_timeout=HUNG)) for p in three]
+    try:
+        lock = redlease.AsyncRedlock(clients, name, ttl=5.0, node_timeout=0.2)
+        await (await lock.acquire()).release()
+        three[0].pause()
+        try:
+            started = time.monotonic()
+            lease = await lock.try_acquire()
+            took = time.monotonic() - started
+        finally:
+            three[0].resume()
+        assert isinstance(lease, redlease.AsyncRedlockLease)
+        assert took < HUNG / 2
+        await lease.release()
+    finally:
+        for client in clients:
+            await client.aclose()
+
+
 @pytest.mark.parametrize("how", ["kill", "pause"])
 def test_redlock_waits_for_nodes_that_come_back(
     three: list[servers.ServerProcess], name: str, how: str

@@ -53,7 +53,6 @@ def _shape(path: Path) -> list[str]:
             "_conn_async.py",
             {
                 "_timeval",
-                "_bounded",
                 "SocketConnection.more",
                 "SocketConnection.shut",
                 "ClassConnection.shut",

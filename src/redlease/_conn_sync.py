@@ -24,6 +24,7 @@ import struct
 import threading
 import time
 import weakref
+from collections.abc import Callable
 from typing import Any
 
 from . import _fork, _resp, _spin, _stale
@@ -44,6 +45,29 @@ def _timeval(seconds: float) -> bytes:
     # 0 would mean "no limit" to the kernel: the shortest bound is 1 ms
     whole, fraction = divmod(max(seconds, 0.001), 1.0)
     return struct.pack("ll", int(whole), int(fraction * 1e6))
+
+
+def _bounded(call: Callable[[], Any], timeout: float) -> Any:
+    """``call()`` (a client's own method, with no bound of ours) given up on after
+    ``timeout``: it runs on in a daemon thread of its own, its outcome unseen, as a reply
+    that comes too late is on a connection of ours."""
+    outcome: list[tuple[bool, Any]] = []
+
+    def run() -> None:
+        try:
+            outcome.append((True, call()))
+        except BaseException as exc:  # handed to the caller below
+            outcome.append((False, exc))
+
+    thread = threading.Thread(target=run, name="redlease-bounded-call", daemon=True)
+    thread.start()
+    thread.join(timeout)
+    if not outcome:
+        raise ReplyTimedOut(f"no reply within {timeout:.3f}s")
+    done, value = outcome[0]
+    if done:
+        return value
+    raise value
 
 
 class SocketConnection:

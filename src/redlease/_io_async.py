@@ -414,7 +414,9 @@ async def fan_out(
     loses its connection, so a late reply cannot be mistaken for a later command's.
     Once ``enough`` replies satisfy ``yes`` (see ``_quorum.Fanout``), the replies still
     due on socket connections are left to their next read, and their results are UNREAD.
-    Nothing is sent twice here: a node that failed is a "no" for this round."""
+    Nothing is sent twice here: a node that failed is a "no" for this round. A node
+    reached through its client's own methods is called with a deadline (``_bounded``), also
+    given up on after ``timeout``."""
     clock = time.monotonic
     packed: dict[int, bytes] = {}  # the op's bytes, packed once for all nodes
     results: list[Any] = [None] * len(nodes)

@@ -12,6 +12,7 @@ a second run is harmless (``Script.retry``); never past the operation's bound.
 
 from __future__ import annotations
 
+import functools
 import time
 import warnings
 import weakref
@@ -20,7 +21,7 @@ from typing import Any, TypeVar
 
 from . import _flows, _resp, _stale
 from ._backend_errors import BACKEND_FAILURES, backend_error
-from ._conn_sync import Connection, Pool, pool_for
+from ._conn_sync import Connection, Pool, _bounded, pool_for
 from ._endpoint import (
     REPLY_ERRORS,
     ConnectionFailed,
@@ -400,7 +401,9 @@ def fan_out(
     loses its connection, so a late reply cannot be mistaken for a later command's.
     Once ``enough`` replies satisfy ``yes`` (see ``_quorum.Fanout``), the replies still
     due on socket connections are left to their next read, and their results are UNREAD.
-    Nothing is sent twice here: a node that failed is a "no" for this round."""
+    Nothing is sent twice here: a node that failed is a "no" for this round. A node
+    reached through its client's own methods is called in a thread of its own (``_bounded``), also
+    given up on after ``timeout``."""
     clock = time.monotonic
     packed: dict[int, bytes] = {}  # the op's bytes, packed once for all nodes
     results: list[Any] = [None] * len(nodes)
@@ -412,7 +415,7 @@ def fan_out(
             due = clock() + timeout
             if pool is None:  # the client's own call, one node at a time
                 try:
-                    results[at] = io.execute(op)
+                    results[at] = _bounded(functools.partial(io.execute, op), timeout)
                 except BACKEND_FAILURES as exc:
                     results[at] = backend_error(exc, action)
                 continue

@@ -11,11 +11,12 @@ for that attempt; its connection is dropped, so a late reply cannot be mistaken 
 later command's. A node whose command never left (no connection could be made) cannot
 hold the lock and is not sent the release either.
 
-Plain ``redis.Redis`` clients are talked to on the driver's own connections, so the
-client's retry policy (redis-py retries up to 10 times by default) cannot stretch a
-round. Other client types (a ``RedisCluster``, a custom class) go through their own
-methods one node after another, with their own timeouts and retries: still safe,
-because ``elapsed`` is measured around them, but slower and less available.
+Standalone clients of a known family are talked to on the driver's own connections, so
+the client's retry policy (redis-py retries up to 10 times by default) cannot stretch a
+round. Other client types (a Cluster client, a custom class) go through their own
+methods one node after another, each given up on after ``node_timeout`` (sync: the call
+runs on in a thread of its own, its reply unseen): still safe, because ``elapsed`` is
+measured around them, but slower and less available.
 
 What Redlock assumes (more in docs/redlock.md): clocks on the nodes and the client run
 at about the same rate (1% drift allowed); a holder that pauses past its validity is
