@@ -221,6 +221,46 @@ def _redlease_lock(bench: Bench, node: Node) -> Callable[[str], SyncCycle]:
     return build
 
 
+def _valkey_py() -> Any:
+    try:
+        import valkey
+        import valkey.asyncio
+    except ImportError as exc:
+        raise NotAvailable("valkey-py is not installed") from exc
+    return valkey
+
+
+def _redlease_lock_valkey(bench: Bench, node: Node) -> Callable[[str], SyncCycle]:
+    """The same Lock through a valkey-py client (the per-family row)."""
+
+    def build(key: str) -> SyncCycle:
+        client = _valkey_py().Valkey(**node.params())
+        bench._closers.append(client.close)
+        lock = redlease.Lock(client, key, ttl=TTL)
+
+        def cycle() -> None:
+            lock.acquire().release()
+
+        return cycle
+
+    return build
+
+
+def _redlease_async_valkey(bench: Bench, node: Node) -> Callable[[str], AsyncCycle]:
+    def build(key: str) -> AsyncCycle:
+        client = _valkey_py().asyncio.Valkey(**node.params())
+        bench._async_closers.append(client.aclose)
+        lock = redlease.AsyncLock(client, key, ttl=TTL)
+
+        async def cycle() -> None:
+            lease = await lock.acquire()
+            await lease.release()
+
+        return cycle
+
+    return build
+
+
 @contextlib.contextmanager
 def _spin_off() -> Iterator[None]:
     saved, _spin.BUDGET = _spin.BUDGET, 0.0
@@ -457,6 +497,12 @@ def build_entries(bench: Bench, *, single: bool, redlock: bool, masters: Sequenc
             "redlease Lock, REDLEASE_SPIN_US=0",
             _no_spin(_redlease_lock(bench, one)),
         )
+        bench.add(
+            SINGLE,
+            "redlease-valkey",
+            "redlease Lock, valkey-py client",
+            _redlease_lock_valkey(bench, one),
+        )
         bench.add(SINGLE, "redis-py", "redis-py Lock", _redis_py_lock(bench, one))
         bench.add(SINGLE, "prl", "python-redis-lock", _python_redis_lock(bench, one))
         bench.add(SINGLE, "pottery-1", "pottery Redlock, 1 master", _pottery(bench, [one]))
@@ -474,6 +520,12 @@ def build_entries(bench: Bench, *, single: bool, redlock: bool, masters: Sequenc
             SINGLE, "aredis-py", "(asyncio) redis-py asyncio Lock", _redis_py_async(bench, one)
         )
         bench.add(SINGLE, "aredlease", "(asyncio) redlease AsyncLock", _redlease_async(bench, one))
+        bench.add(
+            SINGLE,
+            "aredlease-valkey",
+            "(asyncio) redlease AsyncLock, valkey-py client",
+            _redlease_async_valkey(bench, one),
+        )
         bench.add(
             SINGLE,
             "aredlease-no-spin",
@@ -651,6 +703,21 @@ def rows(bench: Bench) -> list[Row]:
                         times(against, "redis-py asyncio"),
                     )
                 )
+        elif key in ("redlease-valkey", "aredlease-valkey") and ok(key) and ok(key[:-7]):
+            # a client family costs what redis-py costs, within 10%
+            against = entry.result / by_key[key[:-7]].result
+            out.append(_row(entry, floor))
+            out.append(
+                Row(
+                    entry.section,
+                    entry.label,
+                    "vs the same through redis-py",
+                    against,
+                    times(against, "via redis-py"),
+                    bar=">= 0.9x via redis-py",
+                    verdict=verdict(against >= 0.9),
+                )
+            )
         elif key == "rl-5":
             value = entry.result / floor
             out.append(_row(entry, floor, bar=">= 0.8x floor", ok=value >= 0.8))

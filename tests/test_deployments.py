@@ -13,10 +13,9 @@ from collections.abc import Iterator
 
 import pytest
 import redis
-from redis.cluster import ClusterNode, RedisCluster
-from redis.sentinel import Sentinel
 
 import redlease
+from families import ClientFamily
 from redlease import servers
 from redlease._endpoint import Kind
 from redlease._io_sync import SyncIO
@@ -65,8 +64,8 @@ def cluster(server_kind: str) -> Iterator[list[servers.ServerProcess]]:
             node.stop()
 
 
-def test_lock_on_a_cluster(cluster: list[servers.ServerProcess]) -> None:
-    client = RedisCluster(startup_nodes=[ClusterNode("127.0.0.1", cluster[0].port)])
+def test_lock_on_a_cluster(cluster: list[servers.ServerProcess], family: ClientFamily) -> None:
+    client = family.cluster(cluster[0].port)
     try:
         names = [f"job:{i}" for i in range(12)]  # spread over the three nodes' slots
         slots = {client.keyslot("{" + n + "}") // (SLOTS // 3) for n in names}
@@ -85,14 +84,11 @@ def test_lock_on_a_cluster(cluster: list[servers.ServerProcess]) -> None:
 
 
 async def test_async_lock_on_a_cluster_from_the_first_call(
-    cluster: list[servers.ServerProcess],
+    cluster: list[servers.ServerProcess], family: ClientFamily
 ) -> None:
     """The asyncio cluster client from its very first acquire (the server check included),
     names spread over every node, and waiting there too."""
-    from redis.asyncio.cluster import ClusterNode as AsyncClusterNode
-    from redis.asyncio.cluster import RedisCluster as AsyncRedisCluster
-
-    client = AsyncRedisCluster(startup_nodes=[AsyncClusterNode("127.0.0.1", cluster[0].port)])
+    client = family.acluster(cluster[0].port)
     try:
         for n in [f"ajob:{i}" for i in range(12)]:
             lock = redlease.AsyncLock(client, n, ttl=5.0)
@@ -117,10 +113,10 @@ async def test_async_lock_on_a_cluster_from_the_first_call(
         await client.aclose()
 
 
-def test_waiting_on_a_cluster(cluster: list[servers.ServerProcess]) -> None:
+def test_waiting_on_a_cluster(cluster: list[servers.ServerProcess], family: ClientFamily) -> None:
     import threading
 
-    client = RedisCluster(startup_nodes=[ClusterNode("127.0.0.1", cluster[0].port)])
+    client = family.cluster(cluster[0].port)
     try:
         lock = redlease.Lock(client, "queue-on-cluster", ttl=10.0)
         holder = lock.acquire()
@@ -168,8 +164,8 @@ def sentinel(server_kind: str) -> Iterator[int]:
         master.stop()
 
 
-def test_lock_behind_sentinel(sentinel: int) -> None:
-    client = Sentinel([("127.0.0.1", sentinel)]).master_for("main")
+def test_lock_behind_sentinel(sentinel: int, family: ClientFamily) -> None:
+    client = family.sentinel(sentinel).master_for("main")
     lock = redlease.Lock(client, "behind-sentinel", ttl=5.0)
     with lock as lease:
         assert lock.try_acquire() is None

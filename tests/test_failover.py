@@ -12,14 +12,12 @@ import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Any
 
 import pytest
 import redis
-from redis.asyncio.sentinel import Sentinel as AsyncSentinel
-from redis.sentinel import Sentinel
 
 import redlease
+from families import ClientFamily
 from redlease import servers
 
 pytestmark = pytest.mark.slow
@@ -92,11 +90,6 @@ def deployment(server_kind: str) -> Iterator[Deployment]:
         master.stop()
 
 
-def _sentinel(sentinel_class: Any, deployment: Deployment) -> Any:
-    """A Sentinel client (sync or asyncio) of the deployment's sentinel."""
-    return sentinel_class([("127.0.0.1", deployment.sentinel_port)])
-
-
 def _fail_over(deployment: Deployment, how: str) -> None:
     if how == "kill":
         deployment.master.kill()
@@ -106,8 +99,10 @@ def _fail_over(deployment: Deployment, how: str) -> None:
 
 
 @pytest.mark.parametrize("how", ["kill", "sentinel_failover"])
-def test_waiters_get_the_lock_from_the_new_master(deployment: Deployment, how: str) -> None:
-    sentinel = _sentinel(Sentinel, deployment)
+def test_waiters_get_the_lock_from_the_new_master(
+    deployment: Deployment, how: str, family: ClientFamily
+) -> None:
+    sentinel = family.sentinel(deployment.sentinel_port)
     client = sentinel.master_for("main")
     lock = redlease.Lock(client, "failover", ttl=2.0)
     holder = lock.acquire(timeout=5)
@@ -142,9 +137,9 @@ def test_waiters_get_the_lock_from_the_new_master(deployment: Deployment, how: s
 
 @pytest.mark.parametrize("how", ["kill", "sentinel_failover"])
 async def test_async_waiters_get_the_lock_from_the_new_master(
-    deployment: Deployment, how: str
+    deployment: Deployment, how: str, family: ClientFamily
 ) -> None:
-    sentinel = _sentinel(AsyncSentinel, deployment)
+    sentinel = family.asentinel(deployment.sentinel_port)
     client = sentinel.master_for("main")
     lock = redlease.AsyncLock(client, "failover", ttl=2.0)
     holder = await lock.acquire(timeout=5)

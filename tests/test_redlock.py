@@ -739,7 +739,7 @@ def test_bad_nodes(clients: list[redis.Redis], nodes: list[servers.ServerProcess
     again = redis.Redis(port=nodes[1].port)  # another client, the same server
     with pytest.raises(redlease.InvalidArgument, match=r"nodes\[1\] and nodes\[2\]"):
         redlease.Redlock([clients[0], clients[1], again], "x")
-    with pytest.raises(redlease.InvalidArgument, match=r"nodes\[1\] must be a redis-py client"):
+    with pytest.raises(redlease.InvalidArgument, match=r"nodes\[1\] must be a redis-py or valkey"):
         redlease.Redlock([clients[0], "redis://x"], "x")
     mixed = [clients[0], aredis.Redis(port=nodes[1].port)]
     with pytest.raises(redlease.InvalidArgument, match="mixes sync and asyncio"):
@@ -748,7 +748,10 @@ def test_bad_nodes(clients: list[redis.Redis], nodes: list[servers.ServerProcess
         redlease.AsyncRedlock(mixed, "x")
     with pytest.raises(redlease.InvalidArgument, match="AsyncRedlock"):
         redlease.Redlock([mixed[1]], "x")
-    with pytest.raises(redlease.InvalidArgument, match=r"redis\.asyncio clients for AsyncRedlock"):
+    with pytest.raises(
+        redlease.InvalidArgument,
+        match=r"asyncio clients \(redis\.asyncio, valkey\.asyncio\) for AsyncRedlock",
+    ):
         redlease.AsyncRedlock(clients[:1], "x")
 
 

@@ -14,6 +14,7 @@ import redis
 import redis.asyncio as aredis
 
 import redlease
+from families import FAMILIES, ClientFamily
 
 T = TypeVar("T")
 
@@ -114,8 +115,8 @@ class AsyncLockView:
 class SyncTwin:
     kind = "sync"
 
-    def __init__(self, port: int) -> None:
-        self.client = redis.Redis(port=port)
+    def __init__(self, port: int, family: ClientFamily = FAMILIES["redis-py"]) -> None:
+        self.client: redis.Redis = family.client(port=port)
 
     def lock(self, name: str, ttl: float = 10.0, **options: Any) -> Any:
         return redlease.Lock(self.client, name, ttl, **options)
@@ -127,11 +128,12 @@ class SyncTwin:
 class AsyncTwin:
     kind = "async"
 
-    def __init__(self, port: int) -> None:
+    def __init__(self, port: int, family: ClientFamily = FAMILIES["redis-py"]) -> None:
         self.portal = Portal()
 
         async def make() -> aredis.Redis:
-            return aredis.Redis(port=port)
+            made: aredis.Redis = family.aclient(port=port)
+            return made
 
         self.client = self.portal.call(make)
 

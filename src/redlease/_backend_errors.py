@@ -2,8 +2,7 @@
 
 from __future__ import annotations
 
-from redis import exceptions as rx
-
+from . import _clients as c
 from ._errors import BackendError
 from ._resp import ReplyError
 
@@ -22,17 +21,17 @@ _CODES = {
 def describe(exc: BaseException) -> str:
     if isinstance(exc, ReplyError):
         return _CODES.get(exc.code, "the server returned an error")
-    if isinstance(exc, rx.ReadOnlyError):
+    if isinstance(exc, c.READONLY_ERRORS):
         return "the server is a read-only replica; locks must be taken on a master"
-    if isinstance(exc, rx.OutOfMemoryError) or str(exc).startswith("OOM"):
+    if isinstance(exc, c.OOM_ERRORS) or str(exc).startswith("OOM"):
         return "the server is out of memory (maxmemory reached) and refuses writes"
-    if isinstance(exc, rx.BusyLoadingError):
+    if isinstance(exc, c.LOADING_ERRORS):
         return "the server is still loading its data set"
-    if isinstance(exc, (rx.AuthenticationError, rx.NoPermissionError)):
+    if isinstance(exc, c.DENIED_ERRORS):
         return "the server refused the command (authentication or ACL permissions)"
-    if isinstance(exc, (rx.TimeoutError, TimeoutError)):
+    if isinstance(exc, (*c.TIMEOUT_ERRORS, TimeoutError)):
         return "the server did not answer in time"
-    if isinstance(exc, (rx.ConnectionError, OSError)):
+    if isinstance(exc, (*c.CONNECTION_ERRORS, OSError)):
         return "the server cannot be reached"
     return "the server returned an error"
 
@@ -48,11 +47,11 @@ def passing(error: BaseException) -> bool:
     reached, did not answer in time, or answered "not now". A wait with time left tries
     again after such a failure rather than giving up."""
     cause = error.__cause__ if isinstance(error, BackendError) else error
-    if isinstance(cause, (rx.ConnectionError, rx.TimeoutError, OSError, rx.BusyLoadingError)):
+    if isinstance(cause, (*c.CONNECTION_ERRORS, *c.TIMEOUT_ERRORS, *c.LOADING_ERRORS, OSError)):
         return True
     if isinstance(cause, ReplyError):
         return cause.code in _PASSING
-    return isinstance(cause, rx.ResponseError) and str(cause).startswith(_PASSING)
+    return isinstance(cause, c.RESPONSE_ERRORS) and str(cause).startswith(_PASSING)
 
 
 def backend_error(
@@ -64,4 +63,4 @@ def backend_error(
 
 
 # What a driver turns into BackendError; anything else (bugs, cancellation) passes through.
-BACKEND_FAILURES: tuple[type[BaseException], ...] = (rx.RedisError, OSError, ReplyError)
+BACKEND_FAILURES: tuple[type[BaseException], ...] = (*c.BASE_ERRORS, OSError, ReplyError)

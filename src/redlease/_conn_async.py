@@ -161,7 +161,7 @@ class SocketConnection:
             self.stale -= 1
         return max(end - clock(), _MIN_WAIT)
 
-    def drop_arrived(self) -> ConnectionFailed | None:
+    def drop_arrived(self) -> Exception | None:
         try:
             self.stale = _stale.drop_arrived(
                 self.recv, self.buffer, self.reader, self.stale, self.wire.forget
@@ -348,7 +348,7 @@ class ClassConnection:
     async def read(self, timeout: float, spin: bool = True) -> Any:
         return await _bounded(self.conn.read_response(), timeout)
 
-    def drop_arrived(self) -> ConnectionFailed | None:
+    def drop_arrived(self) -> Exception | None:
         return None
 
     def close(self) -> None:

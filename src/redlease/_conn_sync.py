@@ -192,7 +192,7 @@ class SocketConnection:
             self.stale -= 1
         return max(end - clock(), _MIN_WAIT)
 
-    def drop_arrived(self) -> ConnectionFailed | None:
+    def drop_arrived(self) -> Exception | None:
         """Drop the stale replies already received, without waiting; the error if the
         connection failed."""
         try:
@@ -270,7 +270,7 @@ class ClassConnection:
             raise ReplyTimedOut(f"no reply within {timeout:.3f}s")
         return self.conn.read_response()
 
-    def drop_arrived(self) -> ConnectionFailed | None:
+    def drop_arrived(self) -> Exception | None:
         return None
 
     def close(self) -> None:

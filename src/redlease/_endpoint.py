@@ -1,13 +1,14 @@
-"""How redlease reaches the server behind a client the user passed in: everything it knows
-of the redis-py family, in one place, read through public API only.
+"""How redlease reaches the server behind a client the user passed in, read through the
+public API of the client's family (``_clients``: redis-py, valkey-py) only.
 
 A client is served one of three ways, chosen once per client:
 
 ``SOCKET``
-    A plain ``redis.Redis`` / ``redis.asyncio.Redis`` whose pool makes plain TCP or Unix
-    socket connections: redlease opens sockets of its own with the client's settings
-    (host and port or path, user and password or credential provider, db, client name,
-    timeouts, keepalive) and speaks RESP2 on them. The fast path.
+    A standalone client of a known family (``redis.Redis``, ``valkey.Valkey``, their
+    asyncio twins) whose pool makes plain TCP or Unix socket connections: redlease
+    opens sockets of its own with the client's settings (host and port or path, user
+    and password or credential provider, db, client name, timeouts, keepalive) and
+    speaks RESP2 on them. The fast path.
 ``CLASS``
     Any other connection class of such a client (TLS, Sentinel-managed, a subclass of
     the user's): redlease makes connections of its own with the client's connection
@@ -15,7 +16,7 @@ A client is served one of three ways, chosen once per client:
     ``send_packed_command``, ``can_read``, ``read_response``, ``disconnect``). A
     Sentinel-managed class asks the sentinels for the master on every connect.
 ``CLIENT``
-    Anything else (``RedisCluster``, wrappers): the client's public command methods,
+    Anything else (Cluster clients, wrappers): the client's public command methods,
     with its own routing, timeouts and retries.
 
 Connections of the first two kinds are redlease's own, never the pool's: waiting on the
@@ -29,22 +30,37 @@ import sys
 from dataclasses import dataclass, field
 from typing import Any
 
-import redis
-import redis.asyncio as aredis
-from redis import exceptions as rx
-
+from ._clients import (
+    CONNECTION_ERRORS,
+    NOSCRIPT_ERRORS,
+    RESPONSE_ERRORS,
+    TIMEOUT_ERRORS,
+    ConnectionFailed,
+    ReplyTimedOut,
+    family_of,
+)
 from ._resp import ReplyError
+
+__all__ = [
+    "CONNECTION_ERRORS",
+    "REPLY_ERRORS",
+    "TIMEOUT_ERRORS",
+    "ConnectionFailed",
+    "Endpoint",
+    "Kind",
+    "ReplyTimedOut",
+    "bounded",
+    "endpoint_of",
+    "is_noscript",
+    "is_unblocked",
+    "read_bound",
+]
 
 
 class Kind(enum.Enum):
     SOCKET = "socket"
     CLASS = "class"
     CLIENT = "client"
-
-
-# The connection classes whose settings redlease knows how to open a socket with itself.
-_PLAIN_SYNC = (redis.Connection, redis.UnixDomainSocketConnection)
-_PLAIN_ASYNC = (aredis.Connection, aredis.UnixDomainSocketConnection)
 
 
 @dataclass(frozen=True)
@@ -82,16 +98,19 @@ class Endpoint:
 
 def endpoint_of(client: Any, *, asyncio: bool) -> Endpoint:
     """How to reach the server behind ``client`` (sync, or asyncio when ``asyncio``)."""
-    family = aredis.Redis if asyncio else redis.Redis
+    family = family_of(client)
     pool = getattr(client, "connection_pool", None)
     cls = getattr(pool, "connection_class", None)
     settings = getattr(pool, "connection_kwargs", None)
-    if not isinstance(client, family) or cls is None or not isinstance(settings, dict):
+    standalone = family is not None and isinstance(
+        client, family.async_clients if asyncio else family.clients
+    )
+    if family is None or not standalone or cls is None or not isinstance(settings, dict):
         return Endpoint(Kind.CLIENT, type(client).__name__)
     retry = client.get_retry()
     timeout = settings.get("socket_timeout")
     # (SO_RCVTIMEO, which bounds a blocking read of our own, takes a timeval on POSIX only)
-    if cls in (_PLAIN_ASYNC if asyncio else _PLAIN_SYNC) and sys.platform != "win32":
+    if cls in (family.async_plain if asyncio else family.plain) and sys.platform != "win32":
         path = settings.get("path")
         host, port = settings.get("host", "localhost"), int(settings.get("port", 6379))
         return Endpoint(
@@ -171,16 +190,13 @@ def read_bound(endpoint: Endpoint, timeout: float) -> float:
     return timeout if limit is None or limit >= timeout else float(limit)
 
 
-# The client family's own connection errors: its retry policy retries exactly these.
-ConnectionFailed = rx.ConnectionError
-ReplyTimedOut = rx.TimeoutError
 # An error reply: ours (ReplyError) or one a CLASS connection or client raised.
-REPLY_ERRORS: tuple[type[Exception], ...] = (ReplyError, rx.ResponseError)
+REPLY_ERRORS: tuple[type[Exception], ...] = (ReplyError, *RESPONSE_ERRORS)
 
 
 def is_noscript(exc: BaseException) -> bool:
     """The server does not know the script (restarted, SCRIPT FLUSH, a promoted replica)."""
-    return isinstance(exc, rx.NoScriptError) or (
+    return isinstance(exc, NOSCRIPT_ERRORS) or (
         isinstance(exc, ReplyError) and exc.code == "NOSCRIPT"
     )
 
@@ -189,4 +205,4 @@ def is_unblocked(exc: BaseException) -> bool:
     """A blocked command was ended by the server because it changed role (a failover)."""
     if isinstance(exc, ReplyError):
         return exc.code == "UNBLOCKED"
-    return isinstance(exc, rx.ResponseError) and str(exc).startswith("UNBLOCKED")
+    return isinstance(exc, RESPONSE_ERRORS) and str(exc).startswith("UNBLOCKED")

@@ -22,6 +22,7 @@ from typing import Any, Generic, Protocol, TypeVar
 from . import _arguments as args
 from . import _renewal
 from ._batches import Lender
+from ._clients import refusal
 from ._errors import AcquireTimeout, InvalidArgument
 from ._flows import Grant
 from ._lease import AsyncDriver, AsyncLeaseBlock, LeaseState, SyncDriver, SyncLeaseBlock, _shielded
@@ -249,14 +250,26 @@ def is_async_client(client: object) -> bool:
     return inspect.iscoroutinefunction(getattr(client, "execute_command", None))
 
 
-def check_client(client: object, *, want_async: bool) -> None:
+def check_served(client: object, what: str) -> None:
+    """Refuse what redlease cannot serve, naming the argument (``what``) and the client."""
+    refused = refusal(client)
+    if refused is not None:
+        raise InvalidArgument(f"{what} is refused: {refused}")
     if not callable(getattr(client, "execute_command", None)):
-        raise InvalidArgument(f"client must be a redis-py client, not {type(client).__name__}")
+        raise InvalidArgument(
+            f"{what} must be a redis-py or valkey-py client, not {type(client).__name__}"
+        )
+
+
+def check_client(client: object, *, want_async: bool) -> None:
+    check_served(client, "client")
     if is_async_client(client) != want_async:
         if want_async:
             raise InvalidArgument(
-                "client must be a redis.asyncio client for AsyncLock; use Lock with a sync client"
+                "client must be an asyncio client (redis.asyncio, valkey.asyncio) for "
+                "AsyncLock; use Lock with a sync client"
             )
         raise InvalidArgument(
-            "client must be a sync redis client for Lock; use AsyncLock with a redis.asyncio client"
+            "client must be a sync client (redis.Redis, valkey.Valkey) for Lock; use "
+            "AsyncLock with an asyncio client"
         )

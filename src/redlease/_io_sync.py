@@ -23,10 +23,10 @@ from . import _flows, _resp, _stale
 from ._backend_errors import BACKEND_FAILURES, backend_error
 from ._conn_sync import Connection, Pool, _bounded, pool_for
 from ._endpoint import (
+    CONNECTION_ERRORS,
     REPLY_ERRORS,
-    ConnectionFailed,
+    TIMEOUT_ERRORS,
     Kind,
-    ReplyTimedOut,
     endpoint_of,
     is_noscript,
     is_unblocked,
@@ -301,7 +301,7 @@ class SyncIO:
                 conn.send(blpop)
             try:
                 reply = conn.read(wait + LATE_WAKE, spin=False)  # a blocking command
-            except ReplyTimedOut:
+            except TIMEOUT_ERRORS:
                 reply = self._unblock(conn, op.connect_timeout)
         except _Owed:
             # The BLPOP's own reply is still to come (an idle server answers its timeout
@@ -310,7 +310,7 @@ class SyncIO:
             # try finds it.
             pool.owe(conn, blocking=True)
             return nothing
-        except ConnectionFailed:
+        except CONNECTION_ERRORS:
             pool.discard(conn, blocking=True)  # lost while waiting: look at the lock again
             return nothing
         except REPLY_ERRORS as exc:
@@ -354,7 +354,7 @@ class SyncIO:
         pool.give(other)
         try:
             return conn.read(timeout, spin=False)
-        except ReplyTimedOut:
+        except TIMEOUT_ERRORS:
             raise _Owed from None
 
 
@@ -379,7 +379,7 @@ def _again(error: BaseException, written: bool, safe: bool, end: float) -> bool:
     the work is safe to do twice (not after a timeout: the server may still be at it)."""
     if time.monotonic() >= end:
         return False
-    return not written or (safe and not isinstance(error, ReplyTimedOut))
+    return not written or (safe and not isinstance(error, TIMEOUT_ERRORS))
 
 
 def fan_out(

@@ -43,7 +43,7 @@ from ._errors import (
     RedleaseWarning,
 )
 from ._flows import Call, Command, Grant, LockSpec, Sleep
-from ._fronts import AsyncFront, SyncFront, is_async_client
+from ._fronts import AsyncFront, SyncFront, check_served, is_async_client
 from ._io_async import _CHECKED as _ASYNC_CHECKED
 from ._io_async import AsyncIO
 from ._io_sync import _CHECKED as _SYNC_CHECKED
@@ -99,10 +99,7 @@ def _check_nodes(nodes: object, *, want_async: bool) -> list[Any]:
         raise InvalidArgument("nodes must not be empty: Redlock needs at least one server")
     kinds: dict[bool, int] = {}
     for i, client in enumerate(clients):
-        if not callable(getattr(client, "execute_command", None)):
-            raise InvalidArgument(
-                f"nodes[{i}] must be a redis-py client, not {type(client).__name__}"
-            )
+        check_served(client, f"nodes[{i}]")
         kinds.setdefault(is_async_client(client), i)
         ident = _node_identity(client)
         for j, other in enumerate(clients[:i]):
@@ -119,12 +116,12 @@ def _check_nodes(nodes: object, *, want_async: bool) -> list[Any]:
     if want_async not in kinds:
         if want_async:
             raise InvalidArgument(
-                "nodes must be redis.asyncio clients for AsyncRedlock; use Redlock with "
-                "sync clients"
+                "nodes must be asyncio clients (redis.asyncio, valkey.asyncio) for "
+                "AsyncRedlock; use Redlock with sync clients"
             )
         raise InvalidArgument(
-            "nodes must be sync redis clients for Redlock; use AsyncRedlock with "
-            "redis.asyncio clients"
+            "nodes must be sync clients (redis.Redis, valkey.Valkey) for Redlock; use "
+            "AsyncRedlock with asyncio clients"
         )
     return clients
 

@@ -1,0 +1,71 @@
+"""What redlease knows of one client family (redis-py, a fork of it, ...): the types that
+say a client is one of its, and its errors. All of it is the family's public API."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from types import ModuleType
+
+
+@dataclass(frozen=True)
+class Errors:
+    """A family's exception classes, by what they mean to a lock."""
+
+    base: type[Exception]  # every error of the family derives from it
+    connection: type[Exception]  # the server cannot be reached (retried by its policy)
+    timeout: type[Exception]  # no reply in time (retried by its policy)
+    response: type[Exception]  # an error reply
+    noscript: type[Exception]  # the server does not know the script
+    readonly: type[Exception]  # a replica refuses writes
+    loading: type[Exception]  # the server is loading its data set
+    denied: tuple[type[Exception], ...]  # authentication or ACL refusals
+    oom: type[Exception] | None = None  # out of memory (else told by the reply's text)
+
+
+@dataclass(frozen=True)
+class Family:
+    """One client family. ``clients`` / ``async_clients`` are its standalone client
+    types: ones with a connection pool whose ``connection_class`` and
+    ``connection_kwargs`` say how to reach the server, and ``get_retry()``. ``plain`` /
+    ``async_plain`` are the connection classes (plain TCP, Unix socket) that redlease
+    may replace by sockets of its own with the same settings."""
+
+    name: str
+    package: str  # its top-level module: clients of other types from it are its too
+    clients: tuple[type, ...]
+    async_clients: tuple[type, ...]
+    plain: tuple[type, ...]
+    async_plain: tuple[type, ...]
+    errors: Errors
+
+    def owns(self, client: object) -> bool:
+        module = type(client).__module__
+        return module == self.package or module.startswith(self.package + ".")
+
+
+def shaped_like_redis_py(
+    name: str, sync: ModuleType, asyncio: ModuleType, client: str, base_error: str
+) -> Family:
+    """A family with redis-py's layout (redis-py itself and its forks): ``sync.<client>``
+    and ``asyncio.<client>``, ``Connection`` and ``UnixDomainSocketConnection`` in both,
+    the errors in ``sync.exceptions``."""
+    x = sync.exceptions
+    return Family(
+        name=name,
+        package=sync.__name__,
+        clients=(getattr(sync, client),),
+        async_clients=(getattr(asyncio, client),),
+        plain=(sync.Connection, sync.UnixDomainSocketConnection),
+        async_plain=(asyncio.Connection, asyncio.UnixDomainSocketConnection),
+        errors=Errors(
+            base=getattr(x, base_error),
+            connection=x.ConnectionError,
+            timeout=x.TimeoutError,
+            response=x.ResponseError,
+            noscript=x.NoScriptError,
+            readonly=x.ReadOnlyError,
+            loading=x.BusyLoadingError,
+            denied=(x.AuthenticationError, x.NoPermissionError),
+            oom=getattr(x, "OutOfMemoryError", None),
+        ),
+    )

@@ -1,0 +1,238 @@
+"""The contract through every client family redlease serves, on both server kinds: the
+first acquire on a server that has not seen the scripts, a server that is down, a bounded
+pool with more waiters than slots, auto-renewal, Redlock, and the families refused by name.
+
+(The rest of the suite runs each server kind through one family: see ``families``.)
+"""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+import threading
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+import redlease
+from families import FAMILIES, ClientFamily
+from redlease import _clients, servers
+
+
+@pytest.fixture(params=sorted(FAMILIES))
+def family(request: pytest.FixtureRequest) -> ClientFamily:
+    return FAMILIES[request.param]
+
+
+@pytest.fixture
+def client(family: ClientFamily, server: servers.ServerProcess) -> Iterator[Any]:
+    made = family.client(port=server.port)
+    made.flushall()
+    yield made
+    made.close()
+
+
+def _free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+def _nothing_held(client: Any, name: str) -> None:
+    """The lock is free, and whatever it left expires (but the fence counter, kept on
+    purpose: see the README)."""
+    assert client.exists("{" + name + "}") == 0
+    for key in client.keys("{" + name + "}*"):
+        assert key.endswith(b":fence") or client.pttl(key) > 0, key
+
+
+def test_every_family_is_recognised(family: ClientFamily) -> None:
+    known = _clients.family_of(family.client(port=1))
+    assert known is not None
+    assert known.name == family.name
+
+
+def test_first_acquire_after_script_flush(client: Any, family: ClientFamily, name: str) -> None:
+    """A server that has not seen redlease's scripts (fresh, restarted, failed over)."""
+    for _ in range(2):
+        client.script_flush()
+        with redlease.Lock(client, name, ttl=5.0) as lease:
+            assert lease.fence >= 1
+            client.script_flush()
+        assert client.exists("{" + name + "}") == 0
+
+
+async def test_async_first_acquire_after_script_flush(
+    family: ClientFamily, server: servers.ServerProcess, name: str
+) -> None:
+    made = family.aclient(port=server.port)
+    try:
+        await made.script_flush()
+        async with redlease.AsyncLock(made, name, ttl=5.0) as lease:
+            assert lease.fence >= 1
+            await made.script_flush()
+        assert await made.exists("{" + name + "}") == 0
+    finally:
+        await made.aclose()
+
+
+def test_server_down_is_a_backend_error(family: ClientFamily, name: str) -> None:
+    down = family.client(port=_free_port(), socket_connect_timeout=0.5)
+    with pytest.raises(redlease.BackendError, match="cannot be reached") as caught:
+        redlease.Lock(down, name).try_acquire()
+    assert isinstance(caught.value.__cause__, family.exceptions.ConnectionError)
+    with pytest.raises(redlease.QuorumError):
+        redlease.Redlock([down], name).try_acquire()
+
+
+async def test_async_server_down_is_a_backend_error(family: ClientFamily, name: str) -> None:
+    down = family.aclient(port=_free_port(), socket_connect_timeout=0.5)
+    with pytest.raises(redlease.BackendError, match="cannot be reached"):
+        await redlease.AsyncLock(down, name).try_acquire()
+    await down.aclose()
+
+
+def test_waiters_leave_a_bounded_pool_alone(
+    family: ClientFamily, server: servers.ServerProcess, name: str
+) -> None:
+    """20 threads wait for one lock through a client whose pool has 5 slots: the holder
+    releases, the application's own commands run, every waiter gets the lock in turn and
+    no key is left behind."""
+    pool = family.pool(port=server.port, max_connections=5)
+    client = family.client(connection_pool=pool)
+    lock = redlease.Lock(client, name, ttl=10.0)
+    fences: list[int] = []
+    failures: list[str] = []
+
+    def waiter() -> None:
+        try:
+            with lock.acquire(timeout=20.0) as lease:
+                fences.append(lease.fence)
+        except Exception as exc:  # collected: the assertion names them
+            failures.append(repr(exc))
+
+    threads = [threading.Thread(target=waiter) for _ in range(20)]
+    try:
+        holder = lock.acquire(timeout=2.0)
+        for thread in threads:
+            thread.start()
+        time.sleep(0.5)  # the waiters are blocked on the server now
+        client.set(f"{name}:app", "still served")
+        assert client.get(f"{name}:app") == b"still served"
+        holder.release()
+        for thread in threads:
+            thread.join(30)
+        assert failures == []
+        assert len(fences) == 20
+        assert fences == sorted(set(fences))
+        _nothing_held(client, name)
+    finally:
+        for thread in threads:
+            if thread.ident is not None:
+                thread.join(30)
+        client.close()
+        pool.disconnect()
+
+
+async def test_async_waiters_leave_a_bounded_pool_alone(
+    family: ClientFamily, server: servers.ServerProcess, name: str
+) -> None:
+    client = family.aclient(port=server.port, max_connections=5)
+    lock = redlease.AsyncLock(client, name, ttl=10.0)
+    fences: list[int] = []
+
+    async def waiter() -> None:
+        async with await lock.acquire(timeout=20.0) as lease:
+            fences.append(lease.fence)
+
+    try:
+        holder = await lock.acquire(timeout=2.0)
+        tasks = [asyncio.create_task(waiter()) for _ in range(20)]
+        await asyncio.sleep(0.5)
+        await client.set(f"{name}:app", "still served")
+        await holder.release()
+        await asyncio.wait_for(asyncio.gather(*tasks), 30)
+        assert len(fences) == 20
+        assert fences == sorted(set(fences))
+        assert await client.exists("{" + name + "}") == 0
+        for key in await client.keys("{" + name + "}*"):
+            assert key.endswith(b":fence") or await client.pttl(key) > 0, key
+    finally:
+        await client.aclose()
+
+
+def test_auto_renew_and_takeover(client: Any, name: str) -> None:
+    lost = threading.Event()
+    lease = redlease.Lock(client, name, ttl=0.6, auto_renew=True, on_lost=lambda _: lost.set())
+    held = lease.acquire()
+    time.sleep(1.0)  # past the ttl: renewed through this family's client
+    assert not held.lost
+    client.set("{" + name + "}", "another holder", px=60_000)
+    assert lost.wait(2.0)
+
+
+def test_redlock_through_the_family(family: ClientFamily, server_kind: str, name: str) -> None:
+    with servers.running(3, server_kind) as nodes:
+        made = [family.client(port=node.port) for node in nodes]
+        with redlease.Redlock(made, name, ttl=5.0) as lease:
+            assert lease.fence >= 1
+            assert [c.exists("{" + name + "}") for c in made] == [1, 1, 1]
+        assert [c.exists("{" + name + "}") for c in made] == [0, 0, 0]
+        nodes[0].stop()
+        with redlease.Redlock(made, name, ttl=5.0) as lease:  # 2 of 3 still a majority
+            assert lease.fence >= 1
+
+
+# -- clients of libraries redlease does not serve are refused by name ------------------------
+
+
+def test_coredis_is_refused_by_name() -> None:
+    coredis = pytest.importorskip("coredis")
+    client = coredis.Redis(port=_free_port())
+    for make in (redlease.Lock, redlease.AsyncLock):
+        with pytest.raises(redlease.InvalidArgument, match=r"client is refused: coredis\.\S*Redis"):
+            make(client, "x")
+    with pytest.raises(redlease.InvalidArgument, match=r"nodes\[0\] is refused: coredis"):
+        redlease.AsyncRedlock([client], "x")
+
+
+def test_glide_is_refused_by_name(server: servers.ServerProcess) -> None:
+    glide_sync = pytest.importorskip("glide_sync")
+    config = glide_sync.GlideClientConfiguration([glide_sync.NodeAddress("127.0.0.1", server.port)])
+    client = glide_sync.GlideClient.create(config)
+    try:
+        for make in (redlease.Lock, redlease.AsyncLock):
+            with pytest.raises(redlease.InvalidArgument, match=r"client is refused: glide_sync"):
+                make(client, "x")
+    finally:
+        client.close()
+
+
+async def test_async_glide_is_refused_by_name(server: servers.ServerProcess) -> None:
+    glide = pytest.importorskip("glide")
+    config = glide.GlideClientConfiguration([glide.NodeAddress("127.0.0.1", server.port)])
+    client = await glide.GlideClient.create(config)
+    try:
+        with pytest.raises(redlease.InvalidArgument, match=r"client is refused: glide\.\S*Glide"):
+            redlease.AsyncLock(client, "x")
+        with pytest.raises(redlease.InvalidArgument, match=r"nodes\[0\] is refused: glide"):
+            redlease.AsyncRedlock([client], "x")
+    finally:
+        await client.close()
+
+
+def test_redlock_over_nodes_of_both_families(server_kind: str, name: str) -> None:
+    with servers.running(3, server_kind) as nodes:
+        made = [
+            FAMILIES[family].client(port=node.port)
+            for family, node in zip(["redis-py", "valkey-py", "redis-py"], nodes, strict=True)
+        ]
+        lock = redlease.Redlock(made, name, ttl=5.0)
+        with lock as lease:
+            assert [c.exists("{" + name + "}") for c in made] == [1, 1, 1]
+            assert lock.try_acquire() is None
+        again = lock.acquire(timeout=1.0)
+        assert again.fence > lease.fence
+        again.release()
