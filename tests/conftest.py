@@ -19,6 +19,7 @@ import pytest
 import redis
 import redis.asyncio as aredis
 
+import families
 from families import FAMILIES, HOME, ClientFamily
 from redlease import servers
 
@@ -47,6 +48,16 @@ def server(server_kind: str) -> Iterator[servers.ServerProcess]:
 def family(server_kind: str) -> ClientFamily:
     """The client family this server kind's tests run through."""
     return FAMILIES[HOME[server_kind]]
+
+
+@pytest.fixture(autouse=True)
+def _the_tests_family(request: pytest.FixtureRequest) -> None:
+    """Clients a test makes with ``families.client()`` and the like are of the family
+    paired with its server kind (redis-py for tests that take no server kind)."""
+    if "server_kind" in request.fixturenames:
+        families.use(FAMILIES[HOME[request.getfixturevalue("server_kind")]])
+    else:
+        families.use(FAMILIES["redis-py"])
 
 
 @pytest.fixture

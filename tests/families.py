@@ -10,14 +10,20 @@ from typing import Any
 import redis
 import redis.asyncio
 import redis.asyncio.cluster
+import redis.asyncio.retry
 import redis.asyncio.sentinel
+import redis.backoff
 import redis.cluster
+import redis.retry
 import redis.sentinel
 import valkey
 import valkey.asyncio
 import valkey.asyncio.cluster
+import valkey.asyncio.retry
 import valkey.asyncio.sentinel
+import valkey.backoff
 import valkey.cluster
+import valkey.retry
 import valkey.sentinel
 
 
@@ -74,3 +80,53 @@ FAMILIES = {
 # Each server kind's whole suite runs through one family (the server's own project's
 # client on it); tests/test_clients.py runs the contract through every pair.
 HOME = {"redis": "redis-py", "valkey": "valkey-py"}
+
+
+# The family of the test that runs now (set by conftest from the server kind it runs on):
+# the helpers below make clients of it, so a test need not say which family it uses.
+_current = FAMILIES["redis-py"]
+
+
+def use(family: ClientFamily) -> None:
+    global _current
+    _current = family
+
+
+def current() -> ClientFamily:
+    return _current
+
+
+def client(**options: Any) -> redis.Redis:
+    """A sync client of the current family (typed as redis-py's: the API is the same)."""
+    made: redis.Redis = _current.client(**options)
+    return made
+
+
+def aclient(**options: Any) -> redis.asyncio.Redis:
+    made: redis.asyncio.Redis = _current.aclient(**options)
+    return made
+
+
+def pool(**options: Any) -> redis.ConnectionPool:
+    made: redis.ConnectionPool = _current.pool(**options)
+    return made
+
+
+def blocking_pool(**options: Any) -> redis.BlockingConnectionPool:
+    made: redis.BlockingConnectionPool = _current.sync.BlockingConnectionPool(**options)
+    return made
+
+
+def retry(retries: int) -> Any:
+    """The current family's sync retry policy: ``retries`` tries, no backoff."""
+    return _current.sync.retry.Retry(_current.sync.backoff.NoBackoff(), retries)
+
+
+def aretry(retries: int) -> Any:
+    """The same for its asyncio clients."""
+    return _current.asyncio.retry.Retry(_current.sync.backoff.NoBackoff(), retries)
+
+
+def errors() -> ModuleType:
+    """The current family's exceptions module."""
+    return _current.exceptions

@@ -9,6 +9,7 @@ from typing import Any
 import pytest
 import redis
 
+import families
 import redlease
 
 
@@ -219,8 +220,8 @@ def test_either_reply_parser_and_a_server_timeout(server: Any, name: str, parser
     from redis._parsers import _RESP2Parser
 
     options: dict[str, Any] = {"parser_class": _RESP2Parser} if parser == "python" else {}
-    pool = redis.ConnectionPool(port=server.port, **options)
-    client = redis.Redis(connection_pool=pool)
+    pool = families.pool(port=server.port, **options)
+    client = families.client(connection_pool=pool)
     try:
         _times_out_while_paused(redlease.Lock(client, name, ttl=1.0), server)
     finally:

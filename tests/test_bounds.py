@@ -16,8 +16,8 @@ from typing import Any
 
 import pytest
 import redis
-import redis.asyncio as aredis
 
+import families
 import redlease
 from redlease import servers
 from redlease.chaos.proxy import FaultProxy
@@ -49,7 +49,7 @@ def _in_thread(call: Callable[[], Any]) -> tuple[threading.Thread, dict[str, Any
 @pytest.fixture
 def slow_link(server: servers.ServerProcess) -> Iterator[FaultProxy]:
     """A link whose round trip (240 ms) is longer than a 0.2 s lease's validity."""
-    redis.Redis(port=server.port).flushall()
+    families.client(port=server.port).flushall()
     with FaultProxy("127.0.0.1", server.port).start() as proxy:
         proxy.set_mode("delay", delay_ms=120)
         yield proxy
@@ -59,7 +59,7 @@ def slow_link(server: servers.ServerProcess) -> Iterator[FaultProxy]:
 def test_grants_that_always_arrive_too_late_do_not_loop_forever(
     server: servers.ServerProcess, slow_link: FaultProxy, name: str, call: str
 ) -> None:
-    client = redis.Redis(port=slow_link.port)
+    client = families.client(port=slow_link.port)
     lock = redlease.Lock(client, name, ttl=0.2)
     if call == "try_acquire":
         thread, out = _in_thread(lock.try_acquire)
@@ -74,7 +74,7 @@ def test_grants_that_always_arrive_too_late_do_not_loop_forever(
             assert isinstance(out.get("error"), redlease.AcquireTimeout), out
         # one attempt is two round trips (acquire, give back) plus connecting
         assert out["took"] < (2.5 if call == "try_acquire" else 3.5)
-        direct = redis.Redis(port=server.port)
+        direct = families.client(port=server.port)
         assert direct.exists("{" + name + "}") == 0  # every late grant was given back
         assert int(direct.get("{" + name + "}:fence") or 0) < 20  # not thousands burnt
         direct.close()
@@ -87,7 +87,7 @@ def test_grants_that_always_arrive_too_late_do_not_loop_forever(
 async def test_async_grants_that_always_arrive_too_late_do_not_loop_forever(
     slow_link: FaultProxy, name: str
 ) -> None:
-    client = aredis.Redis(port=slow_link.port)
+    client = families.aclient(port=slow_link.port)
     lock = redlease.AsyncLock(client, name, ttl=0.2)
     try:
         started = time.monotonic()
@@ -105,7 +105,7 @@ async def test_async_grants_that_always_arrive_too_late_do_not_loop_forever(
 @pytest.mark.parametrize("ttl", [0.001, 0.002, timedelta(milliseconds=2), 0.0015])
 def test_a_ttl_that_leaves_no_validity_is_refused(ttl: Any) -> None:
     """validity = ttl - (ttl * 1% + 2 ms) must be positive: 3 ms is the shortest ttl."""
-    sync_client, async_client = redis.Redis(port=1), aredis.Redis(port=1)  # never used
+    sync_client, async_client = families.client(port=1), families.aclient(port=1)  # never used
     makers: list[Callable[[], object]] = [
         lambda: redlease.Lock(sync_client, "x", ttl=ttl),
         lambda: redlease.AsyncLock(async_client, "x", ttl=ttl),
@@ -142,7 +142,7 @@ def test_wait_for_replicas_is_bounded_by_the_acquire_deadline(
     master_and_replica: tuple[servers.ServerProcess, servers.ServerProcess], name: str
 ) -> None:
     master, replica = master_and_replica
-    client = redis.Redis(port=master.port)
+    client = families.client(port=master.port)
     # A WAIT of its own would last ttl / 10 = 3 s.
     lock = redlease.Lock(client, name, ttl=30.0, replicas=1)
     replica.pause()  # it acknowledges nothing
@@ -167,7 +167,7 @@ async def test_async_wait_for_replicas_is_bounded_by_the_acquire_deadline(
     master_and_replica: tuple[servers.ServerProcess, servers.ServerProcess], name: str
 ) -> None:
     master, replica = master_and_replica
-    client = aredis.Redis(port=master.port)
+    client = families.aclient(port=master.port)
     lock = redlease.AsyncLock(client, name, ttl=30.0, replicas=1)
     replica.pause()
     try:
@@ -184,7 +184,7 @@ def test_auto_renew_with_replicas_keeps_the_lease(
     master_and_replica: tuple[servers.ServerProcess, servers.ServerProcess], name: str
 ) -> None:
     master, replica = master_and_replica
-    client = redis.Redis(port=master.port)
+    client = families.client(port=master.port)
     lost: list[object] = []
     lock = redlease.Lock(client, name, ttl=0.6, replicas=1, auto_renew=True, on_lost=lost.append)
     try:
@@ -193,7 +193,7 @@ def test_auto_renew_with_replicas_keeps_the_lease(
             assert not lease.lost
             assert not lost
             assert lease.remaining() > 0.1
-            on_replica = redis.Redis(port=replica.port)
+            on_replica = families.client(port=replica.port)
             assert on_replica.get("{" + name + "}") == lease.token.encode()
             on_replica.close()
         assert client.exists("{" + name + "}") == 0
@@ -205,7 +205,7 @@ async def test_async_auto_renew_with_replicas_keeps_the_lease(
     master_and_replica: tuple[servers.ServerProcess, servers.ServerProcess], name: str
 ) -> None:
     master, _ = master_and_replica
-    client = aredis.Redis(port=master.port)
+    client = families.aclient(port=master.port)
     lost: list[object] = []
     lock = redlease.AsyncLock(
         client, name, ttl=0.6, replicas=1, auto_renew=True, on_lost=lost.append
@@ -225,7 +225,7 @@ def test_a_renewal_the_replicas_do_not_acknowledge_does_not_count(
     master_and_replica: tuple[servers.ServerProcess, servers.ServerProcess], name: str
 ) -> None:
     master, replica = master_and_replica
-    client = redis.Redis(port=master.port)
+    client = families.client(port=master.port)
     lost: list[object] = []
     lock = redlease.Lock(client, name, ttl=0.6, replicas=1, auto_renew=True, on_lost=lost.append)
     try:
@@ -283,7 +283,7 @@ def test_redlock_gives_up_on_a_hung_node_it_reaches_through_the_client(
     still given up on after node_timeout, not after the client's socket_timeout."""
     with ExitStack() as stack:
         clients = [
-            _Wrapped(stack.enter_context(redis.Redis(port=p.port, socket_timeout=HUNG)))
+            _Wrapped(stack.enter_context(families.client(port=p.port, socket_timeout=HUNG)))
             for p in three
         ]
         lock = redlease.Redlock(clients, name, ttl=5.0, node_timeout=0.2)
@@ -303,7 +303,7 @@ def test_redlock_gives_up_on_a_hung_node_it_reaches_through_the_client(
 async def test_async_redlock_gives_up_on_a_hung_node_it_reaches_through_the_client(
     three: list[servers.ServerProcess], name: str
 ) -> None:
-    clients = [_Wrapped(aredis.Redis(port=p.port, socket_timeout=HUNG)) for p in three]
+    clients = [_Wrapped(families.aclient(port=p.port, socket_timeout=HUNG)) for p in three]
     try:
         lock = redlease.AsyncRedlock(clients, name, ttl=5.0, node_timeout=0.2)
         await (await lock.acquire()).release()
@@ -327,7 +327,7 @@ def test_redlock_waits_for_nodes_that_come_back(
     three: list[servers.ServerProcess], name: str, how: str
 ) -> None:
     with ExitStack() as stack:
-        clients = [stack.enter_context(redis.Redis(port=p.port)) for p in three]
+        clients = [stack.enter_context(families.client(port=p.port)) for p in three]
         lock = redlease.Redlock(clients, name, ttl=5.0)
         lock.acquire().release()  # connections are open before the outage
         _down(three[1:], how)
@@ -349,7 +349,7 @@ def test_redlock_waits_for_nodes_that_come_back(
 async def test_async_redlock_waits_for_nodes_that_come_back(
     three: list[servers.ServerProcess], name: str, how: str
 ) -> None:
-    clients = [aredis.Redis(port=p.port) for p in three]
+    clients = [families.aclient(port=p.port) for p in three]
     try:
         lock = redlease.AsyncRedlock(clients, name, ttl=5.0)
         await (await lock.acquire()).release()
@@ -374,7 +374,7 @@ def test_redlock_with_nodes_down_for_good_fails_at_its_timeout(
     three: list[servers.ServerProcess], name: str, how: str
 ) -> None:
     with ExitStack() as stack:
-        clients = [stack.enter_context(redis.Redis(port=p.port)) for p in three]
+        clients = [stack.enter_context(families.client(port=p.port)) for p in three]
         lock = redlease.Redlock(clients, name, ttl=5.0)
         _down(three[1:], how)
         try:
@@ -397,7 +397,7 @@ def test_redlock_with_nodes_down_for_good_fails_at_its_timeout(
 async def test_async_redlock_with_nodes_down_for_good_fails_at_its_timeout(
     three: list[servers.ServerProcess], name: str
 ) -> None:
-    clients = [aredis.Redis(port=p.port) for p in three]
+    clients = [families.aclient(port=p.port) for p in three]
     try:
         lock = redlease.AsyncRedlock(clients, name, ttl=5.0)
         _down(three[1:], "kill")
@@ -415,7 +415,7 @@ def test_redlock_contention_still_ends_in_acquire_timeout(
     three: list[servers.ServerProcess], name: str
 ) -> None:
     with ExitStack() as stack:
-        clients = [stack.enter_context(redis.Redis(port=p.port)) for p in three]
+        clients = [stack.enter_context(families.client(port=p.port)) for p in three]
         lock = redlease.Redlock(clients, name, ttl=5.0)
         holder = lock.acquire()
         started = time.monotonic()

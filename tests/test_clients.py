@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import socket
+import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -236,3 +237,22 @@ def test_redlock_over_nodes_of_both_families(server_kind: str, name: str) -> Non
         again = lock.acquire(timeout=1.0)
         assert again.fence > lease.fence
         again.release()
+
+
+def test_cli_takes_a_valkey_url(
+    server: servers.ServerProcess, name: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`valkey://` asks for a valkey-py client; `redis://` for redis-py; others are refused."""
+    from redlease._cli import main
+
+    url = f"valkey://127.0.0.1:{server.port}/0"
+    assert _clients.from_url(url).__class__.__module__.startswith("valkey")
+    assert _clients.from_url(server.url).__class__.__module__.startswith("redis")
+    probe = "import sys; sys.exit(0)"
+    assert main(["run", name, "--redis", url, "--", sys.executable, "-c", probe]) == 0
+    assert main(["status", name, "--redis", url]) == 0
+    out = capsys.readouterr().out
+    assert "free" in out
+    assert "fence counter: 1" in out  # the run held it once, through valkey-py
+    assert main(["status", name, "--redis", "memcached://127.0.0.1:1"]) == 2
+    assert "unknown URL scheme" in capsys.readouterr().err

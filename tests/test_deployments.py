@@ -12,8 +12,8 @@ import time
 from collections.abc import Iterator
 
 import pytest
-import redis
 
+import families
 import redlease
 from families import ClientFamily
 from redlease import servers
@@ -43,7 +43,7 @@ def cluster(server_kind: str) -> Iterator[list[servers.ServerProcess]]:
                     extra_args=["--cluster-enabled", "yes", "--cluster-node-timeout", "5000"],
                 ).start()
             )
-        clients = [redis.Redis(port=n.port) for n in nodes]
+        clients = [families.client(port=n.port) for n in nodes]
         share = SLOTS // 3
         for i, client in enumerate(clients):
             last = SLOTS - 1 if i == 2 else (i + 1) * share - 1
@@ -147,12 +147,12 @@ def sentinel(server_kind: str) -> Iterator[int]:
         [binary.path, conf, "--sentinel"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
     )
     try:
-        probe = redis.Redis(port=port)
+        probe = families.client(port=port)
 
         def ready() -> bool:
             try:
                 return bool(probe.execute_command("SENTINEL", "GET-MASTER-ADDR-BY-NAME", "main"))
-            except redis.ConnectionError:
+            except families.errors().ConnectionError:
                 return False
 
         wait_for(ready, "sentinel")
@@ -179,13 +179,11 @@ def test_lock_over_a_unix_socket(server_kind: str, name: str) -> None:
     as TCP does; sync and asyncio share the lock."""
     import asyncio
 
-    import redis.asyncio as aredis
-
     proc = servers.ServerProcess(servers.find_binary(server_kind))
     path = os.path.join(proc.workdir, "redis.sock")
     proc.extra_args = ["--unixsocket", path, "--unixsocketperm", "700"]
     with proc:
-        client = redis.Redis(unix_socket_path=path)
+        client = families.client(unix_socket_path=path)
         lock = redlease.Lock(client, name, ttl=5.0)
         fences = []
         for _ in range(20):
@@ -197,7 +195,7 @@ def test_lock_over_a_unix_socket(server_kind: str, name: str) -> None:
         assert pool.endpoint.path == path
 
         async def from_asyncio() -> int:
-            async_client = aredis.Redis(unix_socket_path=path)
+            async_client = families.aclient(unix_socket_path=path)
             try:
                 async with redlease.AsyncLock(async_client, name, ttl=5.0) as lease:
                     return lease.fence

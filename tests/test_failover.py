@@ -14,8 +14,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 
 import pytest
-import redis
 
+import families
 import redlease
 from families import ClientFamily
 from redlease import servers
@@ -33,7 +33,7 @@ class Deployment:
     sentinel_port: int
 
     def master_port(self) -> int:
-        with redis.Redis(port=self.sentinel_port) as probe:
+        with families.client(port=self.sentinel_port) as probe:
             _host, port = probe.execute_command("SENTINEL", "GET-MASTER-ADDR-BY-NAME", "main")
         return int(port)
 
@@ -42,7 +42,7 @@ class Deployment:
         while time.monotonic() < deadline:
             port = self.master_port()
             if port != old:
-                with redis.Redis(port=port) as probe:
+                with families.client(port=port) as probe:
                     if probe.info("replication")["role"] == "master":
                         return port
             time.sleep(0.05)
@@ -69,16 +69,16 @@ def deployment(server_kind: str) -> Iterator[Deployment]:
         [binary.path, conf, "--sentinel"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
     )
     try:
-        with redis.Redis(port=master.port) as client:
+        with families.client(port=master.port) as client:
             client.set("sync-probe", 1)
             assert client.wait(1, 10_000) == 1
         deadline = time.monotonic() + 30
         while True:  # the sentinel has found the replica: a failover can promote it
             try:
-                with redis.Redis(port=port) as probe:
+                with families.client(port=port) as probe:
                     if probe.execute_command("SENTINEL", "REPLICAS", "main"):
                         break
-            except redis.ConnectionError:
+            except families.errors().ConnectionError:
                 pass
             assert time.monotonic() < deadline, "sentinel did not start"
             time.sleep(0.05)
@@ -94,7 +94,7 @@ def _fail_over(deployment: Deployment, how: str) -> None:
     if how == "kill":
         deployment.master.kill()
     else:
-        with redis.Redis(port=deployment.sentinel_port) as probe:
+        with families.client(port=deployment.sentinel_port) as probe:
             probe.execute_command("SENTINEL", "FAILOVER", "main")
 
 

@@ -10,6 +10,7 @@ from collections.abc import Iterator
 import pytest
 import redis
 
+import families
 import redlease
 from redlease import servers
 
@@ -22,17 +23,17 @@ def own_server(server_kind: str) -> Iterator[servers.ServerProcess]:
 
 
 def test_server_down_is_a_backend_error_with_cause() -> None:
-    client = redis.Redis(port=servers.free_port(), socket_connect_timeout=1)
+    client = families.client(port=servers.free_port(), socket_connect_timeout=1)
     with pytest.raises(redlease.BackendError, match="cannot be reached") as caught:
         redlease.Lock(client, "x").acquire(timeout=1)
-    assert isinstance(caught.value.__cause__, redis.ConnectionError)
+    assert isinstance(caught.value.__cause__, families.errors().ConnectionError)
     client.close()
 
 
 def test_paused_server_times_out_and_leaves_only_expiring_keys(
     own_server: servers.ServerProcess,
 ) -> None:
-    client = redis.Redis(port=own_server.port)
+    client = families.client(port=own_server.port)
     client.ping()
     own_server.pause()
     started = time.monotonic()
@@ -53,7 +54,7 @@ def test_read_only_replica_is_named(own_server: servers.ServerProcess, server_ki
         extra_args=["--replicaof", "127.0.0.1", str(own_server.port)],
     ).start()
     try:
-        client = redis.Redis(port=replica.port)
+        client = families.client(port=replica.port)
         with pytest.raises(redlease.BackendError, match="read-only replica"):
             redlease.Lock(client, "x").acquire(timeout=1)
         assert client.exists("{x}") == 0
@@ -63,7 +64,7 @@ def test_read_only_replica_is_named(own_server: servers.ServerProcess, server_ki
 
 
 def test_out_of_memory_is_named(own_server: servers.ServerProcess) -> None:
-    client = redis.Redis(port=own_server.port)
+    client = families.client(port=own_server.port)
     client.config_set("maxmemory", 1)
     try:
         with pytest.raises(redlease.BackendError, match="out of memory"):
@@ -74,7 +75,7 @@ def test_out_of_memory_is_named(own_server: servers.ServerProcess) -> None:
 
 
 def test_key_evicting_policy_warns(own_server: servers.ServerProcess) -> None:
-    client = redis.Redis(port=own_server.port)
+    client = families.client(port=own_server.port)
     client.config_set("maxmemory-policy", "allkeys-lru")
     with pytest.warns(redlease.RedleaseWarning, match="allkeys-lru"):
         lease = redlease.Lock(client, "x").acquire()
@@ -93,7 +94,7 @@ def test_scripts_survive_script_flush(r: redis.Redis, name: str) -> None:
 
 
 def test_decoded_client_works(server: servers.ServerProcess, name: str) -> None:
-    client = redis.Redis(port=server.port, decode_responses=True)
+    client = families.client(port=server.port, decode_responses=True)
     lock = redlease.Lock(client, name)
     with lock as lease:
         assert client.get("{" + name + "}") == lease.token

@@ -24,10 +24,8 @@ from typing import Any
 import pytest
 import redis
 import redis.asyncio as aredis
-from redis.asyncio.retry import Retry as AsyncRetry
-from redis.backoff import NoBackoff
-from redis.retry import Retry
 
+import families
 import redlease
 from redlease import servers
 from redlease.chaos.proxy import FaultProxy
@@ -91,7 +89,7 @@ def aof_nodes(binary: servers.ServerBinary) -> Iterator[list[servers.ServerProce
 
 @contextlib.contextmanager
 def _clients(procs: Sequence[servers.ServerProcess], **options: Any) -> Iterator[list[redis.Redis]]:
-    made = [redis.Redis(port=p.port, **options) for p in procs]
+    made = [families.client(port=p.port, **options) for p in procs]
     try:
         yield made
     finally:
@@ -103,7 +101,7 @@ def _clients(procs: Sequence[servers.ServerProcess], **options: Any) -> Iterator
 async def _aclients(
     procs: Sequence[servers.ServerProcess], **options: Any
 ) -> AsyncIterator[list[aredis.Redis]]:
-    made = [aredis.Redis(port=p.port, **options) for p in procs]
+    made = [families.aclient(port=p.port, **options) for p in procs]
     try:
         yield made
     finally:
@@ -118,20 +116,20 @@ def _key(name: str) -> str:
 
 def _holder(port: int, name: str) -> bytes | None:
     """The token that holds ``name`` on the server, read over a fresh connection."""
-    with redis.Redis(port=port) as fresh:
+    with families.client(port=port) as fresh:
         value: bytes | None = fresh.get(_key(name))
         return value
 
 
 def _pttl(port: int, name: str) -> int:
-    with redis.Redis(port=port) as fresh:
+    with families.client(port=port) as fresh:
         return int(fresh.pttl(_key(name)))
 
 
 def _third_party_gets_it(ports: Sequence[int], name: str) -> bool:
     """Whether a stranger (new clients, new lock object) takes ``name`` at once; if it
     does, it gives it straight back."""
-    made = [redis.Redis(port=port) for port in ports]
+    made = [families.client(port=port) for port in ports]
     try:
         lock: redlease.Lock | redlease.Redlock
         if len(made) == 1:
@@ -160,13 +158,13 @@ def _released_everywhere(ports: Sequence[int], name: str, within: float = 1.0) -
     ):
         time.sleep(0.02)
     for port in held:
-        with redis.Redis(port=port) as admin:
+        with families.client(port=port) as admin:
             assert 0 < admin.pttl("{" + name + "}") <= 10_000
 
 
 def _kill_other_clients(port: int) -> int:
     """`CLIENT KILL` every connection on the server but the one doing the killing."""
-    with redis.Redis(port=port) as admin:
+    with families.client(port=port) as admin:
         own = int(admin.client_id())
         killed = 0
         for entry in admin.client_list():
@@ -448,7 +446,7 @@ def test_a_release_whose_reply_is_lost_is_sent_again_and_says_released(
     again on a new one, finds the mark its first run left, and reports a clean release
     (not LockLost, not BackendError)."""
     with FaultProxy("127.0.0.1", own_server.port).start() as proxy:
-        client = redis.Redis(port=proxy.port)
+        client = families.client(port=proxy.port)
         try:
             lease = redlease.Lock(client, name, ttl=10.0).acquire(timeout=2.0)
             proxy.set_mode("drop_next_reply")
@@ -467,7 +465,7 @@ async def test_an_acquire_whose_reply_is_lost_is_sent_again_and_finds_its_grant(
     """The acquire was applied, its reply lost with the connection: sent again with the
     same token, it finds its own grant: one fence taken, the lease is ours."""
     with FaultProxy("127.0.0.1", own_server.port).start() as proxy:
-        client = aredis.Redis(port=proxy.port)
+        client = families.aclient(port=proxy.port)
         try:
             lock = redlease.AsyncLock(client, name, ttl=10.0)
             await (await lock.acquire(timeout=2.0)).release()  # scripts loaded
@@ -476,7 +474,7 @@ async def test_an_acquire_whose_reply_is_lost_is_sent_again_and_finds_its_grant(
             lease = await lock.acquire(timeout=5.0)
             timer.join()
             assert _holder(own_server.port, name) == lease.token.encode()
-            with redis.Redis(port=own_server.port) as admin:
+            with families.client(port=own_server.port) as admin:
                 assert int(admin.get(_key(name) + ":fence") or 0) == lease.fence == 2
             await lease.release()
         finally:
@@ -704,7 +702,7 @@ async def test_async_waiters_leave_the_applications_pool_alone(
     application runs its own commands through it: the application never fails, the slots
     it is not using can be taken all at once while the waiters wait, every waiter gets the
     lock in turn, and all 10 slots are free afterwards."""
-    client = aredis.Redis(port=server.port, max_connections=POOL_SLOTS)
+    client = families.aclient(port=server.port, max_connections=POOL_SLOTS)
     lock = redlease.AsyncLock(client, name, ttl=10.0)
     fences: list[int] = []
     app_errors: list[str] = []
@@ -767,8 +765,8 @@ def test_sync_waiters_leave_the_applications_pool_alone(
     server: servers.ServerProcess, name: str
 ) -> None:
     """The same with 15 waiting threads and a sync pool of 5 slots."""
-    pool = redis.ConnectionPool(port=server.port, max_connections=SYNC_POOL_SLOTS)
-    client = redis.Redis(connection_pool=pool)
+    pool = families.pool(port=server.port, max_connections=SYNC_POOL_SLOTS)
+    client = families.client(connection_pool=pool)
     lock = redlease.Lock(client, name, ttl=10.0)
     fences: list[int] = []
     failures: list[str] = []
@@ -882,11 +880,11 @@ ACQUIRE_BOUND = 2.5  # acquire(timeout=0.5): its own timeout, plus slack
 # pinned both with the client's default retry and with retries turned off.
 RETRIES: dict[str, dict[str, Any]] = {
     "default_retry": {},
-    "no_retry": {"retry": Retry(NoBackoff(), 0)},
+    "no_retry": {"retry": families.retry(0)},
 }
 ARETRIES: dict[str, dict[str, Any]] = {
     "default_retry": {},
-    "no_retry": {"retry": AsyncRetry(NoBackoff(), 0)},
+    "no_retry": {"retry": families.aretry(0)},
 }
 
 

@@ -15,16 +15,18 @@ import pytest
 import redis
 import redis.asyncio as aredis
 
+import families
 import redlease
 from redlease import _resp, _spin, servers
 from redlease.chaos.proxy import FaultProxy
 
 
 def spin_record(client: redis.Redis | aredis.Redis) -> Any:
+    from redlease._fronts import is_async_client
     from redlease._io_async import AsyncIO
     from redlease._io_sync import SyncIO
 
-    io = SyncIO(client) if isinstance(client, redis.Redis) else AsyncIO(client)
+    io = AsyncIO(client) if is_async_client(client) else SyncIO(client)
     assert io.pool is not None
     return io.pool.spin
 
@@ -32,7 +34,7 @@ def spin_record(client: redis.Redis | aredis.Redis) -> Any:
 def test_a_slow_link_stops_the_spinning(server: servers.ServerProcess, name: str) -> None:
     with FaultProxy("127.0.0.1", server.port).start() as proxy:
         proxy.set_mode("delay", delay_ms=5)  # every reply far later than a spin lasts
-        client = redis.Redis(port=proxy.port)
+        client = families.client(port=proxy.port)
         lock = redlease.Lock(client, name, ttl=5.0)
         fences = []
         for _ in range(_spin.MISSES):  # two reads each: acquire, release
@@ -51,7 +53,7 @@ def test_a_slow_link_stops_the_spinning(server: servers.ServerProcess, name: str
 def test_spinning_off_gives_the_same_results(
     server: servers.ServerProcess, name: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    client = redis.Redis(port=server.port)
+    client = families.client(port=server.port)
     lock = redlease.Lock(client, name, ttl=5.0)
     seen = []
     for budget in (0.0, _spin.BUDGET, 0.0):
@@ -89,8 +91,8 @@ async def test_a_resp3_client_is_served_on_resp2_sockets(
 ) -> None:
     """redlease's own sockets speak RESP2 whatever the client asked for: no push
     message can come between a command and its reply."""
-    client = aredis.Redis(port=server.port, protocol=3, client_name="app")
-    other = redis.Redis(port=server.port)
+    client = families.aclient(port=server.port, protocol=3, client_name="app")
+    other = families.client(port=server.port)
     try:
         lock = redlease.AsyncLock(client, name, ttl=5.0)
         async with lock as first:
@@ -114,7 +116,7 @@ async def test_a_short_read_after_a_long_one_keeps_its_own_deadline(
     from redlease._flows import Command
     from redlease._io_async import AsyncIO
 
-    client = aredis.Redis(port=server.port)
+    client = families.aclient(port=server.port)
     io = AsyncIO(client)
     try:
         assert await io.execute(Command(("PING",), 60.0)) in (True, b"PONG")
@@ -136,7 +138,7 @@ async def test_asyncio_reads_poll_too_and_a_slow_link_stops_them(
 ) -> None:
     with FaultProxy("127.0.0.1", server.port).start() as proxy:
         proxy.set_mode("delay", delay_ms=5)
-        client = aredis.Redis(port=proxy.port)
+        client = families.aclient(port=proxy.port)
         try:
             lock = redlease.AsyncLock(client, name, ttl=5.0)
             fences = []
@@ -157,7 +159,7 @@ async def test_asyncio_reads_poll_too_and_a_slow_link_stops_them(
 async def test_asyncio_spinning_off_gives_the_same_results(
     server: servers.ServerProcess, name: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    client = aredis.Redis(port=server.port)
+    client = families.aclient(port=server.port)
     try:
         lock = redlease.AsyncLock(client, name, ttl=5.0)
         seen = []
@@ -180,7 +182,7 @@ async def test_replies_polled_in_a_row_still_let_the_loop_turn(
 ) -> None:
     """A read answered by polling never suspends; a run of them must still let timers
     and I/O of other tasks through, about once per millisecond."""
-    client = aredis.Redis(port=server.port)
+    client = families.aclient(port=server.port)
     ticks = 0
 
     async def ticker() -> None:
@@ -213,7 +215,7 @@ async def test_a_reply_read_partly_by_the_poll_is_finished_by_the_wait(
     from redlease._io_async import AsyncIO
 
     value = os.urandom(600_000)
-    writer = redis.Redis(port=server.port)
+    writer = families.client(port=server.port)
     writer.set(name, value)
     polled = []
     real_poll = _spin.poll_async
@@ -231,7 +233,7 @@ async def test_a_reply_read_partly_by_the_poll_is_finished_by_the_wait(
         reader.feed(buffer, 0, got)
         return _resp.NOT_ENOUGH  # as if the rest had not come yet
 
-    client = aredis.Redis(port=server.port)
+    client = families.aclient(port=server.port)
     io = AsyncIO(client)
     try:
         assert await io.execute(Command(("PING",), 5.0)) in (True, b"PONG")
@@ -249,7 +251,7 @@ async def test_pipelined_replies_are_read_in_order(server: servers.ServerProcess
     """A reply that waited on the socket while the loop ran comes before a later one."""
     from redlease._io_async import AsyncIO
 
-    client = aredis.Redis(port=server.port)
+    client = families.aclient(port=server.port)
     pool = AsyncIO(client).pool
     assert pool is not None
     try:

@@ -17,8 +17,8 @@ from typing import Any
 
 import pytest
 import redis
-import redis.asyncio as aredis
 
+import families
 import redlease
 from redlease import _stale, servers
 from redlease._flows import LockSpec, Sleep
@@ -35,9 +35,10 @@ NODES = 5
 
 
 @pytest.fixture(scope="module")
-def procs() -> Iterator[list[servers.ServerProcess]]:
-    """Five lock nodes and, last, a separate server for the workload's counter."""
-    with servers.running(NODES + 1) as started:
+def procs(server_kind: str) -> Iterator[list[servers.ServerProcess]]:
+    """Five lock nodes and, last, a separate server for the workload's counter (of each
+    server kind, reached through its family's clients)."""
+    with servers.running(NODES + 1, server_kind) as started:
         yield started
 
 
@@ -45,7 +46,7 @@ def procs() -> Iterator[list[servers.ServerProcess]]:
 def nodes(procs: list[servers.ServerProcess]) -> Iterator[list[servers.ServerProcess]]:
     for proc in procs:
         proc.resume()
-        redis.Redis(port=proc.port).flushall()
+        families.client(port=proc.port).flushall()
     yield procs[:NODES]
     for proc in procs:
         proc.resume()  # a failed test must not leave a server stopped
@@ -53,7 +54,7 @@ def nodes(procs: list[servers.ServerProcess]) -> Iterator[list[servers.ServerPro
 
 @pytest.fixture
 def clients(nodes: list[servers.ServerProcess]) -> Iterator[list[redis.Redis]]:
-    made = [redis.Redis(port=p.port) for p in nodes]
+    made = [families.client(port=p.port) for p in nodes]
     yield made
     for client in made:
         client.close()
@@ -473,9 +474,7 @@ def test_connections_that_cannot_owe_replies_are_read_in_full(
     with ExitStack() as stack:
         made = [
             stack.enter_context(
-                redis.Redis(
-                    connection_pool=redis.ConnectionPool(connection_class=Custom, port=p.port)
-                )
+                families.client(connection_pool=families.pool(connection_class=Custom, port=p.port))
             )
             for p in nodes
         ]
@@ -527,8 +526,8 @@ def test_lost_replies_are_cleaned_up_by_release_all(
         proxies = [stack.enter_context(FaultProxy("127.0.0.1", p.port).start()) for p in nodes]
         # The release goes out on new connections (the unanswered ones are dropped): it
         # gets through because the driver's connections need no handshake reply.
-        via = [stack.enter_context(redis.Redis(port=p.port)) for p in proxies]
-        direct = [stack.enter_context(redis.Redis(port=p.port)) for p in nodes]
+        via = [stack.enter_context(families.client(port=p.port)) for p in proxies]
+        direct = [stack.enter_context(families.client(port=p.port)) for p in nodes]
         lock = redlease.Redlock(via, name, ttl=10.0, node_timeout=0.1)
         assert lock.try_acquire() is not None  # connects through the proxies first
         for c in direct:
@@ -554,9 +553,9 @@ def test_first_acquire_over_a_slow_link_fits_the_node_timeout(
         proxies = [stack.enter_context(FaultProxy("127.0.0.1", p.port).start()) for p in nodes]
         for proxy in proxies:
             proxy.set_mode("delay", delay_ms=100)
-        via = [stack.enter_context(redis.Redis(port=p.port)) for p in proxies]
+        via = [stack.enter_context(families.client(port=p.port)) for p in proxies]
         for node in nodes:
-            with redis.Redis(port=node.port) as direct:
+            with families.client(port=node.port) as direct:
                 direct.script_flush()
         lock = redlease.Redlock(via, name, ttl=10.0, node_timeout=0.5)
         lease = lock.try_acquire()
@@ -574,9 +573,9 @@ async def test_async_first_acquire_over_a_slow_link_fits_the_node_timeout(
         for proxy in proxies:
             proxy.set_mode("delay", delay_ms=100)
         for node in nodes:
-            with redis.Redis(port=node.port) as direct:
+            with families.client(port=node.port) as direct:
                 direct.script_flush()
-        via = [aredis.Redis(port=p.port) for p in proxies]
+        via = [families.aclient(port=p.port) for p in proxies]
         try:
             lock = redlease.AsyncRedlock(via, name, ttl=10.0, node_timeout=0.5)
             lease = await lock.try_acquire()
@@ -614,7 +613,7 @@ def test_fences_increase_across_nodes_restarted_empty(
 
     def cycle() -> int:
         with ExitStack() as stack:  # a new lock each time: it knows no earlier token
-            fresh = [stack.enter_context(redis.Redis(port=port)) for port in ports]
+            fresh = [stack.enter_context(families.client(port=port)) for port in ports]
             lease = redlease.Redlock(fresh, name, ttl=5.0).acquire(timeout=2.0)
             lease.release()
             # a majority holds its token (a lagging node that was read is raised to it)
@@ -649,7 +648,7 @@ def test_a_node_restarted_empty_catches_up_at_the_next_acquisition(
         raise AssertionError("no majority after the restart")
 
     with ExitStack() as stack:
-        fresh = [stack.enter_context(redis.Redis(port=port)) for port in ports]
+        fresh = [stack.enter_context(families.client(port=port)) for port in ports]
         lock = redlease.Redlock(fresh, name, ttl=5.0)
         fences = [cycle(lock) for _ in range(3)]
         nodes[4].restart()
@@ -679,7 +678,7 @@ def test_fence_taken_from_the_majority_not_one_node(
         nodes[2].resume()
     nodes[0].restart()  # node 0 forgets; node 1 alone remembers, and any majority has it
     with ExitStack() as stack:
-        fresh = [stack.enter_context(redis.Redis(port=p.port)) for p in nodes[:3]]
+        fresh = [stack.enter_context(families.client(port=p.port)) for p in nodes[:3]]
         lease = redlease.Redlock(fresh, name, ttl=5.0).acquire(timeout=1.0)
         assert lease.fence > fence
         lease.release()
@@ -722,7 +721,7 @@ def test_processes_exclude_each_other(
     outputs = [p.communicate(timeout=30)[0] for p in running]
     assert [p.returncode for p in running] == [0] * workers
     fences = [f for out in outputs for f in json.loads(out)]
-    assert int(redis.Redis(port=procs[NODES].port).get("counter") or 0) == workers * rounds
+    assert int(families.client(port=procs[NODES].port).get("counter") or 0) == workers * rounds
     assert len(set(fences)) == workers * rounds  # one token per holder, never reused
 
 
@@ -736,12 +735,12 @@ def test_bad_nodes(clients: list[redis.Redis], nodes: list[servers.ServerProcess
         redlease.Redlock(clients[0], "x")  # type: ignore[arg-type]
     with pytest.raises(redlease.InvalidArgument, match=r"nodes\[0\] and nodes\[1\]"):
         redlease.Redlock([clients[0], clients[0]], "x")
-    again = redis.Redis(port=nodes[1].port)  # another client, the same server
+    again = families.client(port=nodes[1].port)  # another client, the same server
     with pytest.raises(redlease.InvalidArgument, match=r"nodes\[1\] and nodes\[2\]"):
         redlease.Redlock([clients[0], clients[1], again], "x")
     with pytest.raises(redlease.InvalidArgument, match=r"nodes\[1\] must be a redis-py or valkey"):
         redlease.Redlock([clients[0], "redis://x"], "x")
-    mixed = [clients[0], aredis.Redis(port=nodes[1].port)]
+    mixed = [clients[0], families.aclient(port=nodes[1].port)]
     with pytest.raises(redlease.InvalidArgument, match="mixes sync and asyncio"):
         redlease.Redlock(mixed, "x")
     with pytest.raises(redlease.InvalidArgument, match="mixes sync and asyncio"):
@@ -845,7 +844,7 @@ def test_renewal_outlasts_one_stopped_node_and_not_two(
 async def test_async_renewal_counts_a_majority_like_extend(
     nodes: list[servers.ServerProcess], clients: list[redis.Redis], name: str
 ) -> None:
-    made = [aredis.Redis(port=p.port) for p in nodes[:3]]
+    made = [families.aclient(port=p.port) for p in nodes[:3]]
     seen: list[Any] = []
     told = asyncio.Event()
 
@@ -870,7 +869,7 @@ async def test_async_renewal_counts_a_majority_like_extend(
 
 
 async def test_async_twin(nodes: list[servers.ServerProcess], name: str) -> None:
-    made = [aredis.Redis(port=p.port) for p in nodes[:3]]
+    made = [families.aclient(port=p.port) for p in nodes[:3]]
     try:
         lock = redlease.AsyncRedlock(made, name, ttl=5.0)
         async with lock as lease:
@@ -890,7 +889,7 @@ async def test_async_twin(nodes: list[servers.ServerProcess], name: str) -> None
 async def test_async_a_majority_is_not_kept_waiting_by_the_slowest_nodes(
     nodes: list[servers.ServerProcess], name: str
 ) -> None:
-    made = [aredis.Redis(port=p.port) for p in nodes]
+    made = [families.aclient(port=p.port) for p in nodes]
     lock = redlease.AsyncRedlock(made, name, ttl=10.0, node_timeout=3.0)
     try:
         await (await lock.acquire()).release()  # the servers are checked once
@@ -923,7 +922,7 @@ async def test_async_a_majority_is_not_kept_waiting_by_the_slowest_nodes(
 async def test_async_minority_paused_and_majority_paused(
     nodes: list[servers.ServerProcess], name: str
 ) -> None:
-    made = [aredis.Redis(port=p.port) for p in nodes]
+    made = [families.aclient(port=p.port) for p in nodes]
     lock = redlease.AsyncRedlock(made, name, ttl=10.0)
     try:
         nodes[0].pause()
@@ -947,7 +946,7 @@ async def test_async_minority_paused_and_majority_paused(
 async def test_async_cancelled_acquire_leaves_nothing(
     nodes: list[servers.ServerProcess], name: str
 ) -> None:
-    made = [aredis.Redis(port=p.port) for p in nodes[:3]]
+    made = [families.aclient(port=p.port) for p in nodes[:3]]
     try:
         lock = redlease.AsyncRedlock(made, name, ttl=5.0)
         holder = await lock.acquire()
@@ -969,7 +968,7 @@ async def test_async_cancelled_release_still_releases_everywhere(
 ) -> None:
     """Cancelled a few loop turns into its fan-out (some nodes sent, some answered), the
     release still runs to its end on every node."""
-    made = [aredis.Redis(port=p.port) for p in nodes[:3]]
+    made = [families.aclient(port=p.port) for p in nodes[:3]]
     try:
         lease = await redlease.AsyncRedlock(made, name, ttl=30.0).acquire()
         release = asyncio.ensure_future(lease.release())

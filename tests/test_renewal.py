@@ -22,6 +22,7 @@ import pytest
 import redis
 import redis.asyncio as aredis
 
+import families
 import redlease
 from redlease import _flows, _renewal, servers
 from redlease._errors import BackendError
@@ -265,7 +266,7 @@ class Told:
 def test_paused_server_lease_lost_by_its_deadline(
     paused_server: servers.ServerProcess, name: str
 ) -> None:
-    client = redis.Redis(port=paused_server.port)
+    client = families.client(port=paused_server.port)
     told = Told()
     try:
         lease = redlease.Lock(client, name, ttl=1.0, auto_renew=True, on_lost=told).acquire()
@@ -289,7 +290,7 @@ def test_paused_server_lease_lost_by_its_deadline(
 async def test_paused_server_async_lease_lost_by_its_deadline(
     paused_server: servers.ServerProcess, name: str
 ) -> None:
-    client = aredis.Redis(port=paused_server.port)
+    client = families.aclient(port=paused_server.port)
     told = Told()
     try:
         lock = redlease.AsyncLock(client, name, ttl=1.0, auto_renew=True, on_lost=told)

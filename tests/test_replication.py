@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import pytest
-import redis
 
+import families
 import redlease
 from redlease import servers
 
@@ -13,10 +13,10 @@ def test_grant_waits_for_the_replica(
     master_and_replica: tuple[servers.ServerProcess, servers.ServerProcess],
 ) -> None:
     master, replica = master_and_replica
-    client = redis.Redis(port=master.port)
+    client = families.client(port=master.port)
     lock = redlease.Lock(client, "replicated", ttl=5.0, replicas=1, replica_timeout=2.0)
     with lock as lease:
-        assert redis.Redis(port=replica.port).get("{replicated}") == lease.token.encode()
+        assert families.client(port=replica.port).get("{replicated}") == lease.token.encode()
         lease.extend()
     client.close()
 
@@ -25,7 +25,7 @@ def test_no_acknowledgement_means_not_acquired(
     master_and_replica: tuple[servers.ServerProcess, servers.ServerProcess],
 ) -> None:
     master, replica = master_and_replica
-    client = redis.Redis(port=master.port)
+    client = families.client(port=master.port)
     lock = redlease.Lock(client, "unreplicated", ttl=5.0, replicas=1, replica_timeout=0.2)
     replica.pause()
     try:
@@ -44,4 +44,4 @@ def test_replicas_needs_a_plain_client() -> None:
     with pytest.raises(redlease.InvalidArgument, match="replicas"):
         redlease.Lock(cluster, "x", replicas=1)
     with pytest.raises(redlease.InvalidArgument, match="replicas"):
-        redlease.Lock(redis.Redis(port=1), "x", replicas=-1)
+        redlease.Lock(families.client(port=1), "x", replicas=-1)

@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 import redis
 
+import families
 import redlease
 from redlease import _flows, servers
 from redlease._io_sync import SyncIO
@@ -187,8 +188,8 @@ def test_idle_waiters_send_no_commands(r: redis.Redis, name: str) -> None:
 
 
 def test_waiters_leave_room_in_a_bounded_pool(r: redis.Redis, name: str) -> None:
-    client = redis.Redis(
-        connection_pool=redis.BlockingConnectionPool(  # type: ignore[no-untyped-call]
+    client = families.client(
+        connection_pool=families.blocking_pool(
             port=r.connection_pool.connection_kwargs["port"], max_connections=20, timeout=1
         )
     )

@@ -270,22 +270,21 @@ def _exit_on_sigterm() -> Any:
 
 
 def _connection_errors() -> tuple[type[BaseException], ...]:
-    import redis
-
+    from ._clients import CONNECTION_ERRORS, TIMEOUT_ERRORS
     from ._errors import BackendError
 
-    return (redis.ConnectionError, redis.TimeoutError, BackendError)
+    return (*CONNECTION_ERRORS, *TIMEOUT_ERRORS, BackendError)
 
 
 def _client(url: str) -> Any:
-    import redis
+    from ._clients import BASE_ERRORS, from_url
 
     try:
-        client = redis.Redis.from_url(url)
+        client = from_url(url)
         client.ping()
     except ValueError as exc:
         raise CliError(f"--redis: {exc}") from None
-    except redis.RedisError as exc:
+    except BASE_ERRORS as exc:
         raise CliError(f"cannot reach the server at {url}: {exc}") from None
     return client
 
@@ -364,9 +363,8 @@ def _wait_child(child: subprocess.Popen[bytes]) -> int:
 
 
 def _status(args: argparse.Namespace, out: TextIO) -> int:
-    import redis
-
     from ._arguments import lock_name
+    from ._clients import BASE_ERRORS
     from ._errors import InvalidArgument
     from ._keys import LockKeys
 
@@ -382,7 +380,7 @@ def _status(args: argparse.Namespace, out: TextIO) -> int:
         pipe.get(keys.fence)
         pipe.llen(keys.queue)
         held, pttl, fence, waiting = pipe.execute()
-    except redis.RedisError as exc:
+    except BASE_ERRORS as exc:
         raise CliError(f"cannot read the lock from {args.redis}: {exc}") from None
     finally:
         client.close()

@@ -197,10 +197,11 @@ class AsyncIO:
     ) -> T:
         """``work(conn, time_left)`` on one of redlease's connections, within ``timeout``.
 
-        A connection failure is retried as the client's retry policy says, while time
-        is left, if nothing was written yet or the work is ``safe`` to do twice (not
-        after a timeout: the server may still be doing it). The first try is made
-        outside the policy (the hot path), so the first retry comes at once."""
+        A connection failure is retried as the client's retry policy says (a client
+        without one, such as valkey-py's or redis-py 5's default: once), while time is
+        left, if nothing was written yet or the work is ``safe`` to do twice (not after
+        a timeout: the server may still be doing it). The first try is made outside the
+        policy (the hot path), so the first retry comes at once."""
         pool = self.pool
         assert pool is not None
         end = time.monotonic() + timeout
@@ -210,8 +211,6 @@ class AsyncIO:
             raise final.error from final.error.__cause__
         except BACKEND_FAILURES as first:
             retry = pool.endpoint.retry
-            if retry is None:
-                raise
             failed = [first]  # the last failure, if a retry finds no time left
 
         async def once() -> T:
@@ -225,6 +224,8 @@ class AsyncIO:
                 raise
 
         try:
+            if retry is None:  # a client without a policy: one more try, at once
+                return await once()
             retried: T = await retry.call_with_retry(once, _ignore)
             return retried
         except _Final as final:

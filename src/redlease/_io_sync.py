@@ -186,10 +186,11 @@ class SyncIO:
     ) -> T:
         """``work(conn, time_left)`` on one of redlease's connections, within ``timeout``.
 
-        A connection failure is retried as the client's retry policy says, while time
-        is left, if nothing was written yet or the work is ``safe`` to do twice (not
-        after a timeout: the server may still be doing it). The first try is made
-        outside the policy (the hot path), so the first retry comes at once."""
+        A connection failure is retried as the client's retry policy says (a client
+        without one, such as valkey-py's or redis-py 5's default: once), while time is
+        left, if nothing was written yet or the work is ``safe`` to do twice (not after
+        a timeout: the server may still be doing it). The first try is made outside the
+        policy (the hot path), so the first retry comes at once."""
         pool = self.pool
         assert pool is not None
         end = time.monotonic() + timeout
@@ -199,8 +200,6 @@ class SyncIO:
             raise final.error from final.error.__cause__
         except BACKEND_FAILURES as first:
             retry = pool.endpoint.retry
-            if retry is None:
-                raise
             failed = [first]  # the last failure, if a retry finds no time left
 
         def once() -> T:
@@ -214,6 +213,8 @@ class SyncIO:
                 raise
 
         try:
+            if retry is None:  # a client without a policy: one more try, at once
+                return once()
             return retry.call_with_retry(once, _ignore)  # type: ignore[no-any-return]
         except _Final as final:
             raise final.error from final.error.__cause__

@@ -38,9 +38,8 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, TextIO
 
-import redis
-
 from . import broken
+from ._clients import from_url
 
 __all__ = [
     "BROKEN_MODES",
@@ -272,7 +271,7 @@ def redlock_status(urls: Sequence[str]) -> str | None:
     """None when ``redlease.Redlock`` works on these servers, else why it does not."""
     from . import Redlock
 
-    clients = [redis.Redis.from_url(url) for url in urls]
+    clients = [from_url(url) for url in urls]
     try:
         lock: Any = Redlock(clients, f"redlease-demo:probe:{secrets.token_hex(4)}", ttl=2.0)
         lease = lock.try_acquire()
@@ -328,10 +327,10 @@ def _worker(
     spec: RunSpec, index: int, ready: Any, go: Any, claimed: Any, begun: Any, out: Any
 ) -> None:
     stats = WorkerStats()
-    clients: list[redis.Redis] = []
+    clients: list[Any] = []
     db: sqlite3.Connection | None = None
     try:
-        clients = [redis.Redis.from_url(url) for url in spec.urls]
+        clients = [from_url(url) for url in spec.urls]
         contender = make_contender(spec.mode, clients, spec.lock_name, spec.ttl)
         db = _connect(spec.db_path)
         rng = random.Random(spec.seed * 1000 + index)
@@ -428,7 +427,7 @@ class ModeResult:
 def _count_keys_without_ttl(urls: Sequence[str], pattern: str) -> int:
     found = 0
     for url in urls:
-        client = redis.Redis.from_url(url)
+        client = from_url(url)
         try:
             for key in client.scan_iter(match=pattern, count=1000):
                 if not key.endswith(b":fence") and client.pttl(key) == -1:
@@ -440,7 +439,7 @@ def _count_keys_without_ttl(urls: Sequence[str], pattern: str) -> int:
 
 def _delete_keys(urls: Sequence[str], pattern: str) -> None:
     for url in urls:
-        client = redis.Redis.from_url(url)
+        client = from_url(url)
         try:
             keys = list(client.scan_iter(match=pattern, count=1000))
             if keys:
@@ -626,7 +625,7 @@ def _servers(config: DemoConfig, want: int, out: TextIO) -> Iterator[tuple[list[
     """The URLs to use: the user's, or ``want`` private servers started (and stopped) here."""
     if config.urls:
         for url in config.urls:
-            client = redis.Redis.from_url(url, socket_connect_timeout=5.0)
+            client = from_url(url, socket_connect_timeout=5.0)
             try:
                 client.ping()
             finally:

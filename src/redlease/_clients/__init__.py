@@ -8,7 +8,7 @@ comes from, never by looking at private parts of the client.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from . import redis_py, valkey_py
 from .family import Errors, Family
@@ -23,6 +23,7 @@ __all__ = [
     "Family",
     "ReplyTimedOut",
     "family_of",
+    "from_url",
     "refusal",
 ]
 
@@ -37,6 +38,21 @@ def family_of(client: object) -> Family | None:
         if family.owns(client):
             return family
     return None
+
+
+def from_url(url: str, **options: Any) -> Any:
+    """A sync client for ``url``, of the family its scheme asks for (``valkey://`` and
+    ``valkeys://``: valkey-py; ``redis://``, ``rediss://``, ``unix://``: redis-py).
+    ValueError if no installed family takes the scheme."""
+    scheme = url.partition("://")[0].lower()
+    for family in FAMILIES:
+        if scheme in family.schemes:
+            client_type: Any = family.clients[0]
+            return client_type.from_url(url, **options)
+    if scheme in ("valkey", "valkeys"):
+        raise ValueError(f"a {scheme}:// URL needs valkey-py: pip install 'redlease[valkey]'")
+    known = ", ".join(f"{s}://" for f in FAMILIES for s in f.schemes)
+    raise ValueError(f"unknown URL scheme {scheme!r} in {url!r} (known: {known})")
 
 
 # Client libraries recognised by their package but not served (yet), and why: a lock

@@ -32,6 +32,7 @@ class Family:
 
     name: str
     package: str  # its top-level module: clients of other types from it are its too
+    schemes: tuple[str, ...]  # URL schemes that ask for this family (``from_url``)
     clients: tuple[type, ...]
     async_clients: tuple[type, ...]
     plain: tuple[type, ...]
@@ -44,7 +45,12 @@ class Family:
 
 
 def shaped_like_redis_py(
-    name: str, sync: ModuleType, asyncio: ModuleType, client: str, base_error: str
+    name: str,
+    sync: ModuleType,
+    asyncio: ModuleType,
+    client: str,
+    base_error: str,
+    schemes: tuple[str, ...],
 ) -> Family:
     """A family with redis-py's layout (redis-py itself and its forks): ``sync.<client>``
     and ``asyncio.<client>``, ``Connection`` and ``UnixDomainSocketConnection`` in both,
@@ -53,6 +59,7 @@ def shaped_like_redis_py(
     return Family(
         name=name,
         package=sync.__name__,
+        schemes=schemes,
         clients=(getattr(sync, client),),
         async_clients=(getattr(asyncio, client),),
         plain=(sync.Connection, sync.UnixDomainSocketConnection),

@@ -7,4 +7,6 @@ import redis.asyncio
 
 from .family import shaped_like_redis_py
 
-FAMILY = shaped_like_redis_py("redis-py", redis, redis.asyncio, "Redis", "RedisError")
+FAMILY = shaped_like_redis_py(
+    "redis-py", redis, redis.asyncio, "Redis", "RedisError", ("redis", "rediss", "unix")
+)

@@ -11,4 +11,6 @@ try:
 except ImportError:
     FAMILY = None
 else:
-    FAMILY = shaped_like_redis_py("valkey-py", valkey, valkey.asyncio, "Valkey", "ValkeyError")
+    FAMILY = shaped_like_redis_py(
+        "valkey-py", valkey, valkey.asyncio, "Valkey", "ValkeyError", ("valkey", "valkeys")
+    )
