@@ -59,9 +59,10 @@ def from_url(url: str, **options: Any) -> Any:
 # built on one is refused at once, by name, rather than failing at its first command.
 _UNSERVED = {
     "coredis": (
-        "coredis clients are not served yet: redlease reads a client's connection settings "
-        "from its pool and calls it with redis-py's method signatures, and coredis has "
-        "neither"
+        "coredis clients are not served yet: redlease reads a pool's settings in redis-py's "
+        "shape (host and port among its connection_kwargs) and calls clients with redis-py's "
+        "method signatures; coredis keeps the address in the pool's location and takes "
+        "other signatures"
     ),
     "glide": (
         "valkey-glide clients are not served yet: redlease reads a client's connection "
