@@ -298,6 +298,14 @@ def test_redlock_gives_up_on_a_hung_node_it_reaches_through_the_client(
         assert isinstance(lease, redlease.RedlockLease), out  # 2 of 3 said yes
         assert out["took"] < HUNG / 2
         lease.release()
+        three[0].pause()
+        try:  # more rounds while it hangs: its call given up on is not started again
+            for _ in range(4):
+                lock.try_acquire()
+            stuck = [t for t in threading.enumerate() if t.name == "redlease-bounded-call"]
+            assert len(stuck) <= 1
+        finally:
+            three[0].resume()
 
 
 async def test_async_redlock_gives_up_on_a_hung_node_it_reaches_through_the_client(

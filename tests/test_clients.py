@@ -256,3 +256,41 @@ def test_cli_takes_a_valkey_url(
     assert "fence counter: 1" in out  # the run held it once, through valkey-py
     assert main(["status", name, "--redis", "memcached://127.0.0.1:1"]) == 2
     assert "unknown URL scheme" in capsys.readouterr().err
+
+
+def test_a_subclass_of_a_family_client_takes_the_same_path(
+    family: ClientFamily, server: servers.ServerProcess, name: str
+) -> None:
+    """An application's own subclass of ``redis.Redis`` / ``valkey.Valkey`` is of the family:
+    redlease's own connections (so waits leave its pool alone), and ``replicas=``."""
+    from redlease._io_sync import SyncIO
+
+    own_type = type("AppClient", (type(family.client(port=1)),), {})
+    client = own_type(port=server.port)
+    try:
+        assert SyncIO(client).pool is not None
+        redlease.Lock(client, name, replicas=1)  # accepted: WAIT can follow on our connection
+        with redlease.Lock(client, name) as lease:
+            assert lease.fence >= 1
+    finally:
+        client.close()
+
+
+def test_an_error_reply_is_not_sent_again(
+    family: ClientFamily,
+    master_and_replica: tuple[servers.ServerProcess, servers.ServerProcess],
+    name: str,
+) -> None:
+    """A script the server refused (READONLY, on a replica) is not a lost reply: it is not
+    sent a second time, whatever the client's retry policy."""
+    _, replica = master_and_replica
+    client = family.client(port=replica.port)
+    try:
+        client.config_resetstat()
+        with pytest.raises(redlease.BackendError, match="read-only replica"):
+            redlease.Lock(client, name).try_acquire()
+        # the acquire script's SET, refused as many times as the script was sent
+        refused = client.info("commandstats").get("cmdstat_set", {})
+        assert refused.get("rejected_calls", 0) + refused.get("failed_calls", 0) == 1
+    finally:
+        client.close()

@@ -109,7 +109,7 @@ _FOREIGN_PRIVATE = re.compile(
     r"(?<!\bself)(?<!\bcls)\._(?:sock|reader|buffer|parser|writer|stream|transport|ready"
     r"|in_use_connections|available_connections|connections|retries|backoff"
     r"|supported_errors|loop|protocol)\b"
-    r"|\bredis\._parsers\b"
+    r"|\b(?:redis|valkey)\._parsers\b"
     r"|\._redlease_\w+"
     r"|\b(?:getattr|setattr|hasattr|delattr)\([^)]*,\s*[\"']_(?!_)"
 )

@@ -468,13 +468,13 @@ def test_connections_that_cannot_owe_replies_are_read_in_full(
     user's) are used through their public methods: a fan-out reads every reply there, so
     a stopped node is waited for (its timeout) instead of being left owing."""
 
-    class Custom(redis.Connection):
-        pass
+    # a subclass of the family's own connection class
+    custom = type("Custom", (families.current().sync.Connection,), {})
 
     with ExitStack() as stack:
         made = [
             stack.enter_context(
-                families.client(connection_pool=families.pool(connection_class=Custom, port=p.port))
+                families.client(connection_pool=families.pool(connection_class=custom, port=p.port))
             )
             for p in nodes
         ]

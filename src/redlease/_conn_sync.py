@@ -47,10 +47,16 @@ def _timeval(seconds: float) -> bytes:
     return struct.pack("ll", int(whole), int(fraction * 1e6))
 
 
-def _bounded(call: Callable[[], Any], timeout: float) -> Any:
+def _bounded(call: Callable[[], Any], timeout: float, late: list[threading.Thread]) -> Any:
     """``call()`` (a client's own method, with no bound of ours) given up on after
     ``timeout``: it runs on in a daemon thread of its own, its outcome unseen, as a reply
-    that comes too late is on a connection of ours."""
+    that comes too late is on a connection of ours. ``late`` keeps such a call of the same
+    client while it runs: until it returns, the client counts as not answering, so a hung
+    server costs one thread, not one per round."""
+    if late:
+        if late[0].is_alive():
+            raise ReplyTimedOut("its previous call, given up on, has not returned yet")
+        late.clear()
     outcome: list[tuple[bool, Any]] = []
 
     def run() -> None:
@@ -63,6 +69,7 @@ def _bounded(call: Callable[[], Any], timeout: float) -> Any:
     thread.start()
     thread.join(timeout)
     if not outcome:
+        late.append(thread)
         raise ReplyTimedOut(f"no reply within {timeout:.3f}s")
     done, value = outcome[0]
     if done:

@@ -83,7 +83,7 @@ class Endpoint:
     keepalive_options: dict[Any, Any] = field(default_factory=dict)
     connection_class: Any = None  # CLASS: the client's connection class
     class_settings: dict[str, Any] = field(default_factory=dict)  # CLASS: its settings
-    retry: Any = None  # the client's retry policy (redis-py Retry), or None
+    retry: Any = None  # the client's retry policy (its family's Retry), or None
 
     def credentials(self) -> tuple[str, ...]:
         """What AUTH takes: (password,) or (username, password); () for no AUTH."""

@@ -246,10 +246,10 @@ class AsyncIO:
             conn = await pool.take(left)
             assert conn is not None
             result = await work(conn, read_bound(pool.endpoint, left))
-        except REPLY_ERRORS:
+        except REPLY_ERRORS as exc:
             if conn is not None:
                 pool.give(conn)  # the reply was read in full: the connection is clean
-            raise
+            raise _Final(exc) from exc  # the server said no: not a failure to try again
         except BaseException as exc:
             if conn is not None:
                 pool.discard(conn)  # a reply may still be on its way

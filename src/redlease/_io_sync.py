@@ -13,6 +13,7 @@ a second run is harmless (``Script.retry``); never past the operation's bound.
 from __future__ import annotations
 
 import functools
+import threading
 import time
 import warnings
 import weakref
@@ -69,6 +70,7 @@ class SyncIO:
         self.endpoint = endpoint_of(client, asyncio=False)
         self._pool: Pool | None = None
         self._checked = False  # this driver has looked (see check_server_once)
+        self.late: list[threading.Thread] = []  # a fan-out's call given up on (_bounded)
         if self.endpoint.kind is not Kind.CLIENT:
             self._pool = pool_for(client, self.endpoint)
 
@@ -234,10 +236,10 @@ class SyncIO:
             conn = pool.take(left)
             assert conn is not None
             result = work(conn, read_bound(pool.endpoint, left))
-        except REPLY_ERRORS:
+        except REPLY_ERRORS as exc:
             if conn is not None:
                 pool.give(conn)  # the reply was read in full: the connection is clean
-            raise
+            raise _Final(exc) from exc  # the server said no: not a failure to try again
         except BaseException as exc:
             if conn is not None:
                 pool.discard(conn)  # a reply may still be on its way
@@ -416,7 +418,7 @@ def fan_out(
             due = clock() + timeout
             if pool is None:  # the client's own call, one node at a time
                 try:
-                    results[at] = _bounded(functools.partial(io.execute, op), timeout)
+                    results[at] = _bounded(functools.partial(io.execute, op), timeout, io.late)
                 except BACKEND_FAILURES as exc:
                     results[at] = backend_error(exc, action)
                 continue

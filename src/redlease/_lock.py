@@ -154,8 +154,8 @@ class Lock(_LockConfig, SyncFront[Lease]):
             self._lender = Lender(self._spec, _batches.CLOSER.schedule, self._give_back)
         if self._spec.replicas is not None and not self._io.direct:
             raise InvalidArgument(
-                "replicas needs a plain redis.Redis client (standalone or Sentinel): WAIT "
-                "must run on the connection that made the write"
+                "replicas needs a standalone client (redis.Redis, valkey.Valkey; or Sentinel's): "
+                "WAIT must run on the connection that made the write"
             )
 
     def _new_attempt(self, timeout: float | None, *, wait: bool) -> Acquisition:
@@ -221,8 +221,8 @@ class AsyncLock(_LockConfig, AsyncFront[AsyncLease]):
         self._io = AsyncIO(client)
         if self._spec.replicas is not None and not self._io.direct:
             raise InvalidArgument(
-                "replicas needs a plain redis.Redis client (standalone or Sentinel): WAIT "
-                "must run on the connection that made the write"
+                "replicas needs a standalone client (redis.Redis, valkey.Valkey; or Sentinel's): "
+                "WAIT must run on the connection that made the write"
             )
         self._cancel_on_lost = args.flag(cancel_on_lost, "cancel_on_lost")
         self._giving_back: set[asyncio.Task[None]] = set()

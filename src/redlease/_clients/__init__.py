@@ -33,9 +33,11 @@ FAMILIES: tuple[Family, ...] = tuple(
 
 
 def family_of(client: object) -> Family | None:
-    """The family ``client`` belongs to, if redlease serves it."""
+    """The family ``client`` belongs to, if redlease serves it: an instance of one of its
+    client types (a subclass of the user's included), or of another type of its package
+    (its Cluster clients, say)."""
     for family in FAMILIES:
-        if family.owns(client):
+        if isinstance(client, (*family.clients, *family.async_clients)) or family.owns(client):
             return family
     return None
 
