@@ -261,6 +261,24 @@ def _redlease_async_valkey(bench: Bench, node: Node) -> Callable[[str], AsyncCyc
     return build
 
 
+def _redlease_async_coredis(bench: Bench, node: Node) -> Callable[[str], AsyncCycle]:
+    def build(key: str) -> AsyncCycle:
+        try:
+            import coredis
+        except ImportError as exc:
+            raise NotAvailable("coredis is not installed") from exc
+        client = coredis.Redis(host=node.host, port=node.port, db=node.db)
+        lock = redlease.AsyncLock(client, key, ttl=TTL)
+
+        async def cycle() -> None:
+            lease = await lock.acquire()
+            await lease.release()
+
+        return cycle
+
+    return build
+
+
 @contextlib.contextmanager
 def _spin_off() -> Iterator[None]:
     saved, _spin.BUDGET = _spin.BUDGET, 0.0
@@ -528,6 +546,12 @@ def build_entries(bench: Bench, *, single: bool, redlock: bool, masters: Sequenc
         )
         bench.add(
             SINGLE,
+            "aredlease-coredis",
+            "(asyncio) redlease AsyncLock, coredis client",
+            _redlease_async_coredis(bench, one),
+        )
+        bench.add(
+            SINGLE,
             "aredlease-no-spin",
             "(asyncio) redlease AsyncLock, REDLEASE_SPIN_US=0",
             _no_spin_async(_redlease_async(bench, one)),
@@ -670,6 +694,14 @@ def _row(entry: Entry, floor: float, *, bar: str = "", ok: bool | None = None) -
     )
 
 
+# The same lock through another client family, and its row through redis-py.
+_VIA_OTHER_FAMILIES = {
+    "redlease-valkey": "redlease",
+    "aredlease-valkey": "aredlease",
+    "aredlease-coredis": "aredlease",
+}
+
+
 def rows(bench: Bench) -> list[Row]:
     by_key = {e.key: e for e in bench.entries}
     floor = by_key["floor"].result
@@ -703,9 +735,9 @@ def rows(bench: Bench) -> list[Row]:
                         times(against, "redis-py asyncio"),
                     )
                 )
-        elif key in ("redlease-valkey", "aredlease-valkey") and ok(key) and ok(key[:-7]):
+        elif key in _VIA_OTHER_FAMILIES and ok(key) and ok(_VIA_OTHER_FAMILIES[key]):
             # a client family costs what redis-py costs, within 10%
-            against = entry.result / by_key[key[:-7]].result
+            against = entry.result / by_key[_VIA_OTHER_FAMILIES[key]].result
             out.append(_row(entry, floor))
             out.append(
                 Row(

@@ -189,14 +189,56 @@ def test_redlock_through_the_family(family: ClientFamily, server_kind: str, name
 # -- clients of libraries redlease does not serve are refused by name ------------------------
 
 
-def test_coredis_is_refused_by_name() -> None:
+# (a coredis cluster client made and dropped unused leaves anyio streams unclosed)
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")
+def test_coredis_beyond_standalone_is_refused_by_name() -> None:
     coredis = pytest.importorskip("coredis")
-    client = coredis.Redis(port=_free_port())
-    for make in (redlease.Lock, redlease.AsyncLock):
-        with pytest.raises(redlease.InvalidArgument, match=r"client is refused: coredis\.\S*Redis"):
-            make(client, "x")
+    cluster = coredis.RedisCluster(host="127.0.0.1", port=_free_port())
+    with pytest.raises(redlease.InvalidArgument, match=r"client is refused: coredis\.\S*Cluster"):
+        redlease.AsyncLock(cluster, "x")
     with pytest.raises(redlease.InvalidArgument, match=r"nodes\[0\] is refused: coredis"):
-        redlease.AsyncRedlock([client], "x")
+        redlease.AsyncRedlock([cluster], "x")
+    with pytest.raises(redlease.InvalidArgument, match="sync client"):
+        redlease.Lock(coredis.Redis(port=_free_port()), "x")  # coredis is asyncio only
+
+
+async def test_coredis_contract(server: servers.ServerProcess, name: str) -> None:
+    """A standalone coredis client: the first acquire on a server without the scripts,
+    waiters beyond its pool's slots while the application uses it, auto-renewal, a server
+    that is down, AsyncRedlock."""
+    coredis = pytest.importorskip("coredis")
+    admin = FAMILIES["redis-py"].client(port=server.port)
+    client = coredis.Redis(host="127.0.0.1", port=server.port, max_connections=5)
+    try:
+        admin.script_flush()
+        lock = redlease.AsyncLock(client, name, ttl=10.0)
+        fences: list[int] = []
+
+        async def waiter() -> None:
+            async with await lock.acquire(timeout=20.0) as lease:
+                fences.append(lease.fence)
+
+        async with client:
+            holder = await lock.acquire(timeout=2.0)
+            tasks = [asyncio.create_task(waiter()) for _ in range(20)]
+            await asyncio.sleep(0.5)
+            await client.set(f"{name}:app", "still served")
+            await holder.release()
+            await asyncio.wait_for(asyncio.gather(*tasks), 30)
+        assert len(fences) == 20
+        assert fences == sorted(set(fences))
+        _nothing_held(admin, name)
+        renewed = await redlease.AsyncLock(client, f"{name}:r", ttl=0.6, auto_renew=True).acquire()
+        await asyncio.sleep(1.0)
+        assert not renewed.lost
+        await renewed.release()
+        async with redlease.AsyncRedlock([client], f"{name}:rl", ttl=5.0) as lease:
+            assert lease.fence >= 1
+        down = coredis.Redis(host="127.0.0.1", port=_free_port())
+        with pytest.raises(redlease.BackendError, match="cannot be reached"):
+            await redlease.AsyncLock(down, name).try_acquire()
+    finally:
+        admin.close()
 
 
 def test_glide_is_refused_by_name(server: servers.ServerProcess) -> None:

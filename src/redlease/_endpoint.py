@@ -101,13 +101,14 @@ def endpoint_of(client: Any, *, asyncio: bool) -> Endpoint:
     family = family_of(client)
     pool = getattr(client, "connection_pool", None)
     cls = getattr(pool, "connection_class", None)
-    settings = getattr(pool, "connection_kwargs", None)
+    settings = None if family is None else family.settings(pool)
     standalone = family is not None and isinstance(
         client, family.async_clients if asyncio else family.clients
     )
-    if family is None or not standalone or cls is None or not isinstance(settings, dict):
+    if family is None or not standalone or cls is None or settings is None:
         return Endpoint(Kind.CLIENT, type(client).__name__)
-    retry = client.get_retry()
+    get_retry = getattr(client, "get_retry", None)  # (a family without Retry: none)
+    retry = get_retry() if callable(get_retry) else None
     timeout = settings.get("socket_timeout")
     # (SO_RCVTIMEO, which bounds a blocking read of our own, takes a timeval on POSIX only)
     if cls in (family.async_plain if asyncio else family.plain) and sys.platform != "win32":

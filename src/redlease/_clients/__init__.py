@@ -1,6 +1,7 @@
-"""The client families redlease serves, one file each (``redis_py``, ``valkey_py``), and
-what follows from all of them together: which family a client is of, and the errors of
-every family, so that the drivers can catch and retry them without knowing which.
+"""The client families redlease serves, one file each (``redis_py``, ``valkey_py``,
+``coredis_py``), and what follows from all of them together: which family a client is
+of, and the errors of every family, so that the drivers can catch and retry them without
+knowing which.
 
 A family is recognised by its documented client types and the package a client's type
 comes from, never by looking at private parts of the client.
@@ -10,7 +11,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from . import redis_py, valkey_py
+from . import coredis_py, redis_py, valkey_py
 from .family import Errors, Family
 
 if TYPE_CHECKING:
@@ -28,7 +29,9 @@ __all__ = [
 ]
 
 FAMILIES: tuple[Family, ...] = tuple(
-    family for family in (redis_py.FAMILY, valkey_py.FAMILY) if family is not None
+    family
+    for family in (redis_py.FAMILY, valkey_py.FAMILY, coredis_py.FAMILY)
+    if family is not None
 )
 
 
@@ -60,12 +63,6 @@ def from_url(url: str, **options: Any) -> Any:
 # Client libraries recognised by their package but not served (yet), and why: a lock
 # built on one is refused at once, by name, rather than failing at its first command.
 _UNSERVED = {
-    "coredis": (
-        "coredis clients are not served yet: redlease reads a pool's settings in redis-py's "
-        "shape (host and port among its connection_kwargs) and calls clients with redis-py's "
-        "method signatures; coredis keeps the address in the pool's location and takes "
-        "other signatures"
-    ),
     "glide": (
         "valkey-glide clients are not served yet: redlease reads a client's connection "
         "settings from its pool, and a glide client exposes none"
@@ -80,13 +77,16 @@ _UNSERVED = {
 def refusal(client: object) -> str | None:
     """Why ``client`` cannot be served, if it is of a library redlease knows it cannot
     serve; None for the families it serves and for clients it does not know."""
-    package = type(client).__module__.partition(".")[0]
-    reason = _UNSERVED.get(package)
+    family = family_of(client)
+    if family is not None:
+        reason = family.refusal(client)
+    else:
+        reason = _UNSERVED.get(type(client).__module__.partition(".")[0])
     if reason is None:
         return None
     return (
-        f"{type(client).__module__}.{type(client).__qualname__}: {reason}; pass a "
-        "redis-py or valkey-py client (see docs/clients.md)"
+        f"{type(client).__module__}.{type(client).__qualname__}: {reason} (the clients "
+        "served: docs/clients.md)"
     )
 
 

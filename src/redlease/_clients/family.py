@@ -3,8 +3,19 @@ say a client is one of its, and its errors. All of it is the family's public API
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from types import ModuleType
+from typing import Any
+
+
+def _connection_kwargs(pool: Any) -> dict[str, Any] | None:
+    settings = getattr(pool, "connection_kwargs", None)
+    return settings if isinstance(settings, dict) else None
+
+
+def _served(client: Any) -> str | None:
+    return None
 
 
 @dataclass(frozen=True)
@@ -13,7 +24,7 @@ class Errors:
 
     base: type[Exception]  # every error of the family derives from it
     connection: type[Exception]  # the server cannot be reached (retried by its policy)
-    timeout: type[Exception]  # no reply in time (retried by its policy)
+    timeout: type[Exception] | None  # no reply in time (retried by its policy)
     response: type[Exception]  # an error reply
     noscript: type[Exception]  # the server does not know the script
     readonly: type[Exception]  # a replica refuses writes
@@ -38,6 +49,11 @@ class Family:
     plain: tuple[type, ...]
     async_plain: tuple[type, ...]
     errors: Errors
+    # The pool's settings in redis-py's shape (host, port or path, password, db,
+    # socket_timeout...), or None when they cannot be put so; and why a client of this
+    # family cannot be served, if it cannot.
+    settings: Callable[[Any], dict[str, Any] | None] = field(default=_connection_kwargs)
+    refusal: Callable[[Any], str | None] = field(default=_served)
 
     def owns(self, client: object) -> bool:
         module = type(client).__module__
