@@ -103,6 +103,14 @@ class Bench:
         self._async_closers.append(client.aclose)
         return client
 
+    def owned(self, client: Any) -> Any:
+        """A client made elsewhere, closed with the others at the end."""
+        if callable(getattr(client, "aclose", None)):
+            self._async_closers.append(client.aclose)
+        elif callable(getattr(client, "close", None)):
+            self._closers.append(client.close)
+        return client
+
     def add(
         self, section: str, key: str, label: str, build: Callable[[str], SyncCycle | AsyncCycle]
     ) -> None:
@@ -209,33 +217,13 @@ def _redlock_direct(bench: Bench, nodes: Sequence[Node]) -> Callable[[str], Sync
     return build
 
 
-def _redlease_lock(bench: Bench, node: Node) -> Callable[[str], SyncCycle]:
-    def build(key: str) -> SyncCycle:
-        lock = redlease.Lock(bench.sync_client(node), key, ttl=TTL)
-
-        def cycle() -> None:
-            lock.acquire().release()
-
-        return cycle
-
-    return build
-
-
-def _valkey_py() -> Any:
-    try:
-        import valkey
-        import valkey.asyncio
-    except ImportError as exc:
-        raise NotAvailable("valkey-py is not installed") from exc
-    return valkey
-
-
-def _redlease_lock_valkey(bench: Bench, node: Node) -> Callable[[str], SyncCycle]:
-    """The same Lock through a valkey-py client (the per-family row)."""
+def _redlease_lock(
+    bench: Bench, node: Node, family: Callable[[Node], Any] | None = None
+) -> Callable[[str], SyncCycle]:
+    """``family``: the client of another family to go through (a per-family row)."""
 
     def build(key: str) -> SyncCycle:
-        client = _valkey_py().Valkey(**node.params())
-        bench._closers.append(client.close)
+        client = bench.sync_client(node) if family is None else bench.owned(family(node))
         lock = redlease.Lock(client, key, ttl=TTL)
 
         def cycle() -> None:
@@ -246,37 +234,28 @@ def _redlease_lock_valkey(bench: Bench, node: Node) -> Callable[[str], SyncCycle
     return build
 
 
-def _redlease_async_valkey(bench: Bench, node: Node) -> Callable[[str], AsyncCycle]:
-    def build(key: str) -> AsyncCycle:
-        client = _valkey_py().asyncio.Valkey(**node.params())
-        bench._async_closers.append(client.aclose)
-        lock = redlease.AsyncLock(client, key, ttl=TTL)
-
-        async def cycle() -> None:
-            lease = await lock.acquire()
-            await lease.release()
-
-        return cycle
-
-    return build
+def _valkey(node: Node) -> Any:
+    try:
+        import valkey
+    except ImportError as exc:
+        raise NotAvailable("valkey-py is not installed") from exc
+    return valkey.Valkey(**node.params())
 
 
-def _redlease_async_coredis(bench: Bench, node: Node) -> Callable[[str], AsyncCycle]:
-    def build(key: str) -> AsyncCycle:
-        try:
-            import coredis
-        except ImportError as exc:
-            raise NotAvailable("coredis is not installed") from exc
-        client = coredis.Redis(host=node.host, port=node.port, db=node.db)
-        lock = redlease.AsyncLock(client, key, ttl=TTL)
+def _avalkey(node: Node) -> Any:
+    try:
+        import valkey.asyncio
+    except ImportError as exc:
+        raise NotAvailable("valkey-py is not installed") from exc
+    return valkey.asyncio.Valkey(**node.params())
 
-        async def cycle() -> None:
-            lease = await lock.acquire()
-            await lease.release()
 
-        return cycle
-
-    return build
+def _coredis(node: Node) -> Any:
+    try:
+        import coredis
+    except ImportError as exc:
+        raise NotAvailable("coredis is not installed") from exc
+    return coredis.Redis(**node.params())  # redlease never opens its connections
 
 
 @contextlib.contextmanager
@@ -441,9 +420,12 @@ def _floor_async_direct(bench: Bench, node: Node) -> Callable[[str], AsyncCycle]
     return build
 
 
-def _redlease_async(bench: Bench, node: Node) -> Callable[[str], AsyncCycle]:
+def _redlease_async(
+    bench: Bench, node: Node, family: Callable[[Node], Any] | None = None
+) -> Callable[[str], AsyncCycle]:
     def build(key: str) -> AsyncCycle:
-        lock = redlease.AsyncLock(bench.async_client(node), key, ttl=TTL)
+        client = bench.async_client(node) if family is None else bench.owned(family(node))
+        lock = redlease.AsyncLock(client, key, ttl=TTL)
 
         async def cycle() -> None:
             lease = await lock.acquire()
@@ -519,7 +501,7 @@ def build_entries(bench: Bench, *, single: bool, redlock: bool, masters: Sequenc
             SINGLE,
             "redlease-valkey",
             "redlease Lock, valkey-py client",
-            _redlease_lock_valkey(bench, one),
+            _redlease_lock(bench, one, _valkey),
         )
         bench.add(SINGLE, "redis-py", "redis-py Lock", _redis_py_lock(bench, one))
         bench.add(SINGLE, "prl", "python-redis-lock", _python_redis_lock(bench, one))
@@ -542,13 +524,13 @@ def build_entries(bench: Bench, *, single: bool, redlock: bool, masters: Sequenc
             SINGLE,
             "aredlease-valkey",
             "(asyncio) redlease AsyncLock, valkey-py client",
-            _redlease_async_valkey(bench, one),
+            _redlease_async(bench, one, _avalkey),
         )
         bench.add(
             SINGLE,
             "aredlease-coredis",
             "(asyncio) redlease AsyncLock, coredis client",
-            _redlease_async_coredis(bench, one),
+            _redlease_async(bench, one, _coredis),
         )
         bench.add(
             SINGLE,

@@ -62,16 +62,11 @@ def from_url(url: str, **options: Any) -> Any:
 
 # Client libraries recognised by their package but not served (yet), and why: a lock
 # built on one is refused at once, by name, rather than failing at its first command.
-_UNSERVED = {
-    "glide": (
-        "valkey-glide clients are not served yet: redlease reads a client's connection "
-        "settings from its pool, and a glide client exposes none"
-    ),
-    "glide_sync": (
-        "valkey-glide clients are not served yet: redlease reads a client's connection "
-        "settings from its pool, and a glide client exposes none"
-    ),
-}
+_GLIDE = (
+    "valkey-glide clients are not served yet: redlease reads a client's connection "
+    "settings from its pool, and a glide client exposes none"
+)
+_UNSERVED = {"glide": _GLIDE, "glide_sync": _GLIDE}
 
 
 def refusal(client: object) -> str | None:
