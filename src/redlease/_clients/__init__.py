@@ -63,8 +63,9 @@ def from_url(url: str, **options: Any) -> Any:
 # Client libraries recognised by their package but not served (yet), and why: a lock
 # built on one is refused at once, by name, rather than failing at its first command.
 _GLIDE = (
-    "valkey-glide clients are not served yet: redlease reads a client's connection "
-    "settings from its pool, and a glide client exposes none"
+    "valkey-glide clients are not served: a glide client exposes no connection settings, "
+    "so redlease cannot open the connections its waiters block on, and a blocking wait "
+    "on glide's one multiplexed connection would hold up the application's commands"
 )
 _UNSERVED = {"glide": _GLIDE, "glide_sync": _GLIDE}
 
