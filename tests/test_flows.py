@@ -19,6 +19,13 @@ def spec(clock: FakeClock, ttl: float = 10.0, fair: bool = True) -> _flows.LockS
     return _flows.LockSpec.create("orders:42", ttl, fair=fair, clock=clock)
 
 
+def first_op(flow: Generator[Any, Any, Any]) -> Any:
+    """The flow's first op on the server: a waiter's Listen is answered as by a driver
+    without a hub (its waits are then on its own bell)."""
+    op = next(flow)
+    return flow.send(None) if isinstance(op, _flows.Listen) else op
+
+
 def step(flow: Generator[Any, Any, Any], reply: Any) -> Any:
     """Send a reply; return the next op, or ('done', value) when the flow ends."""
     try:
@@ -31,7 +38,7 @@ def test_acquire_is_one_script_call_and_validity_counts_from_before_sending() ->
     clock = FakeClock()
     attempt = _flows.Acquisition(spec(clock), None, wait=False)
     flow = attempt.run()
-    op: Any = next(flow)
+    op: Any = first_op(flow)
     assert isinstance(op, _flows.Call)
     assert op.script is _scripts.ACQUIRE
     assert op.keys == (
@@ -40,11 +47,12 @@ def test_acquire_is_one_script_call_and_validity_counts_from_before_sending() ->
         "{orders:42}:queue",
         "{orders:42}:waiters",
     )
-    token, ttl_ms, fair, queue_ms, bells, holds = op.args
+    token, ttl_ms, fair, queue_ms, bells, holds, hub = op.args
     assert token == attempt.token
     assert len(token) == 32
     assert (ttl_ms, fair, queue_ms, bells) == ("10000", "1", "0", "{orders:42}:bell:")
     assert holds == "1"  # one fence per grant unless a batch is asked for
+    assert hub == ""  # a try that does not queue names no hub
     clock.advance(0.3)  # time in flight is the holder's loss
     done, grant = step(flow, [7, 10000, 1_000_000])
     assert done == "done"
@@ -54,7 +62,7 @@ def test_acquire_is_one_script_call_and_validity_counts_from_before_sending() ->
 
 def test_busy_lock_without_waiting_gives_none() -> None:
     flow = _flows.Acquisition(spec(FakeClock()), None, wait=False).run()
-    next(flow)
+    first_op(flow)
     assert step(flow, [0, 4000, 1_000_000]) == ("done", None)
 
 
@@ -63,7 +71,7 @@ def test_a_reply_too_late_to_be_useful_is_given_back() -> None:
     attempt = _flows.Acquisition(spec(clock, ttl=1.0), 10.0, wait=True)
     flow = attempt.run()
     first_token = attempt.token
-    next(flow)
+    first_op(flow)
     clock.advance(2.0)  # paused past the whole ttl before the reply was read
     leave = step(flow, [3, 1000, 1_000_000])
     assert leave.script is _scripts.LEAVE
@@ -77,7 +85,7 @@ def test_a_reply_too_late_to_be_useful_is_given_back() -> None:
 def test_try_acquire_makes_one_attempt_however_late_its_grant() -> None:
     clock = FakeClock()
     flow = _flows.Acquisition(spec(clock, ttl=1.0), 0.0, wait=False).run()
-    next(flow)
+    first_op(flow)
     clock.advance(2.0)
     leave = step(flow, [3, 1000, 1_000_000])
     assert leave.script is _scripts.LEAVE
@@ -90,7 +98,7 @@ def test_late_grants_do_not_outlast_the_deadline(via: str) -> None:
     ends at its deadline, not after however many late grants come."""
     clock = FakeClock()
     flow = _flows.Acquisition(spec(clock, ttl=0.2), 0.5, wait=True).run()
-    op: Any = next(flow)
+    op: Any = first_op(flow)
     sent = 0
     while op != ("done", None):
         assert sent < 10, "still trying long past the deadline"
@@ -112,7 +120,7 @@ def test_wait_for_replicas_is_cut_to_the_time_the_deadline_leaves() -> None:
     s = _flows.LockSpec.create("orders:42", 30.0, clock=clock, replicas=1)
     assert s.replicas == _flows.Replicas(1, 3000)  # a tenth of the ttl by default
     flow = _flows.Acquisition(s, 0.0035, wait=True).run()
-    op: Any = next(flow)
+    op: Any = first_op(flow)
     assert op.replicas == _flows.Replicas(1, 3)  # whole ms, rounded down
     clock.advance(0.003)
     wait = step(flow, [[0, 9000, 5_000_000], 1])
@@ -133,7 +141,7 @@ def test_giving_back_with_replicas_does_not_wait_for_them() -> None:
     clock = FakeClock()
     s = _flows.LockSpec.create("orders:42", 1.0, clock=clock, replicas=1)
     flow = _flows.Acquisition(s, 10.0, wait=True).run()
-    next(flow)
+    first_op(flow)
     clock.advance(2.0)
     leave = step(flow, [[3, 1000, 1_000_000], 1])  # too late
     assert leave.script is _scripts.LEAVE
@@ -145,12 +153,12 @@ def test_extend_with_replicas_counts_only_when_acknowledged() -> None:
     clock = FakeClock()
     s = _flows.LockSpec.create("orders:42", 3.0, clock=clock, replicas=1)
     flow = _flows.extend(s, "tok", 3000, wait=0.05)  # as the renewer sends it
-    op: Any = next(flow)
+    op: Any = first_op(flow)
     assert op.timeout == 0.05
     assert op.replicas == _flows.Replicas(1, 50)
     assert step(flow, (1, 1))[0] == "done"
     flow = _flows.extend(s, "tok", 3000)
-    op = next(flow)
+    op = first_op(flow)
     assert op.replicas == s.replicas
     with pytest.raises(redlease.BackendError, match="only 0 of 1 replicas"):
         flow.send((1, 0))
@@ -167,7 +175,7 @@ def test_waiter_sleeps_on_its_bell_until_the_holders_expiry_at_most() -> None:
     clock = FakeClock()
     attempt = _flows.Acquisition(spec(clock), 30.0, wait=True)
     flow = attempt.run()
-    op: Any = next(flow)
+    op: Any = first_op(flow)
     assert int(op.args[3]) >= 10_000  # queued, with an entry that outlives the wait
     wait = step(flow, [0, 2500, 5_000_000])
     assert isinstance(wait, _flows.Wait)
@@ -179,7 +187,7 @@ def test_waiter_sleeps_on_its_bell_until_the_holders_expiry_at_most() -> None:
 def test_handover_validity_uses_only_server_elapsed_time() -> None:
     clock = FakeClock()
     flow = _flows.Acquisition(spec(clock), 30.0, wait=True).run()
-    next(flow)
+    first_op(flow)
     clock.advance(0.01)
     step(flow, [0, 2500, 5_000_000])
     clock.advance(1.5)
@@ -193,7 +201,7 @@ def test_handover_validity_uses_only_server_elapsed_time() -> None:
 def test_a_wake_up_without_grant_tries_again() -> None:
     clock = FakeClock()
     flow = _flows.Acquisition(spec(clock, fair=False), 30.0, wait=True).run()
-    next(flow)
+    first_op(flow)
     step(flow, [0, 2500, 5_000_000])
     again = step(flow, b"0:5100000")
     assert again.script is _scripts.ACQUIRE
@@ -203,7 +211,7 @@ def test_deadline_leaves_the_queue_and_keeps_a_last_instant_grant() -> None:
     clock = FakeClock()
     attempt = _flows.Acquisition(spec(clock), 1.0, wait=True)
     flow = attempt.run()
-    next(flow)
+    first_op(flow)
     wait = step(flow, [0, 9000, 5_000_000])
     assert wait.timeout == pytest.approx(1.0)  # the deadline, not the holder's 9 s
     clock.advance(1.0)
@@ -218,7 +226,7 @@ def test_deadline_leaves_the_queue_and_keeps_a_last_instant_grant() -> None:
 def test_deadline_without_grant_ends_in_none() -> None:
     clock = FakeClock()
     flow = _flows.Acquisition(spec(clock), 0.5, wait=True).run()
-    next(flow)
+    first_op(flow)
     step(flow, [0, 9000, 5_000_000])
     clock.advance(0.6)
     step(flow, None)
@@ -227,7 +235,7 @@ def test_deadline_without_grant_ends_in_none() -> None:
 
 def test_zero_timeout_is_a_single_try_that_does_not_queue() -> None:
     flow = _flows.Acquisition(spec(FakeClock()), 0.0, wait=True).run()
-    op: Any = next(flow)
+    op: Any = first_op(flow)
     assert op.args[3] == "0"
     assert step(flow, [0, 9000, 5_000_000]) == ("done", None)
 
@@ -236,14 +244,14 @@ def test_extend_and_release_raise_lock_lost_when_not_ours() -> None:
     clock = FakeClock()
     s = spec(clock)
     flow = _flows.extend(s, "tok", 5000)
-    op: Any = next(flow)
+    op: Any = first_op(flow)
     assert op.script is _scripts.EXTEND
     assert op.keys == ("{orders:42}",)
     clock.advance(0.2)
     _done, until = step(flow, 1)
     assert until == pytest.approx(1000.0 + 5.0 - drift(5.0))
     flow = _flows.extend(s, "tok", 5000)
-    next(flow)
+    first_op(flow)
     with pytest.raises(redlease.LockLost):
         flow.send(0)
     release = _flows.release(s, "tok")
@@ -322,7 +330,7 @@ def test_a_wait_with_time_left_waits_out_a_failure_that_may_pass() -> None:
     clock = FakeClock()
     attempt = _flows.Acquisition(spec(clock), 2.0, wait=True)
     flow = attempt.run()
-    first = next(flow)
+    first = first_op(flow)
     assert isinstance(first, _flows.Call)
     pauses = 0
     while True:
@@ -334,7 +342,7 @@ def test_a_wait_with_time_left_waits_out_a_failure_that_may_pass() -> None:
         assert 0 < op.seconds <= _flows.PASSING_RETRY_CAP
         pauses += 1
         clock.advance(op.seconds)
-        again = next(flow)
+        again = first_op(flow)
         assert isinstance(again, _flows.Call)
         assert again.script is _scripts.ACQUIRE
         assert again.args[0] == first.args[0]  # a try that did land is found
@@ -355,6 +363,86 @@ def test_other_failures_are_raised_at_once(timeout: float | None, wait: bool, ca
 
     error = redis.ConnectionError("refused") if cause == "refused" else redis.ReadOnlyError("x")
     flow = _flows.Acquisition(spec(FakeClock()), timeout, wait=wait).run()
-    next(flow)
+    first_op(flow)
     with pytest.raises(redlease.BackendError):
         flow.throw(_failure(error))
+
+
+class FakeBox:
+    """A hub's box as the flow sees it: ``ready`` once the hub listens on the channel."""
+
+    def __init__(self, token: str, ready: bool) -> None:
+        self.token, self.hub, self.ready = token, "ab12", ready
+
+
+def test_a_waiter_with_a_hub_tries_first_then_listens_then_queues_naming_its_hub() -> None:
+    attempt = _flows.Acquisition(spec(FakeClock()), 30.0, wait=True)
+    flow = attempt.run()
+    listen: Any = next(flow)
+    assert isinstance(listen, _flows.Listen)
+    assert (listen.prefix, listen.token, listen.box) == ("{orders:42}:bell:", attempt.token, None)
+    box = FakeBox(attempt.token, ready=False)
+    op: Any = step(flow, box)
+    assert op.script is _scripts.ACQUIRE
+    assert op.args[3] == "0"
+    assert op.args[6] == ""
+    subscribe = step(flow, [0, 4000, 1_000_000])
+    assert isinstance(subscribe, _flows.Listen)
+    assert subscribe.box is box
+    box.ready = True
+    op = step(flow, box)
+    assert op.script is _scripts.ACQUIRE
+    assert op.args[3] != "0"
+    assert op.args[6] == "ab12"
+    wait = step(flow, [0, 4000, 1_000_000])
+    assert isinstance(wait, _flows.Wait)
+    assert wait.box is box
+    done, grant = step(flow, b"9:1000500")
+    assert done == "done"
+    assert grant.fence == 9
+
+
+def test_a_waiter_whose_hub_listens_already_queues_at_once() -> None:
+    attempt = _flows.Acquisition(spec(FakeClock()), 30.0, wait=True)
+    flow = attempt.run()
+    next(flow)
+    op: Any = step(flow, FakeBox(attempt.token, ready=True))
+    assert op.args[3] != "0"
+    assert op.args[6] == "ab12"
+
+
+def test_a_hub_lost_while_waiting_means_a_look_at_the_lock_then_listening_again() -> None:
+    attempt = _flows.Acquisition(spec(FakeClock()), 30.0, wait=True)
+    flow = attempt.run()
+    next(flow)
+    box = FakeBox(attempt.token, ready=True)
+    step(flow, box)
+    wait: Any = step(flow, [0, 4000, 1_000_000])
+    assert isinstance(wait, _flows.Wait)
+    box.ready = False  # the hub's connection failed: the box gives None
+    op: Any = step(flow, None)
+    assert op.script is _scripts.ACQUIRE
+    assert op.args[3] == "0"
+    assert isinstance(step(flow, [0, 4000, 1_000_000]), _flows.Listen)  # listening again
+
+
+def test_a_hub_refused_by_the_server_leaves_the_waiter_on_its_bell() -> None:
+    attempt = _flows.Acquisition(spec(FakeClock()), 30.0, wait=True)
+    flow = attempt.run()
+    next(flow)
+    box = FakeBox(attempt.token, ready=False)
+    step(flow, box)
+    step(flow, [0, 4000, 1_000_000])  # the try failed: the flow asks to listen
+    op: Any = step(flow, None)  # refused (no channel rights)
+    assert op.script is _scripts.ACQUIRE
+    assert op.args[3] != "0"
+    assert op.args[6] == ""
+    wait = step(flow, [0, 4000, 1_000_000])
+    assert isinstance(wait, _flows.Wait)
+    assert wait.box is None
+
+
+def test_a_waiter_with_replicas_waits_on_its_bell() -> None:
+    s = _flows.LockSpec.create("orders:42", 30.0, clock=FakeClock(), replicas=1)
+    op: Any = next(_flows.Acquisition(s, 10.0, wait=True).run())
+    assert isinstance(op, _flows.Call)  # no Listen: the grant must reach the replicas

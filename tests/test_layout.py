@@ -46,6 +46,7 @@ def _shape(path: Path) -> list[str]:
     ("sync", "asyncio", "only_one"),
     [
         ("_io_sync.py", "_io_async.py", set()),
+        ("_hub_sync.py", "_hub_async.py", set()),
         # sync only: SO_RCVTIMEO's argument; asyncio only: connecting with the loop, a
         # read's shared deadline timer, where a cancellation lands, closing at shutdown
         (
@@ -140,7 +141,14 @@ def _code_lines(path: Path) -> list[tuple[int, str]]:
 _CODE = {path: _code_lines(path) for path in sorted(SRC.rglob("*.py"))}
 _SHAPES = {
     name: _shape(SRC / name)
-    for name in ("_io_sync.py", "_io_async.py", "_conn_sync.py", "_conn_async.py")
+    for name in (
+        "_io_sync.py",
+        "_io_async.py",
+        "_conn_sync.py",
+        "_conn_async.py",
+        "_hub_sync.py",
+        "_hub_async.py",
+    )
 }
 _CLASSES = {
     (module, node.name): [

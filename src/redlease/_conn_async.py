@@ -30,6 +30,7 @@ from typing import Any
 from . import _fork, _resp, _spin, _stale
 from ._conn_sync import MAX_CONNECTIONS, MAX_IDLE, OWED_REPLY_LIMIT, RESERVED
 from ._endpoint import ConnectionFailed, Endpoint, Kind, ReplyTimedOut, bounded
+from ._hub_async import Hub
 
 if sys.version_info >= (3, 11, 3):  # earlier 3.11 releases mishandle nested cancellation
     from asyncio import timeout as _deadline  # type: ignore[attr-defined,unused-ignore]
@@ -382,6 +383,7 @@ class Pool:
         self._blocking = 0
         self._generation = _fork.generation
         self.opened = 0
+        self._hub: Hub | None = None
         self._shutdown: AsyncGenerator[None, None] | None = None
         weakref.finalize(self, _close_all, self._idle, self._owing)
 
@@ -398,6 +400,20 @@ class Pool:
             for conn in idle + owing:
                 self._count -= 1
                 await conn.shut()
+
+    @property
+    def hub(self) -> Hub | None:
+        """The loop's shared wait connection to this server (see ``_hub_async``), for
+        sockets of our own."""
+        if self._hub is None and self.endpoint.kind is Kind.SOCKET:
+            self._hub = Hub(self)
+        return self._hub
+
+    async def open_connection(self, timeout: float) -> Connection:
+        """A new connection, not one of the pool's (the hub's)."""
+        conn = await self._open(self.endpoint, timeout, self)
+        self.opened += 1
+        return conn
 
     async def take(self, timeout: float, *, blocking: bool = False) -> Connection | None:
         if self._shutdown is None:

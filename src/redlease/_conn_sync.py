@@ -29,6 +29,7 @@ from typing import Any
 
 from . import _fork, _resp, _spin, _stale
 from ._endpoint import ConnectionFailed, Endpoint, Kind, ReplyTimedOut, bounded
+from ._hub_sync import Hub
 
 MAX_CONNECTIONS = 128
 RESERVED = 16  # never held by blocking waits: short commands always find a connection
@@ -306,7 +307,24 @@ class Pool:
         self._waiting = 0  # threads waiting for a connection to be freed
         self._generation = _fork.generation
         self.opened = 0  # connections ever opened (for tests and benchmarks)
+        self._hub: Hub | None = None
         weakref.finalize(self, _close_all, self._idle, self._owing)
+
+    @property
+    def hub(self) -> Hub | None:
+        """The process's shared wait connection to this server (see ``_hub_sync``), for
+        sockets of our own (a connection class's methods are not for two threads)."""
+        if self._hub is None and self.endpoint.kind is Kind.SOCKET:
+            with self._lock:
+                if self._hub is None:
+                    self._hub = Hub(self)
+        return self._hub
+
+    def open_connection(self, timeout: float) -> Connection:
+        """A new connection, not one of the pool's (the hub's)."""
+        conn = self._open(self.endpoint, timeout, self)
+        self.opened += 1
+        return conn
 
     def take(self, timeout: float, *, blocking: bool = False) -> Connection | None:
         """A connection, within ``timeout``: an idle one still alive, or a new one. For a

@@ -14,7 +14,7 @@ import os
 import random
 from collections.abc import Generator
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import Any, Protocol, TypeVar
 
 from . import _arguments as args
 from ._errors import BackendError, LockLost
@@ -87,9 +87,38 @@ class Command:
     timeout: float
 
 
+class Box(Protocol):
+    """Where a driver's hub (its process's one shared wait connection, subscribed to
+    the channels of the locks waited for) puts the rings for one waiter token."""
+
+    token: str
+
+    @property
+    def hub(self) -> str:
+        """The hub's id, as the waiter's queue entry names it."""
+
+    @property
+    def ready(self) -> bool:
+        """The hub listens on this lock's channel: a ring published now reaches us."""
+
+
+@dataclass(slots=True)
+class Listen:
+    """Have the driver's hub take the rings for ``token`` (a waiter of the lock whose
+    bell prefix is ``prefix``); with ``box``, also have it listen on that lock's channel
+    (one round trip, the first time: SUBSCRIBE). The reply is the Box, or None when the
+    driver has no hub (the waiter then waits on its own bell)."""
+
+    prefix: str
+    token: str
+    timeout: float
+    box: Box | None = None
+
+
 @dataclass(slots=True)
 class Wait:
-    """Block on the server (BLPOP) until ``key`` gets an element or ``timeout`` passes.
+    """Block on the server (BLPOP) until ``key`` gets an element or ``timeout`` passes;
+    with ``box``, until the hub puts a ring there instead (no connection of our own).
 
     The reply is the popped element, or None on timeout. An idle server notices a
     BLPOP's timeout late (it looks between events, and when idle only every 1/hz s:
@@ -103,6 +132,7 @@ class Wait:
     timeout: float
     connect_timeout: float  # a new connection's bound, handshake included
     replicas: Replicas | None = None  # a grant popped from the bell must reach them
+    box: Box | None = None
 
     @property
     def give_up(self) -> float:
@@ -116,7 +146,7 @@ class Sleep:
     seconds: float
 
 
-Op = Call | Command | Wait | Sleep
+Op = Call | Command | Listen | Wait | Sleep
 Flow = Generator[Op, Any, T]
 
 
@@ -263,11 +293,25 @@ class Acquisition:
 
     def run(self) -> Flow[Grant | None]:
         spec, clock = self.spec, self.spec.clock
+        box: Box | None = None
+        # A waiter is rung through its process's hub, if the driver has one; with
+        # replicas=, on its own bell: the grant must reach them through a write of ours.
+        listens = self.wait and spec.replicas is None
         while True:
+            if listens and (box is None or box.token != self.token):
+                box = yield Listen(spec.keys.bell_prefix, self.token, self._bound())
+                listens = box is not None
             # How long this round may wait, so the queue entry can outlive it: bounded by
             # the deadline, and by the ttl so a waiter refreshes its entry now and then.
             horizon = self.deadline.cap(max(spec.ttl, UNKNOWN_HOLDER_RECHECK)) if self.wait else 0
             queue_ms = math.ceil((horizon + QUEUE_ENTRY_SLACK) * 1000) if horizon > 0 else 0
+            hub = ""
+            unheard = False  # the hub does not listen on this lock's channel yet
+            if box is not None and queue_ms:
+                if box.ready:
+                    hub = box.hub
+                else:  # a try first: a lock never waited for costs no SUBSCRIBE
+                    queue_ms, unheard = 0, True
             replicas = self._replicas()
             sent_at = clock()
             self.outstanding = True
@@ -280,6 +324,7 @@ class Acquisition:
                     str(queue_ms),
                     spec.keys.bell_prefix,
                     str(spec.batch),
+                    hub,
                     replicas=replicas,
                     timeout=self._bound(),
                 )
@@ -299,7 +344,14 @@ class Acquisition:
                     continue
                 return None
             if queue_ms == 0:
-                return None
+                if not unheard:
+                    return None
+                try:  # the hub listens on this lock's channel before we queue
+                    box = yield Listen(spec.keys.bell_prefix, self.token, self._bound(), box)
+                except BackendError as failure:
+                    yield from self._wait_out(failure)
+                listens = box is not None
+                continue
             wait_for = horizon - (clock() - sent_at)
             if pttl >= 0:
                 wait_for = min(wait_for, pttl / 1000.0 + EXPIRY_NUDGE)
@@ -307,7 +359,15 @@ class Acquisition:
                 wait_for = max(wait_for, MIN_WAIT)
                 replicas = self._replicas()
                 rung, acked = spec.unpack(
-                    (yield Wait(spec.keys.bell(self.token), wait_for, self._bound(), replicas)),
+                    (
+                        yield Wait(
+                            spec.keys.bell(self.token),
+                            wait_for,
+                            self._bound(),
+                            replicas,
+                            box if hub else None,
+                        )
+                    ),
                     replicas,
                 )
                 if rung is not None:

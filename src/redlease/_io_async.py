@@ -34,7 +34,8 @@ from ._endpoint import (
     read_bound,
 )
 from ._errors import RedleaseWarning
-from ._flows import LATE_WAKE, Call, Command, Flow, Op, Replicas, Sleep, Wait
+from ._flows import LATE_WAKE, Call, Command, Flow, Listen, Op, Replicas, Sleep, Wait
+from ._hub_async import Box
 from ._quorum import MIN_READ_WAIT, UNREAD, Unsent, said_yes
 
 T = TypeVar("T")
@@ -112,6 +113,8 @@ class AsyncIO:
             return await self._call(op)
         if isinstance(op, Wait):
             return await self._wait(op)
+        if isinstance(op, Listen):
+            return await self._listen(op)
         if isinstance(op, Sleep):
             await asyncio.sleep(op.seconds)
             return None
@@ -292,7 +295,19 @@ class AsyncIO:
 
         return await self._on_connection(command, op.timeout, safe=True)  # reads only
 
+    async def _listen(self, op: Listen) -> Box | None:
+        pool = self.pool
+        hub = None if pool is None else pool.hub
+        if hub is None:
+            return None
+        if op.box is None:
+            return hub.listen(op.prefix, op.token)
+        assert isinstance(op.box, Box)
+        return await hub.subscribe(op.box, op.timeout)
+
     async def _wait(self, op: Wait) -> Any:
+        if isinstance(op.box, Box):  # rung through the hub: no connection of our own
+            return await op.box.wait(op.give_up)
         # A blocked waiter occupies one of redlease's connections, never one of the
         # client's pool, so waiting cannot starve the application.
         pool = self.pool

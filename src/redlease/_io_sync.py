@@ -34,7 +34,8 @@ from ._endpoint import (
     read_bound,
 )
 from ._errors import RedleaseWarning
-from ._flows import LATE_WAKE, Call, Command, Flow, Op, Replicas, Sleep, Wait
+from ._flows import LATE_WAKE, Call, Command, Flow, Listen, Op, Replicas, Sleep, Wait
+from ._hub_sync import Box
 from ._quorum import MIN_READ_WAIT, UNREAD, Unsent, said_yes
 
 T = TypeVar("T")
@@ -108,6 +109,8 @@ class SyncIO:
             return self._call(op)
         if isinstance(op, Wait):
             return self._wait(op)
+        if isinstance(op, Listen):
+            return self._listen(op)
         if isinstance(op, Sleep):
             time.sleep(op.seconds)
             return None
@@ -281,7 +284,18 @@ class SyncIO:
 
         return self._on_connection(command, op.timeout, safe=True)  # reads only
 
+    def _listen(self, op: Listen) -> Box | None:
+        hub = None if self._pool is None else self._pool.hub
+        if hub is None:
+            return None
+        if op.box is None:
+            return hub.listen(op.prefix, op.token)
+        assert isinstance(op.box, Box)
+        return hub.subscribe(op.box, op.timeout)
+
     def _wait(self, op: Wait) -> Any:
+        if isinstance(op.box, Box):  # rung through the hub: no connection of our own
+            return op.box.wait(op.give_up)
         # A blocked waiter occupies one of redlease's connections, never one of the
         # client's pool, so waiting cannot starve the application.
         if self._pool is None:

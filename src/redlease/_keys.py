@@ -7,6 +7,8 @@ touches a single slot:
     {name}:queue         waiters in arrival order (list of tokens), with a TTL
     {name}:waiters       waiter token -> "deadline_us:ttl_ms:holds" (hash), with a TTL
     {name}:bell:<token>  a waiter's doorbell list, pushed by the release script, with a TTL
+    {name}:bell:@<hub>   not a key: the pub/sub channel on which the waiters of one
+                         process's hub (its shared wait connection) are rung
     {name}:released      the token of the last release, for a retried release to find,
                          with a TTL (the release's reply bound)
 """

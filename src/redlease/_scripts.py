@@ -5,11 +5,16 @@ SCRIPT FLUSH, a replica promoted), as EVAL, which also caches them again. Nothin
 remembered per client or per class, so any client works with any lock.
 
 Shared by the lock scripts (KEYS[1..4] = lock, fence, queue, waiters; see _keys.py):
-  * a waiter entry is "deadline_us:ttl_ms:holds" in the waiters hash, in arrival order in
-    queue; an entry past its deadline belongs to a waiter that gave up or died and is
-    skipped;
-  * a doorbell (bell prefix .. token) receives "fence:server_us": a fence > 0 means the
-    lock was granted to that waiter at server time server_us; fence 0 is a plain wake-up;
+  * a waiter entry is "deadline_us:ttl_ms:holds[:hub]" in the waiters hash, in arrival
+    order in queue; an entry past its deadline belongs to a waiter that gave up or died
+    and is skipped;
+  * a waiter is rung with "fence:server_us": a fence > 0 means the lock was granted to
+    that waiter at server time server_us; fence 0 is a plain wake-up. A waiter with a
+    hub (its process's shared wait connection, see _hub_sync.py) is rung by a PUBLISH of
+    "token:fence:server_us" on its hub's channel (bell prefix .. "@" .. hub); one that
+    reaches no subscriber tells that the waiter's process, or its connection, is gone:
+    the waiter is dropped and the next one served, at once. A waiter without a hub has a
+    doorbell list (bell prefix .. token), pushed;
   * a grant takes ``holds`` fences at once (INCRBY): a lock made with ``batch=n`` lends
     one grant to its callers up to n times (see _batches.py), each with its own fence,
     and whoever is granted the lock next gets a greater one. The reply carries the
@@ -52,6 +57,7 @@ local function entry_deadline(entry) return tonumber(string.match(entry, '^(%d+)
 local function entry_ttl(entry) return string.match(entry, '^%d+:(%d+)') end
 
 local function entry_holds(entry) return string.match(entry, '^%d+:%d+:(%d+)') or '1' end
+local function entry_hub(entry) return string.match(entry, '^%d+:%d+:%d+:(%x+)$') end
 
 -- the first waiter still within its deadline (dead ones are dropped); nil if none
 local function live_head(queue, waiters, now)
@@ -69,28 +75,39 @@ local function forget(queue, waiters, token)
   if redis.call('HDEL', waiters, token) == 1 then redis.call('LREM', queue, 1, token) end
 end
 
-local function ring(bells, w, granted, now, ttl)
+-- false when the waiter cannot hear it (its hub has no subscriber: its process is gone)
+local function ring(bells, w, entry, granted, now, ttl)
+  local hub = entry_hub(entry)
+  if hub then
+    local message = string.format('%s:%d:%d', w, granted, now)
+    return redis.call('PUBLISH', bells .. '@' .. hub, message) > 0
+  end
   local bell = bells .. w
   redis.call('LPUSH', bell, string.format('%d:%d', granted, now))
   redis.call('PEXPIRE', bell, ttl)
+  return true
 end
 
 -- the lock is free: fair mode grants it to the first live waiter (no one can barge in
--- between), with the fences it asked for; otherwise that waiter's bell is rung and it
--- competes again
+-- between), with the fences it asked for; otherwise that waiter is rung and competes
+-- again. A waiter that cannot hear its ring is dropped (its grant, if any, undone: the
+-- fences it took are skipped) and the next one served.
 local function hand_on(lock, fence, queue, waiters, bells, fair)
   local now = now_us()
-  local w, entry = live_head(queue, waiters, now)
-  if not w then return end
-  redis.call('LPOP', queue)
-  redis.call('HDEL', waiters, w)
-  local ttl = entry_ttl(entry)
-  local granted = 0
-  if fair == '1' then
-    redis.call('SET', lock, w, 'PX', ttl)
-    granted = redis.call('INCRBY', fence, entry_holds(entry))
+  while true do
+    local w, entry = live_head(queue, waiters, now)
+    if not w then return end
+    redis.call('LPOP', queue)
+    redis.call('HDEL', waiters, w)
+    local ttl = entry_ttl(entry)
+    local granted = 0
+    if fair == '1' then
+      redis.call('SET', lock, w, 'PX', ttl)
+      granted = redis.call('INCRBY', fence, entry_holds(entry))
+    end
+    if ring(bells, w, entry, granted, now, ttl) then return end
+    if fair == '1' then redis.call('DEL', lock) end
   end
-  ring(bells, w, granted, now, ttl)
 end
 
 -- the fence of a grant we hold: from our bell if it was handed to us, else the counter
@@ -110,6 +127,7 @@ ACQUIRE = Script(
 -- ARGV[1] token  ARGV[2] ttl ms  ARGV[3] fair ('1'/'0')
 -- ARGV[4] queue-entry lifetime ms ('0': do not queue)  ARGV[5] bell key prefix
 -- ARGV[6] fences a grant takes (the lock's batch)
+-- ARGV[7] the waiter's hub ('': rung on its bell)
 -- Reply {fence, pttl, server_us}. fence > 0: acquired, the highest fence taken; pttl = ms
 -- of validity left. fence = 0: held by another, pttl = its ms left (-2: free but promised
 -- to a waiter).
@@ -131,21 +149,29 @@ if holder == token then
   return {held_fence(fence, bell), redis.call('PTTL', lock), 0}
 end
 local now = now_us()
-if not holder then
-  local first = nil
-  if fair == '1' then first = live_head(queue, waiters, now) end
-  if first == nil or first == token then
-    redis.call('SET', lock, token, 'PX', ARGV[2])
-    forget(queue, waiters, token)
-    redis.call('DEL', bell)
-    return {redis.call('INCRBY', fence, ARGV[6]), tonumber(ARGV[2]), now}
+if not holder and fair == '1' then
+  local first = live_head(queue, waiters, now)
+  if first ~= nil and first ~= token then
+    -- the free lock belongs to the first waiter that can hear it, not to us, unless
+    -- every waiter before us is gone
+    hand_on(lock, fence, queue, waiters, ARGV[5], fair)
+    holder = redis.call('GET', lock)
+    if holder == token then
+      forget(queue, waiters, token)
+      return {held_fence(fence, bell), redis.call('PTTL', lock), now}
+    end
   end
-  -- fair: the free lock belongs to the first waiter, not to us
-  hand_on(lock, fence, queue, waiters, ARGV[5], fair)
+end
+if not holder then
+  redis.call('SET', lock, token, 'PX', ARGV[2])
+  forget(queue, waiters, token)
+  redis.call('DEL', bell)
+  return {redis.call('INCRBY', fence, ARGV[6]), tonumber(ARGV[2]), now}
 end
 if ARGV[4] ~= '0' then
   local life = tonumber(ARGV[4])
   local entry = string.format('%d:%s:%s', now + life * 1000, ARGV[2], ARGV[6])
+  if ARGV[7] ~= '' then entry = entry .. ':' .. ARGV[7] end
   if redis.call('HSET', waiters, token, entry) == 1 then redis.call('RPUSH', queue, token) end
   keep_for(queue, life)
   keep_for(waiters, life)

@@ -1,0 +1,244 @@
+"""One shared wait connection per event loop and server: the hub, asyncio flavour (twin
+of ``_hub_sync``, whose docstring says how it works). The reader is a task of the loop;
+the loop's shutdown cancels it, which closes the connection."""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import os
+import time
+import weakref
+from typing import Any
+
+from . import _fork, _resp
+from ._endpoint import ConnectionFailed, ReplyTimedOut
+from ._hub_sync import LINGER, SWEEP_EVERY
+
+
+class Box:
+    """The rings for one waiter token: put by the hub's reader, taken by the waiter."""
+
+    __slots__ = ("__weakref__", "_hub", "_rings", "_waiter", "channel", "token")
+
+    def __init__(self, hub: Hub, channel: str, token: str) -> None:
+        self._hub = hub
+        self._rings: collections.deque[bytes | None] = collections.deque()
+        self._waiter: asyncio.Future[bytes | None] | None = None
+        self.channel = channel
+        self.token = token
+
+    @property
+    def hub(self) -> str:
+        return self._hub.id
+
+    @property
+    def ready(self) -> bool:
+        return self.channel in self._hub.subscribed
+
+    def put(self, ring: bytes | None) -> None:
+        waiter = self._waiter
+        if waiter is not None and not waiter.done():
+            waiter.set_result(ring)
+        else:
+            self._rings.append(ring)
+
+    async def wait(self, timeout: float) -> bytes | None:
+        """The next ring ("fence:server_us"), or None: ``timeout`` passed, or the hub's
+        connection failed (look at the lock again). A ring lost to a cancellation is
+        not missed: a grant stays in the lock key, which the cancelled waiter's clean-up
+        gives back."""
+        if self._rings:
+            return self._rings.popleft()
+        waiter = self._waiter = self._hub.loop.create_future()
+        try:
+            return await asyncio.wait_for(waiter, timeout)
+        except asyncio.TimeoutError:
+            return None
+        finally:
+            self._waiter = None
+
+
+class Hub:
+    """The shared wait connection of one pool (see ``_hub_sync``)."""
+
+    def __init__(self, pool: Any) -> None:
+        self._pool = pool  # its endpoint and connections' settings
+        self.loop: asyncio.AbstractEventLoop = pool.loop
+        self._lock = asyncio.Lock()
+        self._generation = -1
+        self._conn: Any = None
+        self._start()
+
+    def _start(self) -> None:
+        """A new hub id and no connection: at creation, and in a forked child (whose
+        copy of the parent's socket is closed here, leaving the parent's open)."""
+        if self._conn is not None:
+            self._conn.close()
+        self.id = os.urandom(8).hex()
+        self.subscribed: set[str] = set()
+        self.refused = False  # the server refused SUBSCRIBE: waiters use bells
+        self._conn = None
+        self._reader: asyncio.Task[None] | None = None
+        self._asked: dict[str, asyncio.Future[None]] = {}  # SUBSCRIBEs not yet confirmed
+        self._boxes: weakref.WeakValueDictionary[str, Box] = weakref.WeakValueDictionary()
+        self._used: dict[str, float] = {}  # channel -> when a box for it was last made
+        self._generation = _fork.generation
+
+    def listen(self, prefix: str, token: str) -> Box | None:
+        """A box for ``token``'s rings (None once the server refused SUBSCRIBE)."""
+        if self._generation != _fork.generation:
+            self._start()  # the parent's connection and subscriptions are not ours
+        if self.refused:
+            return None
+        channel = prefix + "@" + self.id
+        box = Box(self, channel, token)
+        self._boxes[token] = box
+        self._used[channel] = time.monotonic()
+        return box
+
+    async def subscribe(self, box: Box, timeout: float) -> Box | None:
+        """Listen on ``box``'s channel; the box, or None if the server refuses."""
+        channel = box.channel
+        if self.refused:
+            return None
+        if channel in self.subscribed:
+            return box
+        try:
+            await asyncio.wait_for(self._ask(channel, timeout), timeout)
+        except asyncio.TimeoutError:
+            raise ReplyTimedOut(f"SUBSCRIBE not confirmed within {timeout:.3f}s") from None
+        if self.refused:
+            return None
+        if channel not in self.subscribed:
+            raise ConnectionFailed("the shared wait connection was lost")
+        return box
+
+    async def _ask(self, channel: str, timeout: float) -> None:
+        """SUBSCRIBE to ``channel`` (unless already asked), until confirmed."""
+        async with self._lock:
+            asked = self._asked.get(channel)
+            if asked is None:
+                if self._conn is None:
+                    await self._connect(timeout)
+                asked = self._asked[channel] = self.loop.create_future()
+                try:
+                    await self._conn.send(_resp.command(("SUBSCRIBE", channel)))
+                except BaseException:
+                    self._asked.pop(channel, None)
+                    raise
+        await asyncio.shield(asked)
+
+    async def _connect(self, timeout: float) -> None:
+        """Open the hub's connection and start its reader. Lock held."""
+        conn = await self._pool.open_connection(timeout)
+        self._conn = conn
+        self._reader = self.loop.create_task(_read(weakref.ref(self), conn))
+
+    def _heard(self, conn: Any, message: Any) -> None:
+        """One message from the server on ``conn``."""
+        kind = message[0]
+        if kind == b"message":
+            token, _, ring = message[2].partition(b":")
+            box = self._boxes.get(token.decode())
+            if box is not None:
+                box.put(ring)
+        elif kind == b"subscribe":
+            channel = message[1].decode()
+            if conn is self._conn:
+                self.subscribed.add(channel)
+            asked = self._asked.pop(channel, None)
+            if asked is not None and not asked.done():
+                asked.set_result(None)
+
+    def _refused(self, conn: Any) -> None:
+        """The server answered SUBSCRIBE with an error (no channel rights)."""
+        if conn is not self._conn:
+            return
+        self.refused = True
+        asked = list(self._asked.values())
+        self._asked.clear()
+        for future in asked:
+            if not future.done():
+                future.set_result(None)
+
+    def _lost(self, conn: Any) -> None:
+        """``conn`` failed: every waiter looks at its lock again."""
+        conn.close()
+        if conn is not self._conn:
+            return
+        self._conn = None
+        self.subscribed.clear()
+        asked = list(self._asked.values())
+        self._asked.clear()
+        for future in asked:
+            if not future.done():
+                future.set_result(None)
+        for box in list(self._boxes.values()):
+            box.put(None)
+
+    async def _sweep(self, conn: Any) -> None:
+        """Unsubscribe the channels no waiter has used for LINGER seconds."""
+        now = time.monotonic()
+        if conn is not self._conn:
+            return
+        in_use = {box.channel for box in self._boxes.values()}
+        idle = [
+            channel
+            for channel, used in self._used.items()
+            if channel not in in_use and now - used > LINGER
+        ]
+        for channel in idle:
+            del self._used[channel]
+            self.subscribed.discard(channel)
+        if idle:
+            await conn.send(_resp.command(("UNSUBSCRIBE", *idle)))
+
+    def close(self) -> None:
+        conn, self._conn = self._conn, None
+        self.subscribed.clear()
+        if self._reader is not None:
+            self._reader.cancel()
+        if conn is not None:
+            conn.close()
+
+
+async def _read(ref: weakref.ReferenceType[Hub], conn: Any) -> None:
+    """The hub's reader task: hands out what ``conn`` receives until it fails, the hub
+    is gone, or the loop shuts down. It holds the hub only while handling a message."""
+    while True:
+        try:
+            message = await conn.read(SWEEP_EVERY, spin=False)
+        except ReplyTimedOut:
+            hub = ref()
+            if hub is None:
+                conn.close()
+                return
+            try:
+                await hub._sweep(conn)
+            except Exception:
+                hub._lost(conn)
+                return
+            del hub
+            continue
+        except _resp.ReplyError:
+            hub = ref()
+            if hub is not None:
+                hub._refused(conn)
+            continue
+        except asyncio.CancelledError:
+            conn.close()
+            raise
+        except Exception:
+            hub = ref()
+            if hub is None:
+                conn.close()
+            else:
+                hub._lost(conn)
+            return
+        hub = ref()
+        if hub is None:
+            conn.close()
+            return
+        hub._heard(conn, message)
+        del hub

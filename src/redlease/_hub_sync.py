@@ -1,0 +1,255 @@
+"""One shared wait connection per process and server: the hub (twin of ``_hub_async``).
+
+A waiter does not hold a connection of its own. The hub of its pool (``Pool.hub``) has
+one connection subscribed to the channel of each lock its waiters wait for (the lock's
+bell prefix .. "@" .. the hub's id: in the lock's hash slot); the waiter's queue entry
+names the hub, and a release rings the waiter by publishing "token:fence:server_us"
+there. A reader thread hands each ring to the waiter of that token (its ``Box``): waking
+is targeted, and idle waiters send nothing.
+
+PUBLISH tells the release how many subscribers heard it: none means the hub's process
+(or its connection) is gone, and the release drops that waiter and serves the next at
+once, instead of granting the lock to a dead waiter for a whole ttl.
+
+Lost rings: when the hub's connection fails, every waiter's box is woken with nothing,
+and each waiter looks at the lock again (a grant stays in the lock key, where its next
+try finds it) and subscribes again on a new connection. A ring published while the hub
+was away drops that waiter from the queue: it queues again at the back.
+
+Channels stay subscribed while a waiter may use them and for LINGER seconds after, so
+that a lock waited for over and over costs one SUBSCRIBE, not one per wait. A server
+that refuses SUBSCRIBE (an ACL without channel rights) makes the hub step aside: its
+waiters wait on doorbells of their own, as without a hub.
+"""
+
+from __future__ import annotations
+
+import os
+import queue
+import threading
+import time
+import weakref
+from typing import Any
+
+from . import _fork, _resp
+from ._endpoint import ConnectionFailed, ReplyTimedOut
+
+# An unused channel is unsubscribed after this long.
+LINGER = 30.0
+# The reader looks for unused channels this often (its read's bound).
+SWEEP_EVERY = 10.0
+
+
+class Box:
+    """The rings for one waiter token: put by the hub's reader, taken by the waiter."""
+
+    __slots__ = ("__weakref__", "_hub", "_rings", "channel", "token")
+
+    def __init__(self, hub: Hub, channel: str, token: str) -> None:
+        self._hub = hub
+        self._rings: queue.SimpleQueue[bytes | None] = queue.SimpleQueue()
+        self.channel = channel
+        self.token = token
+
+    @property
+    def hub(self) -> str:
+        return self._hub.id
+
+    @property
+    def ready(self) -> bool:
+        return self.channel in self._hub.subscribed
+
+    def put(self, ring: bytes | None) -> None:
+        self._rings.put(ring)
+
+    def wait(self, timeout: float) -> bytes | None:
+        """The next ring ("fence:server_us"), or None: ``timeout`` passed, or the hub's
+        connection failed (look at the lock again)."""
+        try:
+            return self._rings.get(timeout=timeout)
+        except queue.Empty:
+            return None
+
+
+class Hub:
+    """The shared wait connection of one pool (see the module docstring)."""
+
+    def __init__(self, pool: Any) -> None:
+        self._pool = pool  # its endpoint and connections' settings
+        self._lock = threading.Lock()
+        self._generation = -1
+        self._conn: Any = None
+        self._start()
+
+    def _start(self) -> None:
+        """A new hub id and no connection: at creation, and in a forked child (whose
+        copy of the parent's socket is closed here, leaving the parent's open)."""
+        if self._conn is not None:
+            self._conn.close()
+        self.id = os.urandom(8).hex()
+        self.subscribed: set[str] = set()
+        self.refused = False  # the server refused SUBSCRIBE: waiters use bells
+        self._conn = None
+        self._asked: dict[str, threading.Event] = {}  # SUBSCRIBEs sent, not yet confirmed
+        self._boxes: weakref.WeakValueDictionary[str, Box] = weakref.WeakValueDictionary()
+        self._used: dict[str, float] = {}  # channel -> when a box for it was last made
+        self._generation = _fork.generation
+
+    def listen(self, prefix: str, token: str) -> Box | None:
+        """A box for ``token``'s rings (None once the server refused SUBSCRIBE)."""
+        with self._lock:
+            if self._generation != _fork.generation:
+                self._start()  # the parent's connection and subscriptions are not ours
+            if self.refused:
+                return None
+            channel = prefix + "@" + self.id
+            box = Box(self, channel, token)
+            self._boxes[token] = box
+            self._used[channel] = time.monotonic()
+            return box
+
+    def subscribe(self, box: Box, timeout: float) -> Box | None:
+        """Listen on ``box``'s channel; the box, or None if the server refuses."""
+        channel = box.channel
+        if self.refused:
+            return None
+        if channel in self.subscribed:
+            return box
+        if not self._ask(channel, timeout).wait(timeout):
+            raise ReplyTimedOut(f"SUBSCRIBE not confirmed within {timeout:.3f}s")
+        if self.refused:
+            return None
+        if channel not in self.subscribed:
+            raise ConnectionFailed("the shared wait connection was lost")
+        return box
+
+    def _ask(self, channel: str, timeout: float) -> threading.Event:
+        """SUBSCRIBE to ``channel`` (unless already asked): set once confirmed."""
+        with self._lock:
+            asked = self._asked.get(channel)
+            if asked is None:
+                if self._conn is None:
+                    self._connect(timeout)
+                asked = self._asked[channel] = threading.Event()
+                try:
+                    self._conn.send(_resp.command(("SUBSCRIBE", channel)))
+                except BaseException:
+                    self._asked.pop(channel, None)
+                    raise
+            return asked
+
+    def _connect(self, timeout: float) -> None:
+        """Open the hub's connection and start its reader. Lock held."""
+        conn = self._pool.open_connection(timeout)
+        self._conn = conn
+        reader = threading.Thread(
+            target=_read, args=(weakref.ref(self), conn), name="redlease-hub", daemon=True
+        )
+        reader.start()
+
+    def _heard(self, conn: Any, message: Any) -> None:
+        """One message from the server on ``conn``."""
+        kind = message[0]
+        if kind == b"message":
+            token, _, ring = message[2].partition(b":")
+            box = self._boxes.get(token.decode())
+            if box is not None:
+                box.put(ring)
+        elif kind == b"subscribe":
+            channel = message[1].decode()
+            with self._lock:
+                if conn is self._conn:
+                    self.subscribed.add(channel)
+                asked = self._asked.pop(channel, None)
+            if asked is not None:
+                asked.set()
+
+    def _refused(self, conn: Any) -> None:
+        """The server answered SUBSCRIBE with an error (no channel rights)."""
+        with self._lock:
+            if conn is not self._conn:
+                return
+            self.refused = True
+            asked = list(self._asked.values())
+            self._asked.clear()
+        for event in asked:
+            event.set()
+
+    def _lost(self, conn: Any) -> None:
+        """``conn`` failed: every waiter looks at its lock again."""
+        conn.close()
+        with self._lock:
+            if conn is not self._conn:
+                return
+            self._conn = None
+            self.subscribed.clear()
+            asked = list(self._asked.values())
+            self._asked.clear()
+            boxes = list(self._boxes.values())
+        for event in asked:
+            event.set()
+        for box in boxes:
+            box.put(None)
+
+    def _sweep(self, conn: Any) -> None:
+        """Unsubscribe the channels no waiter has used for LINGER seconds."""
+        now = time.monotonic()
+        with self._lock:
+            if conn is not self._conn:
+                return
+            in_use = {box.channel for box in self._boxes.values()}
+            idle = [
+                channel
+                for channel, used in self._used.items()
+                if channel not in in_use and now - used > LINGER
+            ]
+            for channel in idle:
+                del self._used[channel]
+                self.subscribed.discard(channel)
+            if idle:
+                conn.send(_resp.command(("UNSUBSCRIBE", *idle)))
+
+    def close(self) -> None:
+        with self._lock:
+            conn, self._conn = self._conn, None
+            self.subscribed.clear()
+        if conn is not None:
+            conn.close()
+
+
+def _read(ref: weakref.ReferenceType[Hub], conn: Any) -> None:
+    """The hub's reader thread: hands out what ``conn`` receives until it fails or the
+    hub is gone. It holds the hub only while handling a message."""
+    while True:
+        try:
+            message = conn.read(SWEEP_EVERY, spin=False)
+        except ReplyTimedOut:
+            hub = ref()
+            if hub is None:
+                conn.close()
+                return
+            try:
+                hub._sweep(conn)
+            except Exception:
+                hub._lost(conn)
+                return
+            del hub
+            continue
+        except _resp.ReplyError:
+            hub = ref()
+            if hub is not None:
+                hub._refused(conn)
+            continue
+        except Exception:
+            hub = ref()
+            if hub is None:
+                conn.close()
+            else:
+                hub._lost(conn)
+            return
+        hub = ref()
+        if hub is None:
+            conn.close()
+            return
+        hub._heard(conn, message)
+        del hub
