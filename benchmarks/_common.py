@@ -43,6 +43,9 @@ class Settings:
     renewal_hold: float = 10.0
     # timed-out acquires (section 7), per contender
     timed_out_asks: int = 100
+    # blocked waiters in one process (section 8): asyncio tasks, and threads
+    waiting_tasks: tuple[int, ...] = (10, 1000, 10000)
+    waiting_threads: tuple[int, ...] = (10, 1000)
 
 
 FULL = Settings()
@@ -56,6 +59,8 @@ QUICK = Settings(
     idle_seconds=2.0,
     renewal_hold=4.0,
     timed_out_asks=50,
+    waiting_tasks=(10, 1000),
+    waiting_threads=(10, 300),
 )
 # For the smoke test: every code path, no meaningful figures.
 TINY = Settings(
@@ -76,6 +81,8 @@ TINY = Settings(
     renewal_ttl=0.9,
     renewal_hold=0.5,
     timed_out_asks=5,
+    waiting_tasks=(5,),
+    waiting_threads=(5,),
 )
 
 

@@ -18,11 +18,20 @@ import redis
 
 from redlease import servers
 
-from . import connections, contention, handoff, idle, renewal, uncontended
+from . import connections, contention, handoff, idle, renewal, uncontended, waiters
 from ._common import FULL, QUICK, Crew, Settings, server_version
 from ._report import Report
 
-SECTIONS = ("single", "redlock", "contention", "handoff", "idle", "renewal", "connections")
+SECTIONS = (
+    "single",
+    "redlock",
+    "contention",
+    "handoff",
+    "idle",
+    "renewal",
+    "connections",
+    "waiters",
+)
 SECTION_HELP = {
     "single": "1. uncontended cycles on one server, sync and asyncio",
     "redlock": "2. uncontended Redlock cycles on 3 and 5 masters",
@@ -31,6 +40,7 @@ SECTION_HELP = {
     "idle": "5. commands per second of idle blocked waiters",
     "renewal": "6. thousands of auto-renewed leases in one process",
     "connections": "7. new TCP connections per 1,000 timed-out acquires",
+    "waiters": "8. server connections held by N blocked waiters in one process",
 }
 
 
@@ -146,6 +156,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         if "connections" in wanted:
             report.add_all(connections.run(port, settings))
             progress.step(SECTION_HELP["connections"])
+        if "waiters" in wanted:
+            report.add_all(waiters.run(port, settings))
+            progress.step(SECTION_HELP["waiters"])
     report.notes.extend(notes(settings, wanted, time.monotonic() - started))
     print(report.text())
     if args.json:

@@ -19,7 +19,15 @@ _ROOT = str(Path(__file__).resolve().parents[1])
 if _ROOT not in sys.path:
     sys.path.insert(0, _ROOT)
 
-from benchmarks import connections, contention, handoff, idle, renewal, uncontended  # noqa: E402
+from benchmarks import (  # noqa: E402
+    connections,
+    contention,
+    handoff,
+    idle,
+    renewal,
+    uncontended,
+    waiters,
+)
 from benchmarks._common import TINY, Crew  # noqa: E402
 from benchmarks._report import FAIL, NA, Report, Row  # noqa: E402
 
@@ -120,3 +128,10 @@ def test_connections_per_timed_out_acquire(server: servers.ServerProcess) -> Non
     rows = connections.run(server.port, TINY)
     assert_no_errors(rows)
     assert [row.value is not None and row.value >= 0 for row in rows] == [True, True]
+
+
+def test_connections_held_by_blocked_waiters(server: servers.ServerProcess) -> None:
+    rows = waiters.run(server.port, TINY)
+    assert_no_errors(rows)
+    assert len(rows) == 3  # redlease tasks and threads, python-redis-lock threads
+    assert all(row.value is not None and row.value >= 1 for row in rows)
