@@ -124,6 +124,14 @@ def command_calls(client: redis.Redis) -> dict[str, int]:
     return calls
 
 
+def server_cpu(client: redis.Redis) -> float:
+    """Seconds of CPU the server process has used (``INFO cpu``, user + system). Per
+    section it is the fair measure of server work: ``INFO commandstats`` counts the time
+    of a script's inner commands twice (in their own line and in the script's)."""
+    cpu: Mapping[str, Any] = client.info("cpu")
+    return float(cpu["used_cpu_user"]) + float(cpu["used_cpu_sys"])
+
+
 def calls_between(
     before: Mapping[str, int], after: Mapping[str, int], *, handshakes: bool = True
 ) -> dict[str, int]:

@@ -25,6 +25,7 @@ from ._common import (
     describe_error,
     median,
     percentile,
+    server_cpu,
     sleep_until,
 )
 from ._locks import CONTENTION, KINDS, client, make_lock
@@ -63,6 +64,7 @@ class Tally:
     sections: int = 0
     lost: int = 0
     commands: list[float] = field(default_factory=list)  # server commands per section
+    cpu: list[float] = field(default_factory=list)  # server CPU seconds per section
     processes: set[int] = field(default_factory=set)
     problem: str | None = None
 
@@ -74,6 +76,7 @@ def one_round(
     name, counter = f"bench:c:{tag}", f"bench:c:{tag}:counter"
     r.delete(counter)
     before = command_calls(r)
+    cpu_before = server_cpu(r)
     start = time.monotonic() + margin
     end = start + seconds
     results = crew.map_all(
@@ -82,6 +85,7 @@ def one_round(
     sections = [res["sections"] for res in results]
     total = sum(sections)
     final = int(r.get(counter) or 0)
+    cpu = server_cpu(r) - cpu_before
     spent = calls_between(before, command_calls(r), handshakes=False)
     commands = sum(v for k, v in spent.items() if not k.endswith(FAILED)) - 1  # the GET above
     finished = max(res["done"] for res in results)
@@ -93,6 +97,7 @@ def one_round(
         "lost": total - final,
         "pids": {res["pid"] for res in results},
         "commands": commands / total if total else float("nan"),
+        "cpu": cpu / total if total else float("nan"),
     }
 
 
@@ -125,6 +130,7 @@ def measure(
             tally.lost += got["lost"]
             tally.processes |= got["pids"]
             tally.commands.append(got["commands"])
+            tally.cpu.append(got["cpu"])
     return tallies
 
 
@@ -174,10 +180,26 @@ def rows(tallies: Sequence[Tally], processes: int) -> list[Row]:
                 extra={"rounds": [round(x, 1) for x in t.rates]},
             )
         )
+        slowest, fastest = min(t.rates), max(t.rates)
+        steady = slowest / fastest if fastest else float("nan")
+        out.append(
+            Row(
+                section,
+                label,
+                "sections/s, slowest and fastest round",
+                steady,
+                f"{rate(slowest)} - {rate(fastest)}",
+                ratio=f"{steady:.2f} slowest/fastest",
+                bar=">= 0.5 slowest/fastest" if mine else "",
+                verdict=verdict(steady >= 0.5) if mine and len(t.rates) > 1 else "",
+            )
+        )
         spent = median(t.commands)
         out.append(
             Row(section, label, "commands per section (incl. in scripts)", spent, f"{spent:.1f}")
         )
+        cpu = median(t.cpu) * 1e6
+        out.append(Row(section, label, "server CPU per section (INFO cpu)", cpu, f"{cpu:.0f} us"))
         out.append(Row(section, label, "wait p50", p50, ms(p50)))
         out.append(
             Row(

@@ -53,8 +53,38 @@ def holder(r: redis.Redis, name: str) -> bytes | None:
     return r.get("{" + name + "}")  # type: ignore[return-value]
 
 
+def came_back(lock: redlease.Lock) -> redlease.Lock:
+    """``lock`` after one hold released for real: taken again within its window, its next
+    grant is a batch's (an object taken now and then never batches)."""
+    lock.acquire().release()
+    return lock
+
+
+def test_a_lock_taken_now_and_then_never_batches(r: redis.Redis, name: str) -> None:
+    clock = FakeClock()
+    lock = redlease.Lock(r, name, ttl=30.0, batch=8, batch_window=1.0, clock=clock)
+    first = lock.acquire()
+    first.release()  # a real release: the first grant took one fence
+    assert holder(r, name) is None
+    clock.now += 1.5  # not back within the window
+    later = lock.acquire()
+    assert later.fence == first.fence + 1  # one fence: not a batch's grant
+    later.release()
+    assert holder(r, name) is None
+    again = lock.acquire()  # back at once: this grant is a batch's
+    again.release()
+    assert holder(r, name) == again.token.encode()  # parked for the next hold
+    lent = lock.acquire()
+    assert (lent.token, lent.fence) == (again.token, again.fence + 1)
+    lent.release()
+    after = redlease.Lock(r, name, ttl=30.0)  # (a fake clock never fires the timer)
+    clock.now += 1.5
+    assert lock.try_acquire() is not None  # the ended window's grant was given back first
+    assert after.try_acquire() is None
+
+
 def test_a_grant_is_lent_up_to_its_holds_then_handed_on(r: redis.Redis, name: str) -> None:
-    owner = redlease.Lock(r, name, ttl=30.0, batch=3, batch_window=20.0)
+    owner = came_back(redlease.Lock(r, name, ttl=30.0, batch=3, batch_window=20.0))
     lease = owner.acquire()  # hold 1 of 3
     other = Waiter(redlease.Lock(r, name, ttl=30.0))
     other.start()
@@ -86,7 +116,7 @@ def test_a_parked_grant_goes_to_the_next_in_line_when_the_window_ends(
     r: redis.Redis, name: str
 ) -> None:
     window = 0.3
-    owner = redlease.Lock(r, name, ttl=30.0, batch=8, batch_window=window)
+    owner = came_back(redlease.Lock(r, name, ttl=30.0, batch=8, batch_window=window))
     lease = owner.acquire()
     other = Waiter(redlease.Lock(r, name, ttl=30.0))
     other.start()
@@ -121,7 +151,7 @@ def test_a_grant_whose_window_has_ended_is_given_back_before_a_new_one(
     r: redis.Redis, name: str
 ) -> None:
     clock = FakeClock()
-    owner = redlease.Lock(r, name, ttl=30.0, batch=2, batch_window=5.0, clock=clock)
+    owner = came_back(redlease.Lock(r, name, ttl=30.0, batch=2, batch_window=5.0, clock=clock))
     lease = owner.acquire()
     lease.release()  # parked (its timer is 5 s away)
     clock.now += 6.0  # the window has ended, the timer has not fired yet
@@ -174,7 +204,7 @@ def test_threads_sharing_a_batched_lock_exclude_each_other(r: redis.Redis, name:
 
 @pytest.mark.skipif(not hasattr(os, "fork"), reason="needs fork")
 def test_a_forked_child_is_not_lent_its_parents_grant(r: redis.Redis, name: str) -> None:
-    owner = redlease.Lock(r, name, ttl=30.0, batch=2, batch_window=20.0)
+    owner = came_back(redlease.Lock(r, name, ttl=30.0, batch=2, batch_window=20.0))
     lease = owner.acquire()
     lease.release()  # parked in the parent
     pid = os.fork()
@@ -196,7 +226,8 @@ def test_a_process_that_exits_gives_its_parked_grant_back(
         import redis, redlease
         r = redis.Redis.from_url({server.url!r})
         lock = redlease.Lock(r, {name!r}, ttl=30.0, batch=4, batch_window=20.0)
-        lock.acquire().release()  # parked for 20 s, but the process ends now
+        lock.acquire().release()  # a real release; the object comes back at once, so
+        lock.acquire().release()  # this grant is a batch's: parked for 20 s, yet we end now
     """)
     subprocess.run([sys.executable, "-c", code], check=True, timeout=60)
     assert holder(r, name) is None
@@ -212,6 +243,7 @@ async def until_queued(r: redis.Redis, name: str) -> None:
 
 async def test_asyncio_batches_behave_the_same(ar: Any, r: redis.Redis, name: str) -> None:
     owner = redlease.AsyncLock(ar, name, ttl=30.0, batch=2, batch_window=20.0)
+    await (await owner.acquire()).release()  # it comes back: its next grant is a batch's
     newcomer = redlease.AsyncLock(ar, name, ttl=30.0)
     lease = await owner.acquire()  # hold 1 of 2
     waiting = asyncio.ensure_future(newcomer.acquire(timeout=30))
@@ -231,6 +263,7 @@ async def test_asyncio_parked_grant_goes_on_when_the_window_ends(
     ar: Any, r: redis.Redis, name: str
 ) -> None:
     owner = redlease.AsyncLock(ar, name, ttl=30.0, batch=4, batch_window=0.2)
+    await (await owner.acquire()).release()
     lease = await owner.acquire()
     waiting = asyncio.ensure_future(redlease.AsyncLock(ar, name, ttl=30.0).acquire(timeout=30))
     await until_queued(r, name)
@@ -275,7 +308,7 @@ def test_lender_rules_without_a_server() -> None:
     released: list[str] = []
     lender = Lender(spec, lambda delay, callback: timers.append((delay, callback)), released.append)
     until = clock.now + 30.0
-    lender.granted(Grant("a", 10, until))
+    lender.granted(Grant("a", 10, until), 3)
     assert lender.park("a", 10, until)
     assert [delay for delay, _ in timers] == [1.0]  # the window's end, armed once
     assert lender.park("a", 10, until) is False  # not the hold lent last
@@ -292,14 +325,14 @@ def test_lender_rules_without_a_server() -> None:
     assert lender.park("a", 12, until) is False  # the last hold: a real release
     assert lender.lend() == (None, None)
 
-    lender.granted(Grant("b", 13, until))
+    lender.granted(Grant("b", 13, until), 3)
     assert lender.park("b", 13, until)
     clock.now += 2.0
     timers[-1][1]()  # the window ended with the grant parked: given back
     assert released == ["b"]
     assert lender.lend() == (None, None)
 
-    lender.granted(Grant("c", 16, until))
+    lender.granted(Grant("c", 16, until), 3)
     assert lender.park("c", 16, until)
     clock.now += 2.0  # the window ended before the timer ran: the next acquire gives it back
     assert lender.lend() == (None, "c")

@@ -68,6 +68,17 @@ class Lender:
         self._release = release
         self._mutex = threading.Lock()
         self._grant: _Grant | None = None
+        self._released_at: float | None = None  # this object's last real release
+
+    def holds(self) -> int:
+        """Fences the next real acquisition asks for: the batch's when this object was
+        taken again within a window of its last real release (its callers come straight
+        back for it), else 1: a grant parked for callers that do not come back would
+        only keep the next waiter waiting."""
+        at = self._released_at
+        if at is not None and self._spec.clock() - at <= self._spec.batch_window:
+            return self._spec.batch
+        return 1
 
     def lend(self) -> tuple[Grant | None, str | None]:
         """A hold lent from the parked grant, if it has one to give; else (None, the token
@@ -89,16 +100,20 @@ class Lender:
                 g.lent = True
                 g.next_fence += 1
                 return Grant(g.token, g.next_fence - 1, g.valid_until), None
-            self._grant = None
+            self._grant, self._released_at = None, now
             return None, g.token
 
-    def granted(self, grant: Grant) -> None:
-        """A real acquisition succeeded: its grant is lent to that caller first."""
+    def granted(self, grant: Grant, holds: int) -> None:
+        """A real acquisition succeeded, with ``holds`` fences: its grant is lent to that
+        caller first, and kept for the next ones if it has fences left."""
         with self._mutex:
+            if holds <= 1:
+                self._grant = None
+                return
             self._grant = _Grant(
                 grant.token,
                 grant.fence + 1,
-                grant.fence + self._spec.batch - 1,
+                grant.fence + holds - 1,
                 self._spec.clock() + self._spec.batch_window,
                 grant.valid_until,
                 _fork.generation,
@@ -109,12 +124,13 @@ class Lender:
         the next hold (nothing to send), False if the caller must release it for real."""
         clock = self._spec.clock
         with self._mutex:
+            now = clock()
             g = self._grant
             if g is None or not g.lent or g.token != token or g.next_fence != fence + 1:
+                self._released_at = now
                 return False  # not the hold this grant lent last
-            now = clock()
             if now >= g.closes_at or g.next_fence > g.last_fence or now >= valid_until:
-                self._grant = None
+                self._grant, self._released_at = None, now
                 return False
             g.lent, g.valid_until = False, valid_until
             if g.timed:
@@ -133,7 +149,7 @@ class Lender:
             if g.lent:  # its hold's release decides (a timer run early would re-arm)
                 g.timed = False
                 return
-            self._grant = None
+            self._grant, self._released_at = None, self._spec.clock()
             if g.generation != _fork.generation:
                 return
         self._release(g.token)

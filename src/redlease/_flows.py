@@ -227,10 +227,6 @@ class LockSpec:
     def fair_arg(self) -> str:
         return "1" if self.fair else "0"
 
-    def first_fence(self, top: int) -> int:
-        """The first of the fences a grant took (it takes ``batch``, ``top`` the highest)."""
-        return top - self.batch + 1
-
     def call(
         self,
         script: Script,
@@ -283,8 +279,11 @@ class Acquisition:
     releases a lock that may have been granted meanwhile (nothing is left behind).
     """
 
-    def __init__(self, spec: LockSpec, timeout: float | None, *, wait: bool) -> None:
+    def __init__(
+        self, spec: LockSpec, timeout: float | None, *, wait: bool, holds: int = 1
+    ) -> None:
         self.spec = spec
+        self.holds = holds  # fences a grant takes: a batch's, or 1 (see _batches.py)
         self.token = new_token()
         self.deadline = Deadline.after(spec.clock, timeout)
         self.wait = wait
@@ -323,7 +322,7 @@ class Acquisition:
                     spec.fair_arg,
                     str(queue_ms),
                     spec.keys.bell_prefix,
-                    str(spec.batch),
+                    str(self.holds),
                     hub,
                     replicas=replicas,
                     timeout=self._bound(),
@@ -336,7 +335,7 @@ class Acquisition:
             if fence > 0:
                 spec.check_acked(acked, "acquire", replicas)
                 grant = Grant(
-                    self.token, spec.first_fence(fence), valid_until(sent_at, pttl, spec.ttl)
+                    self.token, self.first_fence(fence), valid_until(sent_at, pttl, spec.ttl)
                 )
                 if grant.valid_until > clock():
                     return grant
@@ -380,7 +379,7 @@ class Acquisition:
                         start = sent_at + max(0, granted_us - server_us) / 1e6
                         grant = Grant(
                             self.token,
-                            spec.first_fence(granted),
+                            self.first_fence(granted),
                             valid_until(start, spec.ttl_ms, spec.ttl),
                         )
                         if grant.valid_until > clock():
@@ -391,6 +390,10 @@ class Acquisition:
             if self.deadline.expired():
                 # Give up, but keep a lock granted in the last instant: it is ours.
                 return (yield from self.leave(keep=True))
+
+    def first_fence(self, top: int) -> int:
+        """The first of the fences a grant took (``holds`` of them, ``top`` the highest)."""
+        return top - self.holds + 1
 
     def _wait_out(self, failure: BackendError) -> Flow[None]:
         """A try failed on the server's side. A wait with time left on its deadline
@@ -461,7 +464,7 @@ class Acquisition:
         fence, pttl = (as_int(x) for x in reply)
         if fence > 0:
             spec.check_acked(acked, "acquire", replicas)
-            return Grant(self.token, spec.first_fence(fence), valid_until(sent_at, pttl, spec.ttl))
+            return Grant(self.token, self.first_fence(fence), valid_until(sent_at, pttl, spec.ttl))
         return None
 
     def abandon(self) -> Flow[None]:

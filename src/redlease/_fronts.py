@@ -33,6 +33,8 @@ Seconds = float | timedelta
 class Attempt(Protocol):
     """One caller's try to take a lock (``_flows.Acquisition``, ``_quorum``'s twin)."""
 
+    holds: int  # fences its grant takes (a batch's, or 1)
+
     @property
     def outstanding(self) -> bool:
         """Whether ``abandon()`` is needed if the attempt is interrupted."""
@@ -132,7 +134,7 @@ class SyncFront(_Front, Generic[SyncLeaseT]):
         if grant is None:
             return None
         if lender is not None:
-            lender.granted(grant)
+            lender.granted(grant, attempt.holds)
         return self._watched(grant)
 
     def _watched(self, grant: Grant) -> SyncLeaseT:
@@ -208,7 +210,7 @@ class AsyncFront(_Front, Generic[AsyncLeaseT]):
         if grant is None:
             return None
         if lender is not None:
-            lender.granted(grant)
+            lender.granted(grant, attempt.holds)
         return self._watched(grant)
 
     def _watched(self, grant: Grant) -> AsyncLeaseT:

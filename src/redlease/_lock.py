@@ -159,7 +159,8 @@ class Lock(_LockConfig, SyncFront[Lease]):
             )
 
     def _new_attempt(self, timeout: float | None, *, wait: bool) -> Acquisition:
-        return Acquisition(self._spec, timeout, wait=wait)
+        holds = 1 if self._lender is None else self._lender.holds()
+        return Acquisition(self._spec, timeout, wait=wait, holds=holds)
 
     def _new_lease(self, grant: Grant) -> Lease:
         return Lease(self._spec, grant, self._io, self._on_lost)
@@ -230,7 +231,8 @@ class AsyncLock(_LockConfig, AsyncFront[AsyncLease]):
             self._lender = Lender(self._spec, _batches.in_loop, self._give_back_soon)
 
     def _new_attempt(self, timeout: float | None, *, wait: bool) -> Acquisition:
-        return Acquisition(self._spec, timeout, wait=wait)
+        holds = 1 if self._lender is None else self._lender.holds()
+        return Acquisition(self._spec, timeout, wait=wait, holds=holds)
 
     def _new_lease(self, grant: Grant) -> AsyncLease:
         return AsyncLease(self._spec, grant, self._io, self._on_lost)

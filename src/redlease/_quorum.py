@@ -289,6 +289,8 @@ class QuorumAcquisition:
     ``outstanding`` tells the driver whether ``abandon()`` is needed if the attempt is
     interrupted: true from a send until the release that follows a failed round."""
 
+    holds = 1  # a Redlock lends no batches
+
     def __init__(
         self,
         spec: QuorumSpec,
