@@ -15,7 +15,7 @@ import redlease
 # kind -> label in the table
 KINDS = {
     "redlease": "redlease Lock (fair, the default)",
-    "redlease-batch": "redlease Lock (fair, batch=8)",
+    "redlease-batch-1": "redlease Lock (fair, batch=1: no batches)",
     "redlease-unfair": "redlease Lock (fair=False)",
     "redis-py": "redis-py Lock (defaults: polls every 0.1 s)",
     "python-redis-lock": "python-redis-lock (BLPOP signal)",
@@ -26,7 +26,7 @@ PEERS = ("redlease", "redis-py", "python-redis-lock")
 # and the plainest FIFO hand-over there is: what a wake-up per section costs on this machine
 CONTENTION = (
     "redlease",
-    "redlease-batch",
+    "redlease-batch-1",
     "redlease-unfair",
     "redis-py",
     "python-redis-lock",
@@ -48,7 +48,7 @@ class _Redlease:
         ttl: float,
         *,
         fair: bool = True,
-        batch: int = 1,
+        batch: int | None = None,
         batch_window: float = 0.002,
     ) -> None:
         self._lock = redlease.Lock(

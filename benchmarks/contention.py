@@ -146,7 +146,7 @@ def rows(tallies: Sequence[Tally], processes: int) -> list[Row]:
     out: list[Row] = []
     for t in tallies:
         label = KINDS[t.kind]
-        mine = t.kind in ("redlease", "redlease-batch")  # the fair ones: bars apply
+        mine = t.kind == "redlease"  # the default: bars apply
         if t.problem is not None:
             out.append(
                 Row(
@@ -196,7 +196,15 @@ def rows(tallies: Sequence[Tally], processes: int) -> list[Row]:
         )
         spent = median(t.commands)
         out.append(
-            Row(section, label, "commands per section (incl. in scripts)", spent, f"{spent:.1f}")
+            Row(
+                section,
+                label,
+                "commands per section (incl. in scripts)",
+                spent,
+                f"{spent:.1f}",
+                bar="<= 10" if mine else "",
+                verdict=verdict(spent <= 10) if mine else "",
+            )
         )
         cpu = median(t.cpu) * 1e6
         out.append(Row(section, label, "server CPU per section (INFO cpu)", cpu, f"{cpu:.0f} us"))

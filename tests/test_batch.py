@@ -17,6 +17,7 @@ from typing import Any
 import pytest
 import redis
 
+import families
 import redlease
 from redlease import servers
 from redlease._batches import Lender
@@ -168,7 +169,7 @@ def test_a_grant_whose_window_has_ended_is_given_back_before_a_new_one(
 
 
 def test_batch_one_is_the_strict_hand_over(r: redis.Redis, name: str) -> None:
-    owner = redlease.Lock(r, name, ttl=30.0)  # batch=1, the default
+    owner = redlease.Lock(r, name, ttl=30.0, batch=1)
     lease = owner.acquire()
     other = Waiter(redlease.Lock(r, name, ttl=30.0))
     other.start()
@@ -336,3 +337,59 @@ def test_lender_rules_without_a_server() -> None:
     assert lender.park("c", 16, until)
     clock.now += 2.0  # the window ended before the timer ran: the next acquire gives it back
     assert lender.lend() == (None, "c")
+
+
+def test_the_default_lock_batches_once_its_callers_come_straight_back(
+    r: redis.Redis, name: str
+) -> None:
+    lock = redlease.Lock(r, name, ttl=30.0, batch_window=20.0)  # batch=8 by default
+    first = lock.acquire()
+    first.release()  # a lock taken once: one fence, a real release
+    assert holder(r, name) is None
+    batched = lock.acquire()  # back at once: this grant takes the batch's 8 fences
+    assert int(r.get("{" + name + "}:fence") or 0) == batched.fence + 7
+    batched.release()
+    assert holder(r, name) == batched.token.encode()  # parked for this object's next hold
+    lent = lock.acquire()
+    assert (lent.token, lent.fence) == (batched.token, batched.fence + 1)
+    lent.release()
+    unfair = redlease.Lock(r, name + ":u", ttl=30.0, fair=False)  # no batches unfair
+    unfair.acquire().release()
+    again = unfair.acquire()
+    again.release()
+    assert holder(r, name + ":u") is None
+
+
+def test_a_release_does_not_park_while_this_object_has_a_caller_queued(
+    r: redis.Redis, name: str
+) -> None:
+    window = 10.0
+    lock = came_back(redlease.Lock(r, name, ttl=30.0, batch=8, batch_window=window))
+    lease = lock.acquire()  # a batch's grant, lent to this thread
+    other = Waiter(lock)  # the same object, in another thread: queued on the server
+    other.start()
+    wait_until(lambda: queued(r, name) == 1)
+    started = time.monotonic()
+    lease.release()  # a real release: the queued caller gets it now, not in 10 s
+    wait_until(lambda: other.lease is not None, timeout=30)
+    assert other.got_at - started < window / 2
+    other.done.set()
+    other.join(30)
+
+
+def test_an_event_loop_that_stops_gives_its_parked_grant_back(
+    server: servers.ServerProcess, r: redis.Redis, name: str
+) -> None:
+    async def main() -> str:
+        client = families.aclient(port=server.port)
+        lock = redlease.AsyncLock(client, name, ttl=30.0, batch=8, batch_window=20.0)
+        async with lock:
+            pass
+        async with lock as lease:  # a batch's grant: parked when the block ends
+            pass
+        assert holder(r, name) == lease.token.encode()
+        await client.aclose()
+        return lease.token
+
+    asyncio.run(main())  # the loop stops with the grant parked for 20 s more
+    assert holder(r, name) is None

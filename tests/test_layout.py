@@ -58,6 +58,7 @@ def _shape(path: Path) -> list[str]:
                 "SocketConnection.shut",
                 "ClassConnection.shut",
                 "Pool._closed_at_shutdown",
+                "Pool.at_shutdown",
                 "_connect",
                 "_cancel_due",
                 "_Watch",
@@ -83,8 +84,14 @@ def test_twins_have_the_same_names_in_the_same_order(
     [
         # asyncio only: cleaning up shielded from a second cancellation
         ("_fronts.py", "SyncFront", "AsyncFront", {"_abandon"}),
-        # asyncio only: the batch timer's release, which the loop must run
-        ("_lock.py", "Lock", "AsyncLock", {"_give_back_soon"}),
+        # asyncio only: the batch timer and its release, which the loop must run, and
+        # giving a parked grant back when the loop stops (sync: the closer, at exit)
+        (
+            "_lock.py",
+            "Lock",
+            "AsyncLock",
+            {"_give_back_soon", "_close_later", "_give_back_parked"},
+        ),
         ("_redlock.py", "_SyncNodes", "_AsyncNodes", set()),
         # asyncio only: cancelling the holder's task when the lease is lost
         ("_lease.py", "SyncLeaseBlock", "AsyncLeaseBlock", {"_mark_lost"}),

@@ -94,7 +94,7 @@ async def test_a_resp3_client_is_served_on_resp2_sockets(
     client = families.aclient(port=server.port, protocol=3, client_name="app")
     other = families.client(port=server.port)
     try:
-        lock = redlease.AsyncLock(client, name, ttl=5.0)
+        lock = redlease.AsyncLock(client, name, ttl=5.0, batch=1)  # consecutive fences
         async with lock as first:
             pass
         async with lock as second:

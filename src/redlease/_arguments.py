@@ -64,8 +64,14 @@ def timeout(value: object, name: str = "timeout") -> float | None:
     return secs
 
 
+DEFAULT_BATCH = 8  # a fair lock's; an unfair one lends no batches
+
+
 def batch(value: object, fair: bool) -> int:
-    """How many holds in a row a batch allows: 1 (none) or more, for a fair lock only."""
+    """How many holds in a row a batch allows: 1 (none) or more, for a fair lock only;
+    None: DEFAULT_BATCH for a fair lock, 1 otherwise."""
+    if value is None:
+        return DEFAULT_BATCH if fair else 1
     if isinstance(value, bool) or not isinstance(value, int):
         raise InvalidArgument(f"batch must be an int, not {type(value).__name__}")
     if value < 1:

@@ -69,6 +69,7 @@ class Lender:
         self._mutex = threading.Lock()
         self._grant: _Grant | None = None
         self._released_at: float | None = None  # this object's last real release
+        self._asking = 0  # this object's real acquisitions under way (queued, maybe)
 
     def holds(self) -> int:
         """Fences the next real acquisition asks for: the batch's when this object was
@@ -79,6 +80,14 @@ class Lender:
         if at is not None and self._spec.clock() - at <= self._spec.batch_window:
             return self._spec.batch
         return 1
+
+    def asking(self, step: int) -> None:
+        """A real acquisition of this object starts (+1) or ends (-1). While one is under
+        way, a hold's release does not park: that caller is queued on the server, and
+        the grant reaches it (or whoever is ahead of it) sooner through a real release
+        than at the window's end."""
+        with self._mutex:
+            self._asking += step
 
     def lend(self) -> tuple[Grant | None, str | None]:
         """A hold lent from the parked grant, if it has one to give; else (None, the token
@@ -129,7 +138,12 @@ class Lender:
             if g is None or not g.lent or g.token != token or g.next_fence != fence + 1:
                 self._released_at = now
                 return False  # not the hold this grant lent last
-            if now >= g.closes_at or g.next_fence > g.last_fence or now >= valid_until:
+            if (
+                now >= g.closes_at
+                or g.next_fence > g.last_fence
+                or now >= valid_until
+                or self._asking
+            ):
                 self._grant, self._released_at = None, now
                 return False
             g.lent, g.valid_until = False, valid_until
@@ -139,6 +153,16 @@ class Lender:
             delay = g.closes_at - now
         self._schedule(delay, self._close)
         return True
+
+    def take_parked(self) -> str | None:
+        """The token of a parked grant, taken out to be given back now (an event loop
+        that stops); None if there is none."""
+        with self._mutex:
+            g = self._grant
+            if g is None or g.lent or g.generation != _fork.generation:
+                return None
+            self._grant, self._released_at = None, self._spec.clock()
+            return g.token
 
     def _close(self) -> None:
         """The window has ended: a grant still parked goes back to the server."""

@@ -197,7 +197,7 @@ class LockSpec:
         clock: Clock | None = None,
         replicas: object = 0,
         replica_timeout: object = None,
-        batch: object = 1,
+        batch: object = None,
         batch_window: object = DEFAULT_BATCH_WINDOW,
     ) -> LockSpec:
         checked_name = args.lock_name(name)

@@ -123,6 +123,8 @@ class SyncFront(_Front, Generic[SyncLeaseT]):
                 return self._watched(lent)
         self._io.check_server_once()
         attempt = self._new_attempt(timeout, wait=wait)
+        if lender is not None:
+            lender.asking(1)
         try:
             grant = self._io.run(attempt.run(), f"acquire {self.name!r}")
         except BaseException:
@@ -131,6 +133,9 @@ class SyncFront(_Front, Generic[SyncLeaseT]):
                 with contextlib.suppress(Exception):
                     self._io.run(attempt.abandon(), f"clean up {self.name!r}")
             raise
+        finally:
+            if lender is not None:
+                lender.asking(-1)
         if grant is None:
             return None
         if lender is not None:
@@ -201,12 +206,17 @@ class AsyncFront(_Front, Generic[AsyncLeaseT]):
                 return self._watched(lent)
         await self._io.check_server_once()
         attempt = self._new_attempt(timeout, wait=wait)
+        if lender is not None:
+            lender.asking(1)
         try:
             grant = await self._io.run(attempt.run(), f"acquire {self.name!r}")
         except BaseException:
             if attempt.outstanding:
                 await self._abandon(attempt)
             raise
+        finally:
+            if lender is not None:
+                lender.asking(-1)
         if grant is None:
             return None
         if lender is not None:

@@ -60,7 +60,7 @@ class _LockConfig:
         clock: Clock | None,
         replicas: object = 0,
         replica_timeout: object = None,
-        batch: object = 1,
+        batch: object = None,
         batch_window: object = DEFAULT_BATCH_WINDOW,
     ) -> None:
         self._spec = LockSpec.create(
@@ -131,7 +131,7 @@ class Lock(_LockConfig, SyncFront[Lease]):
         clock: Clock | None = None,
         replicas: int = 0,
         replica_timeout: Seconds | None = None,
-        batch: int = 1,
+        batch: int | None = None,
         batch_window: Seconds = DEFAULT_BATCH_WINDOW,
     ) -> None:
         check_client(client, want_async=False)
@@ -201,7 +201,7 @@ class AsyncLock(_LockConfig, AsyncFront[AsyncLease]):
         clock: Clock | None = None,
         replicas: int = 0,
         replica_timeout: Seconds | None = None,
-        batch: int = 1,
+        batch: int | None = None,
         batch_window: Seconds = DEFAULT_BATCH_WINDOW,
     ) -> None:
         check_client(client, want_async=True)
@@ -228,7 +228,7 @@ class AsyncLock(_LockConfig, AsyncFront[AsyncLease]):
         self._cancel_on_lost = args.flag(cancel_on_lost, "cancel_on_lost")
         self._giving_back: set[asyncio.Task[None]] = set()
         if self._spec.batch > 1:
-            self._lender = Lender(self._spec, _batches.in_loop, self._give_back_soon)
+            self._lender = Lender(self._spec, self._close_later, self._give_back_soon)
 
     def _new_attempt(self, timeout: float | None, *, wait: bool) -> Acquisition:
         holds = 1 if self._lender is None else self._lender.holds()
@@ -244,6 +244,23 @@ class AsyncLock(_LockConfig, AsyncFront[AsyncLease]):
         except Exception as exc:
             failure = exc
         _given_back(self.name, failure)
+
+    def _close_later(self, delay: float, close: Callable[[], None]) -> None:
+        """The batch timer, in the running loop; the loop's shutdown gives the grant
+        back if the timer has not run by then."""
+        pool = self._io.pool
+        if pool is not None:
+            pool.at_shutdown(self)
+        _batches.in_loop(delay, close)
+
+    async def _give_back_parked(self) -> None:
+        """Give back a batch's grant parked now, and finish those being given back (the
+        loop is stopping)."""
+        token = None if self._lender is None else self._lender.take_parked()
+        if token is not None:
+            await self._give_back(token)
+        if self._giving_back:
+            await asyncio.gather(*self._giving_back, return_exceptions=True)
 
     def _give_back_soon(self, token: str) -> None:
         """The batch timer's release (it runs in the loop, which has to do the I/O)."""
