@@ -1,4 +1,4 @@
-"""redlease's benchmarks: every figure of ``BENCH.md`` measured side by side in one run.
+"""redlease's benchmarks: every figure measured side by side in one run.
 
 Run ``python -m benchmarks`` from the repository root (``--help`` lists the options). It
 starts its own private servers, runs every contender in interleaved rounds and prints one

@@ -12,7 +12,7 @@ from redis.retry import Retry
 
 from redlease import servers
 from redlease.chaos import resource
-from redlease.chaos.checker import Section, overlapping
+from redlease.chaos.checker import Section, longest_gap, overlapping
 from redlease.chaos.harness import BROKEN, SCENARIOS, run_broken, run_scenario
 from redlease.chaos.proxy import FaultProxy
 from redlease.chaos.report import Row, row_failures
@@ -133,3 +133,13 @@ def test_proxy_loses_one_reply_then_moves_to_another_server(
         finally:
             client.close()
             redis.Redis(port=server.port).delete("chaos:once")
+
+
+def test_the_longest_idle_gap_is_measured_between_any_two_sections() -> None:
+    sections = [
+        Section(0, 1.0, 1.5, None, 0.0, "none", False),
+        Section(1, 1.4, 2.0, None, 0.0, "none", False),  # overlapping: no gap
+        Section(2, 3.2, 3.3, None, 0.0, "none", False),  # idle 1.2 s before it
+        Section(0, 3.35, 3.4, None, 0.0, "none", False),
+    ]
+    assert longest_gap(sections) == pytest.approx(1.2)

@@ -73,6 +73,7 @@ class Outcome:
     timeouts: int
     errors: int
     crashed_workers: int
+    max_gap_s: float  # the longest the lock stood idle between two sections
 
     @property
     def fenced(self) -> bool:
@@ -110,6 +111,17 @@ def overlapping(sections: list[Section]) -> list[tuple[Section, Section]]:
             if b.worker != a.worker:
                 found.append((a, b))
     return found
+
+
+def longest_gap(sections: list[Section]) -> float:
+    """The longest time between the end of a section and the start of the next one
+    (of any worker): how long the lock stood idle while someone wanted it."""
+    longest, last_end = 0.0, None
+    for s in sorted(sections, key=lambda s: s.start):
+        if last_end is not None:
+            longest = max(longest, s.start - last_end)
+        last_end = s.end if last_end is None else max(last_end, s.end)
+    return longest
 
 
 def _percentile(values: list[float], q: float) -> float:
@@ -158,4 +170,5 @@ def check(record: Record) -> Outcome:
         timeouts=sum(int(w.get("timeouts", 0)) for w in record.workers),
         errors=sum(len(w.get("errors", [])) for w in record.workers),
         crashed_workers=sum(1 for w in record.workers if "sections" not in w),
+        max_gap_s=longest_gap(sections),
     )

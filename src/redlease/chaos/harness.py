@@ -1,6 +1,6 @@
-"""Scenarios of SAFETY.md, the nemesis that injects their faults on a seeded schedule,
-and the runner that starts servers, proxies and worker processes and hands the records
-to the checker.
+"""The fault scenarios (the safety report's rows), the nemesis that injects their faults
+on a seeded schedule, and the runner that starts servers, proxies and worker processes
+and hands the records to the checker.
 
 Everything runs on 127.0.0.1; every process and proxy started here is stopped in a
 ``finally``. Faults that must produce a violation are made deterministic (a pause longer
@@ -66,6 +66,8 @@ class Plan:
     replica: bool = False  # each lock node gets an asynchronous replica (failover)
     server_args: list[str] = field(default_factory=list)  # for every lock server
     forks: list[int] = field(default_factory=list)  # sections in which a worker forks
+    # worker -> the attempt during which it kills itself (SIGKILL) while queued
+    die_waiting: dict[int, int] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -78,6 +80,7 @@ class Scenario:
     plan: Callable[[random.Random, bool], Plan]
     label: str = ""  # how the row is numbered in the report, when not just ``row``
     available: bool = False  # no operation may fail (the faults heal within a retry)
+    max_gap: float | None = None  # the lock may stand idle at most this long (seconds)
 
     @property
     def number(self) -> str:
@@ -200,6 +203,15 @@ def _fork_in_section(rng: random.Random, quick: bool) -> Plan:
     return p
 
 
+def _queued_waiter_killed(rng: random.Random, quick: bool) -> Plan:
+    # A long ttl (10 s): a dead waiter that were granted the lock, or rung, would hold
+    # up the line for that long. One worker kills itself (SIGKILL) while queued, early in
+    # the run, and the others go on; the lock must never stand idle for long.
+    p = Plan(ttl=10.0, work=0.1, duration=4.0 if quick else 8.0, processes=3, timeout=20.0)
+    p.die_waiting = {rng.randrange(p.processes): 2 + rng.randrange(3)}
+    return p
+
+
 def _failover(replicas: int) -> Callable[[random.Random, bool], Plan]:
     def plan(rng: random.Random, quick: bool) -> Plan:
         # Sections of 0.6 s (ttl 1 s), and replication cut 0.65 s before the master dies:
@@ -298,6 +310,15 @@ SCENARIOS: dict[int, Scenario] = {
             None,
             _dropped_connections,
             available=True,
+        ),
+        Scenario(
+            17,
+            "a queued waiter killed with -9, then the holder releases",
+            SAFE,
+            SAFE,
+            None,
+            _queued_waiter_killed,
+            max_gap=1.0,
         ),
         Scenario(
             18,
@@ -624,6 +645,7 @@ def _run(
             "socket_timeout": plan.socket_timeout,
             "pauses": plan.pauses,
             "forks": plan.forks,
+            "die_waiting": plan.die_waiting.get(i),
             "auto_renew": plan.auto_renew,
             "between": plan.between,
             "options": plan.options,
@@ -684,7 +706,12 @@ def _run(
     workers = []
     for i in range(plan.processes):
         text = outputs.get(i, "")
-        workers.append(json.loads(text) if text else {"worker": i, "killed": True})
+        if text:
+            workers.append(json.loads(text))
+        elif i in plan.die_waiting:  # as planned: its sections are lost with it
+            workers.append({"worker": i, "sections": [], "died_waiting": True})
+        else:
+            workers.append({"worker": i, "killed": True})
     return Record(
         plan=plan,
         workers=workers,

@@ -64,6 +64,11 @@ def outcome_failures(scenario: Scenario, o: Outcome) -> list[str]:
         found.append(f"{label}: {o.crashed_workers} worker(s) crashed")
     if scenario.available and o.errors:
         found.append(f"{label}: {o.errors} operation(s) failed where none may")
+    if scenario.max_gap is not None and o.max_gap_s > scenario.max_gap:
+        found.append(
+            f"{label}: the lock stood idle {o.max_gap_s * 1000:.0f} ms "
+            f"(at most {scenario.max_gap * 1000:.0f} ms)"
+        )
     return found
 
 
@@ -107,8 +112,10 @@ def _scenario_line(row: Row) -> str:
     recoveries = [o.recovery_s * 1000 for o in runs if o.recovery_s is not None]
     leads = [o.min_lead_ms for o in runs if o.min_lead_ms is not None]
     extra = ""
+    if s.max_gap is not None:
+        extra = f"; lock idle at most {max(o.max_gap_s for o in runs) * 1000:.0f} ms"
     if leads:
-        extra = f"; {total(lambda o: o.notifications)} lost-lease notices, min lead "
+        extra += f"; {total(lambda o: o.notifications)} lost-lease notices, min lead "
         extra += f"{min(leads):.0f} ms"
     return (
         f"| {s.number} | {s.fault} | {expected} | {unf} | {fen} | "
@@ -144,7 +151,7 @@ def render(
     out = [
         "# Safety report",
         "",
-        "Produced by `python -m redlease.chaos` (the fault harness of SAFETY.md). Every run",
+        "Produced by `python -m redlease.chaos` (redlease's fault harness). Every run",
         "starts private server processes on 127.0.0.1, N worker processes doing lock-protected",
         "read-modify-writes of two counters on a separate resource server (one plain, one",
         "checked with fencing tokens), and a nemesis injecting the row's faults on a seeded",

@@ -19,6 +19,7 @@ import os
 import select
 import signal
 import sys
+import threading
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -28,6 +29,10 @@ import redis
 from .. import broken
 from .._keys import LockKeys
 from .resource import Resource
+
+# A worker planned to die while queued does so this long into a wait (it is queued by
+# then: its first try ran long before).
+DIE_AFTER = 0.15
 
 
 def _sleep(seconds: float) -> None:
@@ -147,12 +152,16 @@ class _Worker:
             if time.monotonic() >= deadline or len(sections) >= cfg.get("max_sections", 10**6):
                 break
             asked = time.monotonic()
+            doom = self._doom(attempt)
             try:
                 holding = self.acquire(cfg["timeout"])
             except Exception as exc:  # a faulted server: note it, back off, go on
                 errors.append(f"acquire: {type(exc).__name__}: {exc}"[:200])
                 _sleep(0.05)
                 continue
+            finally:
+                if doom is not None:
+                    doom.cancel()  # the lock was free: die during a later attempt
             if holding is None:
                 timeouts += 1
                 continue
@@ -175,6 +184,17 @@ class _Worker:
             "lost_on_release": self.lost_on_release,
             "leftovers": self.leftovers,
         }
+
+    def _doom(self, attempt: int) -> threading.Timer | None:
+        """For the worker planned to die while queued: a timer that kills this process
+        (SIGKILL) if this acquire is still waiting DIE_AFTER seconds after it began."""
+        planned = self.config.get("die_waiting")
+        if planned is None or attempt < planned:
+            return None
+        timer = threading.Timer(DIE_AFTER, _die)
+        timer.daemon = True
+        timer.start()
+        return timer
 
     def _section(
         self,
@@ -217,6 +237,10 @@ class _Worker:
         for client in self.clients + self.audit_clients:
             client.close()
         self.resource_client.close()
+
+
+def _die() -> None:
+    os.kill(os.getpid(), signal.SIGKILL)
 
 
 def _fork_and_leave(lease: Any) -> None:
