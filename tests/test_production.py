@@ -979,3 +979,107 @@ async def test_async_hung_server_acquire_is_bounded_by_its_timeout(
     assert took < ACQUIRE_BOUND, (
         f"acquire(timeout=0.5) on a stopped server took {took:.2f} s ({how})"
     )
+
+
+# -- 7. waiting through the hub (one shared wait connection) under the same conditions ---------
+
+
+class _HubWaiters:
+    """``count`` threads waiting for ``name`` through ``client``'s hub, once each."""
+
+    def __init__(self, client: Any, name: str, count: int, timeout: float = 60.0) -> None:
+        self.lock = redlease.Lock(client, name, ttl=30.0)
+        self.done: list[int] = []
+        self.errors: list[BaseException] = []
+
+        def waiter(i: int) -> None:
+            try:
+                with self.lock.acquire(timeout=timeout):
+                    self.done.append(i)
+            except BaseException as exc:
+                self.errors.append(exc)
+
+        self.threads = [threading.Thread(target=waiter, args=(i,)) for i in range(count)]
+        for t in self.threads:
+            t.start()
+
+    def queued(self, r: Any, name: str, count: int) -> None:
+        deadline = time.monotonic() + 30
+        while int(r.llen("{" + name + "}:queue")) < count:
+            assert time.monotonic() < deadline, "the waiters did not queue"
+            time.sleep(0.01)
+
+    def all_served(self) -> None:
+        for t in self.threads:
+            t.join(90)
+        assert self.errors == []
+        assert sorted(self.done) == list(range(len(self.threads)))
+
+
+def _subscribed(r: Any) -> int:
+    return sum(1 for c in r.client_list() if c.get("sub") not in (None, "0", 0))
+
+
+def test_hub_waiters_outlast_a_server_that_closes_idle_clients(
+    idle_nodes: list[servers.ServerProcess], name: str
+) -> None:
+    server = idle_nodes[0]
+    r = families.client(port=server.port)
+    holder = redlease.Lock(r, name, ttl=30.0).acquire()
+    waiters = _HubWaiters(families.client(port=server.port), name, 5)
+    waiters.queued(r, name, 5)
+    time.sleep(2.5)  # idle past the server's timeout (1 s)
+    assert _subscribed(r) == 1  # the hub was not closed as idle (pub/sub clients are not)
+    holder.release()
+    waiters.all_served()
+
+
+@pytest.mark.parametrize("keep_data", [False, True])
+def test_hub_waiters_outlast_a_restart(
+    own_server: servers.ServerProcess,
+    aof_nodes: list[servers.ServerProcess],
+    name: str,
+    keep_data: bool,
+) -> None:
+    server = aof_nodes[0] if keep_data else own_server
+    r = families.client(port=server.port)
+    holder = redlease.Lock(r, name, ttl=3.0).acquire()
+    waiters = _HubWaiters(families.client(port=server.port), name, 5)
+    waiters.queued(r, name, 5)
+    server.restart()  # the hub's connection is gone: every waiter looks at the lock again
+    with contextlib.suppress(redlease.LockLost, redlease.BackendError):
+        holder.release()  # (its lease went with the data, or the connection)
+    waiters.all_served()  # with the data: after the holder's 3 s, or its release
+
+
+def test_hub_waiters_over_a_slow_link(own_server: servers.ServerProcess, name: str) -> None:
+    r = families.client(port=own_server.port)
+    with FaultProxy("127.0.0.1", own_server.port).start() as proxy:
+        proxy.set_mode("delay", delay_ms=50)
+        holder = redlease.Lock(r, name, ttl=30.0).acquire()
+        waiters = _HubWaiters(families.client(port=proxy.port, socket_timeout=5), name, 5)
+        waiters.queued(r, name, 5)
+        holder.release()
+        waiters.all_served()
+
+
+@needs_fork
+def test_a_forked_child_waits_through_a_hub_of_its_own(r: redis.Redis, name: str) -> None:
+    lock = redlease.Lock(r, name, ttl=30.0)
+    warm = _HubWaiters(r, name, 1)  # the parent's hub exists and listens on this lock
+    warm.all_served()
+    holder = lock.acquire()
+    pid = _fork()
+    if pid == 0:  # the child waits through a hub of its own (its parent's is not its)
+        code = 1
+        try:
+            with lock.acquire(timeout=20):
+                code = 0
+        finally:
+            os._exit(code)
+    deadline = time.monotonic() + 20
+    while int(r.llen("{" + name + "}:queue")) < 1:
+        assert time.monotonic() < deadline, "the child did not queue"
+        time.sleep(0.01)
+    holder.release()
+    assert _wait_child(pid) == 0
