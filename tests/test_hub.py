@@ -22,7 +22,7 @@ import redis.asyncio as aredis
 
 import families
 import redlease
-from redlease import servers
+from redlease import _hub_sync, servers
 from waiting_helpers import queued, wait_until
 
 # What a process's waiters may hold, whatever their number: the hub's connection, the
@@ -261,3 +261,15 @@ def test_a_user_without_channel_rights_waits_on_bells(
         assert sorted(done) == [0, 1, 2]
     finally:
         r.acl_deluser(user)
+
+
+def test_a_channel_is_unsubscribed_only_once_unused_for_the_linger() -> None:
+    class Box:
+        channel = "{a}:bell:@1"
+
+    used = {"{a}:bell:@1": 0.0, "{b}:bell:@1": 0.0, "{c}:bell:@1": 100.0}
+    subscribed = set(used)
+    idle = _hub_sync.forget_idle(used, {"t": Box()}, subscribed, now=_hub_sync.LINGER + 50.0)
+    assert idle == ["{b}:bell:@1"]  # {a}: a waiter still uses it; {c}: used lately
+    assert "{b}:bell:@1" not in used
+    assert subscribed == {"{a}:bell:@1", "{c}:bell:@1"}

@@ -13,7 +13,7 @@ from typing import Any
 
 from . import _fork, _resp
 from ._endpoint import ConnectionFailed, ReplyTimedOut
-from ._hub_sync import LINGER, SWEEP_EVERY
+from ._hub_sync import SWEEP_EVERY, forget_idle
 
 
 class Box:
@@ -79,7 +79,7 @@ class Hub:
         self.subscribed: set[str] = set()
         self.refused = False  # the server refused SUBSCRIBE: waiters use bells
         self._conn = None
-        self._reader: asyncio.Task[None] | None = None
+        self._reader: asyncio.Task[None] | None = None  # kept: a loop holds tasks weakly
         self._asked: dict[str, asyncio.Future[None]] = {}  # SUBSCRIBEs not yet confirmed
         self._boxes: weakref.WeakValueDictionary[str, Box] = weakref.WeakValueDictionary()
         self._used: dict[str, float] = {}  # channel -> when a box for it was last made
@@ -182,25 +182,9 @@ class Hub:
         now = time.monotonic()
         if conn is not self._conn:
             return
-        in_use = {box.channel for box in self._boxes.values()}
-        idle = [
-            channel
-            for channel, used in self._used.items()
-            if channel not in in_use and now - used > LINGER
-        ]
-        for channel in idle:
-            del self._used[channel]
-            self.subscribed.discard(channel)
+        idle = forget_idle(self._used, self._boxes, self.subscribed, now)
         if idle:
             await conn.send(_resp.command(("UNSUBSCRIBE", *idle)))
-
-    def close(self) -> None:
-        conn, self._conn = self._conn, None
-        self.subscribed.clear()
-        if self._reader is not None:
-            self._reader.cancel()
-        if conn is not None:
-            conn.close()
 
 
 async def _read(ref: weakref.ReferenceType[Hub], conn: Any) -> None:

@@ -40,6 +40,17 @@ LINGER = 30.0
 SWEEP_EVERY = 10.0
 
 
+def forget_idle(used: dict[str, float], boxes: Any, subscribed: set[str], now: float) -> list[str]:
+    """The channels no waiter (``boxes``' values) has used for LINGER seconds, taken out
+    of ``used`` and ``subscribed``: to unsubscribe. One rule for both hubs."""
+    in_use = {box.channel for box in boxes.values()}
+    idle = [c for c, at in used.items() if c not in in_use and now - at > LINGER]
+    for channel in idle:
+        del used[channel]
+        subscribed.discard(channel)
+    return idle
+
+
 class Box:
     """The rings for one waiter token: put by the hub's reader, taken by the waiter."""
 
@@ -197,24 +208,9 @@ class Hub:
         with self._lock:
             if conn is not self._conn:
                 return
-            in_use = {box.channel for box in self._boxes.values()}
-            idle = [
-                channel
-                for channel, used in self._used.items()
-                if channel not in in_use and now - used > LINGER
-            ]
-            for channel in idle:
-                del self._used[channel]
-                self.subscribed.discard(channel)
+            idle = forget_idle(self._used, self._boxes, self.subscribed, now)
             if idle:
                 conn.send(_resp.command(("UNSUBSCRIBE", *idle)))
-
-    def close(self) -> None:
-        with self._lock:
-            conn, self._conn = self._conn, None
-            self.subscribed.clear()
-        if conn is not None:
-            conn.close()
 
 
 def _read(ref: weakref.ReferenceType[Hub], conn: Any) -> None:
