@@ -37,6 +37,9 @@ class Portal:
             for task in tasks:
                 task.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
+            # as asyncio.run does: a lock's batch grant still parked is given back here,
+            # and a give-back its timer started meanwhile is awaited
+            await asyncio.get_running_loop().shutdown_asyncgens()
 
         self.call(shutdown)
         self.loop.call_soon_threadsafe(self.loop.stop)
