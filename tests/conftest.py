@@ -22,10 +22,14 @@ import redis.asyncio as aredis
 import families
 from families import FAMILIES, HOME, ClientFamily
 from redlease import servers
+from waiting_helpers import wait_until
 
 _AVAILABLE = servers.find_binaries()
 _REQUIRED = [k for k in os.environ.get("REDLEASE_TEST_SERVERS", "").split(",") if k]
 _KINDS = sorted(set(_AVAILABLE) | set(_REQUIRED)) or ["valkey"]
+
+
+SLOTS = 16384  # a Redis Cluster's hash slots
 
 
 @pytest.fixture(scope="session", params=_KINDS)
@@ -98,6 +102,40 @@ def master_and_replica(
 
 
 _names = itertools.count()
+
+
+@pytest.fixture
+def cluster(server_kind: str) -> Iterator[list[servers.ServerProcess]]:
+    """Three masters, the slots shared evenly, no replicas."""
+    binary = servers.find_binary(server_kind)
+    nodes = []
+    try:
+        for _ in range(3):
+            nodes.append(
+                servers.ServerProcess(
+                    binary,
+                    extra_args=["--cluster-enabled", "yes", "--cluster-node-timeout", "5000"],
+                ).start()
+            )
+        clients: list[Any] = [families.client(port=n.port) for n in nodes]
+        share = SLOTS // 3
+        for i, client in enumerate(clients):
+            last = SLOTS - 1 if i == 2 else (i + 1) * share - 1
+            client.execute_command("CLUSTER", "ADDSLOTSRANGE", i * share, last)
+        for client in clients[1:]:
+            client.execute_command("CLUSTER", "MEET", "127.0.0.1", nodes[0].port)
+        wait_until(
+            lambda: all(
+                b"cluster_state:ok" in c.execute_command("CLUSTER", "INFO") for c in clients
+            ),
+            timeout=30,
+        )
+        for client in clients:
+            client.close()
+        yield nodes
+    finally:
+        for node in nodes:
+            node.stop()
 
 
 @pytest.fixture

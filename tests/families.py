@@ -46,18 +46,18 @@ class ClientFamily:
     def pool(self, **options: Any) -> Any:
         return self.sync.ConnectionPool(**options)
 
-    def cluster(self, port: int) -> Any:
+    def cluster(self, port: int, **options: Any) -> Any:
         """A sync Cluster client that starts from the node on ``port``."""
         module = self.sync.cluster
         return getattr(module, self.cluster_type)(
-            startup_nodes=[module.ClusterNode("127.0.0.1", port)]
+            startup_nodes=[module.ClusterNode("127.0.0.1", port)], **options
         )
 
-    def acluster(self, port: int) -> Any:
+    def acluster(self, port: int, **options: Any) -> Any:
         """An asyncio Cluster client that starts from the node on ``port``."""
         module = self.asyncio.cluster
         return getattr(module, self.cluster_type)(
-            startup_nodes=[module.ClusterNode("127.0.0.1", port)]
+            startup_nodes=[module.ClusterNode("127.0.0.1", port)], **options
         )
 
     def sentinel(self, port: int) -> Any:

@@ -15,12 +15,11 @@ import pytest
 
 import families
 import redlease
+from conftest import SLOTS
 from families import ClientFamily
 from redlease import servers
 from redlease._endpoint import Kind
 from redlease._io_sync import SyncIO
-
-SLOTS = 16384
 
 
 def wait_for(predicate: object, what: str, timeout: float = 30.0) -> None:
@@ -29,39 +28,6 @@ def wait_for(predicate: object, what: str, timeout: float = 30.0) -> None:
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out waiting for {what}")
         time.sleep(0.05)
-
-
-@pytest.fixture
-def cluster(server_kind: str) -> Iterator[list[servers.ServerProcess]]:
-    binary = servers.find_binary(server_kind)
-    nodes = []
-    try:
-        for _ in range(3):
-            nodes.append(
-                servers.ServerProcess(
-                    binary,
-                    extra_args=["--cluster-enabled", "yes", "--cluster-node-timeout", "5000"],
-                ).start()
-            )
-        clients = [families.client(port=n.port) for n in nodes]
-        share = SLOTS // 3
-        for i, client in enumerate(clients):
-            last = SLOTS - 1 if i == 2 else (i + 1) * share - 1
-            client.execute_command("CLUSTER", "ADDSLOTSRANGE", i * share, last)
-        for client in clients[1:]:
-            client.execute_command("CLUSTER", "MEET", "127.0.0.1", nodes[0].port)
-        wait_for(
-            lambda: all(
-                b"cluster_state:ok" in c.execute_command("CLUSTER", "INFO") for c in clients
-            ),
-            "the cluster to form",
-        )
-        for client in clients:
-            client.close()
-        yield nodes
-    finally:
-        for node in nodes:
-            node.stop()
 
 
 def test_lock_on_a_cluster(cluster: list[servers.ServerProcess], family: ClientFamily) -> None:

@@ -273,3 +273,192 @@ def test_a_channel_is_unsubscribed_only_once_unused_for_the_linger() -> None:
     assert idle == ["{b}:bell:@1"]  # {a}: a waiter still uses it; {c}: used lately
     assert "{b}:bell:@1" not in used
     assert subscribed == {"{a}:bell:@1", "{c}:bell:@1"}
+
+
+# -- Redis Cluster: a hub per node, sharded pub/sub ------------------------------------
+
+
+def _node_clients(cluster: list[servers.ServerProcess]) -> list[Any]:
+    # (Any: redis-py leaves execute_command untyped)
+    return [families.client(port=node.port) for node in cluster]
+
+
+def _spread(client: Any, prefix: str, count: int) -> list[str]:
+    """``count`` lock names whose slots cover every node of the cluster."""
+    names = [f"{prefix}:{i}" for i in range(count)]
+    owners = {client.get_node_from_key("{" + n + "}").name for n in names}
+    assert len(owners) == 3, owners
+    return names
+
+
+def _held_per_node(nodes: list[Any], label: str) -> list[list[dict[str, Any]]]:
+    return [connections(node, label) for node in nodes]
+
+
+def _blocked(held: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Connections blocked in a command (a waiter's own BLPOP)."""
+    return [c for c in held if "b" in str(c.get("flags", ""))]
+
+
+def _sharded_hubs(held: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    # (CLIENT LIST names sharded subscriptions "ssub" from Redis 7.0.3 on)
+    return [c for c in held if c.get("ssub") not in (None, "0", 0) or c.get("cmd") == "ssubscribe"]
+
+
+def test_threads_waiting_on_100_names_across_a_cluster(
+    cluster: list[servers.ServerProcess], family: families.ClientFamily
+) -> None:
+    """200 threads wait on 100 names spread over 3 masters: each node sees one hub of the
+    process and a handful of connections, no waiter blocks a connection of its own, and
+    every waiter is served once the holders release."""
+    label = tag()
+    client = family.cluster(cluster[0].port)  # the holders'
+    waiting = family.cluster(cluster[0].port, client_name=label)
+    nodes = _node_clients(cluster)
+    try:
+        names = _spread(client, "tw", 100)
+        holders = [redlease.Lock(client, n, ttl=60.0).acquire() for n in names]
+        done: list[str] = []
+        errors: list[BaseException] = []
+
+        def waiter(n: str) -> None:
+            try:
+                with redlease.Lock(waiting, n, ttl=60.0).acquire(timeout=120):
+                    done.append(n)
+            except BaseException as exc:
+                errors.append(exc)
+
+        threads = []
+        for i, n in enumerate(names * 2):  # one at a time: the client's pool stays small
+            threads.append(threading.Thread(target=waiter, args=(n,)))
+            threads[-1].start()
+            wait_until(lambda i=i: sum(client.llen("{" + m + "}:queue") for m in names) > i)
+        time.sleep(0.2)
+        for held in _held_per_node(nodes, label):
+            assert len(held) <= HANDFUL, f"{len(held)} connections to a node for 200 waiters"
+            assert _blocked(held) == []
+            assert len(_sharded_hubs(held)) == 1
+        for holder in holders:
+            holder.release()
+        for t in threads:
+            t.join(timeout=120)
+        assert errors == []
+        assert sorted(done) == sorted(names * 2)
+        assert sum(client.llen("{" + n + "}:queue") for n in names) == 0
+    finally:
+        for c in (client, waiting, *nodes):
+            c.close()
+
+
+async def test_tasks_waiting_on_100_names_across_a_cluster(
+    cluster: list[servers.ServerProcess], family: families.ClientFamily
+) -> None:
+    """1,000 asyncio tasks on 100 names over 3 masters: one hub per node, no task blocks
+    a connection, all served in turn."""
+    label = tag()
+    client = family.acluster(cluster[0].port)
+    waiting = family.acluster(cluster[0].port, client_name=label)
+    nodes = _node_clients(cluster)
+    try:
+        await client.initialize()
+        names = _spread(client, "aw", 100)
+        holders = [await redlease.AsyncLock(client, n, ttl=60.0).acquire() for n in names]
+        done: list[int] = []
+
+        async def waiter(i: int) -> None:
+            lock = redlease.AsyncLock(waiting, names[i % 100], ttl=60.0)
+            async with await lock.acquire(timeout=120):
+                done.append(i)
+
+        tasks = [asyncio.create_task(waiter(i)) for i in range(1000)]
+
+        async def all_queued() -> bool:
+            counts = [await client.llen("{" + n + "}:queue") for n in names]
+            return bool(sum(counts) == 1000)
+
+        await until(all_queued)
+        await asyncio.sleep(0.2)
+        for held in _held_per_node(nodes, label):
+            assert _blocked(held) == []
+            assert len(_sharded_hubs(held)) == 1
+        for holder in holders:
+            await holder.release()
+        await asyncio.wait_for(asyncio.gather(*tasks), 120)
+        assert sorted(done) == list(range(1000))
+    finally:
+        await client.aclose()
+        await waiting.aclose()
+        for c in nodes:
+            c.close()
+
+
+def _move_slot(nodes: list[Any], slot: int, source: int, target: int) -> None:
+    """Reshard ``slot`` (and its keys) from node ``source`` to node ``target``."""
+    src, dst = nodes[source], nodes[target]
+    src_id = src.execute_command("CLUSTER", "MYID")
+    dst_id = dst.execute_command("CLUSTER", "MYID")
+    dst.execute_command("CLUSTER", "SETSLOT", slot, "IMPORTING", src_id)
+    src.execute_command("CLUSTER", "SETSLOT", slot, "MIGRATING", dst_id)
+    port = dst.connection_pool.connection_kwargs["port"]
+    while keys := src.execute_command("CLUSTER", "GETKEYSINSLOT", slot, 100):
+        src.execute_command("MIGRATE", "127.0.0.1", port, "", 0, 5000, "KEYS", *keys)
+    for node in nodes:
+        node.execute_command("CLUSTER", "SETSLOT", slot, "NODE", dst_id)
+
+
+def test_waiters_follow_their_lock_when_its_slot_moves(
+    cluster: list[servers.ServerProcess], family: families.ClientFamily
+) -> None:
+    """The lock's slot is resharded to another node while 5 threads wait on it: the old
+    node unsubscribes their hub, they look again and listen on the new node, and the
+    release there serves them all in turn, long before their ttl-long waits end."""
+    label = tag()
+    client = family.cluster(cluster[0].port)
+    waiting = family.cluster(cluster[0].port, client_name=label)
+    nodes = _node_clients(cluster)
+    try:
+        name = "moving"
+        holder = redlease.Lock(client, name, ttl=30.0).acquire()
+        waiters = Waiters(redlease.Lock(waiting, name, ttl=30.0), 5)
+        wait_until(lambda: client.llen("{moving}:queue") == 5, timeout=60)
+        owner = client.get_node_from_key("{moving}").port
+        source = [node.port for node in cluster].index(owner)
+        _move_slot(nodes, client.keyslot("{moving}"), source, (source + 1) % 3)
+        released = time.monotonic()
+        holder.release()
+        waiters.join()
+        # (each waiter's own round lasts the ttl, 30 s, and nothing else would wake it)
+        assert time.monotonic() - released < 15.0
+        assert _sharded_hubs(connections(nodes[(source + 1) % 3], label))
+    finally:
+        for c in (client, waiting, *nodes):
+            c.close()
+
+
+def test_a_hub_redirected_by_its_node_starts_over_instead_of_giving_up(
+    cluster: list[servers.ServerProcess], family: families.ClientFamily
+) -> None:
+    """A node answers the hub's SSUBSCRIBE with MOVED (its topology was stale): the hub
+    drops its connection (the waiter looks again) and does not take that for a refusal,
+    which would send every later waiter of that node to bells."""
+    from redlease import _conn_sync
+    from redlease._endpoint import ConnectionFailed
+
+    client = family.cluster(cluster[0].port)
+    try:
+        owner = client.get_node_from_key("{strayed}")
+        other = next(n for n in client.get_primaries() if n.name != owner.name)
+        hub = _conn_sync.node_pool(client, other).hub
+        assert hub is not None and hub.id.startswith("s")
+        box = hub.listen("{strayed}:bell:", "token-1")
+        assert box is not None
+        with pytest.raises(ConnectionFailed):
+            hub.subscribe(box, 5.0)
+        assert not hub.refused
+        right = _conn_sync.node_pool(client, owner).hub
+        assert right is not None
+        mine = right.listen("{strayed}:bell:", "token-2")
+        assert mine is not None and right.subscribe(mine, 5.0) is mine
+        assert mine.ready
+    finally:
+        client.close()

@@ -29,8 +29,9 @@ from typing import Any
 
 from . import _fork, _resp, _spin, _stale
 from ._conn_sync import MAX_CONNECTIONS, MAX_IDLE, OWED_REPLY_LIMIT, RESERVED
-from ._endpoint import ConnectionFailed, Endpoint, Kind, ReplyTimedOut, bounded
+from ._endpoint import ConnectionFailed, Endpoint, Kind, ReplyTimedOut, bounded, node_endpoint
 from ._hub_async import Hub
+from ._hub_sync import PLAIN, SHARDED, Verbs
 
 if sys.version_info >= (3, 11, 3):  # earlier 3.11 releases mishandle nested cancellation
     from asyncio import timeout as _deadline  # type: ignore[attr-defined,unused-ignore]
@@ -370,9 +371,12 @@ class Pool:
     """redlease's connections to one server, for one event loop (see the module
     docstring). Only that loop's tasks use it, so its lists need no lock."""
 
-    def __init__(self, endpoint: Endpoint, loop: asyncio.AbstractEventLoop) -> None:
+    def __init__(
+        self, endpoint: Endpoint, loop: asyncio.AbstractEventLoop, hub_verbs: Verbs = PLAIN
+    ) -> None:
         self.endpoint = endpoint
         self.loop = loop
+        self.hub_verbs = hub_verbs  # sharded pub/sub for a Cluster node
         self._open = SocketConnection.open if endpoint.kind is Kind.SOCKET else ClassConnection.open
         self.wire = _resp.Wire()
         self.spin = _spin.Record()
@@ -416,7 +420,7 @@ class Pool:
         """The loop's shared wait connection to this server (see ``_hub_async``), for
         sockets of our own."""
         if self._hub is None and self.endpoint.kind is Kind.SOCKET:
-            self._hub = Hub(self)
+            self._hub = Hub(self, self.hub_verbs)
         return self._hub
 
     async def open_connection(self, timeout: float) -> Connection:
@@ -570,4 +574,28 @@ def pool_for(client: Any, endpoint: Endpoint) -> Pool:
     pool = per_loop.get(loop)
     if pool is None:
         pool = per_loop[loop] = Pool(endpoint, loop)
+    return pool
+
+
+# A Cluster client's nodes, per loop and name: pools for their hubs only (commands go
+# through the client, which routes them).
+_NODE_POOLS: weakref.WeakKeyDictionary[Any, weakref.WeakKeyDictionary[Any, dict[str, Pool]]] = (
+    weakref.WeakKeyDictionary()
+)
+
+
+def node_pool(client: Any, node: Any) -> Pool:
+    """The running loop's pool (for its hub, sharded) of ``node``, a node of the Cluster
+    ``client``."""
+    loop = asyncio.get_running_loop()
+    per_loop = _NODE_POOLS.get(client)
+    if per_loop is None:
+        per_loop = _NODE_POOLS[client] = weakref.WeakKeyDictionary()
+    nodes = per_loop.get(loop)
+    if nodes is None:
+        nodes = per_loop[loop] = {}
+    pool = nodes.get(node.name)
+    if pool is None:
+        endpoint = node_endpoint(client, node, asyncio=True)
+        pool = nodes[node.name] = Pool(endpoint, loop, SHARDED)
     return pool

@@ -28,8 +28,8 @@ from collections.abc import Callable
 from typing import Any
 
 from . import _fork, _resp, _spin, _stale
-from ._endpoint import ConnectionFailed, Endpoint, Kind, ReplyTimedOut, bounded
-from ._hub_sync import Hub
+from ._endpoint import ConnectionFailed, Endpoint, Kind, ReplyTimedOut, bounded, node_endpoint
+from ._hub_sync import PLAIN, SHARDED, Hub, Verbs
 
 MAX_CONNECTIONS = 128
 RESERVED = 16  # never held by blocking waits: short commands always find a connection
@@ -293,8 +293,9 @@ class Pool:
     """redlease's connections to one server, in this process (see the module docstring).
     Threads share it; ``_lock`` guards the lists and counts."""
 
-    def __init__(self, endpoint: Endpoint) -> None:
+    def __init__(self, endpoint: Endpoint, hub_verbs: Verbs = PLAIN) -> None:
         self.endpoint = endpoint
+        self.hub_verbs = hub_verbs  # sharded pub/sub for a Cluster node
         self._open = SocketConnection.open if endpoint.kind is Kind.SOCKET else ClassConnection.open
         self.wire = _resp.Wire()  # each op as bytes for this server
         self.spin = _spin.Record()  # whether reads from this server poll before sleeping
@@ -317,7 +318,7 @@ class Pool:
         if self._hub is None and self.endpoint.kind is Kind.SOCKET:
             with self._lock:
                 if self._hub is None:
-                    self._hub = Hub(self)
+                    self._hub = Hub(self, self.hub_verbs)
         return self._hub
 
     def open_connection(self, timeout: float) -> Connection:
@@ -496,4 +497,21 @@ def pool_for(client: Any, endpoint: Endpoint) -> Pool:
         pool = _POOLS.get(key)
         if pool is None:
             pool = _POOLS[key] = Pool(endpoint)
+        return pool
+
+
+# A Cluster client's nodes, by name: pools for their hubs only (commands go through the
+# client, which routes them).
+_NODE_POOLS: weakref.WeakKeyDictionary[Any, dict[str, Pool]] = weakref.WeakKeyDictionary()
+
+
+def node_pool(client: Any, node: Any) -> Pool:
+    """The pool (for its hub, sharded) of ``node``, a node of the Cluster ``client``."""
+    with _POOLS_LOCK:
+        nodes = _NODE_POOLS.get(client)
+        if nodes is None:
+            nodes = _NODE_POOLS[client] = {}
+        pool = nodes.get(node.name)
+        if pool is None:
+            pool = nodes[node.name] = Pool(node_endpoint(client, node, asyncio=False), SHARDED)
         return pool

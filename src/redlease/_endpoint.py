@@ -39,6 +39,7 @@ from ._clients import (
     ReplyTimedOut,
     family_of,
 )
+from ._clients.family import Family
 from ._resp import ReplyError
 
 __all__ = [
@@ -53,6 +54,8 @@ __all__ = [
     "endpoint_of",
     "is_noscript",
     "is_unblocked",
+    "node_endpoint",
+    "node_of",
     "read_bound",
 ]
 
@@ -99,16 +102,52 @@ class Endpoint:
 def endpoint_of(client: Any, *, asyncio: bool) -> Endpoint:
     """How to reach the server behind ``client`` (sync, or asyncio when ``asyncio``)."""
     family = family_of(client)
-    pool = getattr(client, "connection_pool", None)
-    cls = getattr(pool, "connection_class", None)
-    settings = None if family is None else family.settings(pool)
     standalone = family is not None and isinstance(
         client, family.async_clients if asyncio else family.clients
     )
-    if family is None or not standalone or cls is None or settings is None:
+    if family is None or not standalone:
         return Endpoint(Kind.CLIENT, type(client).__name__)
     get_retry = getattr(client, "get_retry", None)  # (a family without Retry: none)
     retry = get_retry() if callable(get_retry) else None
+    reached = _reached(family, getattr(client, "connection_pool", None), retry, asyncio)
+    return reached or Endpoint(Kind.CLIENT, type(client).__name__)
+
+
+def node_of(client: Any, key: str) -> Any:
+    """The node (primary) that serves ``key``'s slot, if ``client`` is a Cluster client
+    of a known family and knows it (its public ``get_node_from_key``); else None."""
+    family = family_of(client)
+    find = getattr(client, "get_node_from_key", None)
+    if family is None or family.refusal(client) is not None or not callable(find):
+        return None
+    try:
+        return find(key)
+    except Exception:  # the client has not learnt the cluster's slots yet
+        return None
+
+
+def node_endpoint(client: Any, node: Any, *, asyncio: bool) -> Endpoint:
+    """How to reach ``node`` of the Cluster ``client``: its settings are on the node
+    (asyncio) or on the standalone client the node keeps (sync)."""
+    family = family_of(client)
+    if family is None:
+        return Endpoint(Kind.CLIENT, str(getattr(node, "name", "node")))
+    if asyncio:
+        source = node
+    else:
+        standalone = getattr(node, family.node_client, None) if family.node_client else None
+        source = getattr(standalone, "connection_pool", None)
+    reached = _reached(family, source, None, asyncio)
+    return reached or Endpoint(Kind.CLIENT, str(getattr(node, "name", "node")))
+
+
+def _reached(family: Family, source: Any, retry: Any, asyncio: bool) -> Endpoint | None:
+    """An endpoint from ``source`` (a connection pool, or an asyncio cluster node: its
+    ``connection_class`` and settings); None when they cannot be read."""
+    cls = getattr(source, "connection_class", None)
+    settings = family.settings(source)
+    if cls is None or settings is None:
+        return None
     timeout = settings.get("socket_timeout")
     # (SO_RCVTIMEO, which bounds a blocking read of our own, takes a timeval on POSIX only)
     if cls in (family.async_plain if asyncio else family.plain) and sys.platform != "win32":

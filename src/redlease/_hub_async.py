@@ -6,23 +6,22 @@ from __future__ import annotations
 
 import asyncio
 import collections
-import os
 import time
 import weakref
 from typing import Any
 
 from . import _fork, _resp
 from ._endpoint import ConnectionFailed, ReplyTimedOut
-from ._hub_sync import SWEEP_EVERY, forget_idle
+from ._hub_sync import PLAIN, SWEEP_EVERY, Verbs, forget_idle, starts_over
 
 
 class Box:
     """The rings for one waiter token: put by the hub's reader, taken by the waiter."""
 
-    __slots__ = ("__weakref__", "_hub", "_rings", "_waiter", "channel", "token")
+    __slots__ = ("__weakref__", "_rings", "_waiter", "channel", "owner", "token")
 
-    def __init__(self, hub: Hub, channel: str, token: str) -> None:
-        self._hub = hub
+    def __init__(self, owner: Hub, channel: str, token: str) -> None:
+        self.owner = owner
         self._rings: collections.deque[bytes | None] = collections.deque()
         self._waiter: asyncio.Future[bytes | None] | None = None
         self.channel = channel
@@ -30,11 +29,11 @@ class Box:
 
     @property
     def hub(self) -> str:
-        return self._hub.id
+        return self.owner.id
 
     @property
     def ready(self) -> bool:
-        return self.channel in self._hub.subscribed
+        return self.channel in self.owner.subscribed
 
     def put(self, ring: bytes | None) -> None:
         waiter = self._waiter
@@ -50,7 +49,7 @@ class Box:
         gives back."""
         if self._rings:
             return self._rings.popleft()
-        waiter = self._waiter = self._hub.loop.create_future()
+        waiter = self._waiter = self.owner.loop.create_future()
         try:
             return await asyncio.wait_for(waiter, timeout)
         except asyncio.TimeoutError:
@@ -62,8 +61,9 @@ class Box:
 class Hub:
     """The shared wait connection of one pool (see ``_hub_sync``)."""
 
-    def __init__(self, pool: Any) -> None:
+    def __init__(self, pool: Any, verbs: Verbs = PLAIN) -> None:
         self._pool = pool  # its endpoint and connections' settings
+        self.verbs = verbs
         self.loop: asyncio.AbstractEventLoop = pool.loop
         self._lock = asyncio.Lock()
         self._generation = -1
@@ -75,7 +75,7 @@ class Hub:
         copy of the parent's socket is closed here, leaving the parent's open)."""
         if self._conn is not None:
             self._conn.close()
-        self.id = os.urandom(8).hex()
+        self.id = self.verbs.new_id()
         self.subscribed: set[str] = set()
         self.refused = False  # the server refused SUBSCRIBE: waiters use bells
         self._conn = None
@@ -123,7 +123,7 @@ class Hub:
                     await self._connect(timeout)
                 asked = self._asked[channel] = self.loop.create_future()
                 try:
-                    await self._conn.send(_resp.command(("SUBSCRIBE", channel)))
+                    await self._conn.send(_resp.command((self.verbs.subscribe, channel)))
                 except BaseException:
                     self._asked.pop(channel, None)
                     raise
@@ -137,19 +137,37 @@ class Hub:
 
     def _heard(self, conn: Any, message: Any) -> None:
         """One message from the server on ``conn``."""
-        kind = message[0]
-        if kind == b"message":
+        kind, verbs = message[0], self.verbs
+        if kind == verbs.message:
             token, _, ring = message[2].partition(b":")
             box = self._boxes.get(token.decode())
             if box is not None:
                 box.put(ring)
-        elif kind == b"subscribe":
+        elif kind == verbs.subscribed:
             channel = message[1].decode()
             if conn is self._conn:
                 self.subscribed.add(channel)
             asked = self._asked.pop(channel, None)
             if asked is not None and not asked.done():
                 asked.set_result(None)
+        elif kind == verbs.unsubscribed and message[1] is not None:
+            # Ours (the sweep's: the channel is already out of ``subscribed``), or the
+            # node's: the lock's slot moved away, and its waiters look again.
+            channel = message[1].decode()
+            if conn is not self._conn or channel not in self.subscribed:
+                return
+            self.subscribed.discard(channel)
+            for box in [box for box in self._boxes.values() if box.channel == channel]:
+                box.put(None)
+
+    def _error(self, conn: Any, error: _resp.ReplyError) -> bool:
+        """The server answered a command of the hub's with an error; False if the hub
+        gave up ``conn`` (see ``_hub_sync.starts_over``)."""
+        if starts_over(error):
+            self._lost(conn)
+            return False
+        self._refused(conn)
+        return True
 
     def _refused(self, conn: Any) -> None:
         """The server answered SUBSCRIBE with an error (no channel rights)."""
@@ -184,7 +202,7 @@ class Hub:
             return
         idle = forget_idle(self._used, self._boxes, self.subscribed, now)
         if idle:
-            await conn.send(_resp.command(("UNSUBSCRIBE", *idle)))
+            await conn.send(self.verbs.unsubscribe_from(idle))
 
 
 async def _read(ref: weakref.ReferenceType[Hub], conn: Any) -> None:
@@ -205,10 +223,14 @@ async def _read(ref: weakref.ReferenceType[Hub], conn: Any) -> None:
                 return
             del hub
             continue
-        except _resp.ReplyError:
+        except _resp.ReplyError as error:
             hub = ref()
-            if hub is not None:
-                hub._refused(conn)
+            if hub is None:
+                conn.close()
+                return
+            if not hub._error(conn, error):
+                return
+            del hub
             continue
         except asyncio.CancelledError:
             conn.close()

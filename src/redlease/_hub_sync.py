@@ -20,6 +20,15 @@ Channels stay subscribed while a waiter may use them and for LINGER seconds afte
 that a lock waited for over and over costs one SUBSCRIBE, not one per wait. A server
 that refuses SUBSCRIBE (an ACL without channel rights) makes the hub step aside: its
 waiters wait on doorbells of their own, as without a hub.
+
+On a Redis Cluster a hub serves one node: it listens with SSUBSCRIBE, and a release
+rings with SPUBLISH, whose channel is in the lock's slot (sharded pub/sub, Redis 7 and
+Valkey 7.2 on: the ring stays on the node that serves the lock, and its count of
+receivers is that node's). A sharded hub's id starts with "s", which tells the scripts
+to ring it so. When the lock's slot moves to another node (resharding, failover), the
+node unsubscribes the hub from its channels (each waiter there looks again, and finds
+its lock's new node); a redirection (MOVED, ASK...) in answer to the hub's own commands
+makes it start over on a new connection, as if it had been lost.
 """
 
 from __future__ import annotations
@@ -29,6 +38,7 @@ import queue
 import threading
 import time
 import weakref
+from dataclasses import dataclass
 from typing import Any
 
 from . import _fork, _resp
@@ -51,24 +61,57 @@ def forget_idle(used: dict[str, float], boxes: Any, subscribed: set[str], now: f
     return idle
 
 
+@dataclass(frozen=True)
+class Verbs:
+    """How a hub subscribes, and what the server sends it: plain or sharded pub/sub."""
+
+    subscribe: str
+    unsubscribe: str
+    message: bytes
+    subscribed: bytes
+    unsubscribed: bytes
+    id_prefix: str  # "s": the scripts ring this hub with SPUBLISH
+
+    def new_id(self) -> str:
+        return self.id_prefix + os.urandom(8).hex()
+
+    def unsubscribe_from(self, channels: list[str]) -> bytes:
+        # one command per channel: on a cluster, channels of several slots cannot share one
+        return b"".join(_resp.command((self.unsubscribe, c)) for c in channels)
+
+
+PLAIN = Verbs("SUBSCRIBE", "UNSUBSCRIBE", b"message", b"subscribe", b"unsubscribe", "")
+SHARDED = Verbs("SSUBSCRIBE", "SUNSUBSCRIBE", b"smessage", b"ssubscribe", b"sunsubscribe", "s")
+
+# Error replies that say the hub's node no longer serves a channel's slot: the hub
+# starts over (any other error to a SUBSCRIBE is a refusal: waiters use bells).
+REDIRECTIONS = frozenset({"MOVED", "ASK", "TRYAGAIN", "CLUSTERDOWN"})
+
+
+def starts_over(error: _resp.ReplyError) -> bool:
+    """Whether ``error``, read by a hub, means its connection should be dropped and its
+    waiters look again (a redirection), rather than that the server refuses the hub."""
+    return error.code in REDIRECTIONS
+
+
 class Box:
     """The rings for one waiter token: put by the hub's reader, taken by the waiter."""
 
-    __slots__ = ("__weakref__", "_hub", "_rings", "channel", "token")
+    __slots__ = ("__weakref__", "_rings", "channel", "owner", "token")
 
-    def __init__(self, hub: Hub, channel: str, token: str) -> None:
-        self._hub = hub
+    def __init__(self, owner: Hub, channel: str, token: str) -> None:
+        self.owner = owner
         self._rings: queue.SimpleQueue[bytes | None] = queue.SimpleQueue()
         self.channel = channel
         self.token = token
 
     @property
     def hub(self) -> str:
-        return self._hub.id
+        return self.owner.id
 
     @property
     def ready(self) -> bool:
-        return self.channel in self._hub.subscribed
+        return self.channel in self.owner.subscribed
 
     def put(self, ring: bytes | None) -> None:
         self._rings.put(ring)
@@ -85,8 +128,9 @@ class Box:
 class Hub:
     """The shared wait connection of one pool (see the module docstring)."""
 
-    def __init__(self, pool: Any) -> None:
+    def __init__(self, pool: Any, verbs: Verbs = PLAIN) -> None:
         self._pool = pool  # its endpoint and connections' settings
+        self.verbs = verbs
         self._lock = threading.Lock()
         self._generation = -1
         self._conn: Any = None
@@ -97,7 +141,7 @@ class Hub:
         copy of the parent's socket is closed here, leaving the parent's open)."""
         if self._conn is not None:
             self._conn.close()
-        self.id = os.urandom(8).hex()
+        self.id = self.verbs.new_id()
         self.subscribed: set[str] = set()
         self.refused = False  # the server refused SUBSCRIBE: waiters use bells
         self._conn = None
@@ -143,7 +187,7 @@ class Hub:
                     self._connect(timeout)
                 asked = self._asked[channel] = threading.Event()
                 try:
-                    self._conn.send(_resp.command(("SUBSCRIBE", channel)))
+                    self._conn.send(_resp.command((self.verbs.subscribe, channel)))
                 except BaseException:
                     self._asked.pop(channel, None)
                     raise
@@ -160,13 +204,13 @@ class Hub:
 
     def _heard(self, conn: Any, message: Any) -> None:
         """One message from the server on ``conn``."""
-        kind = message[0]
-        if kind == b"message":
+        kind, verbs = message[0], self.verbs
+        if kind == verbs.message:
             token, _, ring = message[2].partition(b":")
             box = self._boxes.get(token.decode())
             if box is not None:
                 box.put(ring)
-        elif kind == b"subscribe":
+        elif kind == verbs.subscribed:
             channel = message[1].decode()
             with self._lock:
                 if conn is self._conn:
@@ -174,6 +218,26 @@ class Hub:
                 asked = self._asked.pop(channel, None)
             if asked is not None:
                 asked.set()
+        elif kind == verbs.unsubscribed and message[1] is not None:
+            # Ours (the sweep's: the channel is already out of ``subscribed``), or the
+            # node's: the lock's slot moved away, and its waiters look again.
+            channel = message[1].decode()
+            with self._lock:
+                if conn is not self._conn or channel not in self.subscribed:
+                    return
+                self.subscribed.discard(channel)
+                boxes = [box for box in self._boxes.values() if box.channel == channel]
+            for box in boxes:
+                box.put(None)
+
+    def _error(self, conn: Any, error: _resp.ReplyError) -> bool:
+        """The server answered a command of the hub's with an error; False if the hub
+        gave up ``conn`` (see ``starts_over``)."""
+        if starts_over(error):
+            self._lost(conn)
+            return False
+        self._refused(conn)
+        return True
 
     def _refused(self, conn: Any) -> None:
         """The server answered SUBSCRIBE with an error (no channel rights)."""
@@ -210,7 +274,7 @@ class Hub:
                 return
             idle = forget_idle(self._used, self._boxes, self.subscribed, now)
             if idle:
-                conn.send(_resp.command(("UNSUBSCRIBE", *idle)))
+                conn.send(self.verbs.unsubscribe_from(idle))
 
 
 def _read(ref: weakref.ReferenceType[Hub], conn: Any) -> None:
@@ -231,10 +295,14 @@ def _read(ref: weakref.ReferenceType[Hub], conn: Any) -> None:
                 return
             del hub
             continue
-        except _resp.ReplyError:
+        except _resp.ReplyError as error:
             hub = ref()
-            if hub is not None:
-                hub._refused(conn)
+            if hub is None:
+                conn.close()
+                return
+            if not hub._error(conn, error):
+                return
+            del hub
             continue
         except Exception:
             hub = ref()

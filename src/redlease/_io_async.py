@@ -22,7 +22,7 @@ from typing import Any, TypeVar
 
 from . import _flows, _resp, _stale
 from ._backend_errors import BACKEND_FAILURES, backend_error
-from ._conn_async import Connection, Pool, _bounded, pool_for
+from ._conn_async import Connection, Pool, _bounded, node_pool, pool_for
 from ._endpoint import (
     CONNECTION_ERRORS,
     REPLY_ERRORS,
@@ -31,11 +31,12 @@ from ._endpoint import (
     endpoint_of,
     is_noscript,
     is_unblocked,
+    node_of,
     read_bound,
 )
 from ._errors import RedleaseWarning
 from ._flows import LATE_WAKE, Call, Command, Flow, Listen, Op, Replicas, Sleep, Wait
-from ._hub_async import Box
+from ._hub_async import Box, Hub
 from ._quorum import MIN_READ_WAIT, UNREAD, Unsent, said_yes
 
 T = TypeVar("T")
@@ -72,6 +73,8 @@ class AsyncIO:
         self._pools = self.endpoint.kind is not Kind.CLIENT
         self._pool: Pool | None = None  # the running loop's, found at first use
         self._checked = False  # this driver has looked (see check_server_once)
+        # A Cluster client: waiters listen through the hub of the node serving their lock
+        self.cluster = self.endpoint.kind is Kind.CLIENT and hasattr(client, "get_node_from_key")
 
     @property
     def direct(self) -> bool:
@@ -296,14 +299,32 @@ class AsyncIO:
         return await self._on_connection(command, op.timeout, safe=True)  # reads only
 
     async def _listen(self, op: Listen) -> Box | None:
-        pool = self.pool
-        hub = None if pool is None else pool.hub
+        hub = await self._hub_for(op.prefix)
         if hub is None:
             return None
-        if op.box is None:
-            return hub.listen(op.prefix, op.token)
-        assert isinstance(op.box, Box)
-        return await hub.subscribe(op.box, op.timeout)
+        box = op.box
+        assert box is None or isinstance(box, Box)
+        if box is None or box.owner is not hub:  # (a Cluster's slot moved: the new node's)
+            fresh = hub.listen(op.prefix, op.token)
+            if box is None or fresh is None:
+                return fresh
+            box = fresh
+        return await hub.subscribe(box, op.timeout)
+
+    async def _hub_for(self, prefix: str) -> Hub | None:
+        """The hub a waiter on the lock of bell ``prefix`` listens through: its server's,
+        or on a Cluster that of the node serving the lock's slot; None: bells."""
+        pool = self.pool
+        if pool is None and self.cluster:
+            node = node_of(self.client, prefix)
+            if node is None:  # a client that has not met its cluster yet (idempotent)
+                try:
+                    await self.client.initialize()
+                except BACKEND_FAILURES:
+                    return None  # unreachable for now: this wait's tries will say
+                node = node_of(self.client, prefix)
+            pool = None if node is None else node_pool(self.client, node)
+        return None if pool is None else pool.hub
 
     async def _wait(self, op: Wait) -> Any:
         if isinstance(op.box, Box):  # rung through the hub: no connection of our own

@@ -22,7 +22,7 @@ from typing import Any, TypeVar
 
 from . import _flows, _resp, _stale
 from ._backend_errors import BACKEND_FAILURES, backend_error
-from ._conn_sync import Connection, Pool, _bounded, pool_for
+from ._conn_sync import Connection, Pool, _bounded, node_pool, pool_for
 from ._endpoint import (
     CONNECTION_ERRORS,
     REPLY_ERRORS,
@@ -31,11 +31,12 @@ from ._endpoint import (
     endpoint_of,
     is_noscript,
     is_unblocked,
+    node_of,
     read_bound,
 )
 from ._errors import RedleaseWarning
 from ._flows import LATE_WAKE, Call, Command, Flow, Listen, Op, Replicas, Sleep, Wait
-from ._hub_sync import Box
+from ._hub_sync import Box, Hub
 from ._quorum import MIN_READ_WAIT, UNREAD, Unsent, said_yes
 
 T = TypeVar("T")
@@ -72,6 +73,8 @@ class SyncIO:
         self._pool: Pool | None = None
         self._checked = False  # this driver has looked (see check_server_once)
         self.late: list[threading.Thread] = []  # a fan-out's call given up on (_bounded)
+        # A Cluster client: waiters listen through the hub of the node serving their lock
+        self.cluster = self.endpoint.kind is Kind.CLIENT and hasattr(client, "get_node_from_key")
         if self.endpoint.kind is not Kind.CLIENT:
             self._pool = pool_for(client, self.endpoint)
 
@@ -285,13 +288,26 @@ class SyncIO:
         return self._on_connection(command, op.timeout, safe=True)  # reads only
 
     def _listen(self, op: Listen) -> Box | None:
-        hub = None if self._pool is None else self._pool.hub
+        hub = self._hub_for(op.prefix)
         if hub is None:
             return None
-        if op.box is None:
-            return hub.listen(op.prefix, op.token)
-        assert isinstance(op.box, Box)
-        return hub.subscribe(op.box, op.timeout)
+        box = op.box
+        assert box is None or isinstance(box, Box)
+        if box is None or box.owner is not hub:  # (a Cluster's slot moved: the new node's)
+            fresh = hub.listen(op.prefix, op.token)
+            if box is None or fresh is None:
+                return fresh
+            box = fresh
+        return hub.subscribe(box, op.timeout)
+
+    def _hub_for(self, prefix: str) -> Hub | None:
+        """The hub a waiter on the lock of bell ``prefix`` listens through: its server's,
+        or on a Cluster that of the node serving the lock's slot; None: bells."""
+        pool = self._pool
+        if pool is None and self.cluster:
+            node = node_of(self.client, prefix)
+            pool = None if node is None else node_pool(self.client, node)
+        return None if pool is None else pool.hub
 
     def _wait(self, op: Wait) -> Any:
         if isinstance(op.box, Box):  # rung through the hub: no connection of our own

@@ -10,7 +10,8 @@ Shared by the lock scripts (KEYS[1..4] = lock, fence, queue, waiters; see _keys.
     and is skipped;
   * a waiter is rung with "fence:server_us": a fence > 0 means the lock was granted to
     that waiter at server time server_us; fence 0 is a plain wake-up. A waiter with a
-    hub (its process's shared wait connection, see _hub_sync.py) is rung by a PUBLISH of
+    hub (its process's shared wait connection, see _hub_sync.py) is rung by a PUBLISH
+    (SPUBLISH for a hub on a Cluster node, whose id starts with "s") of
     "token:fence:server_us" on its hub's channel (bell prefix .. "@" .. hub); one that
     reaches no subscriber tells that the waiter's process, or its connection, is gone:
     the waiter is dropped and the next one served, at once. A waiter without a hub has a
@@ -57,7 +58,7 @@ local function entry_deadline(entry) return tonumber(string.match(entry, '^(%d+)
 local function entry_ttl(entry) return string.match(entry, '^%d+:(%d+)') end
 
 local function entry_holds(entry) return string.match(entry, '^%d+:%d+:(%d+)') or '1' end
-local function entry_hub(entry) return string.match(entry, '^%d+:%d+:%d+:(%x+)$') end
+local function entry_hub(entry) return string.match(entry, '^%d+:%d+:%d+:(s?%x+)$') end
 
 -- the first waiter still within its deadline (dead ones are dropped); nil if none
 local function live_head(queue, waiters, now)
@@ -80,7 +81,9 @@ local function ring(bells, w, entry, granted, now, ttl)
   local hub = entry_hub(entry)
   if hub then
     local message = string.format('%s:%d:%d', w, granted, now)
-    return redis.call('PUBLISH', bells .. '@' .. hub, message) > 0
+    -- a hub whose id starts with "s" listens on a Cluster node: sharded pub/sub
+    local publish = string.sub(hub, 1, 1) == 's' and 'SPUBLISH' or 'PUBLISH'
+    return redis.call(publish, bells .. '@' .. hub, message) > 0
   end
   local bell = bells .. w
   redis.call('LPUSH', bell, string.format('%d:%d', granted, now))

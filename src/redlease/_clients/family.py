@@ -54,6 +54,8 @@ class Family:
     # family cannot be served, if it cannot.
     settings: Callable[[Any], dict[str, Any] | None] = field(default=_connection_kwargs)
     refusal: Callable[[Any], str | None] = field(default=_served)
+    # The attribute of a sync Cluster client's node that holds the node's standalone client
+    node_client: str = ""
 
     def owns(self, client: object) -> bool:
         module = type(client).__module__
@@ -67,6 +69,7 @@ def shaped_like_redis_py(
     client: str,
     base_error: str,
     schemes: tuple[str, ...],
+    node_client: str,
 ) -> Family:
     """A family with redis-py's layout (redis-py itself and its forks): ``sync.<client>``
     and ``asyncio.<client>``, ``Connection`` and ``UnixDomainSocketConnection`` in both,
@@ -91,4 +94,5 @@ def shaped_like_redis_py(
             denied=(x.AuthenticationError, x.NoPermissionError),
             oom=getattr(x, "OutOfMemoryError", None),
         ),
+        node_client=node_client,
     )

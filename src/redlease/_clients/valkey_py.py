@@ -12,5 +12,11 @@ except ImportError:
     FAMILY = None
 else:
     FAMILY = shaped_like_redis_py(
-        "valkey-py", valkey, valkey.asyncio, "Valkey", "ValkeyError", ("valkey", "valkeys")
+        "valkey-py",
+        valkey,
+        valkey.asyncio,
+        "Valkey",
+        "ValkeyError",
+        ("valkey", "valkeys"),
+        node_client="valkey_connection",
     )
