@@ -144,7 +144,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 progress.step(f"started {size} worker processes")
                 for name in multi:
                     if name == "contention":
-                        report.add_all(contention.run(crew, port, settings))
+                        report.add_all(contention.run(crew, binary.kind, settings))
                     elif name == "handoff":
                         report.add_all(handoff.run(crew, port, settings))
                     else:
@@ -203,7 +203,8 @@ def notes(settings: Settings, wanted: Sequence[str], elapsed: float) -> list[str
     if "contention" in wanted:
         out.append(
             f"contention: {settings.contention_rounds} round(s) of "
-            f"{settings.contention_seconds:g} s per lock, alternating; sections/s and fairness "
+            f"{settings.contention_seconds:g} s per lock, alternating, each on a fresh server; "
+            "sections/s and fairness "
             "are medians of rounds, wait percentiles pool every acquisition; every lock has a "
             "10 s ttl, redis-py and python-redis-lock otherwise use their defaults."
         )

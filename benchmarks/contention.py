@@ -5,7 +5,9 @@ Each of N worker processes loops for a fixed time: acquire, read-modify-write a 
 lost), release. Measured: critical sections per second (all processes together), the
 wait of every acquisition (from calling acquire to holding), fairness (fewest / most
 sections completed by one process) and lost updates (sections completed minus the
-counter's final value). Contenders alternate round by round.
+counter's final value). Contenders alternate round by round, and every round of every
+contender runs on a server started for it: runs on fresh servers, whose spread (slowest
+and fastest round) the report shows.
 """
 
 from __future__ import annotations
@@ -15,6 +17,8 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
+
+from redlease import servers
 
 from ._common import (
     FAILED,
@@ -102,8 +106,9 @@ def one_round(
 
 
 def measure(
-    crew: Crew, port: int, settings: Settings, kinds: Sequence[str] = CONTENTION
+    crew: Crew, server_kind: str, settings: Settings, kinds: Sequence[str] = CONTENTION
 ) -> list[Tally]:
+    """Every contender's rounds, each on a fresh ``server_kind`` server."""
     tallies = [Tally(k) for k in kinds]
     for round_no in range(settings.contention_rounds):
         order = tallies if round_no % 2 == 0 else tallies[::-1]
@@ -111,15 +116,16 @@ def measure(
             if tally.problem is not None:
                 continue
             try:
-                got = one_round(
-                    crew,
-                    tally.kind,
-                    port,
-                    settings.processes,
-                    settings.contention_seconds,
-                    f"{tally.kind}:{round_no}",
-                    settings.start_margin,
-                )
+                with servers.running(1, kind=server_kind) as fresh:
+                    got = one_round(
+                        crew,
+                        tally.kind,
+                        fresh[0].port,
+                        settings.processes,
+                        settings.contention_seconds,
+                        f"{tally.kind}:{round_no}",
+                        settings.start_margin,
+                    )
             except Exception as exc:
                 tally.problem = f"error: {describe_error(exc)}"
                 continue
@@ -186,7 +192,7 @@ def rows(tallies: Sequence[Tally], processes: int) -> list[Row]:
             Row(
                 section,
                 label,
-                "sections/s, slowest and fastest round",
+                f"sections/s, slowest and fastest of {len(t.rates)} runs (fresh servers)",
                 steady,
                 f"{rate(slowest)} - {rate(fastest)}",
                 ratio=f"{steady:.2f} slowest/fastest",
@@ -257,5 +263,5 @@ def rows(tallies: Sequence[Tally], processes: int) -> list[Row]:
     return out
 
 
-def run(crew: Crew, port: int, settings: Settings) -> list[Row]:
-    return rows(measure(crew, port, settings), settings.processes)
+def run(crew: Crew, server_kind: str, settings: Settings) -> list[Row]:
+    return rows(measure(crew, server_kind, settings), settings.processes)

@@ -203,6 +203,38 @@ def test_threads_sharing_a_batched_lock_exclude_each_other(r: redis.Redis, name:
     assert len(set(fences)) == 200
 
 
+@pytest.mark.parametrize("batch", [1, 8])
+def test_64_threads_sharing_one_batched_lock_all_get_their_turns(
+    r: redis.Redis, name: str, batch: int
+) -> None:
+    """64 threads share one lock object and come straight back, as a thread pool does: a
+    batch lent among them must not leave any of them behind. Each acquire may wait 20 s;
+    without batches none comes close, so neither may a batch (a lender that kept
+    lending to the threads at hand while one stayed queued would starve it)."""
+    lock = redlease.Lock(r, name, ttl=10.0, batch=batch)
+    counter = "count:" + name
+    timeouts: list[int] = []
+    done: list[int] = []
+
+    def work(i: int) -> None:
+        for _ in range(10):
+            try:
+                with lock.acquire(timeout=20):
+                    r.set(counter, int(r.get(counter) or 0) + 1)
+            except redlease.AcquireTimeout:
+                timeouts.append(i)
+        done.append(i)
+
+    threads = [threading.Thread(target=work, args=(i,)) for i in range(64)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(300)
+    assert timeouts == []
+    assert sorted(done) == list(range(64))
+    assert int(r.get(counter) or 0) == 640  # no lost update
+
+
 @pytest.mark.skipif(not hasattr(os, "fork"), reason="needs fork")
 def test_a_forked_child_is_not_lent_its_parents_grant(r: redis.Redis, name: str) -> None:
     owner = came_back(redlease.Lock(r, name, ttl=30.0, batch=2, batch_window=20.0))

@@ -80,7 +80,7 @@ def test_uncontended_report_renders(server: servers.ServerProcess) -> None:
 
 
 def test_contention_loses_no_update(server: servers.ServerProcess, crew: Crew) -> None:
-    tallies = contention.measure(crew, server.port, TINY)
+    tallies = contention.measure(crew, server.binary.kind, TINY)
     for tally in tallies:
         assert tally.problem is None, tally.problem
         assert tally.sections > 0

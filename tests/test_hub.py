@@ -448,17 +448,65 @@ def test_a_hub_redirected_by_its_node_starts_over_instead_of_giving_up(
     try:
         owner = client.get_node_from_key("{strayed}")
         other = next(n for n in client.get_primaries() if n.name != owner.name)
-        hub = _conn_sync.node_pool(client, other).hub
-        assert hub is not None and hub.id.startswith("s")
+        stray, home = _conn_sync.node_pool(client, other), _conn_sync.node_pool(client, owner)
+        assert stray is not None
+        assert home is not None
+        hub, right = stray.hub, home.hub
+        assert hub is not None
+        assert right is not None
+        assert hub.id.startswith("s")
         box = hub.listen("{strayed}:bell:", "token-1")
         assert box is not None
         with pytest.raises(ConnectionFailed):
             hub.subscribe(box, 5.0)
         assert not hub.refused
-        right = _conn_sync.node_pool(client, owner).hub
-        assert right is not None
         mine = right.listen("{strayed}:bell:", "token-2")
-        assert mine is not None and right.subscribe(mine, 5.0) is mine
+        assert mine is not None
+        assert right.subscribe(mine, 5.0) is mine
         assert mine.ready
     finally:
         client.close()
+
+
+def test_a_hub_left_on_a_demoted_server_never_hears_of_a_grant(server_kind: str) -> None:
+    """The server a waiter's hub listens on is demoted to a replica of the new master
+    (a failover its process's client does not follow). A release on the new master finds
+    nobody listening there and serves the next one; it must not publish all the same:
+    replication would carry the ring to the old server, and the waiter would take a grant
+    that was undone for a lock someone else holds."""
+    binary = servers.find_binary(server_kind)
+    old, new = servers.ServerProcess(binary).start(), servers.ServerProcess(binary).start()
+    # (Any: redis-py leaves execute_command untyped)
+    to_old: Any = families.client(port=old.port)
+    to_new: Any = families.client(port=new.port)
+    try:
+        to_new.execute_command("REPLICAOF", "127.0.0.1", old.port)
+        wait_until(lambda: to_new.info("replication")["master_link_status"] == "up", 30)
+        name = "demoted"
+        redlease.Lock(to_old, name, ttl=30.0).acquire()  # held on, never released
+        got: list[redlease.Lease] = []
+        failed: list[BaseException] = []
+
+        def waiter() -> None:
+            try:
+                got.append(redlease.Lock(to_old, name, ttl=30.0).acquire(timeout=8))
+            except redlease.LockError as exc:
+                failed.append(exc)
+
+        thread = threading.Thread(target=waiter)
+        thread.start()
+        wait_until(lambda: queued(to_old, name) == 1 and queued(to_new, name) == 1, 30)
+        to_new.execute_command("REPLICAOF", "NO", "ONE")
+        to_old.execute_command("REPLICAOF", "127.0.0.1", new.port)
+        wait_until(lambda: to_old.info("replication")["master_link_status"] == "up", 30)
+        to_new.delete("{" + name + "}")  # the holder's lease ends on the new master
+        newcomer = redlease.Lock(to_new, name, ttl=30.0).acquire(timeout=10)
+        thread.join(30)
+        assert got == [], "the waiter took a grant that was undone"
+        assert failed  # (its tries reach a replica now: it gives up at its deadline)
+        assert to_new.get("{" + name + "}") == newcomer.token.encode()
+    finally:
+        for c in (to_old, to_new):
+            c.close()
+        old.stop()
+        new.stop()

@@ -46,8 +46,13 @@ def _shape(path: Path) -> list[str]:
     ("sync", "asyncio", "only_one"),
     [
         ("_io_sync.py", "_io_async.py", set()),
-        # the rule for unused channels is written once, in the sync hub
-        ("_hub_sync.py", "_hub_async.py", {"forget_idle"}),
+        # written once, in the sync hub: the rule for unused channels, the pub/sub verbs
+        # (plain or sharded), which errors make a hub start over
+        (
+            "_hub_sync.py",
+            "_hub_async.py",
+            {"forget_idle", "Verbs", "Verbs.new_id", "Verbs.unsubscribe_from", "starts_over"},
+        ),
         # sync only: SO_RCVTIMEO's argument; asyncio only: connecting with the loop, a
         # read's shared deadline timer, where a cancellation lands, closing at shutdown
         (

@@ -584,9 +584,10 @@ _NODE_POOLS: weakref.WeakKeyDictionary[Any, weakref.WeakKeyDictionary[Any, dict[
 )
 
 
-def node_pool(client: Any, node: Any) -> Pool:
+def node_pool(client: Any, node: Any) -> Pool | None:
     """The running loop's pool (for its hub, sharded) of ``node``, a node of the Cluster
-    ``client``."""
+    ``client``; None while redlease cannot open sockets of its own to it (TLS, or its
+    settings not known yet: asked again next time)."""
     loop = asyncio.get_running_loop()
     per_loop = _NODE_POOLS.get(client)
     if per_loop is None:
@@ -597,5 +598,7 @@ def node_pool(client: Any, node: Any) -> Pool:
     pool = nodes.get(node.name)
     if pool is None:
         endpoint = node_endpoint(client, node, asyncio=True)
+        if endpoint.kind is not Kind.SOCKET:
+            return None
         pool = nodes[node.name] = Pool(endpoint, loop, SHARDED)
     return pool

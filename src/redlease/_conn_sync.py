@@ -505,13 +505,18 @@ def pool_for(client: Any, endpoint: Endpoint) -> Pool:
 _NODE_POOLS: weakref.WeakKeyDictionary[Any, dict[str, Pool]] = weakref.WeakKeyDictionary()
 
 
-def node_pool(client: Any, node: Any) -> Pool:
-    """The pool (for its hub, sharded) of ``node``, a node of the Cluster ``client``."""
+def node_pool(client: Any, node: Any) -> Pool | None:
+    """The pool (for its hub, sharded) of ``node``, a node of the Cluster ``client``;
+    None while redlease cannot open sockets of its own to it (TLS, or its settings not
+    known yet: asked again next time)."""
     with _POOLS_LOCK:
         nodes = _NODE_POOLS.get(client)
         if nodes is None:
             nodes = _NODE_POOLS[client] = {}
         pool = nodes.get(node.name)
         if pool is None:
-            pool = nodes[node.name] = Pool(node_endpoint(client, node, asyncio=False), SHARDED)
+            endpoint = node_endpoint(client, node, asyncio=False)
+            if endpoint.kind is not Kind.SOCKET:
+                return None
+            pool = nodes[node.name] = Pool(endpoint, SHARDED)
         return pool

@@ -7,9 +7,12 @@ names the hub, and a release rings the waiter by publishing "token:fence:server_
 there. A reader thread hands each ring to the waiter of that token (its ``Box``): waking
 is targeted, and idle waiters send nothing.
 
-PUBLISH tells the release how many subscribers heard it: none means the hub's process
-(or its connection) is gone, and the release drops that waiter and serves the next at
-once, instead of granting the lock to a dead waiter for a whole ttl.
+The release first asks how many connections listen on that channel (PUBSUB NUMSUB):
+none means the hub's process (or its connection) is gone, and the release drops that
+waiter and serves the next at once, instead of granting the lock to a dead waiter for a
+whole ttl. It then publishes nothing: a hub left listening on a server that has since
+become a replica would still hear a published ring, through replication, and take a
+grant that was undone.
 
 Lost rings: when the hub's connection fails, every waiter's box is woken with nothing,
 and each waiter looks at the lock again (a grant stays in the lock key, where its next
@@ -23,12 +26,13 @@ waiters wait on doorbells of their own, as without a hub.
 
 On a Redis Cluster a hub serves one node: it listens with SSUBSCRIBE, and a release
 rings with SPUBLISH, whose channel is in the lock's slot (sharded pub/sub, Redis 7 and
-Valkey 7.2 on: the ring stays on the node that serves the lock, and its count of
-receivers is that node's). A sharded hub's id starts with "s", which tells the scripts
-to ring it so. When the lock's slot moves to another node (resharding, failover), the
-node unsubscribes the hub from its channels (each waiter there looks again, and finds
-its lock's new node); a redirection (MOVED, ASK...) in answer to the hub's own commands
-makes it start over on a new connection, as if it had been lost.
+Valkey 7.2 on: the ring stays on the node that serves the lock, and the count of
+listeners, PUBSUB SHARDNUMSUB, is that node's). A sharded hub's id starts with "s",
+which tells the scripts to ring it so. When the lock's slot moves to another node
+(resharding, failover), the node unsubscribes the hub from its channels (each waiter
+there looks again, and finds its lock's new node); a redirection (MOVED, ASK...) in
+answer to the hub's own commands makes it start over on a new connection, as if it
+had been lost.
 """
 
 from __future__ import annotations

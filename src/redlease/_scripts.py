@@ -12,10 +12,11 @@ Shared by the lock scripts (KEYS[1..4] = lock, fence, queue, waiters; see _keys.
     that waiter at server time server_us; fence 0 is a plain wake-up. A waiter with a
     hub (its process's shared wait connection, see _hub_sync.py) is rung by a PUBLISH
     (SPUBLISH for a hub on a Cluster node, whose id starts with "s") of
-    "token:fence:server_us" on its hub's channel (bell prefix .. "@" .. hub); one that
-    reaches no subscriber tells that the waiter's process, or its connection, is gone:
-    the waiter is dropped and the next one served, at once. A waiter without a hub has a
-    doorbell list (bell prefix .. token), pushed;
+    "token:fence:server_us" on its hub's channel (bell prefix .. "@" .. hub), made only
+    if the hub listens on that server (PUBSUB NUMSUB): one that does not tells that the
+    waiter's process, or its connection, is gone (or listens on another server, which
+    must not hear of a grant): the waiter is dropped and the next one served, at once.
+    A waiter without a hub has a doorbell list (bell prefix .. token), pushed;
   * a grant takes ``holds`` fences at once (INCRBY): a lock made with ``batch=n`` lends
     one grant to its callers up to n times (see _batches.py), each with its own fence,
     and whoever is granted the lock next gets a greater one. The reply carries the
@@ -76,14 +77,20 @@ local function forget(queue, waiters, token)
   if redis.call('HDEL', waiters, token) == 1 then redis.call('LREM', queue, 1, token) end
 end
 
--- false when the waiter cannot hear it (its hub has no subscriber: its process is gone)
+-- false when the waiter cannot hear it (its hub does not listen here: its process is
+-- gone). Nothing is published then: a copy would still reach a hub that listens on a
+-- replica (replication carries PUBLISH), which must never hear of a grant undone.
 local function ring(bells, w, entry, granted, now, ttl)
   local hub = entry_hub(entry)
   if hub then
-    local message = string.format('%s:%d:%d', w, granted, now)
+    local channel = bells .. '@' .. hub
     -- a hub whose id starts with "s" listens on a Cluster node: sharded pub/sub
-    local publish = string.sub(hub, 1, 1) == 's' and 'SPUBLISH' or 'PUBLISH'
-    return redis.call(publish, bells .. '@' .. hub, message) > 0
+    local sharded = string.sub(hub, 1, 1) == 's'
+    local heard = redis.call('PUBSUB', sharded and 'SHARDNUMSUB' or 'NUMSUB', channel)
+    if heard[2] == 0 then return false end
+    local message = string.format('%s:%d:%d', w, granted, now)
+    redis.call(sharded and 'SPUBLISH' or 'PUBLISH', channel, message)
+    return true
   end
   local bell = bells .. w
   redis.call('LPUSH', bell, string.format('%d:%d', granted, now))
