@@ -39,12 +39,43 @@ CLIENT = redis.Redis(port=1)
         ({"batch": 4, "fair": False}, "batch needs fair=True"),
         ({"batch": 4, "batch_window": 0}, "batch_window"),
         ({"batch": 4, "batch_window": 5.0}, "batch_window must not be longer than the ttl"),
+        ({"batch": 2**62}, "batch must be at most 1000"),
+        ({"name": "job\udc80"}, "name must be encodable as UTF-8"),
+        ({"prefix": "\ud800locks:"}, "prefix must be encodable as UTF-8"),
+        ({"replicas": 1, "replica_timeout": 1e300}, "replica_timeout"),
+        ({"replicas": 1, "replica_timeout": 1.0}, "replica_timeout must be shorter than"),
+        ({"replicas": 1, "replica_timeout": 0}, "replica_timeout"),
+        ({"max_hold": 5.0}, "max_hold bounds auto_renew"),
+        ({"auto_renew": True, "clock": lambda: 0.0}, "clock cannot be combined with auto_renew"),
     ],
 )
 def test_bad_lock_arguments_name_the_argument(kwargs: dict[str, Any], names: str) -> None:
     args: dict[str, Any] = {"name": "x", "ttl": 1.0, **kwargs}
     with pytest.raises(redlease.InvalidArgument, match=names):
         redlease.Lock(CLIENT, args.pop("name"), args.pop("ttl"), **args)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "names"),
+    [
+        ({"name": "job\udc80"}, "name must be encodable as UTF-8"),
+        ({"max_hold": 5.0}, "max_hold bounds auto_renew"),
+        ({"auto_renew": True, "clock": lambda: 0.0}, "clock cannot be combined with auto_renew"),
+    ],
+)
+def test_bad_redlock_arguments_name_the_argument(kwargs: dict[str, Any], names: str) -> None:
+    nodes = [redis.Redis(port=1), redis.Redis(port=2), redis.Redis(port=3)]
+    args: dict[str, Any] = {"name": "x", **kwargs}
+    with pytest.raises(redlease.InvalidArgument, match=names):
+        redlease.Redlock(nodes, args.pop("name"), 1.0, **args)
+
+
+def test_good_combinations_are_taken() -> None:
+    lock = redlease.Lock(CLIENT, "x", ttl=1.0, auto_renew=True, max_hold=5.0)
+    assert lock.name == "x"
+    redlease.Lock(CLIENT, "x", ttl=1.0, replicas=1, replica_timeout=0.5)
+    redlease.Lock(CLIENT, "x", ttl=1.0, batch=1000)
+    redlease.Lock(CLIENT, "caf\u00e9 \U0001f512", ttl=1.0, clock=lambda: 0.0)
 
 
 @pytest.mark.parametrize("timeout", [-0.1, math.nan, "1", [1]])

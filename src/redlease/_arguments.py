@@ -65,6 +65,9 @@ def timeout(value: object, name: str = "timeout") -> float | None:
 
 
 DEFAULT_BATCH = 8  # a fair lock's; an unfair one lends no batches
+# A grant takes ``batch`` fences at once: far more holds than any window serves, and a
+# bound that keeps fences exact (below 2**53, Lua's doubles) for billions of grants.
+MAX_BATCH = 1000
 
 
 def batch(value: object, fair: bool) -> int:
@@ -76,6 +79,8 @@ def batch(value: object, fair: bool) -> int:
         raise InvalidArgument(f"batch must be an int, not {type(value).__name__}")
     if value < 1:
         raise InvalidArgument(f"batch must be at least 1, got {value!r}")
+    if value > MAX_BATCH:
+        raise InvalidArgument(f"batch must be at most {MAX_BATCH}, got {value!r}")
     if value > 1 and not fair:
         raise InvalidArgument("batch needs fair=True (an unfair lock keeps no queue order)")
     return value
@@ -89,6 +94,38 @@ def batch_window_ms(value: object, lease_ms: int) -> int:
     return ms
 
 
+def replica_wait_ms(value: object, lease_ms: int) -> int:
+    """How long a grant waits for its replicas (``WAIT``): by default a tenth of the
+    ttl; shorter than the ttl, or an acknowledged grant would already have expired."""
+    if value is None:
+        return max(math.ceil(lease_ms / 10), MIN_MS)
+    ms = milliseconds(value, "replica_timeout")
+    if ms >= lease_ms:
+        raise InvalidArgument(
+            f"replica_timeout must be shorter than the ttl (a grant acknowledged after its "
+            f"lease ended is of no use), got {value!r}"
+        )
+    return ms
+
+
+def renewal(auto_renew: object, max_hold: object, clock: object) -> tuple[bool, float | None]:
+    """``auto_renew`` and ``max_hold``, which bounds it (so means nothing without it);
+    renewal runs on the real monotonic clock, so it cannot be had with a clock of the
+    caller's."""
+    renew = flag(auto_renew, "auto_renew")
+    hold = optional_positive(max_hold, "max_hold")
+    if hold is not None and not renew:
+        raise InvalidArgument(
+            "max_hold bounds auto_renew and does nothing without it: pass auto_renew=True "
+            "or leave max_hold out"
+        )
+    if renew and clock is not None:
+        raise InvalidArgument(
+            "clock cannot be combined with auto_renew: the renewer keeps real time"
+        )
+    return renew, hold
+
+
 def optional_positive(value: object, name: str) -> float | None:
     """None or a positive duration in seconds."""
     if value is None:
@@ -99,22 +136,34 @@ def optional_positive(value: object, name: str) -> float | None:
     return secs
 
 
+def _encodable(value: str, name: str) -> str:
+    """``value``, which goes into keys and scripts as UTF-8: a lone surrogate cannot."""
+    try:
+        value.encode()
+    except UnicodeEncodeError as exc:
+        raise InvalidArgument(
+            f"{name} must be encodable as UTF-8 ({exc.reason} at index {exc.start}), got {value!r}"
+        ) from None
+    return value
+
+
 def lock_name(value: object) -> str:
-    """A lock name: a non-empty str."""
+    """A lock name: a non-empty str, encodable as UTF-8."""
     if not isinstance(value, str):
         raise InvalidArgument(f"name must be a str, not {type(value).__name__}")
     if not value:
         raise InvalidArgument("name must not be empty")
-    return value
+    return _encodable(value, "name")
 
 
 def key_prefix(value: object) -> str:
-    """A key prefix: a str without hash-tag braces (the name's tag must stay the only one)."""
+    """A key prefix: a str without hash-tag braces (the name's tag must stay the only one),
+    encodable as UTF-8."""
     if not isinstance(value, str):
         raise InvalidArgument(f"prefix must be a str, not {type(value).__name__}")
     if "{" in value or "}" in value:
         raise InvalidArgument(f"prefix must not contain '{{' or '}}', got {value!r}")
-    return value
+    return _encodable(value, "prefix")
 
 
 def count(value: object, name: str) -> int:

@@ -204,7 +204,7 @@ class LockSpec:
         ttl_ms = args.ttl_ms(ttl)
         checked_fair = args.flag(fair, "fair")
         count = args.count(replicas, "replicas")
-        wait = args.optional_positive(replica_timeout, "replica_timeout")
+        wait_ms = args.replica_wait_ms(replica_timeout, ttl_ms)
         if clock is not None and not callable(clock):
             raise args.InvalidArgument("clock must be callable, returning monotonic seconds")
         return cls(
@@ -216,9 +216,7 @@ class LockSpec:
             clock=clock or MONOTONIC,
             reply_timeout=max(ttl_ms / 1000.0, MIN_REPLY_WAIT),
             # default wait for replicas: a tenth of the lease
-            replicas=Replicas(count, math.ceil((wait or ttl_ms / 10000.0) * 1000))
-            if count
-            else None,
+            replicas=Replicas(count, wait_ms) if count else None,
             batch=args.batch(batch, checked_fair),
             batch_window=args.batch_window_ms(batch_window, ttl_ms) / 1000.0,
         )

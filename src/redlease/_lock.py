@@ -74,9 +74,8 @@ class _LockConfig:
             batch=batch,
             batch_window=batch_window,
         )
-        self._auto_renew = args.flag(auto_renew, "auto_renew")
+        self._auto_renew, self._max_hold = args.renewal(auto_renew, max_hold, clock)
         self._on_lost: OnLost | None = args.callback(on_lost, "on_lost")  # type: ignore[assignment]
-        self._max_hold = args.optional_positive(max_hold, "max_hold")
 
     @property
     def name(self) -> str:
