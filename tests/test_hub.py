@@ -23,7 +23,7 @@ import redis.asyncio as aredis
 import families
 import redlease
 from redlease import _hub_sync, servers
-from waiting_helpers import queued, wait_until
+from waiting_helpers import Waiters, queued, wait_until
 
 # What a process's waiters may hold, whatever their number: the hub's connection, the
 # idle connections redlease keeps for short commands (8), and one spare.
@@ -50,31 +50,6 @@ async def until(check: Callable[[], Awaitable[bool]], timeout: float = 60.0) -> 
 
 def connections(r: redis.Redis, name: str) -> list[dict[str, Any]]:
     return [c for c in r.client_list() if c.get("name") == name]
-
-
-class Waiters:
-    """``count`` threads, each waiting for ``lock`` once and holding it for a moment."""
-
-    def __init__(self, lock: redlease.Lock, count: int, timeout: float = 120.0) -> None:
-        self.done: list[int] = []
-        self.errors: list[BaseException] = []
-
-        def waiter(i: int) -> None:
-            try:
-                with lock.acquire(timeout=timeout):
-                    self.done.append(i)
-            except BaseException as exc:
-                self.errors.append(exc)
-
-        self.threads = [threading.Thread(target=waiter, args=(i,)) for i in range(count)]
-        for t in self.threads:
-            t.start()
-
-    def join(self) -> None:
-        for t in self.threads:
-            t.join(timeout=120)
-        assert self.errors == []
-        assert sorted(self.done) == list(range(len(self.threads)))
 
 
 def hubs(held: list[dict[str, Any]]) -> list[dict[str, Any]]:

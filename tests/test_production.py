@@ -29,6 +29,7 @@ import families
 import redlease
 from redlease import servers
 from redlease.chaos.proxy import FaultProxy
+from waiting_helpers import Waiters, queued, wait_until
 
 IDLE_GAP = 2.5  # seconds without a command: longer than the servers' `timeout 1`
 # auto_renew renews a third of the ttl after the last renewal: 2.5 s apart, so the renewer's
@@ -984,36 +985,13 @@ async def test_async_hung_server_acquire_is_bounded_by_its_timeout(
 # -- 7. waiting through the hub (one shared wait connection) under the same conditions ---------
 
 
-class _HubWaiters:
+def _hub_waiters(client: Any, name: str, count: int) -> Waiters:
     """``count`` threads waiting for ``name`` through ``client``'s hub, once each."""
+    return Waiters(redlease.Lock(client, name, ttl=30.0), count, timeout=60.0)
 
-    def __init__(self, client: Any, name: str, count: int, timeout: float = 60.0) -> None:
-        self.lock = redlease.Lock(client, name, ttl=30.0)
-        self.done: list[int] = []
-        self.errors: list[BaseException] = []
 
-        def waiter(i: int) -> None:
-            try:
-                with self.lock.acquire(timeout=timeout):
-                    self.done.append(i)
-            except BaseException as exc:
-                self.errors.append(exc)
-
-        self.threads = [threading.Thread(target=waiter, args=(i,)) for i in range(count)]
-        for t in self.threads:
-            t.start()
-
-    def queued(self, r: Any, name: str, count: int) -> None:
-        deadline = time.monotonic() + 30
-        while int(r.llen("{" + name + "}:queue")) < count:
-            assert time.monotonic() < deadline, "the waiters did not queue"
-            time.sleep(0.01)
-
-    def all_served(self) -> None:
-        for t in self.threads:
-            t.join(90)
-        assert self.errors == []
-        assert sorted(self.done) == list(range(len(self.threads)))
+def _queued(r: Any, name: str, count: int) -> None:
+    wait_until(lambda: queued(r, name) >= count, timeout=30)
 
 
 def _subscribed(r: Any) -> int:
@@ -1026,12 +1004,12 @@ def test_hub_waiters_outlast_a_server_that_closes_idle_clients(
     server = idle_nodes[0]
     r = families.client(port=server.port)
     holder = redlease.Lock(r, name, ttl=30.0).acquire()
-    waiters = _HubWaiters(families.client(port=server.port), name, 5)
-    waiters.queued(r, name, 5)
+    waiters = _hub_waiters(families.client(port=server.port), name, 5)
+    _queued(r, name, 5)
     time.sleep(2.5)  # idle past the server's timeout (1 s)
     assert _subscribed(r) == 1  # the hub was not closed as idle (pub/sub clients are not)
     holder.release()
-    waiters.all_served()
+    waiters.join()
 
 
 @pytest.mark.parametrize("keep_data", [False, True])
@@ -1044,12 +1022,12 @@ def test_hub_waiters_outlast_a_restart(
     server = aof_nodes[0] if keep_data else own_server
     r = families.client(port=server.port)
     holder = redlease.Lock(r, name, ttl=3.0).acquire()
-    waiters = _HubWaiters(families.client(port=server.port), name, 5)
-    waiters.queued(r, name, 5)
+    waiters = _hub_waiters(families.client(port=server.port), name, 5)
+    _queued(r, name, 5)
     server.restart()  # the hub's connection is gone: every waiter looks at the lock again
     with contextlib.suppress(redlease.LockLost, redlease.BackendError):
         holder.release()  # (its lease went with the data, or the connection)
-    waiters.all_served()  # with the data: after the holder's 3 s, or its release
+    waiters.join()  # with the data: after the holder's 3 s, or its release
 
 
 def test_hub_waiters_over_a_slow_link(own_server: servers.ServerProcess, name: str) -> None:
@@ -1057,17 +1035,17 @@ def test_hub_waiters_over_a_slow_link(own_server: servers.ServerProcess, name: s
     with FaultProxy("127.0.0.1", own_server.port).start() as proxy:
         proxy.set_mode("delay", delay_ms=50)
         holder = redlease.Lock(r, name, ttl=30.0).acquire()
-        waiters = _HubWaiters(families.client(port=proxy.port, socket_timeout=5), name, 5)
-        waiters.queued(r, name, 5)
+        waiters = _hub_waiters(families.client(port=proxy.port, socket_timeout=5), name, 5)
+        _queued(r, name, 5)
         holder.release()
-        waiters.all_served()
+        waiters.join()
 
 
 @needs_fork
 def test_a_forked_child_waits_through_a_hub_of_its_own(r: redis.Redis, name: str) -> None:
     lock = redlease.Lock(r, name, ttl=30.0)
-    warm = _HubWaiters(r, name, 1)  # the parent's hub exists and listens on this lock
-    warm.all_served()
+    warm = _hub_waiters(r, name, 1)  # the parent's hub exists and listens on this lock
+    warm.join()
     holder = lock.acquire()
     pid = _fork()
     if pid == 0:  # the child waits through a hub of its own (its parent's is not its)

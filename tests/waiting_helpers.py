@@ -1,11 +1,15 @@
-"""Small helpers shared by the tests of waiting (test_waiting.py, test_batch.py)."""
+"""Small helpers shared by the tests of waiting (test_waiting, test_batch, test_hub,
+test_production)."""
 
 from __future__ import annotations
 
+import threading
 import time
 from typing import Any
 
 import redis
+
+import redlease
 
 
 def queued(r: redis.Redis, name: str) -> int:
@@ -17,3 +21,29 @@ def wait_until(predicate: Any, timeout: float = 10.0) -> None:
     while not predicate():
         assert time.monotonic() < deadline, "condition not reached"
         time.sleep(0.002)
+
+
+class Waiters:
+    """``count`` threads, each waiting for ``lock`` once and holding it for a moment."""
+
+    def __init__(self, lock: redlease.Lock, count: int, timeout: float = 120.0) -> None:
+        self.done: list[int] = []
+        self.errors: list[BaseException] = []
+
+        def waiter(i: int) -> None:
+            try:
+                with lock.acquire(timeout=timeout):
+                    self.done.append(i)
+            except BaseException as exc:
+                self.errors.append(exc)
+
+        self.threads = [threading.Thread(target=waiter, args=(i,)) for i in range(count)]
+        for t in self.threads:
+            t.start()
+
+    def join(self) -> None:
+        """Every waiter served, none failed."""
+        for t in self.threads:
+            t.join(timeout=120)
+        assert self.errors == []
+        assert sorted(self.done) == list(range(len(self.threads)))
