@@ -48,6 +48,12 @@ def server(server_kind: str) -> Iterator[servers.ServerProcess]:
         yield proc
 
 
+@pytest.fixture
+def binary(server_kind: str) -> servers.ServerBinary:
+    """The server kind's binary, for a test that starts (and breaks) servers of its own."""
+    return _AVAILABLE[server_kind]
+
+
 @pytest.fixture(scope="session")
 def family(server_kind: str) -> ClientFamily:
     """The client family this server kind's tests run through."""

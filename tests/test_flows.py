@@ -54,7 +54,7 @@ def test_acquire_is_one_script_call_and_validity_counts_from_before_sending() ->
     assert holds == "1"  # one fence per grant unless a batch is asked for
     assert hub == ""  # a try that does not queue names no hub
     clock.advance(0.3)  # time in flight is the holder's loss
-    done, grant = step(flow, [7, 10000, 1_000_000])
+    done, grant = step(flow, [7, 10000, 1_000_000, 1])
     assert done == "done"
     assert grant.fence == 7
     assert grant.valid_until == pytest.approx(1000.0 + 10.0 - drift(10.0))
@@ -63,7 +63,7 @@ def test_acquire_is_one_script_call_and_validity_counts_from_before_sending() ->
 def test_busy_lock_without_waiting_gives_none() -> None:
     flow = _flows.Acquisition(spec(FakeClock()), None, wait=False).run()
     first_op(flow)
-    assert step(flow, [0, 4000, 1_000_000]) == ("done", None)
+    assert step(flow, [0, 4000, 1_000_000, 0]) == ("done", None)
 
 
 def test_a_reply_too_late_to_be_useful_is_given_back() -> None:
@@ -73,11 +73,11 @@ def test_a_reply_too_late_to_be_useful_is_given_back() -> None:
     first_token = attempt.token
     first_op(flow)
     clock.advance(2.0)  # paused past the whole ttl before the reply was read
-    leave = step(flow, [3, 1000, 1_000_000])
+    leave = step(flow, [3, 1000, 1_000_000, 1])
     assert leave.script is _scripts.LEAVE
     assert leave.args[0] == first_token
     assert leave.args[3] == "0"  # release what was granted
-    retry = step(flow, [0, 0])  # time is left: try again, with a new token
+    retry = step(flow, [0, 0, 0])  # time is left: try again, with a new token
     assert retry.script is _scripts.ACQUIRE
     assert retry.args[0] != first_token
 
@@ -87,9 +87,9 @@ def test_try_acquire_makes_one_attempt_however_late_its_grant() -> None:
     flow = _flows.Acquisition(spec(clock, ttl=1.0), 0.0, wait=False).run()
     first_op(flow)
     clock.advance(2.0)
-    leave = step(flow, [3, 1000, 1_000_000])
+    leave = step(flow, [3, 1000, 1_000_000, 1])
     assert leave.script is _scripts.LEAVE
-    assert step(flow, [0, 0]) == ("done", None)  # given back, and no second attempt
+    assert step(flow, [0, 0, 0]) == ("done", None)  # given back, and no second attempt
 
 
 @pytest.mark.parametrize("via", ["reply", "bell"])
@@ -103,14 +103,14 @@ def test_late_grants_do_not_outlast_the_deadline(via: str) -> None:
     while op != ("done", None):
         assert sent < 10, "still trying long past the deadline"
         if isinstance(op, _flows.Wait):  # queued, then handed the lock by a release
-            op = step(flow, f"{sent}:1000000".encode())
+            op = step(flow, f"{sent}:1000000:1".encode())
         elif op.script is _scripts.ACQUIRE:
             sent += 1
             clock.advance(0.24)  # the round trip: longer than 0.2 s less drift
-            op = step(flow, [sent, 200, 1_000_000] if via == "reply" else [0, 100, 1_000_000])
+            op = step(flow, [sent, 200, 1_000_000, 1] if via == "reply" else [0, 100, 1_000_000, 0])
         else:
             assert op.script is _scripts.LEAVE
-            op = step(flow, [0, 0])
+            op = step(flow, [0, 0, 0])
     assert sent >= 2  # time was left after the first late grant
     assert clock() - 1000.0 < 0.5 + 2 * 0.24  # the deadline, plus the attempt under way
 
@@ -123,14 +123,14 @@ def test_wait_for_replicas_is_cut_to_the_time_the_deadline_leaves() -> None:
     op: Any = first_op(flow)
     assert op.replicas == _flows.Replicas(1, 3)  # whole ms, rounded down
     clock.advance(0.003)
-    wait = step(flow, [[0, 9000, 5_000_000], 1])
+    wait = step(flow, [[0, 9000, 5_000_000, 0], 1])
     assert isinstance(wait, _flows.Wait)
     assert wait.replicas == _flows.Replicas(1, 1)  # 0 would mean "forever" to WAIT
     clock.advance(0.001)
     leave = step(flow, (None, 0))
     assert leave.script is _scripts.LEAVE
     assert leave.replicas == _flows.Replicas(1, 1)
-    assert step(flow, [[0, 0], 0]) == ("done", None)
+    assert step(flow, [[0, 0, 0], 0]) == ("done", None)
     # no deadline, or one try: the whole WAIT
     for timeout, wait in ((None, True), (0.0, False)):
         first: Any = next(_flows.Acquisition(s, timeout, wait=wait).run())
@@ -143,10 +143,10 @@ def test_giving_back_with_replicas_does_not_wait_for_them() -> None:
     flow = _flows.Acquisition(s, 10.0, wait=True).run()
     first_op(flow)
     clock.advance(2.0)
-    leave = step(flow, [[3, 1000, 1_000_000], 1])  # too late
+    leave = step(flow, [[3, 1000, 1_000_000, 1], 1])  # too late
     assert leave.script is _scripts.LEAVE
     assert leave.replicas is None
-    assert step(flow, [0, 0]).script is _scripts.ACQUIRE  # a plain reply: no TypeError
+    assert step(flow, [0, 0, 0]).script is _scripts.ACQUIRE  # a plain reply: no TypeError
 
 
 def test_extend_with_replicas_counts_only_when_acknowledged() -> None:
@@ -177,7 +177,7 @@ def test_waiter_sleeps_on_its_bell_until_the_holders_expiry_at_most() -> None:
     flow = attempt.run()
     op: Any = first_op(flow)
     assert int(op.args[3]) >= 10_000  # queued, with an entry that outlives the wait
-    wait = step(flow, [0, 2500, 5_000_000])
+    wait = step(flow, [0, 2500, 5_000_000, 0])
     assert isinstance(wait, _flows.Wait)
     assert wait.key == "{orders:42}:bell:" + attempt.token
     assert wait.timeout == pytest.approx(2.5 + _flows.EXPIRY_NUDGE)
@@ -189,10 +189,10 @@ def test_handover_validity_uses_only_server_elapsed_time() -> None:
     flow = _flows.Acquisition(spec(clock), 30.0, wait=True).run()
     first_op(flow)
     clock.advance(0.01)
-    step(flow, [0, 2500, 5_000_000])
+    step(flow, [0, 2500, 5_000_000, 0])
     clock.advance(1.5)
     # granted 1.2 s (server time) after our acquire script ran
-    done, grant = step(flow, b"8:6200000")
+    done, grant = step(flow, b"8:6200000:1")
     assert done == "done"
     assert grant.fence == 8
     assert grant.valid_until == pytest.approx(1000.0 + 1.2 + 10.0 - drift(10.0))
@@ -202,8 +202,8 @@ def test_a_wake_up_without_grant_tries_again() -> None:
     clock = FakeClock()
     flow = _flows.Acquisition(spec(clock, fair=False), 30.0, wait=True).run()
     first_op(flow)
-    step(flow, [0, 2500, 5_000_000])
-    again = step(flow, b"0:5100000")
+    step(flow, [0, 2500, 5_000_000, 0])
+    again = step(flow, b"0:5100000:0")
     assert again.script is _scripts.ACQUIRE
 
 
@@ -212,13 +212,13 @@ def test_deadline_leaves_the_queue_and_keeps_a_last_instant_grant() -> None:
     attempt = _flows.Acquisition(spec(clock), 1.0, wait=True)
     flow = attempt.run()
     first_op(flow)
-    wait = step(flow, [0, 9000, 5_000_000])
+    wait = step(flow, [0, 9000, 5_000_000, 0])
     assert wait.timeout == pytest.approx(1.0)  # the deadline, not the holder's 9 s
     clock.advance(1.0)
     leave = step(flow, None)
     assert leave.script is _scripts.LEAVE
     assert leave.args[3] == "1"  # keep a grant that raced the timeout
-    _done, grant = step(flow, [11, 9500])
+    _done, grant = step(flow, [11, 9500, 1])
     assert grant.fence == 11
     assert grant.token == attempt.token
 
@@ -227,17 +227,17 @@ def test_deadline_without_grant_ends_in_none() -> None:
     clock = FakeClock()
     flow = _flows.Acquisition(spec(clock), 0.5, wait=True).run()
     first_op(flow)
-    step(flow, [0, 9000, 5_000_000])
+    step(flow, [0, 9000, 5_000_000, 0])
     clock.advance(0.6)
     step(flow, None)
-    assert step(flow, [0, 0]) == ("done", None)
+    assert step(flow, [0, 0, 0]) == ("done", None)
 
 
 def test_zero_timeout_is_a_single_try_that_does_not_queue() -> None:
     flow = _flows.Acquisition(spec(FakeClock()), 0.0, wait=True).run()
     op: Any = first_op(flow)
     assert op.args[3] == "0"
-    assert step(flow, [0, 9000, 5_000_000]) == ("done", None)
+    assert step(flow, [0, 9000, 5_000_000, 0]) == ("done", None)
 
 
 def test_extend_and_release_raise_lock_lost_when_not_ours() -> None:
@@ -386,7 +386,7 @@ def test_a_waiter_with_a_hub_tries_first_then_listens_then_queues_naming_its_hub
     assert op.script is _scripts.ACQUIRE
     assert op.args[3] == "0"
     assert op.args[6] == ""
-    subscribe = step(flow, [0, 4000, 1_000_000])
+    subscribe = step(flow, [0, 4000, 1_000_000, 0])
     assert isinstance(subscribe, _flows.Listen)
     assert subscribe.box is box
     box.ready = True
@@ -394,10 +394,10 @@ def test_a_waiter_with_a_hub_tries_first_then_listens_then_queues_naming_its_hub
     assert op.script is _scripts.ACQUIRE
     assert op.args[3] != "0"
     assert op.args[6] == "ab12"
-    wait = step(flow, [0, 4000, 1_000_000])
+    wait = step(flow, [0, 4000, 1_000_000, 0])
     assert isinstance(wait, _flows.Wait)
     assert wait.box is box
-    done, grant = step(flow, b"9:1000500")
+    done, grant = step(flow, b"9:1000500:1")
     assert done == "done"
     assert grant.fence == 9
 
@@ -417,13 +417,13 @@ def test_a_hub_lost_while_waiting_means_a_look_at_the_lock_then_listening_again(
     next(flow)
     box = FakeBox(attempt.token, ready=True)
     step(flow, box)
-    wait: Any = step(flow, [0, 4000, 1_000_000])
+    wait: Any = step(flow, [0, 4000, 1_000_000, 0])
     assert isinstance(wait, _flows.Wait)
     box.ready = False  # the hub's connection failed: the box gives None
     op: Any = step(flow, None)
     assert op.script is _scripts.ACQUIRE
     assert op.args[3] == "0"
-    assert isinstance(step(flow, [0, 4000, 1_000_000]), _flows.Listen)  # listening again
+    assert isinstance(step(flow, [0, 4000, 1_000_000, 0]), _flows.Listen)  # listening again
 
 
 def test_a_hub_refused_by_the_server_leaves_the_waiter_on_its_bell() -> None:
@@ -432,12 +432,12 @@ def test_a_hub_refused_by_the_server_leaves_the_waiter_on_its_bell() -> None:
     next(flow)
     box = FakeBox(attempt.token, ready=False)
     step(flow, box)
-    step(flow, [0, 4000, 1_000_000])  # the try failed: the flow asks to listen
+    step(flow, [0, 4000, 1_000_000, 0])  # the try failed: the flow asks to listen
     op: Any = step(flow, None)  # refused (no channel rights)
     assert op.script is _scripts.ACQUIRE
     assert op.args[3] != "0"
     assert op.args[6] == ""
-    wait = step(flow, [0, 4000, 1_000_000])
+    wait = step(flow, [0, 4000, 1_000_000, 0])
     assert isinstance(wait, _flows.Wait)
     assert wait.box is None
 

@@ -113,8 +113,9 @@ class Lender:
             return None, g.token
 
     def granted(self, grant: Grant, holds: int) -> None:
-        """A real acquisition succeeded, with ``holds`` fences: its grant is lent to that
-        caller first, and kept for the next ones if it has fences left."""
+        """A real acquisition succeeded, with ``holds`` fences (as many as it asked for, or
+        fewer): its grant is lent to that caller first, and kept for the next ones if it
+        has fences left."""
         with self._mutex:
             if holds <= 1:
                 self._grant = None

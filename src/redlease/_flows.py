@@ -281,7 +281,8 @@ class Acquisition:
         self, spec: LockSpec, timeout: float | None, *, wait: bool, holds: int = 1
     ) -> None:
         self.spec = spec
-        self.holds = holds  # fences a grant takes: a batch's, or 1 (see _batches.py)
+        self.holds = holds  # fences a grant asks for: a batch's, or 1 (see _batches.py)
+        self.taken = 0  # fences the grant took: ``holds``, or fewer (see take_fences)
         self.token = new_token()
         self.deadline = Deadline.after(spec.clock, timeout)
         self.wait = wait
@@ -329,11 +330,13 @@ class Acquisition:
                 yield from self._wait_out(failure)
                 continue
             reply, acked = spec.unpack(raw, replicas)
-            fence, pttl, server_us = (as_int(x) for x in reply)
+            fence, pttl, server_us, taken = (as_int(x) for x in reply)
             if fence > 0:
                 spec.check_acked(acked, "acquire", replicas)
                 grant = Grant(
-                    self.token, self.first_fence(fence), valid_until(sent_at, pttl, spec.ttl)
+                    self.token,
+                    self.first_fence(fence, taken),
+                    valid_until(sent_at, pttl, spec.ttl),
                 )
                 if grant.valid_until > clock():
                     return grant
@@ -368,7 +371,7 @@ class Acquisition:
                     replicas,
                 )
                 if rung is not None:
-                    granted, granted_us = (int(x) for x in as_text(rung).split(":"))
+                    granted, granted_us, taken = (int(x) for x in as_text(rung).split(":"))
                     if granted > 0:
                         spec.check_acked(acked, "acquire", replicas)
                         # Handed over by a release at server time granted_us; our acquire
@@ -377,7 +380,7 @@ class Acquisition:
                         start = sent_at + max(0, granted_us - server_us) / 1e6
                         grant = Grant(
                             self.token,
-                            self.first_fence(granted),
+                            self.first_fence(granted, taken),
                             valid_until(start, spec.ttl_ms, spec.ttl),
                         )
                         if grant.valid_until > clock():
@@ -389,9 +392,10 @@ class Acquisition:
                 # Give up, but keep a lock granted in the last instant: it is ours.
                 return (yield from self.leave(keep=True))
 
-    def first_fence(self, top: int) -> int:
-        """The first of the fences a grant took (``holds`` of them, ``top`` the highest)."""
-        return top - self.holds + 1
+    def first_fence(self, top: int, taken: int) -> int:
+        """The first of the fences a grant took (``taken`` of them, ``top`` the highest)."""
+        self.taken = taken
+        return top - taken + 1
 
     def _wait_out(self, failure: BackendError) -> Flow[None]:
         """A try failed on the server's side. A wait with time left on its deadline
@@ -459,10 +463,12 @@ class Acquisition:
             ),
             replicas,
         )
-        fence, pttl = (as_int(x) for x in reply)
+        fence, pttl, taken = (as_int(x) for x in reply)
         if fence > 0:
             spec.check_acked(acked, "acquire", replicas)
-            return Grant(self.token, self.first_fence(fence), valid_until(sent_at, pttl, spec.ttl))
+            return Grant(
+                self.token, self.first_fence(fence, taken), valid_until(sent_at, pttl, spec.ttl)
+            )
         return None
 
     def abandon(self) -> Flow[None]:

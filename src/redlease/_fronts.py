@@ -33,7 +33,8 @@ Seconds = float | timedelta
 class Attempt(Protocol):
     """One caller's try to take a lock (``_flows.Acquisition``, ``_quorum``'s twin)."""
 
-    holds: int  # fences its grant takes (a batch's, or 1)
+    holds: int  # fences its grant asks for (a batch's, or 1)
+    taken: int  # fences the grant took (at most ``holds``)
 
     @property
     def outstanding(self) -> bool:
@@ -139,7 +140,7 @@ class SyncFront(_Front, Generic[SyncLeaseT]):
         if grant is None:
             return None
         if lender is not None:
-            lender.granted(grant, attempt.holds)
+            lender.granted(grant, attempt.taken)
         return self._watched(grant)
 
     def _watched(self, grant: Grant) -> SyncLeaseT:
@@ -220,7 +221,7 @@ class AsyncFront(_Front, Generic[AsyncLeaseT]):
         if grant is None:
             return None
         if lender is not None:
-            lender.granted(grant, attempt.holds)
+            lender.granted(grant, attempt.taken)
         return self._watched(grant)
 
     def _watched(self, grant: Grant) -> AsyncLeaseT:

@@ -2,8 +2,9 @@
 touches a single slot:
 
     {name}               the lock: value = holder's token, always with a TTL
-    {name}:fence         fencing counter (raised by every grant; the one key kept without
-                         TTL, because a counter that expires could hand out a smaller token)
+    {name}:fence         fencing counter: created at the server's clock in microseconds,
+                         raised by every grant, kept twice the lease and a margin past the
+                         last one (see the scripts' take_fences and docs/design.md)
     {name}:queue         waiters in arrival order (list of tokens), with a TTL
     {name}:waiters       waiter token -> "deadline_us:ttl_ms:holds" (hash), with a TTL
     {name}:bell:<token>  a waiter's doorbell list, pushed by the release script, with a TTL
@@ -16,7 +17,28 @@ touches a single slot:
 from __future__ import annotations
 
 import hashlib
+import math
 from dataclasses import dataclass
+
+from ._timing import QUEUE_ENTRY_SLACK, UNKNOWN_HOLDER_RECHECK
+
+# A fence counter outlives the last grant by twice the lease plus this margin, and by how
+# far it runs ahead of the server's clock (see FENCE_LEAD_US and the scripts' take_fences).
+FENCE_MARGIN_MS = 1000
+# How far a counter may run ahead of its server's clock, in microseconds: a grant that
+# would take it further takes fewer fences (a batch then lends fewer holds).
+FENCE_LEAD_US = 1000
+# Fences are exact integers in Lua's doubles (and in JavaScript) only below this.
+FENCE_LIMIT = 2**53
+
+
+def forgotten_within(ttl_ms: int) -> int:
+    """Milliseconds after a name's last release (or its last waiter's last try) within
+    which every key redlease wrote for it has expired: its fence counter, the mark of the
+    last release, and the queue a waiter that gave up may have left."""
+    counter = 2 * ttl_ms + FENCE_MARGIN_MS + math.ceil(FENCE_LEAD_US / 1000)
+    queue = math.ceil((max(ttl_ms / 1000.0, UNKNOWN_HOLDER_RECHECK) + QUEUE_ENTRY_SLACK) * 1000)
+    return max(counter, queue)
 
 
 def hash_tag(name: str) -> str:

@@ -289,7 +289,7 @@ class QuorumAcquisition:
     ``outstanding`` tells the driver whether ``abandon()`` is needed if the attempt is
     interrupted: true from a send until the release that follows a failed round."""
 
-    holds = 1  # a Redlock lends no batches
+    holds = taken = 1  # a Redlock lends no batches
 
     def __init__(
         self,
@@ -353,7 +353,12 @@ class QuorumAcquisition:
             # Raise every yes-node that lags (not just enough of them): the more nodes
             # hold the token, the more of them may later lose their data safely.
             fan = spec.fan_out(
-                REDLOCK_FENCE, spec.lock_and_fence, self.token, str(top), nodes=behind
+                REDLOCK_FENCE,
+                spec.lock_and_fence,
+                self.token,
+                str(top),
+                str(lock.ttl_ms),
+                nodes=behind,
             )
             results = yield fan
             confirmed += sum(1 for r in results if said_yes(r))

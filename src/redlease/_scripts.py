@@ -17,10 +17,11 @@ Shared by the lock scripts (KEYS[1..4] = lock, fence, queue, waiters; see _keys.
     waiter's process, or its connection, is gone (or listens on another server, which
     must not hear of a grant): the waiter is dropped and the next one served, at once.
     A waiter without a hub has a doorbell list (bell prefix .. token), pushed;
-  * a grant takes ``holds`` fences at once (INCRBY): a lock made with ``batch=n`` lends
-    one grant to its callers up to n times (see _batches.py), each with its own fence,
-    and whoever is granted the lock next gets a greater one. The reply carries the
-    highest fence taken.
+  * a grant takes fences from the name's counter (take_fences below): ``holds`` of them
+    at once for a lock made with ``batch=n``, which lends one grant to its callers up to
+    n times (see _batches.py), each with its own fence, and whoever is granted the lock
+    next gets a greater one. Replies and rings carry the highest fence taken and how
+    many were taken (fewer than asked when the counter has run ahead of the clock).
 The bell keys are built inside the scripts from a prefix that carries the lock's hash
 tag, so they are in the same slot as KEYS[1] (Cluster runs them on the right node).
 """
@@ -29,6 +30,8 @@ from __future__ import annotations
 
 import hashlib
 from dataclasses import dataclass, field
+
+from ._keys import FENCE_LEAD_US, FENCE_LIMIT, FENCE_MARGIN_MS
 
 
 @dataclass(frozen=True)
@@ -43,6 +46,33 @@ class Script:
     def __post_init__(self) -> None:
         object.__setattr__(self, "sha", hashlib.sha1(self.source.encode()).hexdigest())
 
+
+# Defined first in every script that grants: the acquire's fast path needs it.
+_FENCES = (
+    """
+-- Take up to n fences from the counter F for a lease of ttl ms; return the highest and
+-- how many were taken. A counter is created at the server's clock, in microseconds (or
+-- at floor, if higher), and then counts: one lost with the server's data, or expired,
+-- starts again above every fence it handed out, because it never runs more than LEAD us
+-- ahead of the clock (a grant that would take it further takes fewer fences, at least
+-- one) and expires only once the clock has passed it. See docs/design.md, "Fences".
+local function take_fences(f, n, ttl, floor)
+  local t = redis.call('TIME')
+  local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
+  local base = math.max(tonumber(redis.call('GET', f)) or now, floor)
+  local taken = math.min(tonumber(n), math.max(1, now + @LEAD@ - base))
+  local top = base + taken
+  if top >= @LIMIT@ then
+    error('redlease: the fence counter ' .. f .. ' would pass 2^53 (is the server clock right?)')
+  end
+  local keep = 2 * tonumber(ttl) + @MARGIN@ + math.max(0, math.ceil((top - now) / 1000))
+  redis.call('SET', f, string.format('%d', top), 'PX', keep)
+  return top, taken
+end
+""".replace("@LEAD@", str(FENCE_LEAD_US))
+    .replace("@LIMIT@", str(FENCE_LIMIT))
+    .replace("@MARGIN@", str(FENCE_MARGIN_MS))
+)
 
 _HELPERS = """
 local function now_us()
@@ -80,7 +110,7 @@ end
 -- false when the waiter cannot hear it (its hub does not listen here: its process is
 -- gone). Nothing is published then: a copy would still reach a hub that listens on a
 -- replica (replication carries PUBLISH), which must never hear of a grant undone.
-local function ring(bells, w, entry, granted, now, ttl)
+local function ring(bells, w, entry, granted, taken, now, ttl)
   local hub = entry_hub(entry)
   if hub then
     local channel = bells .. '@' .. hub
@@ -88,12 +118,12 @@ local function ring(bells, w, entry, granted, now, ttl)
     local sharded = string.sub(hub, 1, 1) == 's'
     local heard = redis.call('PUBSUB', sharded and 'SHARDNUMSUB' or 'NUMSUB', channel)
     if heard[2] == 0 then return false end
-    local message = string.format('%s:%d:%d', w, granted, now)
+    local message = string.format('%s:%d:%d:%d', w, granted, now, taken)
     redis.call(sharded and 'SPUBLISH' or 'PUBLISH', channel, message)
     return true
   end
   local bell = bells .. w
-  redis.call('LPUSH', bell, string.format('%d:%d', granted, now))
+  redis.call('LPUSH', bell, string.format('%d:%d:%d', granted, now, taken))
   redis.call('PEXPIRE', bell, ttl)
   return true
 end
@@ -110,23 +140,26 @@ local function hand_on(lock, fence, queue, waiters, bells, fair)
     redis.call('LPOP', queue)
     redis.call('HDEL', waiters, w)
     local ttl = entry_ttl(entry)
-    local granted = 0
+    local granted, taken = 0, 0
     if fair == '1' then
       redis.call('SET', lock, w, 'PX', ttl)
-      granted = redis.call('INCRBY', fence, entry_holds(entry))
+      granted, taken = take_fences(fence, entry_holds(entry), ttl, 0)
     end
-    if ring(bells, w, entry, granted, now, ttl) then return end
+    if ring(bells, w, entry, granted, taken, now, ttl) then return end
     if fair == '1' then redis.call('DEL', lock) end
   end
 end
 
--- the fence of a grant we hold: from our bell if it was handed to us, else the counter
+-- the highest fence of a grant we hold, and how many it took: from our bell if it was
+-- handed to us, else the counter (and 1: only the highest is surely ours)
 local function held_fence(fence, bell)
   local rung = redis.call('LPOP', bell)
   redis.call('DEL', bell)
-  local f = rung and tonumber(string.match(rung, '^(%d+)')) or 0
-  if f == 0 then f = tonumber(redis.call('GET', fence)) end
-  return f
+  if rung then
+    local f, taken = string.match(rung, '^(%d+):%d+:(%d+)$')
+    if f and f ~= '0' then return tonumber(f), tonumber(taken) end
+  end
+  return tonumber(redis.call('GET', fence)), 1
 end
 """
 
@@ -138,14 +171,18 @@ ACQUIRE = Script(
 -- ARGV[4] queue-entry lifetime ms ('0': do not queue)  ARGV[5] bell key prefix
 -- ARGV[6] fences a grant takes (the lock's batch)
 -- ARGV[7] the waiter's hub ('': rung on its bell)
--- Reply {fence, pttl, server_us}. fence > 0: acquired, the highest fence taken; pttl = ms
--- of validity left. fence = 0: held by another, pttl = its ms left (-2: free but promised
--- to a waiter).
--- Fast path first, before any helper is defined: nobody queued, so nobody can have
--- been granted or promised the lock.
+-- Reply {fence, pttl, server_us, taken}. fence > 0: acquired, the highest fence taken,
+-- and taken of them; pttl = ms of validity left. fence = 0: held by another, pttl = its
+-- ms left (-2: free but promised to a waiter).
+"""
+    + _FENCES
+    + """
+-- Fast path first, before the other helpers are defined: nobody queued, so nobody can
+-- have been granted or promised the lock.
 if redis.call('EXISTS', KEYS[3]) == 0
     and redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then
-  return {redis.call('INCRBY', KEYS[2], ARGV[6]), tonumber(ARGV[2]), 0}
+  local top, taken = take_fences(KEYS[2], ARGV[6], ARGV[2], 0)
+  return {top, tonumber(ARGV[2]), 0, taken}
 end
 """
     + _HELPERS
@@ -156,7 +193,8 @@ local holder = redis.call('GET', lock)
 if holder == token then
   -- granted to us while we were away, or a retried call whose first reply was lost
   forget(queue, waiters, token)
-  return {held_fence(fence, bell), redis.call('PTTL', lock), 0}
+  local f, taken = held_fence(fence, bell)
+  return {f, redis.call('PTTL', lock), 0, taken}
 end
 local now = now_us()
 if not holder and fair == '1' then
@@ -168,7 +206,8 @@ if not holder and fair == '1' then
     holder = redis.call('GET', lock)
     if holder == token then
       forget(queue, waiters, token)
-      return {held_fence(fence, bell), redis.call('PTTL', lock), now}
+      local f, taken = held_fence(fence, bell)
+      return {f, redis.call('PTTL', lock), now, taken}
     end
   end
 end
@@ -176,7 +215,8 @@ if not holder then
   redis.call('SET', lock, token, 'PX', ARGV[2])
   forget(queue, waiters, token)
   redis.call('DEL', bell)
-  return {redis.call('INCRBY', fence, ARGV[6]), tonumber(ARGV[2]), now}
+  local top, taken = take_fences(fence, ARGV[6], ARGV[2], 0)
+  return {top, tonumber(ARGV[2]), now, taken}
 end
 if ARGV[4] ~= '0' then
   local life = tonumber(ARGV[4])
@@ -186,7 +226,7 @@ if ARGV[4] ~= '0' then
   keep_for(queue, life)
   keep_for(waiters, life)
 end
-return {0, redis.call('PTTL', lock), now}
+return {0, redis.call('PTTL', lock), now, 0}
 """,
     retry="the same token again finds its own grant and reports it, or queues it once",
 )
@@ -210,6 +250,7 @@ redis.call('DEL', KEYS[1])
 redis.call('SET', mark, ARGV[1], 'PX', ARGV[4])
 if redis.call('EXISTS', KEYS[3]) == 0 then return 1 end
 """
+    + _FENCES
     + _HELPERS
     + """
 hand_on(KEYS[1], KEYS[2], KEYS[3], KEYS[4], ARGV[3], ARGV[2])
@@ -233,27 +274,29 @@ return 0
 
 LEAVE = Script(
     "leave",
-    _HELPERS
+    _FENCES
+    + _HELPERS
     + """
 -- A waiter gives up (timeout, cancellation, error): take it out of the queue.
 -- KEYS[1] lock  KEYS[2] fence  KEYS[3] queue  KEYS[4] waiters
 -- ARGV[1] token  ARGV[2] fair ('1'/'0')  ARGV[3] bell key prefix
 -- ARGV[4] '1': keep a lock granted to us meanwhile; '0': release it
--- Reply {fence, pttl}: fence > 0 when a grant was kept; {0, 0} otherwise.
+-- Reply {fence, pttl, taken}: fence > 0 when a grant was kept (taken of its fences are
+-- ours); {0, 0, 0} otherwise.
 local lock, fence, queue, waiters = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
 local token, bell = ARGV[1], ARGV[3] .. ARGV[1]
 forget(queue, waiters, token)
 local holder = redis.call('GET', lock)
 if holder == token then
-  local f = held_fence(fence, bell)
-  if ARGV[4] == '1' then return {f, redis.call('PTTL', lock)} end
+  local f, taken = held_fence(fence, bell)
+  if ARGV[4] == '1' then return {f, redis.call('PTTL', lock), taken} end
   redis.call('DEL', lock)
   holder = false
 end
 redis.call('DEL', bell)
 -- a free lock may have been waiting for us (fair) or woken us (not fair): pass it on
 if not holder then hand_on(lock, fence, queue, waiters, ARGV[3], ARGV[2]) end
-return {0, 0}
+return {0, 0, 0}
 """,
     retry="a second run finds the entry gone and the grant kept, or already released",
 )
@@ -269,17 +312,14 @@ REDLOCK_ACQUIRE = Script(
 -- ARGV[1] token  ARGV[2] ttl ms  ARGV[3] the highest token this client handed out (0: none)
 -- Reply {1, counter, ttl}: the lock is ours on this node for ttl ms (taken now, or taken
 -- by an earlier attempt of the same acquisition whose reply was lost: set afresh), and
--- the node's fence counter, incremented in the same step (and raised past ARGV[3] if it
--- lags: a node that restarted empty catches up even if this reply goes unread), is counter.
--- Reply {0, 0, pttl}: held by another; pttl = its ms left (-1 no TTL, -2 just gone).
+-- the node's fence counter, advanced by one in the same step (and raised past ARGV[3] if
+-- it lags: a node that restarted empty catches up even if this reply goes unread), is
+-- counter. Reply {0, 0, pttl}: held by another; pttl = its ms left (-1 no TTL, -2 gone).
+"""
+    + _FENCES
+    + """
 local function count()
-  local counter = redis.call('INCR', KEYS[2])
-  local floor = tonumber(ARGV[3])
-  if counter <= floor then
-    counter = floor + 1
-    redis.call('SET', KEYS[2], counter)
-  end
-  return {1, counter, tonumber(ARGV[2])}
+  return {1, (take_fences(KEYS[2], 1, ARGV[2], tonumber(ARGV[3]))), tonumber(ARGV[2])}
 end
 if redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then
   return count()
@@ -296,12 +336,17 @@ REDLOCK_FENCE = Script(
     "redlock_fence",
     """
 -- KEYS[1] lock  KEYS[2] fence
--- ARGV[1] token  ARGV[2] fencing token chosen by the holder
+-- ARGV[1] token  ARGV[2] fencing token chosen by the holder  ARGV[3] ttl ms
 -- Reply 1: the lock is ours on this node and its counter is now at least ARGV[2];
 -- 0: not ours (nothing written: a raise counts only while we hold the node).
+"""
+    + _FENCES
+    + """
 if redis.call('GET', KEYS[1]) ~= ARGV[1] then return 0 end
-if tonumber(redis.call('GET', KEYS[2]) or '0') < tonumber(ARGV[2]) then
-  redis.call('SET', KEYS[2], ARGV[2])
+local wanted = tonumber(ARGV[2])
+if (tonumber(redis.call('GET', KEYS[2])) or 0) < wanted then
+  -- taken as one fence from a floor just below it: the same expiry rule as every grant
+  take_fences(KEYS[2], 1, ARGV[3], wanted - 1)
 end
 return 1
 """,
