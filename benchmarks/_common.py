@@ -46,6 +46,12 @@ class Settings:
     # blocked waiters in one process (section 8): asyncio tasks, and threads
     waiting_tasks: tuple[int, ...] = (10, 1000, 10000)
     waiting_threads: tuple[int, ...] = (10, 1000)
+    # memory kept for names taken once (section 9): the names, and the processes x asyncio
+    # tasks taking them (fewer tasks than the 128 connections redlease's asyncio pool keeps)
+    memory_names: int = 1_000_000
+    memory_processes: int = 2
+    memory_tasks: int = 32
+    memory_grace: float = 30.0  # after the bound, for the server's active expiry
 
 
 FULL = Settings()
@@ -61,6 +67,7 @@ QUICK = Settings(
     timed_out_asks=50,
     waiting_tasks=(10, 1000),
     waiting_threads=(10, 300),
+    memory_names=100_000,
 )
 # For the smoke test: every code path, no meaningful figures.
 TINY = Settings(
@@ -83,6 +90,10 @@ TINY = Settings(
     timed_out_asks=5,
     waiting_tasks=(5,),
     waiting_threads=(5,),
+    memory_names=1000,
+    memory_processes=1,
+    memory_tasks=4,
+    memory_grace=1.0,
 )
 
 

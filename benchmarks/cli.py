@@ -13,12 +13,13 @@ import time
 import warnings
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import redis
 
 from redlease import servers
 
-from . import connections, contention, handoff, idle, renewal, uncontended, waiters
+from . import connections, contention, handoff, idle, memory, renewal, uncontended, waiters
 from ._common import FULL, QUICK, Crew, Settings, server_version
 from ._report import Report
 
@@ -31,6 +32,7 @@ SECTIONS = (
     "renewal",
     "connections",
     "waiters",
+    "memory",
 )
 SECTION_HELP = {
     "single": "1. uncontended cycles on one server, sync and asyncio",
@@ -41,6 +43,7 @@ SECTION_HELP = {
     "renewal": "6. thousands of auto-renewed leases in one process",
     "connections": "7. new TCP connections per 1,000 timed-out acquires",
     "waiters": "8. server connections held by N blocked waiters in one process",
+    "memory": "9. server memory kept for 1,000,000 lock names taken once each",
 }
 
 
@@ -71,6 +74,11 @@ def parse(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument(
         "--peer-leases", type=int, help="python-redis-lock locks, a thread each (default 300)"
     )
+    parser.add_argument(
+        "--memory-names",
+        type=int,
+        help="names taken once each in the memory section (default 1,000,000; 100,000 quick)",
+    )
     args = parser.parse_args(argv)
     chosen: list[str] = []
     for item in args.only or []:
@@ -84,7 +92,7 @@ def parse(argv: Sequence[str] | None) -> argparse.Namespace:
 
 def settings_for(args: argparse.Namespace) -> Settings:
     settings = QUICK if args.quick else FULL
-    changes: dict[str, int] = {}
+    changes: dict[str, Any] = {}
     if args.processes:
         changes["processes"] = args.processes
         changes["idle_waiters"] = args.processes
@@ -92,6 +100,8 @@ def settings_for(args: argparse.Namespace) -> Settings:
         changes["leases"] = args.leases
     if args.peer_leases:
         changes["peer_leases"] = args.peer_leases
+    if args.memory_names:
+        changes["memory_names"] = args.memory_names
     return dataclasses.replace(settings, **changes)
 
 
@@ -159,6 +169,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         if "waiters" in wanted:
             report.add_all(waiters.run(port, settings))
             progress.step(SECTION_HELP["waiters"])
+        if "memory" in wanted:
+            # on a server of its own: the baseline is a fresh server's memory
+            report.add_all(memory.run(binary.kind, settings))
+            progress.step(SECTION_HELP["memory"])
     report.notes.extend(notes(settings, wanted, time.monotonic() - started))
     print(report.text())
     if args.json:
@@ -222,6 +236,8 @@ def notes(settings: Settings, wanted: Sequence[str], elapsed: float) -> list[str
             "room for all of them (redis-py 8's default pool holds 100 connections; the "
             "renewal threads wake together, some get MaxConnectionsError, their locks expire)."
         )
+    if "memory" in wanted:
+        out.append(memory.note(settings))
     out.append(f"whole run: {elapsed:.0f} s.")
     return out
 

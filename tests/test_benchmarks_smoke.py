@@ -24,6 +24,7 @@ from benchmarks import (  # noqa: E402
     contention,
     handoff,
     idle,
+    memory,
     renewal,
     uncontended,
     waiters,
@@ -135,3 +136,16 @@ def test_connections_held_by_blocked_waiters(server: servers.ServerProcess) -> N
     assert_no_errors(rows)
     assert len(rows) == 3  # redlease tasks and threads, python-redis-lock threads
     assert all(row.value is not None and row.value >= 1 for row in rows)
+
+
+def test_memory_kept_for_names(server: servers.ServerProcess) -> None:
+    tally = memory.measure(server.binary.kind, TINY)
+    assert tally.problem is None, tally.problem
+    assert tally.baseline is not None
+    assert tally.at_once is not None
+    assert tally.at_once.keys > 0  # names were taken
+    assert tally.final is not None
+    assert tally.final.at >= tally.last_release
+    rows = memory.rows(tally, TINY)
+    assert_no_errors(rows)
+    assert len(rows) == 5  # baseline, at once, at the bound, after it, DBSIZE 0
