@@ -55,13 +55,14 @@ class CountingConnection(redis.Connection):
 
 def _acquire_redlease(r: redis.Redis, count: int, ttl: float) -> list[tuple[str, str, Any]]:
     import redlease
+    from redlease._keys import LockKeys
 
     held = []
     for i in range(count):
         name = f"bench:r:redlease:{i}"
         lease = redlease.Lock(r, name, ttl=ttl, auto_renew=True).acquire(timeout=10.0)
-        # The lock's key is its name in braces (a Cluster hash tag; see docs/design.md).
-        held.append((f"{{{name}}}", lease.token, lease))
+        # (the key layout is the library's: see src/redlease/_keys.py)
+        held.append((LockKeys.for_name(name).lock, lease.token, lease))
     return held
 
 

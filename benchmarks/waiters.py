@@ -22,6 +22,7 @@ import redis
 import redis.asyncio as aredis
 
 import redlease
+from redlease._keys import LockKeys
 
 from ._common import Settings, describe_error, run_alone
 from ._locks import KINDS, make_lock
@@ -41,7 +42,7 @@ def _connected(admin: redis.Redis) -> int:
 
 def _settled(admin: redis.Redis, kind: str, name: str, count: int) -> Callable[[], bool]:
     if kind == "redlease":
-        return lambda: int(admin.llen("{" + name + "}:queue")) >= count
+        return lambda: int(admin.llen(LockKeys.for_name(name).lock + ":queue")) >= count
     return lambda: int(admin.info("clients")["blocked_clients"]) >= count
 
 

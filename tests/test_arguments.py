@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import math
+import warnings
 from datetime import timedelta
 from typing import Any, cast
 
 import pytest
 import redis
 import redis.asyncio as aredis
+import redis.sentinel
 
 import redlease
 
@@ -47,6 +49,16 @@ CLIENT = redis.Redis(port=1)
         ({"replicas": 1, "replica_timeout": 0}, "replica_timeout"),
         ({"max_hold": 5.0}, "max_hold bounds auto_renew"),
         ({"auto_renew": True, "clock": lambda: 0.0}, "clock cannot be combined with auto_renew"),
+        # numbers beyond any float, or any repr
+        ({"ttl": 10**400}, "ttl must be finite"),
+        ({"ttl": 1e306}, "ttl must be at most"),
+        ({"batch": 4, "batch_window": -(10**400)}, "batch_window"),
+        ({"batch": 10**5000}, "batch must be at most 1000, got an int of"),
+        ({"replicas": -(10**5000)}, "replicas must not be negative"),
+        ({"replicas": 2**64}, "replicas must be at most 1000"),
+        ({"clock": print}, "clock must return monotonic seconds"),
+        ({"clock": lambda: math.nan}, "clock must return monotonic seconds"),
+        ({"clock": lambda: 1 / 0}, "clock\\(\\) failed"),
     ],
 )
 def test_bad_lock_arguments_name_the_argument(kwargs: dict[str, Any], names: str) -> None:
@@ -61,6 +73,9 @@ def test_bad_lock_arguments_name_the_argument(kwargs: dict[str, Any], names: str
         ({"name": "job\udc80"}, "name must be encodable as UTF-8"),
         ({"max_hold": 5.0}, "max_hold bounds auto_renew"),
         ({"auto_renew": True, "clock": lambda: 0.0}, "clock cannot be combined with auto_renew"),
+        ({"node_timeout": 1e19}, "node_timeout must not be longer than the ttl"),
+        ({"node_timeout": 1.5}, "node_timeout must not be longer than the ttl"),
+        ({"node_timeout": 10**400}, "node_timeout must be finite"),
     ],
 )
 def test_bad_redlock_arguments_name_the_argument(kwargs: dict[str, Any], names: str) -> None:
@@ -95,6 +110,15 @@ def test_invalid_argument_is_value_and_type_error() -> None:
 def test_client_kind_is_checked() -> None:
     with pytest.raises(redlease.InvalidArgument, match="client"):
         redlease.Lock(object(), "x")
+    with pytest.raises(redlease.InvalidArgument, match="client must be a client, not the class"):
+        redlease.Lock(redis.Redis, "x")
+    with pytest.raises(redlease.InvalidArgument, match="client must be a client, not the class"):
+        redlease.AsyncLock(aredis.Redis, "x")
+    sentinel = cast(Any, redis.sentinel).Sentinel([("127.0.0.1", 1)])  # (untyped)
+    with pytest.raises(redlease.InvalidArgument, match="client is a Sentinel manager"):
+        redlease.Lock(sentinel, "x")
+    with pytest.raises(redlease.InvalidArgument, match=r"nodes.*not the class"):
+        redlease.Redlock([CLIENT, redis.Redis(port=2), redis.Redis], "x")
     with pytest.raises(redlease.InvalidArgument, match="AsyncLock"):
         redlease.Lock(aredis.Redis(port=1), "x")
     with pytest.raises(redlease.InvalidArgument, match="client"):
@@ -106,3 +130,14 @@ def test_lease_extend_checks_ttl(r: redis.Redis, name: str) -> None:
     with pytest.raises(redlease.InvalidArgument, match="ttl"):
         lease.extend(-5)
     lease.release()
+
+
+def test_redlock_over_fewer_than_three_nodes_warns() -> None:
+    for count in (1, 2):
+        nodes = [redis.Redis(port=1 + i) for i in range(count)]
+        with pytest.warns(redlease.RedleaseWarning, match="tolerates no node failure") as seen:
+            redlease.Redlock(nodes, "x", 1.0)
+        assert seen[0].filename == __file__  # pointed at the caller's line
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        redlease.Redlock([redis.Redis(port=1 + i) for i in range(3)], "x", 1.0)

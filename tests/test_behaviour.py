@@ -11,6 +11,7 @@ import redis
 
 import families
 import redlease
+from waiting_helpers import lock_key
 
 
 def test_with_block_yields_a_held_lease(twin: Any, r: redis.Redis, name: str) -> None:
@@ -20,11 +21,11 @@ def test_with_block_yields_a_held_lease(twin: Any, r: redis.Redis, name: str) ->
         assert lease.fence > 0
         assert len(lease.token) >= 32
         assert 4.0 < lease.remaining() <= 5.0
-        assert r.get("{" + name + "}") == lease.token.encode()
-        assert 0 < r.pttl("{" + name + "}") <= 5000
+        assert r.get(lock_key(name)) == lease.token.encode()
+        assert 0 < r.pttl(lock_key(name)) <= 5000
         assert not lease.lost
         lease.check()
-    assert r.exists("{" + name + "}") == 0
+    assert r.exists(lock_key(name)) == 0
 
 
 def test_fences_strictly_increase_across_holders(twin: Any, name: str) -> None:
@@ -66,7 +67,7 @@ def test_acquire_times_out_with_acquire_timeout(twin: Any, name: str) -> None:
 def test_release_after_expiry_raises_lock_lost(twin: Any, r: redis.Redis, name: str) -> None:
     lease = twin.lock(name, ttl=0.05).acquire()
     deadline = time.monotonic() + 5
-    while r.exists("{" + name + "}") and time.monotonic() < deadline:
+    while r.exists(lock_key(name)) and time.monotonic() < deadline:
         time.sleep(0.01)
     assert lease.lost
     with pytest.raises(redlease.LockLost):
@@ -82,7 +83,7 @@ def test_release_never_frees_another_holders_lock(twin: Any, r: redis.Redis, nam
     second = lock.acquire(timeout=2.0)  # ...and someone else takes the lock
     with pytest.raises(redlease.LockLost):
         first.release()  # the old holder's late release
-    assert r.get("{" + name + "}") == second.token.encode()
+    assert r.get(lock_key(name)) == second.token.encode()
     assert second.fence > first.fence
     second.release()
 
@@ -93,10 +94,10 @@ def test_extend_resets_validity_and_fails_when_not_ours(
     lease = twin.lock(name, ttl=1.0).acquire()
     lease.extend(30.0)
     assert lease.remaining() > 25.0
-    assert r.pttl("{" + name + "}") > 25_000
+    assert r.pttl(lock_key(name)) > 25_000
     lease.extend()  # back to the lock's own ttl
     assert lease.remaining() <= 1.0
-    r.set("{" + name + "}", "someone-else", px=10_000)  # taken over
+    r.set(lock_key(name), "someone-else", px=10_000)  # taken over
     with pytest.raises(redlease.LockLost):
         lease.extend()
     assert lease.lost
@@ -115,7 +116,7 @@ def test_release_twice_is_harmless(twin: Any, name: str) -> None:
 def test_on_lost_runs_once_when_loss_is_found(twin: Any, r: redis.Redis, name: str) -> None:
     seen: list[Any] = []
     lease = twin.lock(name, ttl=5.0, on_lost=seen.append).acquire()
-    r.delete("{" + name + "}")
+    r.delete(lock_key(name))
     with pytest.raises(redlease.LockLost):
         lease.extend()
     with pytest.raises(redlease.LockLost):
@@ -152,7 +153,7 @@ def test_nested_with_blocks_on_different_locks(twin: Any, r: redis.Redis, name: 
     with a as outer, b as inner:
         assert outer.fence > 0
         assert inner.fence > 0
-    assert r.exists("{" + name + ":a}", "{" + name + ":b}") == 0
+    assert r.exists(lock_key(name + ":a"), lock_key(name + ":b")) == 0
 
 
 def test_lease_can_be_released_from_another_thread(twin: Any, r: redis.Redis, name: str) -> None:
@@ -160,7 +161,7 @@ def test_lease_can_be_released_from_another_thread(twin: Any, r: redis.Redis, na
     t = threading.Thread(target=lease.release)
     t.start()
     t.join(timeout=10)
-    assert r.exists("{" + name + "}") == 0
+    assert r.exists(lock_key(name)) == 0
 
 
 def test_every_lock_key_has_a_ttl(twin: Any, r: redis.Redis, name: str) -> None:
@@ -176,7 +177,7 @@ def test_every_lock_key_has_a_ttl(twin: Any, r: redis.Redis, name: str) -> None:
     t = threading.Thread(target=wait)
     t.start()
     deadline = time.monotonic() + 5
-    while not r.exists("{" + name + "}:queue") and time.monotonic() < deadline:
+    while not r.exists(lock_key(name) + ":queue") and time.monotonic() < deadline:
         time.sleep(0.005)
     for key in r.scan_iter("*"):
         if not key.endswith(b":fence"):
@@ -202,11 +203,11 @@ def test_with_block_reports_a_lost_lease_unless_the_block_failed(
 ) -> None:
     lock = twin.lock(name, ttl=5.0)
     with pytest.raises(redlease.LockLost), lock:
-        r.delete("{" + name + "}")  # the lease is gone before the block ends
+        r.delete(lock_key(name))  # the lease is gone before the block ends
 
     def fail_after_losing_it() -> None:
         with lock:
-            r.delete("{" + name + "}")
+            r.delete(lock_key(name))
             raise KeyError("the block's own failure is the one reported")
 
     with pytest.raises(KeyError):

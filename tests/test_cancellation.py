@@ -13,6 +13,7 @@ import redis.asyncio as aredis
 
 import redlease
 from redlease._io_async import AsyncIO
+from waiting_helpers import lock_key
 
 
 class CancelDuring(AsyncIO):
@@ -32,7 +33,7 @@ class CancelDuring(AsyncIO):
 
 
 async def lock_state(ar: aredis.Redis, name: str) -> tuple[Any, int, int]:
-    tag = "{" + name + "}"
+    tag = lock_key(name)
     return (await ar.get(tag), await ar.llen(tag + ":queue"), await ar.hlen(tag + ":waiters"))
 
 

@@ -20,6 +20,7 @@ import pytest
 import redlease
 from families import FAMILIES, ClientFamily
 from redlease import _clients, servers
+from waiting_helpers import lock_key, wait_until
 
 
 @pytest.fixture(params=sorted(FAMILIES))
@@ -44,8 +45,8 @@ def _free_port() -> int:
 def _nothing_held(client: Any, name: str) -> None:
     """The lock is free, and whatever it left expires (but the fence counter, kept on
     purpose: see the README)."""
-    assert client.exists("{" + name + "}") == 0
-    for key in client.keys("{" + name + "}*"):
+    assert client.exists(lock_key(name)) == 0
+    for key in client.keys(lock_key(name) + "*"):
         assert key.endswith(b":fence") or client.pttl(key) > 0, key
 
 
@@ -62,7 +63,7 @@ def test_first_acquire_after_script_flush(client: Any, family: ClientFamily, nam
         with redlease.Lock(client, name, ttl=5.0) as lease:
             assert lease.fence >= 1
             client.script_flush()
-        assert client.exists("{" + name + "}") == 0
+        assert client.exists(lock_key(name)) == 0
 
 
 async def test_async_first_acquire_after_script_flush(
@@ -74,7 +75,7 @@ async def test_async_first_acquire_after_script_flush(
         async with redlease.AsyncLock(made, name, ttl=5.0) as lease:
             assert lease.fence >= 1
             await made.script_flush()
-        assert await made.exists("{" + name + "}") == 0
+        assert await made.exists(lock_key(name)) == 0
     finally:
         await made.aclose()
 
@@ -157,8 +158,8 @@ async def test_async_waiters_leave_a_bounded_pool_alone(
         await asyncio.wait_for(asyncio.gather(*tasks), 30)
         assert len(fences) == 20
         assert fences == sorted(set(fences))
-        assert await client.exists("{" + name + "}") == 0
-        for key in await client.keys("{" + name + "}*"):
+        assert await client.exists(lock_key(name)) == 0
+        for key in await client.keys(lock_key(name) + "*"):
             assert key.endswith(b":fence") or await client.pttl(key) > 0, key
     finally:
         await client.aclose()
@@ -170,7 +171,7 @@ def test_auto_renew_and_takeover(client: Any, name: str) -> None:
     held = lease.acquire()
     time.sleep(1.0)  # past the ttl: renewed through this family's client
     assert not held.lost
-    client.set("{" + name + "}", "another holder", px=60_000)
+    client.set(lock_key(name), "another holder", px=60_000)
     assert lost.wait(2.0)
 
 
@@ -179,8 +180,9 @@ def test_redlock_through_the_family(family: ClientFamily, server_kind: str, name
         made = [family.client(port=node.port) for node in nodes]
         with redlease.Redlock(made, name, ttl=5.0) as lease:
             assert lease.fence >= 1
-            assert [c.exists("{" + name + "}") for c in made] == [1, 1, 1]
-        assert [c.exists("{" + name + "}") for c in made] == [0, 0, 0]
+            assert [c.exists(lock_key(name)) for c in made] == [1, 1, 1]
+        # the release returns once a majority confirmed; the last node follows at once
+        wait_until(lambda: [c.exists(lock_key(name)) for c in made] == [0, 0, 0])
         nodes[0].stop()
         with redlease.Redlock(made, name, ttl=5.0) as lease:  # 2 of 3 still a majority
             assert lease.fence >= 1
@@ -274,7 +276,7 @@ def test_redlock_over_nodes_of_both_families(server_kind: str, name: str) -> Non
         ]
         lock = redlease.Redlock(made, name, ttl=5.0)
         with lock as lease:
-            assert [c.exists("{" + name + "}") for c in made] == [1, 1, 1]
+            assert [c.exists(lock_key(name)) for c in made] == [1, 1, 1]
             assert lock.try_acquire() is None
         again = lock.acquire(timeout=1.0)
         assert again.fence > lease.fence

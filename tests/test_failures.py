@@ -13,6 +13,7 @@ import redis
 import families
 import redlease
 from redlease import servers
+from waiting_helpers import lock_key
 
 
 @pytest.fixture
@@ -44,7 +45,7 @@ def test_paused_server_times_out_and_leaves_only_expiring_keys(
         own_server.resume()
     assert time.monotonic() - started < 10
     time.sleep(0.2)
-    assert client.pttl("{paused}") != -1  # applied late or not at all, never without TTL
+    assert client.pttl(lock_key("paused")) != -1  # applied late or not at all, never without TTL
     client.close()
 
 
@@ -57,7 +58,7 @@ def test_read_only_replica_is_named(own_server: servers.ServerProcess, server_ki
         client = families.client(port=replica.port)
         with pytest.raises(redlease.BackendError, match="read-only replica"):
             redlease.Lock(client, "x").acquire(timeout=1)
-        assert client.exists("{x}") == 0
+        assert client.exists(lock_key("x")) == 0
         client.close()
     finally:
         replica.stop()
@@ -97,5 +98,5 @@ def test_decoded_client_works(server: servers.ServerProcess, name: str) -> None:
     client = families.client(port=server.port, decode_responses=True)
     lock = redlease.Lock(client, name)
     with lock as lease:
-        assert client.get("{" + name + "}") == lease.token
+        assert client.get(lock_key(name)) == lease.token
     client.close()

@@ -121,12 +121,13 @@ def test_every_key_has_a_ttl_and_all_are_gone_within_the_bound(admin: Any, name:
     with redlease.Lock(admin, name, ttl=ttl, batch=4).acquire(timeout=2.0):
         pass
     keys = sorted(set(keys) | set(_keys_of(admin, name)))
-    assert [key for key in keys if admin.pttl(key) == -1] == []  # (-2: gone already)
-    released = time.monotonic()
-    bound = forgotten_within(round(ttl * 1000)) / 1000.0
-    time.sleep(bound)
-    assert [key for key in keys if admin.exists(key)] == []
-    assert time.monotonic() - released < bound + 1.0  # (the wait itself was not stretched)
+    bound_ms = forgotten_within(round(ttl * 1000))
+    left = {key: admin.pttl(key) for key in keys}
+    assert [key for key, ms in left.items() if ms == -1] == []  # (-2: gone already)
+    # every key expires within the bound of the last release, by its own TTL ...
+    assert [key for key, ms in left.items() if ms > bound_ms] == []
+    # ... and is then gone (the server is read with a margin: a loaded machine is slow)
+    wait_until(lambda: not any(admin.exists(key) for key in keys), timeout=bound_ms / 1000 + 5)
 
 
 def test_a_counter_that_expired_starts_again_above_its_last_fence(admin: Any, name: str) -> None:

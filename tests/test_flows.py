@@ -42,15 +42,15 @@ def test_acquire_is_one_script_call_and_validity_counts_from_before_sending() ->
     assert isinstance(op, _flows.Call)
     assert op.script is _scripts.ACQUIRE
     assert op.keys == (
-        "{orders:42}",
-        "{orders:42}:fence",
-        "{orders:42}:queue",
-        "{orders:42}:waiters",
+        "redlease:{orders:42}",
+        "redlease:{orders:42}:fence",
+        "redlease:{orders:42}:queue",
+        "redlease:{orders:42}:waiters",
     )
     token, ttl_ms, fair, queue_ms, bells, holds, hub = op.args
     assert token == attempt.token
     assert len(token) == 32
-    assert (ttl_ms, fair, queue_ms, bells) == ("10000", "1", "0", "{orders:42}:bell:")
+    assert (ttl_ms, fair, queue_ms, bells) == ("10000", "1", "0", "redlease:{orders:42}:bell:")
     assert holds == "1"  # one fence per grant unless a batch is asked for
     assert hub == ""  # a try that does not queue names no hub
     clock.advance(0.3)  # time in flight is the holder's loss
@@ -179,7 +179,7 @@ def test_waiter_sleeps_on_its_bell_until_the_holders_expiry_at_most() -> None:
     assert int(op.args[3]) >= 10_000  # queued, with an entry that outlives the wait
     wait = step(flow, [0, 2500, 5_000_000, 0])
     assert isinstance(wait, _flows.Wait)
-    assert wait.key == "{orders:42}:bell:" + attempt.token
+    assert wait.key == "redlease:{orders:42}:bell:" + attempt.token
     assert wait.timeout == pytest.approx(2.5 + _flows.EXPIRY_NUDGE)
     assert wait.give_up == pytest.approx(wait.timeout + _flows.LATE_WAKE)
 
@@ -246,7 +246,7 @@ def test_extend_and_release_raise_lock_lost_when_not_ours() -> None:
     flow = _flows.extend(s, "tok", 5000)
     op: Any = first_op(flow)
     assert op.script is _scripts.EXTEND
-    assert op.keys == ("{orders:42}",)
+    assert op.keys == ("redlease:{orders:42}",)
     clock.advance(0.2)
     _done, until = step(flow, 1)
     assert until == pytest.approx(1000.0 + 5.0 - drift(5.0))
@@ -380,7 +380,11 @@ def test_a_waiter_with_a_hub_tries_first_then_listens_then_queues_naming_its_hub
     flow = attempt.run()
     listen: Any = next(flow)
     assert isinstance(listen, _flows.Listen)
-    assert (listen.prefix, listen.token, listen.box) == ("{orders:42}:bell:", attempt.token, None)
+    assert (listen.prefix, listen.token, listen.box) == (
+        "redlease:{orders:42}:bell:",
+        attempt.token,
+        None,
+    )
     box = FakeBox(attempt.token, ready=False)
     op: Any = step(flow, box)
     assert op.script is _scripts.ACQUIRE

@@ -23,7 +23,7 @@ import redis.asyncio as aredis
 import families
 import redlease
 from redlease import _hub_sync, servers
-from waiting_helpers import Waiters, queued, wait_until
+from waiting_helpers import Waiters, lock_key, queued, wait_until
 
 # What a process's waiters may hold, whatever their number: the hub's connection, the
 # idle connections redlease keeps for short commands (8), and one spare.
@@ -93,7 +93,7 @@ async def test_2000_tasks_on_200_names_wait_on_a_handful_of_connections(
     async def total_queued_is(count: int) -> bool:
         async with ar.pipeline(transaction=False) as pipe:
             for i in range(200):
-                pipe.llen("{" + f"{name}:{i}" + "}:queue")
+                pipe.llen(lock_key(f"{name}:{i}") + ":queue")
             return bool(sum(await pipe.execute()) == count)
 
     await until(lambda: total_queued_is(2000))
@@ -184,7 +184,7 @@ async def test_cancelling_one_of_100_waiters_disturbs_no_other(
             done.append(i)
 
     tasks = [asyncio.create_task(waiter(i)) for i in range(100)]
-    key = "{" + name + "}:queue"
+    key = lock_key(name) + ":queue"
 
     async def queue_is(length: int) -> bool:
         return int(await ar.llen(key)) == length
@@ -261,7 +261,7 @@ def _node_clients(cluster: list[servers.ServerProcess]) -> list[Any]:
 def _spread(client: Any, prefix: str, count: int) -> list[str]:
     """``count`` lock names whose slots cover every node of the cluster."""
     names = [f"{prefix}:{i}" for i in range(count)]
-    owners = {client.get_node_from_key("{" + n + "}").name for n in names}
+    owners = {client.get_node_from_key(lock_key(n)).name for n in names}
     assert len(owners) == 3, owners
     return names
 
@@ -307,7 +307,7 @@ def test_threads_waiting_on_100_names_across_a_cluster(
         for i, n in enumerate(names * 2):  # one at a time: the client's pool stays small
             threads.append(threading.Thread(target=waiter, args=(n,)))
             threads[-1].start()
-            wait_until(lambda i=i: sum(client.llen("{" + m + "}:queue") for m in names) > i)
+            wait_until(lambda i=i: sum(client.llen(lock_key(m) + ":queue") for m in names) > i)
         time.sleep(0.2)
         for held in _held_per_node(nodes, label):
             assert len(held) <= HANDFUL, f"{len(held)} connections to a node for 200 waiters"
@@ -319,7 +319,7 @@ def test_threads_waiting_on_100_names_across_a_cluster(
             t.join(timeout=120)
         assert errors == []
         assert sorted(done) == sorted(names * 2)
-        assert sum(client.llen("{" + n + "}:queue") for n in names) == 0
+        assert sum(client.llen(lock_key(n) + ":queue") for n in names) == 0
     finally:
         for c in (client, waiting, *nodes):
             c.close()
@@ -348,7 +348,7 @@ async def test_tasks_waiting_on_100_names_across_a_cluster(
         tasks = [asyncio.create_task(waiter(i)) for i in range(1000)]
 
         async def all_queued() -> bool:
-            counts = [await client.llen("{" + n + "}:queue") for n in names]
+            counts = [await client.llen(lock_key(n) + ":queue") for n in names]
             return bool(sum(counts) == 1000)
 
         await until(all_queued)
@@ -474,12 +474,12 @@ def test_a_hub_left_on_a_demoted_server_never_hears_of_a_grant(server_kind: str)
         to_new.execute_command("REPLICAOF", "NO", "ONE")
         to_old.execute_command("REPLICAOF", "127.0.0.1", new.port)
         wait_until(lambda: to_old.info("replication")["master_link_status"] == "up", 30)
-        to_new.delete("{" + name + "}")  # the holder's lease ends on the new master
+        to_new.delete(lock_key(name))  # the holder's lease ends on the new master
         newcomer = redlease.Lock(to_new, name, ttl=30.0).acquire(timeout=10)
         thread.join(30)
         assert got == [], "the waiter took a grant that was undone"
         assert failed  # (its tries reach a replica now: it gives up at its deadline)
-        assert to_new.get("{" + name + "}") == newcomer.token.encode()
+        assert to_new.get(lock_key(name)) == newcomer.token.encode()
     finally:
         for c in (to_old, to_new):
             c.close()

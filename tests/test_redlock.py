@@ -31,6 +31,7 @@ from redlease._quorum import release as quorum_release
 from redlease.chaos.proxy import FaultProxy
 from redlease.chaos.unsafe import Unsafe
 from redlease.testing import FakeClock
+from waiting_helpers import lock_key
 
 NODES = 5
 
@@ -88,7 +89,7 @@ def test_acquire_extend_release(clients: list[redis.Redis], name: str, count: in
         assert lock.try_acquire() is None  # contention is not an error
         lease.extend(8.0)
         assert 7.8 < lease.remaining() <= 8.0
-        assert all(7000 < c.pttl("{" + name + "}") <= 8000 for c in clients[:count])
+        assert all(7000 < c.pttl(lock_key(name)) <= 8000 for c in clients[:count])
         lease.check()
     assert lease.released
     assert _lock_keys(clients[:count], name) == [0] * count
@@ -536,7 +537,7 @@ def test_lost_replies_are_cleaned_up_by_release_all(
         lock = redlease.Redlock(via, name, ttl=10.0, node_timeout=0.1)
         assert lock.try_acquire() is not None  # connects through the proxies first
         for c in direct:
-            c.delete("{" + name + "}")
+            c.delete(lock_key(name))
         for proxy in proxies[:3]:
             proxy.set_mode("drop_replies")
         with pytest.raises(redlease.QuorumError):
@@ -608,7 +609,7 @@ def test_reply_lost_on_a_paused_node_is_released_after_resume(
         time.sleep(0.01)
     # the acquire's SET (on a dropped connection) and the release reach node 0 in either
     # order; at worst the key stays until its ttl, never without one
-    assert clients[0].pttl("{" + name + "}") != -1
+    assert clients[0].pttl(lock_key(name)) != -1
 
 
 def test_fences_increase_across_nodes_restarted_empty(
@@ -816,7 +817,7 @@ def test_renewal_counts_a_majority_like_extend(
     lock = redlease.Redlock(clients[:3], name, ttl=3.0, auto_renew=True, on_lost=seen.append)
     lease = lock.acquire()
     for client in clients[:taken]:
-        client.set("{" + name + "}", "another holder", px=60_000)
+        client.set(lock_key(name), "another holder", px=60_000)
     deadline = time.monotonic() + 2.5  # validity would run out at 3 s
     while time.monotonic() < deadline and not seen:
         time.sleep(0.05)
@@ -862,7 +863,7 @@ async def test_async_renewal_counts_a_majority_like_extend(
         lock = redlease.AsyncRedlock(made, name, ttl=3.0, auto_renew=True, on_lost=on_lost)
         lease = await lock.acquire()
         for other in clients[:2]:
-            other.set("{" + name + "}", "another holder", px=60_000)
+            other.set(lock_key(name), "another holder", px=60_000)
         await asyncio.wait_for(told.wait(), 2.5)  # validity would run out at 3 s
         assert seen == [lease]
         assert "majority" in _lost_reason(lease)
@@ -886,7 +887,7 @@ async def test_async_twin(nodes: list[servers.ServerProcess], name: str) -> None
         second = await lock.acquire(timeout=1.0)
         assert second.fence > lease.fence
         await second.release()
-        assert [await c.exists("{" + name + "}") for c in made] == [0, 0, 0]
+        assert [await c.exists(lock_key(name)) for c in made] == [0, 0, 0]
     finally:
         for c in made:
             await c.aclose()
@@ -942,7 +943,7 @@ async def test_async_minority_paused_and_majority_paused(
         with pytest.raises(redlease.QuorumError) as raised:
             await lock.acquire(timeout=1.0)
         assert len(raised.value.failures) == 3
-        assert [await c.exists("{" + name + "}") for c in made[3:]] == [0, 0]
+        assert [await c.exists(lock_key(name)) for c in made[3:]] == [0, 0]
     finally:
         for proc in nodes[:3]:
             proc.resume()
@@ -963,7 +964,7 @@ async def test_async_cancelled_acquire_leaves_nothing(
         with pytest.raises(asyncio.CancelledError):
             await waiter
         await holder.release()
-        assert [await c.exists("{" + name + "}") for c in made] == [0, 0, 0]
+        assert [await c.exists(lock_key(name)) for c in made] == [0, 0, 0]
     finally:
         for c in made:
             await c.aclose()
@@ -985,7 +986,7 @@ async def test_async_cancelled_release_still_releases_everywhere(
         with contextlib.suppress(asyncio.CancelledError):
             await release
         assert lease.released
-        assert [await c.exists("{" + name + "}") for c in made] == [0, 0, 0]
+        assert [await c.exists(lock_key(name)) for c in made] == [0, 0, 0]
     finally:
         for c in made:
             await c.aclose()

@@ -27,6 +27,7 @@ import redlease
 from redlease import _flows, _renewal, servers
 from redlease._errors import BackendError
 from redlease.testing import FakeClock
+from waiting_helpers import lock_key
 
 # -- the schedule, without I/O -----------------------------------------------------------
 
@@ -112,7 +113,7 @@ def _until(condition: Callable[[], bool], timeout: float) -> float | None:
 
 
 def _key(name: str) -> str:
-    return "{" + name + "}"
+    return lock_key(name)
 
 
 def _renewer_threads() -> list[threading.Thread]:

@@ -17,7 +17,7 @@ import families
 import redlease
 from redlease import _flows, servers
 from redlease._io_sync import SyncIO
-from waiting_helpers import queued, wait_until
+from waiting_helpers import lock_key, queued, wait_until
 
 
 def drive(flow: Any, reply: Any, io: SyncIO) -> Any:
@@ -49,7 +49,7 @@ def test_no_lost_wake_up_when_release_lands_before_the_wait(
     assert rung is not None
     grant = drive(flow, rung, io)  # fair: granted; not fair: woken, tries, wins
     assert isinstance(grant, _flows.Grant)
-    assert r.get("{" + name + "}") == attempt.token.encode()
+    assert r.get(lock_key(name)) == attempt.token.encode()
 
 
 def test_fifo_order_and_no_barging(r: redis.Redis, name: str) -> None:
@@ -71,7 +71,7 @@ def test_fifo_order_and_no_barging(r: redis.Redis, name: str) -> None:
         wait_until(lambda i=i: queued(r, name) == i + 1)
     holder.release()
     # the lock now passes from waiter to waiter; a newcomer never gets in between
-    wait_until(lambda: r.exists("{" + name + "}") == 1)
+    wait_until(lambda: r.exists(lock_key(name)) == 1)
     assert lock.try_acquire() is None
     for t in threads:
         t.join(timeout=30)
@@ -106,7 +106,7 @@ def test_waiter_wakes_when_a_crashed_holders_lease_expires(
         os.kill(os.getpid(), signal.SIGKILL)
     """)
     assert subprocess.run([sys.executable, "-c", code], timeout=60, check=False).returncode == -9
-    left = r.pttl("{" + name + "}") / 1000
+    left = r.pttl(lock_key(name)) / 1000
     assert left > 0
     started = time.monotonic()
     lease = redlease.Lock(r, name, ttl=5.0).acquire(timeout=30)
@@ -134,9 +134,9 @@ def test_timeout_leaves_the_queue_clean(r: redis.Redis, name: str) -> None:
     with pytest.raises(redlease.AcquireTimeout):
         lock.acquire(timeout=0.2)
     assert queued(r, name) == 0
-    assert r.hlen("{" + name + "}:waiters") == 0
+    assert r.hlen(lock_key(name) + ":waiters") == 0
     holder.release()
-    assert r.exists("{" + name + "}") == 0  # nobody was granted it after leaving
+    assert r.exists(lock_key(name)) == 0  # nobody was granted it after leaving
 
 
 def test_a_waiter_that_died_does_not_block_the_queue(
@@ -171,7 +171,7 @@ def test_idle_waiters_send_no_commands(r: redis.Redis, name: str) -> None:
         # Queued (the queueing script is a waiter's last command), and listening: the
         # process's hub subscribed to the lock's channel.
         wait_until(lambda: queued(r, name) == 3)
-        assert len(r.pubsub_channels("{" + name + "}:bell:@*")) == 1
+        assert len(r.pubsub_channels(lock_key(name) + ":bell:@*")) == 1
         time.sleep(0.2)
         before = r.info("commandstats")
         time.sleep(1.0)

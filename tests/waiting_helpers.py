@@ -1,5 +1,4 @@
-"""Small helpers shared by the tests of waiting (test_waiting, test_batch, test_hub,
-test_production)."""
+"""Small helpers shared by the tests: a lock's keys, waiting for a condition, waiters."""
 
 from __future__ import annotations
 
@@ -10,10 +9,16 @@ from typing import Any
 import redis
 
 import redlease
+from redlease._keys import LockKeys
+
+
+def lock_key(name: str) -> str:
+    """The key of the lock ``name`` (default prefix); its other keys add a suffix to it."""
+    return LockKeys.for_name(name).lock
 
 
 def queued(r: redis.Redis, name: str) -> int:
-    return int(r.llen("{" + name + "}:queue"))
+    return int(r.llen(lock_key(name) + ":queue"))
 
 
 def wait_until(predicate: Any, timeout: float = 10.0) -> None:

@@ -16,6 +16,16 @@ MIN_MS = 1
 MIN_TTL_MS = next(ms for ms in range(MIN_MS, 1000) if longest_validity(ms / 1000.0) > 0)
 
 
+def shown(value: object) -> str:
+    """``value`` for an error message: its repr, cut short (and never failing: an int of
+    over 4,300 digits has no repr)."""
+    try:
+        text = repr(value)
+    except ValueError:
+        return f"an int of {value.bit_length()} bits" if isinstance(value, int) else "?"
+    return text if len(text) <= 80 else text[:60] + "..." + text[-10:]
+
+
 def seconds(name: str, value: object) -> float:
     """A duration given as seconds (int or float) or a timedelta, as float seconds."""
     if isinstance(value, timedelta):
@@ -24,9 +34,12 @@ def seconds(name: str, value: object) -> float:
         raise InvalidArgument(
             f"{name} must be a number of seconds or a timedelta, not {type(value).__name__}"
         )
-    result = float(value)
+    try:
+        result = float(value)
+    except OverflowError:  # an int beyond any float
+        result = math.inf
     if not math.isfinite(result):
-        raise InvalidArgument(f"{name} must be finite, got {value!r}")
+        raise InvalidArgument(f"{name} must be finite, got {shown(value)}")
     return result
 
 
@@ -34,11 +47,12 @@ def milliseconds(value: object, name: str) -> int:
     """A positive, finite duration within Redis's limits, in whole milliseconds."""
     secs = seconds(name, value)
     if secs <= 0:
-        raise InvalidArgument(f"{name} must be positive, got {value!r}")
-    ms = math.ceil(secs * 1000)
-    if ms > MAX_TTL_MS:
-        raise InvalidArgument(f"{name} must be at most {MAX_TTL_MS // 1000} seconds, got {value!r}")
-    return max(ms, MIN_MS)
+        raise InvalidArgument(f"{name} must be positive, got {shown(value)}")
+    if secs > MAX_TTL_MS / 1000:  # (before multiplying: a huge float would overflow)
+        raise InvalidArgument(
+            f"{name} must be at most {MAX_TTL_MS // 1000} seconds, got {shown(value)}"
+        )
+    return max(math.ceil(secs * 1000), MIN_MS)
 
 
 def ttl_ms(value: object, name: str = "ttl") -> int:
@@ -49,7 +63,7 @@ def ttl_ms(value: object, name: str = "ttl") -> int:
     if ms < MIN_TTL_MS:
         raise InvalidArgument(
             f"{name} must be at least {MIN_TTL_MS} ms: a lease is valid for its ttl less a "
-            f"drift margin (1% + 2 ms), so a shorter one is never valid; got {value!r}"
+            f"drift margin (1% + 2 ms), so a shorter one is never valid; got {shown(value)}"
         )
     return ms
 
@@ -60,7 +74,7 @@ def timeout(value: object, name: str = "timeout") -> float | None:
         return None
     secs = seconds(name, value)
     if secs < 0:
-        raise InvalidArgument(f"{name} must not be negative, got {value!r}")
+        raise InvalidArgument(f"{name} must not be negative, got {shown(value)}")
     return secs
 
 
@@ -78,9 +92,9 @@ def batch(value: object, fair: bool) -> int:
     if isinstance(value, bool) or not isinstance(value, int):
         raise InvalidArgument(f"batch must be an int, not {type(value).__name__}")
     if value < 1:
-        raise InvalidArgument(f"batch must be at least 1, got {value!r}")
+        raise InvalidArgument(f"batch must be at least 1, got {shown(value)}")
     if value > MAX_BATCH:
-        raise InvalidArgument(f"batch must be at most {MAX_BATCH}, got {value!r}")
+        raise InvalidArgument(f"batch must be at most {MAX_BATCH}, got {shown(value)}")
     if value > 1 and not fair:
         raise InvalidArgument("batch needs fair=True (an unfair lock keeps no queue order)")
     return value
@@ -90,7 +104,7 @@ def batch_window_ms(value: object, lease_ms: int) -> int:
     """How long a batch may last: positive, at most the ttl; in whole milliseconds."""
     ms = milliseconds(value, "batch_window")
     if ms > lease_ms:
-        raise InvalidArgument(f"batch_window must not be longer than the ttl, got {value!r}")
+        raise InvalidArgument(f"batch_window must not be longer than the ttl, got {shown(value)}")
     return ms
 
 
@@ -103,7 +117,7 @@ def replica_wait_ms(value: object, lease_ms: int) -> int:
     if ms >= lease_ms:
         raise InvalidArgument(
             f"replica_timeout must be shorter than the ttl (a grant acknowledged after its "
-            f"lease ended is of no use), got {value!r}"
+            f"lease ended is of no use), got {shown(value)}"
         )
     return ms
 
@@ -132,7 +146,7 @@ def optional_positive(value: object, name: str) -> float | None:
         return None
     secs = seconds(name, value)
     if secs <= 0:
-        raise InvalidArgument(f"{name} must be positive, got {value!r}")
+        raise InvalidArgument(f"{name} must be positive, got {shown(value)}")
     return secs
 
 
@@ -142,7 +156,8 @@ def _encodable(value: str, name: str) -> str:
         value.encode()
     except UnicodeEncodeError as exc:
         raise InvalidArgument(
-            f"{name} must be encodable as UTF-8 ({exc.reason} at index {exc.start}), got {value!r}"
+            f"{name} must be encodable as UTF-8 ({exc.reason} at index {exc.start}), "
+            f"got {shown(value)}"
         ) from None
     return value
 
@@ -162,22 +177,62 @@ def key_prefix(value: object) -> str:
     if not isinstance(value, str):
         raise InvalidArgument(f"prefix must be a str, not {type(value).__name__}")
     if "{" in value or "}" in value:
-        raise InvalidArgument(f"prefix must not contain '{{' or '}}', got {value!r}")
+        raise InvalidArgument(f"prefix must not contain '{{' or '}}', got {shown(value)}")
     return _encodable(value, "prefix")
 
 
-def count(value: object, name: str) -> int:
-    """A whole number, zero or more."""
+def count(value: object, name: str, maximum: int) -> int:
+    """A whole number from zero to ``maximum``."""
     if isinstance(value, bool) or not isinstance(value, int):
         raise InvalidArgument(f"{name} must be an int, not {type(value).__name__}")
     if value < 0:
-        raise InvalidArgument(f"{name} must not be negative, got {value!r}")
+        raise InvalidArgument(f"{name} must not be negative, got {shown(value)}")
+    if value > maximum:
+        raise InvalidArgument(f"{name} must be at most {maximum}, got {shown(value)}")
     return value
+
+
+# More replicas than any deployment has: WAIT would time out on every grant.
+MAX_REPLICAS = 1000
+
+
+def node_timeout(value: object, lease_ms: int) -> float | None:
+    """How long a Redlock round waits for each node: None (the default share of the
+    ttl) or a positive duration no longer than the ttl: a reply later than that could
+    not make a valid lease."""
+    secs = optional_positive(value, "node_timeout")
+    if secs is not None and secs > lease_ms / 1000:
+        raise InvalidArgument(
+            f"node_timeout must not be longer than the ttl (a later reply is of no use), "
+            f"got {shown(value)}"
+        )
+    return secs
+
+
+def clock(value: object) -> None:
+    """A clock of the caller's: callable, returning finite seconds (read once here, so
+    that a wrong one is refused now rather than met in the middle of a wait)."""
+    if value is None:
+        return
+    if not callable(value):
+        raise InvalidArgument("clock must be callable, returning monotonic seconds")
+    try:
+        now = value()
+    except Exception as exc:
+        raise InvalidArgument(f"clock() failed: {type(exc).__name__}: {exc}") from None
+    try:
+        finite = not isinstance(now, bool) and math.isfinite(now)
+    except (TypeError, OverflowError):
+        finite = False
+    if not finite:
+        raise InvalidArgument(
+            f"clock must return monotonic seconds as a finite number, returned {shown(now)}"
+        )
 
 
 def flag(value: object, name: str) -> bool:
     if not isinstance(value, bool):
-        raise InvalidArgument(f"{name} must be True or False, not {value!r}")
+        raise InvalidArgument(f"{name} must be True or False, not {shown(value)}")
     return value
 
 

@@ -54,6 +54,17 @@ def passing(error: BaseException) -> bool:
     return isinstance(cause, c.RESPONSE_ERRORS) and str(cause).startswith(_PASSING)
 
 
+def error_code(error: BaseException) -> str:
+    """The first word of the server's error reply behind a failure ("WRONGTYPE",
+    "NOSCRIPT"...); "" if the failure was not an error reply."""
+    cause = error.__cause__ if isinstance(error, BackendError) else error
+    if isinstance(cause, ReplyError):
+        return cause.code
+    if isinstance(cause, c.RESPONSE_ERRORS):
+        return str(cause).split(" ", 1)[0]
+    return ""
+
+
 def backend_error(
     exc: BaseException, action: str, kind: type[BackendError] = BackendError
 ) -> BackendError:

@@ -17,6 +17,8 @@ import threading
 from collections.abc import Sequence
 from typing import Any, TextIO
 
+from ._keys import DEFAULT_PREFIX
+
 DEFAULT_URL = "redis://127.0.0.1:6379/0"
 EXIT_BUSY = 1
 EXIT_USAGE = 2
@@ -135,12 +137,20 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="terminate CMD if the lease is lost while it runs (default: warn)",
     )
-    run.add_argument("--prefix", default="", help="key prefix the lock was created with")
+    run.add_argument(
+        "--prefix",
+        default=DEFAULT_PREFIX,
+        help=f"key prefix the lock was created with (default {DEFAULT_PREFIX!r})",
+    )
 
     status = sub.add_parser("status", help="show whether a lock is held (read-only)")
     status.add_argument("name", help="lock name")
     _add_redis(status)
-    status.add_argument("--prefix", default="", help="key prefix the lock was created with")
+    status.add_argument(
+        "--prefix",
+        default=DEFAULT_PREFIX,
+        help=f"key prefix the lock was created with (default {DEFAULT_PREFIX!r})",
+    )
 
     sub.add_parser(
         "chaos",
@@ -363,13 +373,13 @@ def _wait_child(child: subprocess.Popen[bytes]) -> int:
 
 
 def _status(args: argparse.Namespace, out: TextIO) -> int:
-    from ._arguments import lock_name
+    from ._arguments import key_prefix, lock_name
     from ._clients import BASE_ERRORS
     from ._errors import InvalidArgument
     from ._keys import LockKeys
 
     try:
-        keys = LockKeys.for_name(lock_name(args.name), args.prefix)
+        keys = LockKeys.for_name(lock_name(args.name), key_prefix(args.prefix))
     except InvalidArgument as exc:
         raise CliError(f"status: {exc}") from None
     client = _client(args.redis)
@@ -384,7 +394,7 @@ def _status(args: argparse.Namespace, out: TextIO) -> int:
         raise CliError(f"cannot read the lock from {args.redis}: {exc}") from None
     finally:
         client.close()
-    counter = int(fence) if fence is not None else 0
+    counter = int(fence or 0)
     if held:
         if pttl is not None and pttl >= 0:
             expiry = f"lease ends in {pttl / 1000:.3f} s unless renewed"
@@ -393,6 +403,9 @@ def _status(args: argparse.Namespace, out: TextIO) -> int:
         out.write(f"lock {args.name!r}: held ({expiry})\n")
     else:
         out.write(f"lock {args.name!r}: free\n")
-    out.write(f"fence counter: {counter} (the next holder gets {counter + 1} or more)\n")
+    if fence is None:
+        out.write("fence counter: none (the next holder's starts at the server's clock)\n")
+    else:
+        out.write(f"fence counter: {counter} (the next holder gets {counter + 1} or more)\n")
     out.write(f"waiting: {waiting}\n")
     return 0

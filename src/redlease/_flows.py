@@ -17,8 +17,8 @@ from dataclasses import dataclass
 from typing import Any, Protocol, TypeVar
 
 from . import _arguments as args
-from ._errors import BackendError, LockLost
-from ._keys import LockKeys
+from ._errors import BackendError, LockError, LockLost
+from ._keys import DEFAULT_PREFIX, LockKeys
 from ._scripts import ACQUIRE, EXTEND, LEAVE, RELEASE, Script
 from ._timing import (
     MONOTONIC,
@@ -193,7 +193,7 @@ class LockSpec:
         ttl: object,
         *,
         fair: object = True,
-        prefix: object = "",
+        prefix: object = DEFAULT_PREFIX,
         clock: Clock | None = None,
         replicas: object = 0,
         replica_timeout: object = None,
@@ -203,10 +203,9 @@ class LockSpec:
         checked_name = args.lock_name(name)
         ttl_ms = args.ttl_ms(ttl)
         checked_fair = args.flag(fair, "fair")
-        count = args.count(replicas, "replicas")
+        count = args.count(replicas, "replicas", args.MAX_REPLICAS)
         wait_ms = args.replica_wait_ms(replica_timeout, ttl_ms)
-        if clock is not None and not callable(clock):
-            raise args.InvalidArgument("clock must be callable, returning monotonic seconds")
+        args.clock(clock)
         return cls(
             name=checked_name,
             ttl=ttl_ms / 1000.0,
@@ -403,8 +402,10 @@ class Acquisition:
         over: see ``_backend_errors.passing``) with a growing random delay, and then
         tries again, with the same token (a try that did reach the server is found);
         anything else is raised. Without a deadline the client's retries decide."""
-        from ._backend_errors import passing  # (it imports the wire format, which needs us)
+        from ._backend_errors import error_code, passing  # (they import the wire format)
 
+        if error_code(failure) == "WRONGTYPE":
+            raise (yield from foreign_key(self.spec)) from failure
         left = self.deadline.left()
         if not self.wait or left is None or left <= 0 or not passing(failure):
             raise failure
@@ -505,6 +506,27 @@ def release(spec: LockSpec, token: str) -> Flow[None]:
     ok = yield spec.call(RELEASE, token, spec.fair_arg, spec.keys.bell_prefix, mark_ms)
     if as_int(ok) != 1:
         raise LockLost(f"lock {spec.name!r} had already expired or been taken over")
+
+
+# The type of each of a lock's script keys, in LockKeys.script_keys order.
+KEY_TYPES = ("string", "string", "list", "hash")
+
+
+def foreign_key(spec: LockSpec) -> Flow[LockError]:
+    """The error for a lock whose script met a key of the wrong type: something else
+    wrote under redlease's prefix. Names the key, found by asking each one's TYPE."""
+    for key, wanted in zip(spec.keys.script_keys, KEY_TYPES, strict=True):
+        kind = as_text((yield Command(("TYPE", key), MIN_REPLY_WAIT)))
+        if kind not in (wanted, "none"):
+            return LockError(
+                f"lock {spec.name!r}: the key {key!r} holds a {kind}, where redlease keeps "
+                f"a {wanted}: something else writes under the lock's prefix. Delete the key, "
+                f"or give the lock another prefix="
+            )
+    return LockError(
+        f"lock {spec.name!r}: a key under {spec.keys.lock!r} holds the wrong type of value: "
+        f"something else writes under the lock's prefix"
+    )
 
 
 MAXMEMORY_POLICY = Command(("CONFIG", "GET", "maxmemory-policy"), MIN_REPLY_WAIT)

@@ -268,6 +268,13 @@ def check_served(client: object, what: str) -> None:
     refused = refusal(client)
     if refused is not None:
         raise InvalidArgument(f"{what} is refused: {refused}")
+    if isinstance(client, type):
+        raise InvalidArgument(f"{what} must be a client, not the class {client.__name__}")
+    if callable(getattr(client, "master_for", None)):
+        raise InvalidArgument(
+            f"{what} is a Sentinel manager: pass the master's client, "
+            f"sentinel.master_for(service_name)"
+        )
     if not callable(getattr(client, "execute_command", None)):
         raise InvalidArgument(
             f"{what} must be a redis-py or valkey-py client, not {type(client).__name__}"

@@ -3,9 +3,9 @@
 A waiter does not hold a connection of its own. The hub of its pool (``Pool.hub``) has
 one connection subscribed to the channel of each lock its waiters wait for (the lock's
 bell prefix .. "@" .. the hub's id: in the lock's hash slot); the waiter's queue entry
-names the hub, and a release rings the waiter by publishing "token:fence:server_us"
-there. A reader thread hands each ring to the waiter of that token (its ``Box``): waking
-is targeted, and idle waiters send nothing.
+names the hub, and a release rings the waiter by publishing
+"token:fence:server_us:taken" there. A reader thread hands each ring to the waiter of
+that token (its ``Box``): waking is targeted, and idle waiters send nothing.
 
 The release first asks how many connections listen on that channel (PUBSUB NUMSUB):
 none means the hub's process (or its connection) is gone, and the release drops that

@@ -1,22 +1,28 @@
 """Key layout. Every key of one lock carries the same Cluster hash tag, so each script
 touches a single slot:
 
-    {name}               the lock: value = holder's token, always with a TTL
-    {name}:fence         fencing counter: created at the server's clock in microseconds,
-                         raised by every grant, kept twice the lease and a margin past the
-                         last one (see the scripts' take_fences and docs/design.md)
-    {name}:queue         waiters in arrival order (list of tokens), with a TTL
-    {name}:waiters       waiter token -> "deadline_us:ttl_ms:holds" (hash), with a TTL
-    {name}:bell:<token>  a waiter's doorbell list, pushed by the release script, with a TTL
-    {name}:bell:@<hub>   not a key: the pub/sub channel on which the waiters of one
-                         process's hub (its shared wait connection) are rung
-    {name}:released      the token of the last release, for a retried release to find,
-                         with a TTL (the release's reply bound)
+    P{N}               the lock: value = holder's token, always with a TTL
+    P{N}:fence         fencing counter: created at the server's clock in microseconds,
+                       raised by every grant, kept twice the lease and a margin past the
+                       last one (see the scripts' take_fences and docs/design.md)
+    P{N}:queue         waiters in arrival order (list of tokens), with a TTL
+    P{N}:waiters       waiter token -> "deadline_us:ttl_ms:holds" (hash), with a TTL
+    P{N}:bell:<token>  a waiter's doorbell list, pushed by the release script, with a TTL
+    P{N}:bell:@<hub>   not a key: the pub/sub channel on which the waiters of one
+                       process's hub (its shared wait connection) are rung
+    P{N}:released      the token of the last release, for a retried release to find,
+                       with a TTL (the release's reply bound)
+
+P is the prefix (``redlease:`` unless the lock was given another; it may not contain a
+brace) and N the name with "%", "{" and "}" written as "%25", "%7B" and "%7D". So a key
+reads back to exactly one (prefix, name, suffix): the prefix ends at the first "{", the
+name at the next "}" (the hash tag Redis hashes is exactly N, never empty since names
+are not), and the suffix is one of the fixed ones above. Two different locks never
+share a key, whatever their names.
 """
 
 from __future__ import annotations
 
-import hashlib
 import math
 from dataclasses import dataclass
 
@@ -41,13 +47,16 @@ def forgotten_within(ttl_ms: int) -> int:
     return max(counter, queue)
 
 
+# Where redlease's keys live unless a lock is given another prefix: out of the way of the
+# application's own keys, which then cannot break a lock by sharing its key.
+DEFAULT_PREFIX = "redlease:"
+
+_ESCAPES = str.maketrans({"%": "%25", "{": "%7B", "}": "%7D"})
+
+
 def hash_tag(name: str) -> str:
-    # Redis hashes the text between the first "{" and the next "}". A name that starts
-    # with "}" would make that tag empty (and the keys land in different slots), so such
-    # names are tagged by a digest instead.
-    if name.startswith("}"):
-        return "{#" + hashlib.sha1(name.encode()).hexdigest()[:24] + "}"
-    return "{" + name + "}"
+    """The name as the keys' hash tag: braced, with its own braces (and "%") escaped."""
+    return "{" + name.translate(_ESCAPES) + "}"
 
 
 @dataclass(frozen=True)
@@ -59,7 +68,7 @@ class LockKeys:
     bell_prefix: str
 
     @classmethod
-    def for_name(cls, name: str, prefix: str = "") -> LockKeys:
+    def for_name(cls, name: str, prefix: str = DEFAULT_PREFIX) -> LockKeys:
         base = prefix + hash_tag(name)
         return cls(
             lock=base,

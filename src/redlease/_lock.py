@@ -23,6 +23,7 @@ from ._flows import DEFAULT_BATCH_WINDOW, Acquisition, Grant, LockSpec
 from ._fronts import AsyncFront, SyncFront, check_client
 from ._io_async import AsyncIO
 from ._io_sync import SyncIO
+from ._keys import DEFAULT_PREFIX
 from ._lease import AsyncLease, Lease
 from ._timing import Clock
 
@@ -126,7 +127,7 @@ class Lock(_LockConfig, SyncFront[Lease]):
         auto_renew: bool = False,
         on_lost: OnLost | None = None,
         max_hold: Seconds | None = None,
-        prefix: str = "",
+        prefix: str = DEFAULT_PREFIX,
         clock: Clock | None = None,
         replicas: int = 0,
         replica_timeout: Seconds | None = None,
@@ -196,7 +197,7 @@ class AsyncLock(_LockConfig, AsyncFront[AsyncLease]):
         on_lost: OnLost | None = None,
         max_hold: Seconds | None = None,
         cancel_on_lost: bool = False,
-        prefix: str = "",
+        prefix: str = DEFAULT_PREFIX,
         clock: Clock | None = None,
         replicas: int = 0,
         replica_timeout: Seconds | None = None,

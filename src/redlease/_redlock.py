@@ -48,6 +48,7 @@ from ._io_async import _CHECKED as _ASYNC_CHECKED
 from ._io_async import AsyncIO
 from ._io_sync import _CHECKED as _SYNC_CHECKED
 from ._io_sync import SyncIO
+from ._keys import DEFAULT_PREFIX
 from ._lease import (
     AsyncLeaseBlock,
     LeaseState,
@@ -280,6 +281,10 @@ class AsyncRedlockLease(_QuorumLease, AsyncLeaseBlock):
 # -- the locks ----------------------------------------------------------------------------
 
 
+# The fewest nodes with a majority that survives one of them failing.
+MIN_TOLERANT_NODES = 3
+
+
 class _RedlockConfig:
     """Arguments shared by the twins, checked once."""
 
@@ -300,8 +305,17 @@ class _RedlockConfig:
         lock = LockSpec.create(name, ttl, prefix=prefix, clock=clock)
         if not isinstance(rules, Rules):
             raise InvalidArgument("_rules must be a redlease._quorum.Rules")
-        timeout = args.optional_positive(node_timeout, "node_timeout")
+        timeout = args.node_timeout(node_timeout, lock.ttl_ms)
         self._spec = QuorumSpec.create(lock, names, timeout, rules)
+        if len(names) < MIN_TOLERANT_NODES:
+            # Allowed (tests, a first step to more nodes) but worth saying: with one or
+            # two nodes, every node must answer, so one node down stops every acquire.
+            warnings.warn(
+                f"Redlock over {len(names)} node(s) tolerates no node failure: use at "
+                f"least {MIN_TOLERANT_NODES} independent masters (or Lock for one server)",
+                RedleaseWarning,
+                stacklevel=3,
+            )
         self._auto_renew, self._max_hold = args.renewal(auto_renew, max_hold, clock)
         self._on_lost: OnLost | None = args.callback(on_lost, "on_lost")  # type: ignore[assignment]
 
@@ -357,7 +371,7 @@ class Redlock(_RedlockConfig, SyncFront[RedlockLease]):
         on_lost: OnLost | None = None,
         max_hold: Seconds | None = None,
         node_timeout: Seconds | None = None,
-        prefix: str = "",
+        prefix: str = DEFAULT_PREFIX,
         clock: Clock | None = None,
         _rules: Rules = SAFE,
     ) -> None:
@@ -404,7 +418,7 @@ class AsyncRedlock(_RedlockConfig, AsyncFront[AsyncRedlockLease]):
         max_hold: Seconds | None = None,
         cancel_on_lost: bool = False,
         node_timeout: Seconds | None = None,
-        prefix: str = "",
+        prefix: str = DEFAULT_PREFIX,
         clock: Clock | None = None,
         _rules: Rules = SAFE,
     ) -> None:

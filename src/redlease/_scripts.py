@@ -8,14 +8,15 @@ Shared by the lock scripts (KEYS[1..4] = lock, fence, queue, waiters; see _keys.
   * a waiter entry is "deadline_us:ttl_ms:holds[:hub]" in the waiters hash, in arrival
     order in queue; an entry past its deadline belongs to a waiter that gave up or died
     and is skipped;
-  * a waiter is rung with "fence:server_us": a fence > 0 means the lock was granted to
-    that waiter at server time server_us; fence 0 is a plain wake-up. A waiter with a
-    hub (its process's shared wait connection, see _hub_sync.py) is rung by a PUBLISH
-    (SPUBLISH for a hub on a Cluster node, whose id starts with "s") of
-    "token:fence:server_us" on its hub's channel (bell prefix .. "@" .. hub), made only
-    if the hub listens on that server (PUBSUB NUMSUB): one that does not tells that the
-    waiter's process, or its connection, is gone (or listens on another server, which
-    must not hear of a grant): the waiter is dropped and the next one served, at once.
+  * a waiter is rung with "fence:server_us:taken": a fence > 0 means the lock was granted
+    to that waiter at server time server_us, with taken fences; fence 0 is a plain
+    wake-up. A waiter with a hub (its process's shared wait connection, see
+    _hub_sync.py) is rung by a PUBLISH (SPUBLISH for a hub on a Cluster node, whose id
+    starts with "s") of "token:fence:server_us:taken" on its hub's channel (bell prefix
+    .. "@" .. hub), made only if the hub listens on that server (PUBSUB NUMSUB): one
+    that does not tells that the waiter's process, or its connection, is gone (or
+    listens on another server, which must not hear of a grant): the waiter is dropped
+    and the next one served, at once.
     A waiter without a hub has a doorbell list (bell prefix .. token), pushed;
   * a grant takes fences from the name's counter (take_fences below): ``holds`` of them
     at once for a lock made with ``batch=n``, which lends one grant to its callers up to
@@ -51,15 +52,18 @@ class Script:
 _FENCES = (
     """
 -- Take up to n fences from the counter F for a lease of ttl ms; return the highest and
--- how many were taken. A counter is created at the server's clock, in microseconds (or
--- at floor, if higher), and then counts: one lost with the server's data, or expired,
--- starts again above every fence it handed out, because it never runs more than LEAD us
--- ahead of the clock (a grant that would take it further takes fewer fences, at least
--- one) and expires only once the clock has passed it. See docs/design.md, "Fences".
-local function take_fences(f, n, ttl, floor)
+-- how many were taken. Fences follow the server's clock, in microseconds: a grant takes
+-- them above both the counter and the clock (or, dense, above the counter alone, which
+-- starts at the clock: a Redlock's nodes then stay in step), and above floor. A counter
+-- never runs more than LEAD us ahead of the clock (a grant that would take it further
+-- takes fewer fences, at least one) and expires only once the clock has passed it, so
+-- one lost with the server's data, expired, or (not dense) left behind on a replica
+-- promoted in a failover, still leads to greater fences. See docs/design.md, "Fences".
+local function take_fences(f, n, ttl, floor, dense)
   local t = redis.call('TIME')
   local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
-  local base = math.max(tonumber(redis.call('GET', f)) or now, floor)
+  local last = tonumber(redis.call('GET', f))
+  local base = math.max(dense and last or math.max(last or 0, now), floor)
   local taken = math.min(tonumber(n), math.max(1, now + @LEAD@ - base))
   local top = base + taken
   if top >= @LIMIT@ then
@@ -143,7 +147,7 @@ local function hand_on(lock, fence, queue, waiters, bells, fair)
     local granted, taken = 0, 0
     if fair == '1' then
       redis.call('SET', lock, w, 'PX', ttl)
-      granted, taken = take_fences(fence, entry_holds(entry), ttl, 0)
+      granted, taken = take_fences(fence, entry_holds(entry), ttl, 0, false)
     end
     if ring(bells, w, entry, granted, taken, now, ttl) then return end
     if fair == '1' then redis.call('DEL', lock) end
@@ -181,7 +185,7 @@ ACQUIRE = Script(
 -- have been granted or promised the lock.
 if redis.call('EXISTS', KEYS[3]) == 0
     and redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then
-  local top, taken = take_fences(KEYS[2], ARGV[6], ARGV[2], 0)
+  local top, taken = take_fences(KEYS[2], ARGV[6], ARGV[2], 0, false)
   return {top, tonumber(ARGV[2]), 0, taken}
 end
 """
@@ -215,7 +219,7 @@ if not holder then
   redis.call('SET', lock, token, 'PX', ARGV[2])
   forget(queue, waiters, token)
   redis.call('DEL', bell)
-  local top, taken = take_fences(fence, ARGV[6], ARGV[2], 0)
+  local top, taken = take_fences(fence, ARGV[6], ARGV[2], 0, false)
   return {top, tonumber(ARGV[2]), now, taken}
 end
 if ARGV[4] ~= '0' then
@@ -319,7 +323,7 @@ REDLOCK_ACQUIRE = Script(
     + _FENCES
     + """
 local function count()
-  return {1, (take_fences(KEYS[2], 1, ARGV[2], tonumber(ARGV[3]))), tonumber(ARGV[2])}
+  return {1, (take_fences(KEYS[2], 1, ARGV[2], tonumber(ARGV[3]), true)), tonumber(ARGV[2])}
 end
 if redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then
   return count()
@@ -346,7 +350,7 @@ if redis.call('GET', KEYS[1]) ~= ARGV[1] then return 0 end
 local wanted = tonumber(ARGV[2])
 if (tonumber(redis.call('GET', KEYS[2])) or 0) < wanted then
   -- taken as one fence from a floor just below it: the same expiry rule as every grant
-  take_fences(KEYS[2], 1, ARGV[3], wanted - 1)
+  take_fences(KEYS[2], 1, ARGV[3], wanted - 1, true)
 end
 return 1
 """,

@@ -430,7 +430,7 @@ def _count_keys_without_ttl(urls: Sequence[str], pattern: str) -> int:
         client = from_url(url)
         try:
             for key in client.scan_iter(match=pattern, count=1000):
-                if not key.endswith(b":fence") and client.pttl(key) == -1:
+                if client.pttl(key) == -1:
                     found += 1
         finally:
             client.close()

@@ -15,7 +15,7 @@ import socket
 import subprocess
 import tempfile
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -96,6 +96,7 @@ class ServerProcess:
     port: int = 0
     appendfsync_always: bool = False
     extra_args: Sequence[str] = ()
+    env: Mapping[str, str] | None = None  # the process's environment (default: ours)
     workdir: str = field(default_factory=lambda: tempfile.mkdtemp(prefix="redlease-srv-"))
     process: subprocess.Popen[bytes] | None = None
 
@@ -134,7 +135,11 @@ class ServerProcess:
             argv += ["--appendonly", "no"]
         argv += list(self.extra_args)
         self.process = subprocess.Popen(
-            argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True
+            argv,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            start_new_session=True,
+            env=None if self.env is None else dict(self.env),
         )
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:

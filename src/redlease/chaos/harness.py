@@ -10,6 +10,7 @@ than the ttl at a chosen section), never left to a race.
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import os
 import random
@@ -55,7 +56,8 @@ class Plan:
     stop_seconds: float = 0.0  # how long a worker that SIGSTOPs itself stays stopped
     events: list[Event] = field(default_factory=list)  # nemesis: (offset s, action, args)
     auto_renew: bool = False
-    faketime: bool = False
+    faketime: bool = False  # the workers run under libfaketime ("clock" events step them)
+    server_faketime: bool = False  # the lock servers do instead
     between: str | None = None  # broken locks: "kill" or seconds to sleep in the window
     options: dict[str, Any] = field(default_factory=dict)
     think: float = 0.0  # idle time after every second section
@@ -72,11 +74,11 @@ class Plan:
 
 @dataclass(frozen=True)
 class Scenario:
-    row: int
+    row: int  # the table's row
     fault: str
     expected_unfenced: str
     expected_fenced: str
-    needs: str | None  # "redlock", "auto_renew", "faketime" or None
+    needs: str | None  # "redlock", "auto_renew", "faketime", "server_faketime" or None
     plan: Callable[[random.Random, bool], Plan]
     label: str = ""  # how the row is numbered in the report, when not just ``row``
     available: bool = False  # no operation may fail (the faults heal within a retry)
@@ -212,6 +214,33 @@ def _queued_waiter_killed(rng: random.Random, quick: bool) -> Plan:
     return p
 
 
+def _data_loss(rng: random.Random, quick: bool) -> Plan:
+    # One server loses its data three ways in a run: FLUSHALL, a kill -9 and restart
+    # without persistence, and a failover to a replica cut off before the last grants
+    # (the promoted replica holds an older fence counter). Sections of 0.3 s: a holder is
+    # often mid-section when its key vanishes, and a newcomer gets in beside it.
+    p = Plan(proxies=True, replica=True, ttl=1.0, work=0.3, duration=6.0 if quick else 10.0)
+    p.options = {"fair": False}  # (see _failover)
+    t = 0.8 + rng.random() * 0.3
+    p.events += [(t, "flushall", (0,)), (t, "heal", ())]
+    t += 1.2 + rng.random() * 0.3
+    p.events += [(t, "kill", (0,)), (t + 0.05, "restart", (0,)), (t + 0.05, "heal", ())]
+    t += 1.2 + rng.random() * 0.3
+    p.events += [(t, "cut_replication", (0,)), (t + 0.65, "failover", (0,))]
+    p.events += [(t + 0.65, "heal", ()), (t + 1.15, "rejoin", (0,))]
+    return p
+
+
+def _server_clock_back(rng: random.Random, quick: bool) -> Plan:
+    # The assumption under the fences: the server's clock does not step back. Here it
+    # steps back an hour and the server loses its data at the same moment, so the fence
+    # counter starts again from the stepped clock: below the fences handed out before.
+    p = Plan(server_faketime=True, ttl=1.0, work=0.05, duration=3.0 if quick else 6.0)
+    t = 1.0 + rng.random() * 0.3
+    p.events += [(t, "clock", (-3600,)), (t, "flushall", (0,)), (t, "heal", ())]
+    return p
+
+
 def _failover(replicas: int) -> Callable[[random.Random, bool], Plan]:
     def plan(rng: random.Random, quick: bool) -> Plan:
         # Sections of 0.6 s (ttl 1 s), and replication cut 0.65 s before the master dies:
@@ -234,8 +263,9 @@ def _failover(replicas: int) -> Callable[[random.Random, bool], Plan]:
     return plan
 
 
-SCENARIOS: dict[int, Scenario] = {
-    s.row: s
+# Keyed by the row's number in the table ("13b" for the second row 13), in table order.
+SCENARIOS: dict[str, Scenario] = {
+    s.number: s
     for s in [
         Scenario(
             1,
@@ -287,20 +317,38 @@ SCENARIOS: dict[int, Scenario] = {
         Scenario(
             13,
             "single master fails over to an async replica (fair=False; the fence counter "
-            "fails over with it)",
+            "fails over with it, behind)",
             POSSIBLE,
-            POSSIBLE,
+            SAFE,
             None,
             _failover(0),
         ),
         Scenario(
-            14,
+            13,
             "same, with replicas=1: a grant counts once the replica acknowledged it (WAIT)",
             SAFE,
             SAFE,
             None,
             _failover(1),
             label="13b",
+        ),
+        Scenario(
+            14,
+            "single server loses its data: FLUSHALL, kill -9 and restart without "
+            "persistence, failover to a replica that missed the last grants",
+            POSSIBLE,
+            SAFE,
+            None,
+            _data_loss,
+        ),
+        Scenario(
+            15,
+            "the server's clock steps back (libfaketime, 1 h) as it loses its data: the "
+            "assumption under the fences, broken",
+            POSSIBLE,
+            VIOLATION,
+            "server_faketime",
+            _server_clock_back,
         ),
         Scenario(
             16,
@@ -346,11 +394,45 @@ def faketime_library() -> str | None:
     return None
 
 
-def unsupported(need: str | None) -> str | None:
-    """Why a scenario cannot run here, or None if it can."""
+def faketime_env(clock_file: str) -> dict[str, str]:
+    """What to add to a process's environment to run it under libfaketime, its clock
+    offset read from ``clock_file`` at every call ("+0", "-3600"...); the monotonic clock
+    left real."""
+    lib = faketime_library()
+    assert lib is not None
+    return {
+        "LD_PRELOAD": lib,
+        "FAKETIME_TIMESTAMP_FILE": clock_file,
+        "FAKETIME_NO_CACHE": "1",
+        "FAKETIME_DONT_FAKE_MONOTONIC": "1",
+    }
 
-    if need == "faketime" and faketime_library() is None:
+
+@functools.cache
+def _runs_under_faketime(binary: servers.ServerBinary) -> bool:
+    """Whether this server starts under libfaketime (a build with jemalloc may not)."""
+    with tempfile.TemporaryDirectory(prefix="redlease-clock-") as clock_dir:
+        clock_file = os.path.join(clock_dir, "offset")
+        with open(clock_file, "w") as f:
+            f.write("-3600\n")
+        probe = servers.ServerProcess(binary, env={**os.environ, **faketime_env(clock_file)})
+        try:
+            probe.start(timeout=5.0)
+        except RuntimeError:
+            return False
+        try:
+            with redis.Redis(port=probe.port, socket_timeout=2.0) as client:
+                return bool(client.time()[0] < time.time() - 3000)  # (the offset applies)
+        finally:
+            probe.stop()
+
+
+def unsupported(need: str | None, binary: servers.ServerBinary) -> str | None:
+    """Why a scenario cannot run here, or None if it can."""
+    if need in ("faketime", "server_faketime") and faketime_library() is None:
         return "skipped: libfaketime not installed (apt package faketime)"
+    if need == "server_faketime" and not _runs_under_faketime(binary):
+        return f"skipped: {binary.kind}-server does not run under libfaketime here"
     return None
 
 
@@ -402,13 +484,20 @@ def _in_sync(master: servers.ServerProcess) -> None:
 
 
 @contextlib.contextmanager
-def deploy(plan: Plan, binary: servers.ServerBinary) -> Iterator[Deployment]:
+def deploy(
+    plan: Plan, binary: servers.ServerBinary, clock_file: str | None = None
+) -> Iterator[Deployment]:
     started: list[servers.ServerProcess] = []
     proxies: list[FaultProxy] = []
+    env = None
+    if plan.server_faketime and clock_file:
+        env = {**os.environ, **faketime_env(clock_file)}
     try:
         extra = [*(PROMPT_SYNC if plan.replica else []), *plan.server_args]
         for _ in range(plan.nodes):
-            srv = servers.ServerProcess(binary, appendfsync_always=plan.aof, extra_args=extra)
+            srv = servers.ServerProcess(
+                binary, appendfsync_always=plan.aof, extra_args=extra, env=env
+            )
             started.append(srv.start())
         dep = Deployment(list(started), servers.ServerProcess(binary).start(), [])
         started.append(dep.resource_server)
@@ -510,6 +599,9 @@ class _Nemesis:
             for key in list(self._open):
                 if key.startswith(f"node {node} ") and key != f"node {node} {mode}":
                     self._window(key, False)
+        elif action == "flushall":
+            with redis.Redis(port=srv.port, socket_timeout=2.0) as client:
+                client.flushall()
         elif action == "client_kill":
             with redis.Redis(port=srv.port, socket_timeout=1.0) as client:
                 client.execute_command("CLIENT", "KILL", "TYPE", "normal", "SKIPME", "yes")
@@ -575,20 +667,14 @@ def _worker_env(plan: Plan, clock_file: str | None) -> dict[str, str]:
     src = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [src, env.get("PYTHONPATH")]))
     if plan.faketime and clock_file is not None:
-        lib = faketime_library()
-        assert lib is not None
-        env.update(
-            LD_PRELOAD=lib,
-            FAKETIME_TIMESTAMP_FILE=clock_file,
-            FAKETIME_NO_CACHE="1",
-            FAKETIME_DONT_FAKE_MONOTONIC="1",
-        )
+        env.update(faketime_env(clock_file))
     return env
 
 
 def run_plan(plan: Plan, binary: servers.ServerBinary, name: str = "chaos") -> Record:
     """Run one plan against fresh servers; return everything the checker needs."""
-    clock_dir = tempfile.mkdtemp(prefix="redlease-clock-") if plan.faketime else None
+    faked = plan.faketime or plan.server_faketime
+    clock_dir = tempfile.mkdtemp(prefix="redlease-clock-") if faked else None
     clock_file = os.path.join(clock_dir, "offset") if clock_dir else None
     if clock_file:
         with open(clock_file, "w") as f:
@@ -596,7 +682,7 @@ def run_plan(plan: Plan, binary: servers.ServerBinary, name: str = "chaos") -> R
     procs: list[subprocess.Popen[str]] = []
     threads: list[threading.Thread] = []
     try:
-        with deploy(plan, binary) as dep:
+        with deploy(plan, binary, clock_file) as dep:
             res_client = redis.Redis(port=dep.resource_server.port)
             try:
                 return _run(plan, dep, res_client, name, clock_file, procs, threads)
@@ -743,7 +829,7 @@ def _keys_without_ttl(port: int) -> list[str]:
         with redis.Redis(port=port, socket_timeout=2.0) as client:
             for key in client.scan_iter("*"):
                 text = key.decode()
-                if not text.endswith(":fence") and client.pttl(key) == -1:
+                if client.pttl(key) == -1:
                     found.append(text)
     except redis.RedisError:
         pass  # a node left down: nothing to look at
@@ -751,13 +837,14 @@ def _keys_without_ttl(port: int) -> list[str]:
 
 
 def run_scenario(
-    row: int, binary: servers.ServerBinary, seed: int, quick: bool
+    number: str, binary: servers.ServerBinary, seed: int, quick: bool
 ) -> tuple[Scenario, Outcome | None, str | None]:
-    scenario = SCENARIOS[row]
-    why = unsupported(scenario.needs)
+    scenario = SCENARIOS[number]
+    why = unsupported(scenario.needs, binary)
     if why is not None:
         return scenario, None, why
-    plan = scenario.plan(random.Random(seed * 100 + row), quick)
+    place = list(SCENARIOS).index(number) + 1  # (each row its own random stream)
+    plan = scenario.plan(random.Random(seed * 100 + place), quick)
     return scenario, check(run_plan(plan, binary)), None
 
 

@@ -97,11 +97,12 @@ def _worker(config: WorkloadConfig, worker: int, out: Any) -> None:
 
 
 def keys_without_ttl(client: redis.Redis, pattern: str = "*") -> list[str]:
-    """Lock keys that would never expire (fence counters are meant to persist)."""
+    """Lock keys that would never expire (every key redlease writes has a TTL; the
+    workload's own counter is not a lock key)."""
     found = []
     for key in client.scan_iter(pattern):
         text = key.decode()
-        if text == COUNTER_KEY or text.endswith(":fence"):
+        if text == COUNTER_KEY:
             continue
         if client.pttl(key) == -1:
             found.append(text)
