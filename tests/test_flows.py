@@ -283,8 +283,8 @@ def test_keys_share_one_hash_tag() -> None:
     assert keys.bell("t") == "app:{a:b}:bell:t"
     odd = LockKeys.for_name("}x{")
     tag = hash_tag("}x{")
-    assert tag.startswith("{#")
-    assert all(k.startswith(tag) for k in odd.script_keys)
+    assert tag == "{%7Dx%7B}"  # the name's own braces escaped: the tag is the whole name
+    assert all(k.startswith("redlease:" + tag) for k in odd.script_keys)
 
 
 def test_eviction_warning_only_for_policies_that_evict() -> None:

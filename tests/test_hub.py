@@ -395,7 +395,7 @@ def test_waiters_follow_their_lock_when_its_slot_moves(
         name = "moving"
         holder = redlease.Lock(client, name, ttl=30.0).acquire()
         waiters = Waiters(redlease.Lock(waiting, name, ttl=30.0), 5)
-        wait_until(lambda: client.llen("{moving}:queue") == 5, timeout=60)
+        wait_until(lambda: client.llen(lock_key("moving") + ":queue") == 5, timeout=60)
         owner = client.get_node_from_key("{moving}").port
         source = [node.port for node in cluster].index(owner)
         _move_slot(nodes, client.keyslot("{moving}"), source, (source + 1) % 3)

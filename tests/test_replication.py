@@ -7,6 +7,7 @@ import pytest
 import families
 import redlease
 from redlease import servers
+from waiting_helpers import lock_key
 
 
 def test_grant_waits_for_the_replica(
@@ -16,7 +17,9 @@ def test_grant_waits_for_the_replica(
     client = families.client(port=master.port)
     lock = redlease.Lock(client, "replicated", ttl=5.0, replicas=1, replica_timeout=2.0)
     with lock as lease:
-        assert families.client(port=replica.port).get("{replicated}") == lease.token.encode()
+        assert (
+            families.client(port=replica.port).get(lock_key("replicated")) == lease.token.encode()
+        )
         lease.extend()
     client.close()
 
@@ -31,7 +34,7 @@ def test_no_acknowledgement_means_not_acquired(
     try:
         with pytest.raises(redlease.BackendError, match="only 0 of 1 replicas"):
             lock.acquire(timeout=1)
-        assert client.exists("{unreplicated}") == 0  # given back, not left behind
+        assert client.exists(lock_key("unreplicated")) == 0  # given back, not left behind
     finally:
         replica.resume()
     client.close()

@@ -15,6 +15,7 @@ import redis
 import redlease
 from redlease import broken, servers
 from redlease.chaos.workload import WorkloadConfig, run_counter_workload
+from waiting_helpers import lock_key
 
 
 @pytest.mark.parametrize("contender", ["none", "redlease"])
@@ -62,7 +63,7 @@ def test_redlease_holder_crash_frees_the_lock_after_its_ttl(
     server: servers.ServerProcess, r: redis.Redis
 ) -> None:
     _crash_between_setnx_and_expire(server.url, "redlease")
-    assert 0 < r.pttl("{crash}") <= 1000
+    assert 0 < r.pttl(lock_key("crash")) <= 1000
     lease = redlease.Lock(r, "crash", ttl=1.0).acquire(timeout=10)
     lease.release()
 
