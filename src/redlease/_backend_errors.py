@@ -49,9 +49,7 @@ def passing(error: BaseException) -> bool:
     cause = error.__cause__ if isinstance(error, BackendError) else error
     if isinstance(cause, (*c.CONNECTION_ERRORS, *c.TIMEOUT_ERRORS, *c.LOADING_ERRORS, OSError)):
         return True
-    if isinstance(cause, ReplyError):
-        return cause.code in _PASSING
-    return isinstance(cause, c.RESPONSE_ERRORS) and str(cause).startswith(_PASSING)
+    return error_code(error) in _PASSING
 
 
 def error_code(error: BaseException) -> str:

@@ -394,7 +394,6 @@ def _status(args: argparse.Namespace, out: TextIO) -> int:
         raise CliError(f"cannot read the lock from {args.redis}: {exc}") from None
     finally:
         client.close()
-    counter = int(fence or 0)
     if held:
         if pttl is not None and pttl >= 0:
             expiry = f"lease ends in {pttl / 1000:.3f} s unless renewed"
@@ -406,6 +405,7 @@ def _status(args: argparse.Namespace, out: TextIO) -> int:
     if fence is None:
         out.write("fence counter: none (the next holder's starts at the server's clock)\n")
     else:
+        counter = int(fence)
         out.write(f"fence counter: {counter} (the next holder gets {counter + 1} or more)\n")
     out.write(f"waiting: {waiting}\n")
     return 0

@@ -392,7 +392,8 @@ class Acquisition:
                 return (yield from self.leave(keep=True))
 
     def first_fence(self, top: int, taken: int) -> int:
-        """The first of the fences a grant took (``taken`` of them, ``top`` the highest)."""
+        """The first of the fences a grant took (``taken`` of them, ``top`` the highest);
+        ``taken`` is kept for the batch that may lend the rest."""
         self.taken = taken
         return top - taken + 1
 

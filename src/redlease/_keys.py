@@ -2,9 +2,9 @@
 touches a single slot:
 
     P{N}               the lock: value = holder's token, always with a TTL
-    P{N}:fence         fencing counter: created at the server's clock in microseconds,
-                       raised by every grant, kept twice the lease and a margin past the
-                       last one (see the scripts' take_fences and docs/design.md)
+    P{N}:fence         fencing counter: the last fence taken, which follows the server's
+                       clock in microseconds; kept twice the lease and a margin past the
+                       last grant (see the scripts' take_fences and docs/design.md)
     P{N}:queue         waiters in arrival order (list of tokens), with a TTL
     P{N}:waiters       waiter token -> "deadline_us:ttl_ms:holds" (hash), with a TTL
     P{N}:bell:<token>  a waiter's doorbell list, pushed by the release script, with a TTL

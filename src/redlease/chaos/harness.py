@@ -418,13 +418,12 @@ def _runs_under_faketime(binary: servers.ServerBinary) -> bool:
         probe = servers.ServerProcess(binary, env={**os.environ, **faketime_env(clock_file)})
         try:
             probe.start(timeout=5.0)
-        except RuntimeError:
-            return False
-        try:
             with redis.Redis(port=probe.port, socket_timeout=2.0) as client:
                 return bool(client.time()[0] < time.time() - 3000)  # (the offset applies)
+        except RuntimeError:  # it did not start
+            return False
         finally:
-            probe.stop()
+            probe.stop()  # (its work directory too, started or not)
 
 
 def unsupported(need: str | None, binary: servers.ServerBinary) -> str | None:
