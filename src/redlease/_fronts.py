@@ -6,6 +6,10 @@ once, cleaning up after an interrupted attempt, lending from a batch, starting r
 
 ``with lock as lease`` remembers the lease it opened in a context variable (per thread,
 per task), so nested and concurrent blocks each release their own.
+
+A ``reentrant`` lock keeps a table of the leases it handed out by holder (the thread, or
+the asyncio task, that acquired): an acquire by a holder returns its lease again, one
+hold more (``hold_count``), and only the release of the last hold goes to the server.
 """
 
 from __future__ import annotations
@@ -13,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import inspect
+import threading
 from collections.abc import Generator
 from contextvars import ContextVar
 from datetime import timedelta
@@ -20,10 +25,10 @@ from types import TracebackType
 from typing import Any, Generic, Protocol, TypeVar
 
 from . import _arguments as args
-from . import _renewal
+from . import _fork, _renewal
 from ._batches import Lender
 from ._clients import refusal
-from ._errors import AcquireTimeout, InvalidArgument
+from ._errors import AcquireTimeout, InvalidArgument, LockLost
 from ._flows import Grant
 from ._lease import AsyncDriver, AsyncLeaseBlock, LeaseState, SyncDriver, SyncLeaseBlock, _shielded
 
@@ -74,10 +79,37 @@ class _Front:
     _auto_renew: bool
     _max_hold: float | None
     _lender: Lender | None = None  # a Lock with batch > 1 lends its grants
+    _holding: dict[object, LeaseState] | None = None  # reentrant: each holder's lease
 
     @property
     def name(self) -> str:  # the lock's own config class says
         raise NotImplementedError
+
+    def _held_by(self, holder: object) -> LeaseState | None:
+        """The lease ``holder`` holds already (a reentrant lock's), with one hold more.
+        A lease found lost is dropped from the table and reported: the work it
+        protects is no longer protected, and a new lease would hide that."""
+        holding = self._holding
+        lease = None if holding is None else holding.get(holder)
+        if lease is None:
+            return None
+        assert holding is not None
+        if lease._generation != _fork.generation or lease.released:
+            del holding[holder]  # a fork's child holds none of its parent's leases
+            return None
+        if lease.lost:
+            del holding[holder]
+            raise LockLost(
+                f"lease on {self.name!r} that this holder acquired before was lost: "
+                f"{lease._lost_reason}"
+            )
+        lease._holds += 1
+        return lease
+
+    def _hold(self, holder: object, lease: LeaseState) -> None:
+        if self._holding is not None:
+            self._holding[holder] = lease
+            lease._held_in = (self._holding, holder)
 
     def _new_attempt(self, timeout: float | None, *, wait: bool) -> Attempt:
         raise NotImplementedError
@@ -115,6 +147,18 @@ class SyncFront(_Front, Generic[SyncLeaseT]):
         return self._acquire(0.0, wait=False)
 
     def _acquire(self, timeout: float | None, *, wait: bool) -> SyncLeaseT | None:
+        if self._holding is None:
+            return self._take(timeout, wait=wait)
+        holder = threading.current_thread()
+        held = self._held_by(holder)
+        if held is not None:
+            return held  # type: ignore[return-value]
+        lease = self._take(timeout, wait=wait)
+        if lease is not None:
+            self._hold(holder, lease)
+        return lease
+
+    def _take(self, timeout: float | None, *, wait: bool) -> SyncLeaseT | None:
         lender = self._lender
         if lender is not None:
             lent, closed = lender.lend()
@@ -198,6 +242,18 @@ class AsyncFront(_Front, Generic[AsyncLeaseT]):
         return await self._acquire(0.0, wait=False)
 
     async def _acquire(self, timeout: float | None, *, wait: bool) -> AsyncLeaseT | None:
+        if self._holding is None:
+            return await self._take(timeout, wait=wait)
+        holder = asyncio.current_task()
+        held = self._held_by(holder)
+        if held is not None:
+            return held  # type: ignore[return-value]
+        lease = await self._take(timeout, wait=wait)
+        if lease is not None:
+            self._hold(holder, lease)
+        return lease
+
+    async def _take(self, timeout: float | None, *, wait: bool) -> AsyncLeaseT | None:
         lender = self._lender
         if lender is not None:
             lent, closed = lender.lend()

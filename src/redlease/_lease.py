@@ -86,6 +86,9 @@ class LeaseState:
         self._unwatch: Callable[[], None] | None = None
         self._lender: Lender | None = None  # the batch it was lent from, if any
         self._generation = _fork.generation  # a fork's child never holds it
+        self._holds = 1  # acquisitions not yet released (a reentrant lock's nest them)
+        # A reentrant lock's table of leases by holder, and this one's holder in it.
+        self._held_in: tuple[dict[object, LeaseState], object] | None = None
 
     @property
     def name(self) -> str:
@@ -125,6 +128,24 @@ class LeaseState:
     @property
     def released(self) -> bool:
         return self._state == RELEASED
+
+    @property
+    def hold_count(self) -> int:
+        """How many acquisitions this lease stands for and that are not released yet: 1,
+        or more when a ``reentrant`` lock was acquired again by the thread (task) that
+        holds it. Only the release of the last one releases on the server."""
+        return self._holds if self._state == HELD else 0
+
+    def _nested(self) -> bool:
+        """A release of a reentrant lease held more than once: one hold fewer, no I/O
+        (True). Otherwise the lease leaves its lock's table and is released for real."""
+        if self._holds > 1:
+            self._holds -= 1
+            return True
+        held, self._held_in = self._held_in, None
+        if held is not None and held[0].get(held[1]) is self:
+            del held[0][held[1]]
+        return False
 
     def check(self) -> None:
         """Raise LockLost unless the lease is still held and valid: call it before each
@@ -269,12 +290,18 @@ class SyncLeaseBlock(LeaseState):
     def release(self) -> None:
         """Give the lock back (and hand it to the next waiter). Releasing twice is a no-op.
 
+        A lease of a ``reentrant`` lock acquired n times is released on the server by
+        the n-th release; the ones before only count down ``hold_count``.
+
         Raises LockLost if the lock had expired or been taken over before the release. A
         Redlock's: QuorumError if too few nodes answered (the lease counts as released:
         what is left expires with the ttl). Within a batch, the grant may be kept for the
         lock's next hold instead (see ``Lock``).
         """
         if self._state == RELEASED:
+            return
+        if self._nested():
+            self.check()  # a lease lost meanwhile says so at each release, as at the last
             return
         self._not_forked()
         if self._parked():
@@ -329,6 +356,9 @@ class AsyncLeaseBlock(LeaseState):
         does not cancel the release itself.
         """
         if self._state == RELEASED:
+            return
+        if self._nested():
+            self.check()
             return
         self._not_forked()
         if self._parked():

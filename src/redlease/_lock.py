@@ -24,7 +24,7 @@ from ._fronts import AsyncFront, SyncFront, check_client
 from ._io_async import AsyncIO
 from ._io_sync import SyncIO
 from ._keys import DEFAULT_PREFIX
-from ._lease import AsyncLease, Lease
+from ._lease import AsyncLease, Lease, LeaseState
 from ._timing import Clock
 
 Seconds = float | timedelta
@@ -57,6 +57,7 @@ class _LockConfig:
         auto_renew: object,
         on_lost: object,
         max_hold: object,
+        reentrant: object,
         prefix: object,
         clock: Clock | None,
         replicas: object = 0,
@@ -77,6 +78,8 @@ class _LockConfig:
         )
         self._auto_renew, self._max_hold = args.renewal(auto_renew, max_hold, clock)
         self._on_lost: OnLost | None = args.callback(on_lost, "on_lost")  # type: ignore[assignment]
+        if args.flag(reentrant, "reentrant"):
+            self._holding: dict[object, LeaseState] | None = {}
 
     @property
     def name(self) -> str:
@@ -109,6 +112,13 @@ class Lock(_LockConfig, SyncFront[Lease]):
     so a hung holder cannot keep the lock forever. A lease that is never released keeps
     being renewed (until ``max_hold``).
 
+    ``reentrant=True`` lets the thread that holds a lease acquire the lock again without
+    waiting for itself: ``acquire``, ``try_acquire`` and ``with`` return the lease it
+    holds, one hold more (``lease.hold_count``); each release takes one hold off and the
+    last one releases on the server. If that lease was lost meanwhile, acquiring again
+    raises ``LockLost`` (once; the next acquire takes the lock anew). A lease handed to
+    another thread still counts as its acquirer's.
+
     ``batch=n`` (fair only) lends each grant to this object's callers for up to ``n``
     holds within ``batch_window`` seconds: a hold's release keeps the grant and the next
     acquire takes it without a round trip, with a new lease and fence; then it goes to the
@@ -127,6 +137,7 @@ class Lock(_LockConfig, SyncFront[Lease]):
         auto_renew: bool = False,
         on_lost: OnLost | None = None,
         max_hold: Seconds | None = None,
+        reentrant: bool = False,
         prefix: str = DEFAULT_PREFIX,
         clock: Clock | None = None,
         replicas: int = 0,
@@ -142,6 +153,7 @@ class Lock(_LockConfig, SyncFront[Lease]):
             auto_renew=auto_renew,
             on_lost=on_lost,
             max_hold=max_hold,
+            reentrant=reentrant,
             prefix=prefix,
             clock=clock,
             replicas=replicas,
@@ -182,6 +194,7 @@ class AsyncLock(_LockConfig, AsyncFront[AsyncLease]):
     the task that acquired the lease when the lease is lost (unless that task is the one
     that found out, through ``extend``, ``release`` or ``lost``), so protected work stops
     at its next ``await``; without ``auto_renew`` it still fires when validity runs out.
+    ``reentrant=True`` works per task, where ``Lock``'s works per thread.
     """
 
     _io: AsyncIO
@@ -196,6 +209,7 @@ class AsyncLock(_LockConfig, AsyncFront[AsyncLease]):
         auto_renew: bool = False,
         on_lost: OnLost | None = None,
         max_hold: Seconds | None = None,
+        reentrant: bool = False,
         cancel_on_lost: bool = False,
         prefix: str = DEFAULT_PREFIX,
         clock: Clock | None = None,
@@ -212,6 +226,7 @@ class AsyncLock(_LockConfig, AsyncFront[AsyncLease]):
             auto_renew=auto_renew,
             on_lost=on_lost,
             max_hold=max_hold,
+            reentrant=reentrant,
             prefix=prefix,
             clock=clock,
             replicas=replicas,

@@ -297,6 +297,7 @@ class _RedlockConfig:
         auto_renew: object,
         on_lost: object,
         max_hold: object,
+        reentrant: object,
         node_timeout: object,
         prefix: object,
         clock: Clock | None,
@@ -318,6 +319,8 @@ class _RedlockConfig:
             )
         self._auto_renew, self._max_hold = args.renewal(auto_renew, max_hold, clock)
         self._on_lost: OnLost | None = args.callback(on_lost, "on_lost")  # type: ignore[assignment]
+        if args.flag(reentrant, "reentrant"):
+            self._holding: dict[object, LeaseState] | None = {}
 
     @property
     def name(self) -> str:
@@ -353,8 +356,9 @@ class Redlock(_RedlockConfig, SyncFront[RedlockLease]):
     ``remaining()``, ``extend()``, ``release()``, ``lost`` and ``check()``.
 
     ``node_timeout`` is how long each node's reply is waited for in a round (default a
-    twentieth of the ttl, at most 0.1 s). ``auto_renew``, ``on_lost`` and ``max_hold``
-    work as for ``Lock``; a renewal counts only when a majority confirms it in time.
+    twentieth of the ttl, at most 0.1 s). ``auto_renew``, ``on_lost``, ``max_hold``
+    and ``reentrant`` work as for ``Lock``; a renewal counts only when a majority
+    confirms it in time.
     A majority that cannot be reached raises ``QuorumError`` naming each failed node;
     plain contention is not an error.
     """
@@ -370,6 +374,7 @@ class Redlock(_RedlockConfig, SyncFront[RedlockLease]):
         auto_renew: bool = False,
         on_lost: OnLost | None = None,
         max_hold: Seconds | None = None,
+        reentrant: bool = False,
         node_timeout: Seconds | None = None,
         prefix: str = DEFAULT_PREFIX,
         clock: Clock | None = None,
@@ -383,6 +388,7 @@ class Redlock(_RedlockConfig, SyncFront[RedlockLease]):
             auto_renew=auto_renew,
             on_lost=on_lost,
             max_hold=max_hold,
+            reentrant=reentrant,
             node_timeout=node_timeout,
             prefix=prefix,
             clock=clock,
@@ -416,6 +422,7 @@ class AsyncRedlock(_RedlockConfig, AsyncFront[AsyncRedlockLease]):
         auto_renew: bool = False,
         on_lost: OnLost | None = None,
         max_hold: Seconds | None = None,
+        reentrant: bool = False,
         cancel_on_lost: bool = False,
         node_timeout: Seconds | None = None,
         prefix: str = DEFAULT_PREFIX,
@@ -430,6 +437,7 @@ class AsyncRedlock(_RedlockConfig, AsyncFront[AsyncRedlockLease]):
             auto_renew=auto_renew,
             on_lost=on_lost,
             max_hold=max_hold,
+            reentrant=reentrant,
             node_timeout=node_timeout,
             prefix=prefix,
             clock=clock,
