@@ -22,7 +22,7 @@ import redlease
 from redlease import servers
 from redlease._batches import Lender
 from redlease._flows import Grant, LockSpec
-from waiting_helpers import lock_key, queued, wait_until
+from waiting_helpers import lock_key, queued, until_queued, wait_until
 
 
 class FakeClock:
@@ -269,21 +269,13 @@ def test_a_process_that_exits_gives_its_parked_grant_back(
     assert holder(r, name) is None
 
 
-async def until_queued(r: redis.Redis, name: str) -> None:
-    for _ in range(4000):
-        if queued(r, name):
-            return
-        await asyncio.sleep(0.005)
-    raise AssertionError("nobody queued")
-
-
 async def test_asyncio_batches_behave_the_same(ar: Any, r: redis.Redis, name: str) -> None:
     owner = redlease.AsyncLock(ar, name, ttl=30.0, batch=2, batch_window=20.0)
     await (await owner.acquire()).release()  # it comes back: its next grant is a batch's
     newcomer = redlease.AsyncLock(ar, name, ttl=30.0)
     lease = await owner.acquire()  # hold 1 of 2
     waiting = asyncio.ensure_future(newcomer.acquire(timeout=30))
-    await until_queued(r, name)
+    await until_queued(lambda: queued(r, name))
     await lease.release()
     assert holder(r, name) == lease.token.encode()
     again = await owner.try_acquire()  # hold 2 of 2, lent again
@@ -302,7 +294,7 @@ async def test_asyncio_parked_grant_goes_on_when_the_window_ends(
     await (await owner.acquire()).release()
     lease = await owner.acquire()
     waiting = asyncio.ensure_future(redlease.AsyncLock(ar, name, ttl=30.0).acquire(timeout=30))
-    await until_queued(r, name)
+    await until_queued(lambda: queued(r, name))
     await lease.release()  # parked; the owner does not come back
     other = await asyncio.wait_for(waiting, 5)  # well before the ttl (30 s)
     assert other.fence > lease.fence

@@ -20,6 +20,7 @@ from families import ClientFamily
 from redlease import servers
 from redlease._endpoint import Kind
 from redlease._io_sync import SyncIO
+from redlease._keys import LockKeys
 from waiting_helpers import lock_key
 
 
@@ -99,6 +100,40 @@ def test_waiting_on_a_cluster(cluster: list[servers.ServerProcess], family: Clie
         client.close()
 
 
+def test_semaphore_on_a_cluster(cluster: list[servers.ServerProcess], family: ClientFamily) -> None:
+    """Every key of a semaphore in its name's slot (the release mark, built inside the
+    script, too), on each node; and a waiter served there."""
+    import threading
+
+    client = family.cluster(cluster[0].port)
+    try:
+        names = [f"pool:{i}" for i in range(12)]
+        slots = {client.keyslot(LockKeys.for_semaphore(n).lock) // (SLOTS // 3) for n in names}
+        assert len(slots) > 1
+        for n in names:
+            sem = redlease.Semaphore(client, n, 2, ttl=5.0)
+            first, second = sem.acquire(timeout=1), sem.acquire(timeout=1)
+            assert sem.try_acquire() is None
+            first.release()
+            again = sem.acquire(timeout=1)
+            assert again.fence > second.fence > first.fence
+            second.release()
+            again.release()
+        sem = redlease.Semaphore(client, "queue-on-cluster", 1, ttl=10.0)
+        holder = sem.acquire()
+        got: list[int] = []
+        t = threading.Thread(target=lambda: got.append(sem.acquire(timeout=10).fence))
+        t.start()
+        queue = LockKeys.for_semaphore("queue-on-cluster").queue
+        wait_for(lambda: client.llen(queue) == 1, "the waiter")
+        holder.release()
+        t.join(timeout=10)
+        assert len(got) == 1
+        assert got[0] > holder.fence
+    finally:
+        client.close()
+
+
 @pytest.fixture
 def sentinel(server_kind: str) -> Iterator[int]:
     binary = servers.find_binary(server_kind)
@@ -139,6 +174,17 @@ def test_lock_behind_sentinel(sentinel: int, family: ClientFamily) -> None:
         assert lock.try_acquire() is None
         assert client.get(lock_key("behind-sentinel")) == lease.token.encode()
     assert client.exists(lock_key("behind-sentinel")) == 0
+    client.close()
+
+
+def test_semaphore_behind_sentinel(sentinel: int, family: ClientFamily) -> None:
+    client = family.sentinel(sentinel).master_for("main")
+    sem = redlease.Semaphore(client, "behind-sentinel", 2, ttl=5.0)
+    with sem as first, sem as second:
+        assert sem.try_acquire() is None
+        assert client.zcard(LockKeys.for_semaphore("behind-sentinel").lock) == 2
+        assert second.fence > first.fence
+    assert client.exists(LockKeys.for_semaphore("behind-sentinel").lock) == 0
     client.close()
 
 

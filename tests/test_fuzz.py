@@ -54,7 +54,8 @@ MAY_LOSE = 1.0  # a lease shorter than this may run out between two calls...
 MAY_BE_LATE = 0.05  # ...and shorter than this, its grant may come too late to be valid
 SLOW_NODES = 0.02  # a Redlock node_timeout under this may miss replies of a healthy server
 NODE_DBS = (1, 2, 3, 4, 5)  # Redlock's nodes: databases of the one server, distinct nodes
-EXAMPLES = {"Lock": 400, "AsyncLock": 400, "Redlock": 250, "AsyncRedlock": 250}
+EXAMPLES = {"Lock": 300, "AsyncLock": 300, "Redlock": 200, "AsyncRedlock": 200}
+EXAMPLES |= {"Semaphore": 150, "AsyncSemaphore": 150}
 _TAGS = itertools.count()  # see Env.tag
 
 CLASSES: dict[str, Any] = {
@@ -62,12 +63,16 @@ CLASSES: dict[str, Any] = {
     "AsyncLock": redlease.AsyncLock,
     "Redlock": redlease.Redlock,
     "AsyncRedlock": redlease.AsyncRedlock,
+    "Semaphore": redlease.Semaphore,
+    "AsyncSemaphore": redlease.AsyncSemaphore,
 }
 LEASES: dict[str, Any] = {
     "Lock": redlease.Lease,
     "AsyncLock": redlease.AsyncLease,
     "Redlock": redlease.RedlockLease,
     "AsyncRedlock": redlease.AsyncRedlockLease,
+    "Semaphore": redlease.Lease,
+    "AsyncSemaphore": redlease.AsyncLease,
 }
 _LOCK = [
     "client",
@@ -97,16 +102,32 @@ _REDLOCK = [
     "prefix",
     "clock",
 ]
+_SEMAPHORE = [
+    "client",
+    "name",
+    "limit",
+    "ttl",
+    "auto_renew",
+    "on_lost",
+    "max_hold",
+    "prefix",
+    "clock",
+    "replicas",
+    "replica_timeout",
+]
 CONSTRUCTOR_ARGS = {
     "Lock": _LOCK,
     "AsyncLock": [*_LOCK, "cancel_on_lost"],
     "Redlock": _REDLOCK,
     "AsyncRedlock": [*_REDLOCK, "cancel_on_lost"],
+    "Semaphore": _SEMAPHORE,
+    "AsyncSemaphore": [*_SEMAPHORE, "cancel_on_lost"],
 }
 # The methods' arguments: acquire's timeout, extend's ttl (named "ttl" in its refusals).
 METHOD_ARGS = {"timeout": "timeout", "extend_ttl": "ttl"}
 LOCK_SURFACE = {"acquire", "try_acquire", "name", "ttl"}
 REDLOCK_SURFACE = {*LOCK_SURFACE, "quorum", "node_timeout"}
+SEMAPHORE_SURFACE = {*LOCK_SURFACE, "limit"}
 LEASE_SURFACE = {
     "check",
     "extend",
@@ -269,6 +290,7 @@ NEAR: dict[str, st.SearchStrategy[object]] = {
     "replica_timeout": st.one_of(st.none(), _seconds(-1.0, 2 * BASE_TTL), st.floats(0, 0.1)),
     "batch_window": _seconds(-1.0, 2 * BASE_TTL),
     "batch": st.one_of(st.none(), st.integers(-2, 1100)),
+    "limit": st.one_of(st.integers(-2, 5), st.integers(99_990, 100_010)),
     "replicas": st.integers(-1, 3),
     "fair": st.booleans(),
     "auto_renew": st.booleans(),
@@ -592,6 +614,8 @@ async def run_case(env: Env, kind: str, case: Case) -> str:
     else:
         slot, target = "client", env.client("client", want_async)
     kwargs: dict[str, object] = {"ttl": BASE_TTL, **case.context}
+    if kind.endswith("Semaphore"):
+        kwargs["limit"] = 1  # exclusive unless fuzzed: a holder makes the others wait
     name: object = tag
     if fuzzed == slot:
         target = value
@@ -775,7 +799,8 @@ def test_the_fuzzer_knows_every_parameter_and_method() -> None:
         params = {p for p in inspect.signature(cls).parameters if not p.startswith("_")}
         assert params == set(CONSTRUCTOR_ARGS[kind]), kind
         public = {n for n in dir(cls) if not n.startswith("_")}
-        assert public == (REDLOCK_SURFACE if kind.endswith("Redlock") else LOCK_SURFACE)
+        surfaces = {"Redlock": REDLOCK_SURFACE, "Semaphore": SEMAPHORE_SURFACE}
+        assert public == surfaces.get(kind.removeprefix("Async"), LOCK_SURFACE), kind
         assert list(inspect.signature(cls.acquire).parameters) == ["self", "timeout"]
         lease = LEASES[kind]
         assert {n for n in dir(lease) if not n.startswith("_")} == LEASE_SURFACE, kind

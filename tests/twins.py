@@ -70,9 +70,9 @@ class AsyncLeaseView:
 
 
 class AsyncLockView:
-    """The sync face of an AsyncLock."""
+    """The sync face of an AsyncLock (or AsyncSemaphore)."""
 
-    def __init__(self, portal: Portal, lock: redlease.AsyncLock) -> None:
+    def __init__(self, portal: Portal, lock: redlease.AsyncLock | redlease.AsyncSemaphore) -> None:
         self.portal, self.inner = portal, lock
         self._blocks = threading.local()  # per thread: the open `with` blocks
 
@@ -124,6 +124,9 @@ class SyncTwin:
     def lock(self, name: str, ttl: float = 10.0, **options: Any) -> Any:
         return redlease.Lock(self.client, name, ttl, **options)
 
+    def semaphore(self, name: str, limit: int, ttl: float = 10.0, **options: Any) -> Any:
+        return redlease.Semaphore(self.client, name, limit, ttl, **options)
+
     def close(self) -> None:
         self.client.close()
 
@@ -142,6 +145,10 @@ class AsyncTwin:
 
     def lock(self, name: str, ttl: float = 10.0, **options: Any) -> Any:
         return AsyncLockView(self.portal, redlease.AsyncLock(self.client, name, ttl, **options))
+
+    def semaphore(self, name: str, limit: int, ttl: float = 10.0, **options: Any) -> Any:
+        made = redlease.AsyncSemaphore(self.client, name, limit, ttl, **options)
+        return AsyncLockView(self.portal, made)
 
     def close(self) -> None:
         self.portal.call(self.client.aclose)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import threading
 import time
 from typing import Any
@@ -19,6 +20,15 @@ def lock_key(name: str) -> str:
 
 def queued(r: redis.Redis, name: str) -> int:
     return int(r.llen(lock_key(name) + ":queue"))
+
+
+async def until_queued(queued: Any) -> None:
+    """In asyncio, until ``queued()`` (a count of waiters) is not zero."""
+    for _ in range(4000):
+        if queued():
+            return
+        await asyncio.sleep(0.005)
+    raise AssertionError("nobody queued")
 
 
 def wait_until(predicate: Any, timeout: float = 10.0) -> None:

@@ -19,6 +19,7 @@ from ._errors import (
 from ._lease import AsyncLease, Lease
 from ._lock import AsyncLock, Lock
 from ._redlock import AsyncRedlock, AsyncRedlockLease, Redlock, RedlockLease
+from ._semaphore import AsyncSemaphore, Semaphore
 
 __version__ = "0.1.0"
 
@@ -28,6 +29,7 @@ __all__ = [
     "AsyncLock",
     "AsyncRedlock",
     "AsyncRedlockLease",
+    "AsyncSemaphore",
     "BackendError",
     "InvalidArgument",
     "Lease",
@@ -38,5 +40,6 @@ __all__ = [
     "RedleaseWarning",
     "Redlock",
     "RedlockLease",
+    "Semaphore",
     "__version__",
 ]

@@ -12,14 +12,24 @@ from __future__ import annotations
 import math
 import os
 import random
-from collections.abc import Generator
+from collections.abc import Callable, Generator
 from dataclasses import dataclass
 from typing import Any, Protocol, TypeVar
 
 from . import _arguments as args
 from ._errors import BackendError, LockError, LockLost
 from ._keys import DEFAULT_PREFIX, LockKeys
-from ._scripts import ACQUIRE, EXTEND, LEAVE, RELEASE, Script
+from ._scripts import (
+    ACQUIRE,
+    EXTEND,
+    LEAVE,
+    RELEASE,
+    SEMAPHORE_ACQUIRE,
+    SEMAPHORE_EXTEND,
+    SEMAPHORE_LEAVE,
+    SEMAPHORE_RELEASE,
+    Script,
+)
 from ._timing import (
     MONOTONIC,
     QUEUE_ENTRY_SLACK,
@@ -172,6 +182,35 @@ def as_int(value: object) -> int:
 
 
 @dataclass(frozen=True)
+class Kind:
+    """What one primitive's flows run: its scripts (with the same arguments and replies
+    whatever the kind, but for the ``extra`` its spec appends), its key layout and the
+    type of each key. The flows below are the lock's and a semaphore's alike."""
+
+    noun: str
+    acquire: Script
+    leave: Script
+    release: Script
+    extend: Script
+    layout: Callable[[str, str], LockKeys]
+    key_types: tuple[str, ...]
+
+
+LOCK = Kind(
+    "lock", ACQUIRE, LEAVE, RELEASE, EXTEND, LockKeys.for_name, ("string", "string", "list", "hash")
+)
+SEMAPHORE = Kind(
+    "semaphore",
+    SEMAPHORE_ACQUIRE,
+    SEMAPHORE_LEAVE,
+    SEMAPHORE_RELEASE,
+    SEMAPHORE_EXTEND,
+    LockKeys.for_semaphore,
+    ("zset", "string", "list", "hash", "hash"),
+)
+
+
+@dataclass(frozen=True)
 class LockSpec:
     """Everything fixed about one lock: validated once, shared by all its acquisitions."""
 
@@ -185,6 +224,8 @@ class LockSpec:
     replicas: Replicas | None = None
     batch: int = 1  # holds one grant is lent for (see _batches.py)
     batch_window: float = DEFAULT_BATCH_WINDOW  # seconds a grant is lent for
+    kind: Kind = LOCK
+    extra: tuple[str, ...] = ()  # the kind's last script arguments (a semaphore's limit)
 
     @classmethod
     def create(
@@ -199,6 +240,8 @@ class LockSpec:
         replica_timeout: object = None,
         batch: object = None,
         batch_window: object = DEFAULT_BATCH_WINDOW,
+        kind: Kind = LOCK,
+        extra: tuple[str, ...] = (),
     ) -> LockSpec:
         checked_name = args.lock_name(name)
         ttl_ms = args.ttl_ms(ttl)
@@ -210,7 +253,7 @@ class LockSpec:
             name=checked_name,
             ttl=ttl_ms / 1000.0,
             ttl_ms=ttl_ms,
-            keys=LockKeys.for_name(checked_name, args.key_prefix(prefix)),
+            keys=kind.layout(checked_name, args.key_prefix(prefix)),
             fair=checked_fair,
             clock=clock or MONOTONIC,
             reply_timeout=max(ttl_ms / 1000.0, MIN_REPLY_WAIT),
@@ -218,6 +261,8 @@ class LockSpec:
             replicas=Replicas(count, wait_ms) if count else None,
             batch=args.batch(batch, checked_fair),
             batch_window=args.batch_window_ms(batch_window, ttl_ms) / 1000.0,
+            kind=kind,
+            extra=extra,
         )
 
     @property
@@ -314,7 +359,7 @@ class Acquisition:
             self.outstanding = True
             try:
                 raw = yield spec.call(
-                    ACQUIRE,
+                    spec.kind.acquire,
                     self.token,
                     str(spec.ttl_ms),
                     spec.fair_arg,
@@ -322,6 +367,7 @@ class Acquisition:
                     spec.keys.bell_prefix,
                     str(self.holds),
                     hub,
+                    *spec.extra,
                     replicas=replicas,
                     timeout=self._bound(),
                 )
@@ -454,11 +500,12 @@ class Acquisition:
         reply, acked = spec.unpack(
             (
                 yield spec.call(
-                    LEAVE,
+                    spec.kind.leave,
                     self.token,
                     spec.fair_arg,
                     spec.keys.bell_prefix,
                     "1" if keep else "0",
+                    *spec.extra,
                     replicas=replicas,
                     timeout=self._bound(),
                 )
@@ -489,13 +536,20 @@ def extend(spec: LockSpec, token: str, ttl_ms: int, wait: float | None = None) -
     ok, acked = spec.unpack(
         (
             yield spec.call(
-                EXTEND, token, str(ttl_ms), keys=(spec.keys.lock,), replicas=replicas, timeout=wait
+                spec.kind.extend,
+                token,
+                str(ttl_ms),
+                keys=spec.keys.extend_keys,
+                replicas=replicas,
+                timeout=wait,
             )
         ),
         replicas,
     )
     if as_int(ok) != 1:
-        raise LockLost(f"lock {spec.name!r} is no longer ours: it expired or was taken over")
+        raise LockLost(
+            f"{spec.kind.noun} {spec.name!r} is no longer ours: it expired or was taken over"
+        )
     spec.check_acked(acked, "extend", replicas)
     return valid_until(sent_at, ttl_ms, ttl_ms / 1000.0)
 
@@ -504,29 +558,28 @@ def release(spec: LockSpec, token: str) -> Flow[None]:
     """Delete the lock if it is still ours and serve the next waiter, atomically."""
     # The release mark lasts as long as the release may be retried (its reply's bound).
     mark_ms = str(math.ceil(spec.reply_timeout * 1000))
-    ok = yield spec.call(RELEASE, token, spec.fair_arg, spec.keys.bell_prefix, mark_ms)
+    ok = yield spec.call(
+        spec.kind.release, token, spec.fair_arg, spec.keys.bell_prefix, mark_ms, *spec.extra
+    )
     if as_int(ok) != 1:
-        raise LockLost(f"lock {spec.name!r} had already expired or been taken over")
-
-
-# The type of each of a lock's script keys, in LockKeys.script_keys order.
-KEY_TYPES = ("string", "string", "list", "hash")
+        raise LockLost(f"{spec.kind.noun} {spec.name!r} had already expired or been taken over")
 
 
 def foreign_key(spec: LockSpec) -> Flow[LockError]:
     """The error for a lock whose script met a key of the wrong type: something else
     wrote under redlease's prefix. Names the key, found by asking each one's TYPE."""
-    for key, wanted in zip(spec.keys.script_keys, KEY_TYPES, strict=True):
+    noun = spec.kind.noun
+    for key, wanted in zip(spec.keys.script_keys, spec.kind.key_types, strict=True):
         kind = as_text((yield Command(("TYPE", key), MIN_REPLY_WAIT)))
         if kind not in (wanted, "none"):
             return LockError(
-                f"lock {spec.name!r}: the key {key!r} holds a {kind}, where redlease keeps "
-                f"a {wanted}: something else writes under the lock's prefix. Delete the key, "
-                f"or give the lock another prefix="
+                f"{noun} {spec.name!r}: the key {key!r} holds a {kind}, where redlease keeps "
+                f"a {wanted}: something else writes under its prefix. Delete the key, "
+                f"or give it another prefix="
             )
     return LockError(
-        f"lock {spec.name!r}: a key under {spec.keys.lock!r} holds the wrong type of value: "
-        f"something else writes under the lock's prefix"
+        f"{noun} {spec.name!r}: a key under {spec.keys.lock!r} holds the wrong type of value: "
+        f"something else writes under its prefix"
     )
 
 

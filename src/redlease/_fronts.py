@@ -80,6 +80,7 @@ class _Front:
     _max_hold: float | None
     _lender: Lender | None = None  # a Lock with batch > 1 lends its grants
     _holding: dict[object, LeaseState] | None = None  # reentrant: each holder's lease
+    _noun = "lock"  # what errors call it
 
     @property
     def name(self) -> str:  # the lock's own config class says
@@ -139,7 +140,7 @@ class SyncFront(_Front, Generic[SyncLeaseT]):
         """
         lease = self._acquire(args.timeout(timeout), wait=True)
         if lease is None:
-            raise AcquireTimeout(f"lock {self.name!r} still busy after {timeout}s")
+            raise AcquireTimeout(f"{self._noun} {self.name!r} still busy after {timeout}s")
         return lease
 
     def try_acquire(self) -> SyncLeaseT | None:
@@ -234,7 +235,7 @@ class AsyncFront(_Front, Generic[AsyncLeaseT]):
         """
         lease = await self._acquire(args.timeout(timeout), wait=True)
         if lease is None:
-            raise AcquireTimeout(f"lock {self.name!r} still busy after {timeout}s")
+            raise AcquireTimeout(f"{self._noun} {self.name!r} still busy after {timeout}s")
         return lease
 
     async def try_acquire(self) -> AsyncLeaseT | None:
@@ -337,15 +338,15 @@ def check_served(client: object, what: str) -> None:
         )
 
 
-def check_client(client: object, *, want_async: bool) -> None:
+def check_client(client: object, *, want_async: bool, sync_twin: str = "Lock") -> None:
     check_served(client, "client")
     if is_async_client(client) != want_async:
         if want_async:
             raise InvalidArgument(
                 "client must be an asyncio client (redis.asyncio, valkey.asyncio) for "
-                "AsyncLock; use Lock with a sync client"
+                f"Async{sync_twin}; use {sync_twin} with a sync client"
             )
         raise InvalidArgument(
-            "client must be a sync client (redis.Redis, valkey.Valkey) for Lock; use "
-            "AsyncLock with an asyncio client"
+            f"client must be a sync client (redis.Redis, valkey.Valkey) for {sync_twin}; "
+            f"use Async{sync_twin} with an asyncio client"
         )

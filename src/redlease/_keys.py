@@ -13,12 +13,23 @@ touches a single slot:
     P{N}:released      the token of the last release, for a retried release to find,
                        with a TTL (the release's reply bound)
 
+A semaphore named N keeps its keys apart from the lock N's, under ``P{N}:sem``:
+
+    P{N}:sem           its holders (sorted set: token -> when the permit runs out, in
+                       the server's milliseconds), with a TTL
+    P{N}:sem:fences    token -> that permit's fence (hash), with a TTL
+    P{N}:sem:fence, P{N}:sem:queue, P{N}:sem:waiters, P{N}:sem:bell:<token>,
+    P{N}:sem:bell:@<hub>  as the lock's
+    P{N}:sem:released  the tokens of the latest releases (sorted set: token -> until
+                       when a retried release may find it), with a TTL
+
 P is the prefix (``redlease:`` unless the lock was given another; it may not contain a
 brace) and N the name with "%", "{" and "}" written as "%25", "%7B" and "%7D". So a key
 reads back to exactly one (prefix, name, suffix): the prefix ends at the first "{", the
 name at the next "}" (the hash tag Redis hashes is exactly N, never empty since names
-are not), and the suffix is one of the fixed ones above. Two different locks never
-share a key, whatever their names.
+are not), and the suffix is one of the fixed ones above (none of a lock's starts with "sem").
+Two different locks, or semaphores, or a lock and a semaphore, never share a key,
+whatever their names.
 """
 
 from __future__ import annotations
@@ -61,26 +72,40 @@ def hash_tag(name: str) -> str:
 
 @dataclass(frozen=True)
 class LockKeys:
-    lock: str
+    lock: str  # a semaphore's: its holders
     fence: str
     queue: str
     waiters: str
     bell_prefix: str
+    extra: tuple[str, ...] = ()  # a semaphore's: its fences
 
     @classmethod
     def for_name(cls, name: str, prefix: str = DEFAULT_PREFIX) -> LockKeys:
-        base = prefix + hash_tag(name)
+        return cls._under(prefix + hash_tag(name))
+
+    @classmethod
+    def for_semaphore(cls, name: str, prefix: str = DEFAULT_PREFIX) -> LockKeys:
+        base = prefix + hash_tag(name) + ":sem"
+        return cls._under(base, (base + ":fences",))
+
+    @classmethod
+    def _under(cls, base: str, extra: tuple[str, ...] = ()) -> LockKeys:
         return cls(
             lock=base,
             fence=base + ":fence",
             queue=base + ":queue",
             waiters=base + ":waiters",
             bell_prefix=base + ":bell:",
+            extra=extra,
         )
 
     def bell(self, token: str) -> str:
         return self.bell_prefix + token
 
     @property
-    def script_keys(self) -> tuple[str, str, str, str]:
-        return (self.lock, self.fence, self.queue, self.waiters)
+    def script_keys(self) -> tuple[str, ...]:
+        return (self.lock, self.fence, self.queue, self.waiters, *self.extra)
+
+    @property
+    def extend_keys(self) -> tuple[str, ...]:
+        return (self.lock, *self.extra)

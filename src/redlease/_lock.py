@@ -93,7 +93,53 @@ class _LockConfig:
         return f"<{type(self).__name__} {self.name!r} ttl={self.ttl}s>"
 
 
-class Lock(_LockConfig, SyncFront[Lease]):
+def _check_replicas(spec: LockSpec, direct: bool) -> None:
+    if spec.replicas is not None and not direct:
+        raise InvalidArgument(
+            "replicas needs a standalone client (redis.Redis, valkey.Valkey; or Sentinel's): "
+            "WAIT must run on the connection that made the write"
+        )
+
+
+class OneServer(SyncFront[Lease]):
+    """What ``Lock`` and ``Semaphore`` share: one deployment, the one-server flows."""
+
+    _io: SyncIO
+    _spec: LockSpec
+    _on_lost: OnLost | None
+
+    def _serve(self, client: Any) -> None:
+        self._io = SyncIO(client)
+        _check_replicas(self._spec, self._io.direct)
+
+    def _new_attempt(self, timeout: float | None, *, wait: bool) -> Acquisition:
+        holds = 1 if self._lender is None else self._lender.holds()
+        return Acquisition(self._spec, timeout, wait=wait, holds=holds)
+
+    def _new_lease(self, grant: Grant) -> Lease:
+        return Lease(self._spec, grant, self._io, self._on_lost)
+
+
+class AsyncOneServer(AsyncFront[AsyncLease]):
+    """The asyncio twin of ``OneServer``."""
+
+    _io: AsyncIO
+    _spec: LockSpec
+    _on_lost: OnLost | None
+
+    def _serve(self, client: Any) -> None:
+        self._io = AsyncIO(client)
+        _check_replicas(self._spec, self._io.direct)
+
+    def _new_attempt(self, timeout: float | None, *, wait: bool) -> Acquisition:
+        holds = 1 if self._lender is None else self._lender.holds()
+        return Acquisition(self._spec, timeout, wait=wait, holds=holds)
+
+    def _new_lease(self, grant: Grant) -> AsyncLease:
+        return AsyncLease(self._spec, grant, self._io, self._on_lost)
+
+
+class Lock(_LockConfig, OneServer):
     """A distributed lock on one Redis/Valkey deployment (sync).
 
     ``ttl`` is the lease length; ``fair`` serves waiters in arrival order (no barging);
@@ -161,21 +207,9 @@ class Lock(_LockConfig, SyncFront[Lease]):
             batch=batch,
             batch_window=batch_window,
         )
-        self._io = SyncIO(client)
+        self._serve(client)
         if self._spec.batch > 1:
             self._lender = Lender(self._spec, _batches.CLOSER.schedule, self._give_back)
-        if self._spec.replicas is not None and not self._io.direct:
-            raise InvalidArgument(
-                "replicas needs a standalone client (redis.Redis, valkey.Valkey; or Sentinel's): "
-                "WAIT must run on the connection that made the write"
-            )
-
-    def _new_attempt(self, timeout: float | None, *, wait: bool) -> Acquisition:
-        holds = 1 if self._lender is None else self._lender.holds()
-        return Acquisition(self._spec, timeout, wait=wait, holds=holds)
-
-    def _new_lease(self, grant: Grant) -> Lease:
-        return Lease(self._spec, grant, self._io, self._on_lost)
 
     def _give_back(self, token: str) -> None:
         failure: BaseException | None = None
@@ -186,7 +220,7 @@ class Lock(_LockConfig, SyncFront[Lease]):
         _given_back(self.name, failure)
 
 
-class AsyncLock(_LockConfig, AsyncFront[AsyncLease]):
+class AsyncLock(_LockConfig, AsyncOneServer):
     """A distributed lock on one Redis/Valkey deployment (asyncio twin of ``Lock``).
 
     With ``auto_renew`` the running event loop's one renewer task keeps leases alive
@@ -234,23 +268,11 @@ class AsyncLock(_LockConfig, AsyncFront[AsyncLease]):
             batch=batch,
             batch_window=batch_window,
         )
-        self._io = AsyncIO(client)
-        if self._spec.replicas is not None and not self._io.direct:
-            raise InvalidArgument(
-                "replicas needs a standalone client (redis.Redis, valkey.Valkey; or Sentinel's): "
-                "WAIT must run on the connection that made the write"
-            )
+        self._serve(client)
         self._cancel_on_lost = args.flag(cancel_on_lost, "cancel_on_lost")
         self._giving_back: set[asyncio.Task[None]] = set()
         if self._spec.batch > 1:
             self._lender = Lender(self._spec, self._close_later, self._give_back_soon)
-
-    def _new_attempt(self, timeout: float | None, *, wait: bool) -> Acquisition:
-        holds = 1 if self._lender is None else self._lender.holds()
-        return Acquisition(self._spec, timeout, wait=wait, holds=holds)
-
-    def _new_lease(self, grant: Grant) -> AsyncLease:
-        return AsyncLease(self._spec, grant, self._io, self._on_lost)
 
     async def _give_back(self, token: str) -> None:
         failure: BaseException | None = None

@@ -132,6 +132,10 @@ local function ring(bells, w, entry, granted, taken, now, ttl)
   return true
 end
 
+"""
+
+# The lock's own: handing a free lock on, and finding the fence of a grant we hold.
+_LOCK_HELPERS = """
 -- the lock is free: fair mode grants it to the first live waiter (no one can barge in
 -- between), with the fences it asked for; otherwise that waiter is rung and competes
 -- again. A waiter that cannot hear its ring is dropped (its grant, if any, undone: the
@@ -190,6 +194,7 @@ if redis.call('EXISTS', KEYS[3]) == 0
 end
 """
     + _HELPERS
+    + _LOCK_HELPERS
     + """
 local lock, fence, queue, waiters = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
 local token, fair, bell = ARGV[1], ARGV[3], ARGV[5] .. ARGV[1]
@@ -256,6 +261,7 @@ if redis.call('EXISTS', KEYS[3]) == 0 then return 1 end
 """
     + _FENCES
     + _HELPERS
+    + _LOCK_HELPERS
     + """
 hand_on(KEYS[1], KEYS[2], KEYS[3], KEYS[4], ARGV[3], ARGV[2])
 return 1
@@ -280,6 +286,7 @@ LEAVE = Script(
     "leave",
     _FENCES
     + _HELPERS
+    + _LOCK_HELPERS
     + """
 -- A waiter gives up (timeout, cancellation, error): take it out of the queue.
 -- KEYS[1] lock  KEYS[2] fence  KEYS[3] queue  KEYS[4] waiters
@@ -306,6 +313,200 @@ return {0, 0, 0}
 )
 
 ALL = (ACQUIRE, RELEASE, EXTEND, LEAVE)
+
+# -- Semaphore: the lock's scripts with a set of holders in place of one -----------------
+#
+# KEYS[1] holders: a sorted set, token -> when its permit runs out (server ms)
+# KEYS[2..4] fence, queue, waiters: as the lock's   KEYS[5] fences: token -> its fence
+# ARGV: the lock script's, and last the caller's limit. A permit is granted only while
+# fewer are held than that limit; waiters are served in arrival order (always fair), and
+# as many at once as there are free permits. Permits past their time are dropped by
+# every script before it counts (their holders died or lost them).
+
+_SEMAPHORE_HELPERS = """
+local function now_ms(now) return math.floor(now / 1000) end
+
+-- drop the permits that ran out (and their fences); the number still held
+local function held_now(holders, fences, now)
+  local gone = redis.call('ZRANGEBYSCORE', holders, '-inf', now_ms(now))
+  for i = 1, #gone, 500 do
+    redis.call('HDEL', fences, unpack(gone, i, math.min(i + 499, #gone)))
+  end
+  if #gone > 0 then redis.call('ZREMRANGEBYSCORE', holders, '-inf', now_ms(now)) end
+  return redis.call('ZCARD', holders)
+end
+
+-- a permit for w, for ttl ms from now, with the next fence
+local function grant(holders, fences, fence, w, ttl, now)
+  redis.call('ZADD', holders, now_ms(now) + tonumber(ttl), w)
+  keep_for(holders, tonumber(ttl))
+  local top, taken = take_fences(fence, 1, ttl, 0, false)
+  redis.call('HSET', fences, w, string.format('%d', top))
+  keep_for(fences, tonumber(ttl))
+  return top, taken
+end
+
+local function drop(holders, fences, w)
+  redis.call('ZREM', holders, w)
+  redis.call('HDEL', fences, w)
+end
+
+-- grant free permits to the first live waiters, in order, while fewer than limit are
+-- held; a waiter that cannot hear its ring is dropped (its permit undone). The count.
+local function hand_on(holders, fences, fence, queue, waiters, bells, limit, count, now)
+  while count < limit do
+    local w, entry = live_head(queue, waiters, now)
+    if not w then return count end
+    redis.call('LPOP', queue)
+    redis.call('HDEL', waiters, w)
+    local ttl = entry_ttl(entry)
+    local top, taken = grant(holders, fences, fence, w, ttl, now)
+    if ring(bells, w, entry, top, taken, now, ttl) then
+      count = count + 1
+    else
+      drop(holders, fences, w)
+    end
+  end
+  return count
+end
+
+-- our permit, if we hold one: {fence, ms left}
+local function ours(holders, fences, token, now)
+  local until_ms = redis.call('ZSCORE', holders, token)
+  if not until_ms then return nil end
+  return {tonumber(redis.call('HGET', fences, token)), tonumber(until_ms) - now_ms(now)}
+end
+"""
+
+SEMAPHORE_ACQUIRE = Script(
+    "semaphore_acquire",
+    _FENCES
+    + _HELPERS
+    + _SEMAPHORE_HELPERS
+    + """
+-- KEYS and ARGV[1..7] as the lock's acquire (ARGV[3], fair, is always '1'; ARGV[6],
+-- the fences a grant takes, always '1'); ARGV[8] limit.
+-- Reply {fence, pttl, server_us, taken} as the lock's; when every permit is held, pttl
+-- is the ms left of the one that runs out first.
+local holders, fence, queue, waiters, fences = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
+local token, ttl, bell, limit = ARGV[1], ARGV[2], ARGV[5] .. ARGV[1], tonumber(ARGV[8])
+local now = now_us()
+local count = held_now(holders, fences, now)
+local held = ours(holders, fences, token, now)
+if held then
+  -- granted to us while we were away, or a retried call whose first reply was lost
+  forget(queue, waiters, token)
+  redis.call('DEL', bell)
+  return {held[1], held[2], 0, 1}
+end
+if count < limit then
+  -- free permits go to the live waiters before us first
+  count = hand_on(holders, fences, fence, queue, waiters, ARGV[5], limit, count, now)
+  held = ours(holders, fences, token, now)
+  if held then
+    forget(queue, waiters, token)
+    redis.call('DEL', bell)
+    return {held[1], held[2], now, 1}
+  end
+end
+if count < limit then
+  forget(queue, waiters, token)
+  redis.call('DEL', bell)
+  local top, taken = grant(holders, fences, fence, token, ttl, now)
+  return {top, tonumber(ttl), now, taken}
+end
+if ARGV[4] ~= '0' then
+  local life = tonumber(ARGV[4])
+  local entry = string.format('%d:%s:1', now + life * 1000, ttl)
+  if ARGV[7] ~= '' then entry = entry .. ':' .. ARGV[7] end
+  if redis.call('HSET', waiters, token, entry) == 1 then redis.call('RPUSH', queue, token) end
+  keep_for(queue, life)
+  keep_for(waiters, life)
+end
+local first = redis.call('ZRANGE', holders, 0, 0, 'WITHSCORES')
+local left = first[2] and math.max(0, tonumber(first[2]) - now_ms(now)) or -2
+return {0, left, now, 0}
+""",
+    retry="the same token again finds its own permit and reports it, or queues it once",
+)
+
+SEMAPHORE_RELEASE = Script(
+    "semaphore_release",
+    _FENCES
+    + _HELPERS
+    + _SEMAPHORE_HELPERS
+    + """
+-- KEYS as the acquire's; ARGV[1] token  ARGV[2] fair (unused)  ARGV[3] bell key prefix
+-- ARGV[4] ms to remember the release (KEYS[1] .. ':released', token -> until when, for
+-- a second run after a reply lost with its connection)  ARGV[5] limit
+-- Reply 1: released (and the next waiters served), now or by an earlier run; 0: the
+-- permit was not ours (it ran out, or was never granted).
+local holders, fence, queue, waiters, fences = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
+local marks = KEYS[1] .. ':released'
+local now = now_us()
+local count = held_now(holders, fences, now)
+if redis.call('ZREM', holders, ARGV[1]) == 0 then
+  local mark = redis.call('ZSCORE', marks, ARGV[1])
+  if mark and tonumber(mark) > now_ms(now) then return 1 end
+  return 0
+end
+redis.call('HDEL', fences, ARGV[1])
+redis.call('ZREMRANGEBYSCORE', marks, '-inf', now_ms(now))
+redis.call('ZADD', marks, now_ms(now) + tonumber(ARGV[4]), ARGV[1])
+keep_for(marks, tonumber(ARGV[4]))
+hand_on(holders, fences, fence, queue, waiters, ARGV[3], tonumber(ARGV[5]), count - 1, now)
+return 1
+""",
+    retry="a second run finds the mark the first one left and reports the release",
+)
+
+SEMAPHORE_EXTEND = Script(
+    "semaphore_extend",
+    """
+-- KEYS[1] holders  KEYS[2] fences  ARGV[1] token  ARGV[2] ttl ms
+-- Reply 1: the permit is ours and now runs out ttl ms from now; 0: not ours (ran out).
+local t = redis.call('TIME')
+local now_ms = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local until_ms = tonumber(redis.call('ZSCORE', KEYS[1], ARGV[1]))
+if not until_ms or until_ms <= now_ms then return 0 end
+local ttl = tonumber(ARGV[2])
+redis.call('ZADD', KEYS[1], 'XX', now_ms + ttl, ARGV[1])
+for _, key in ipairs(KEYS) do
+  if redis.call('PTTL', key) < ttl then redis.call('PEXPIRE', key, ttl) end
+end
+return 1
+""",
+    retry="setting the same expiry twice is setting it once",
+)
+
+SEMAPHORE_LEAVE = Script(
+    "semaphore_leave",
+    _FENCES
+    + _HELPERS
+    + _SEMAPHORE_HELPERS
+    + """
+-- A waiter gives up: as the lock's leave. KEYS as the acquire's; ARGV[1] token
+-- ARGV[2] fair (unused)  ARGV[3] bell key prefix  ARGV[4] '1': keep a permit granted
+-- to us meanwhile; '0': give it back  ARGV[5] limit
+-- Reply {fence, pttl, taken}: fence > 0 when a permit was kept; {0, 0, 0} otherwise.
+local holders, fence, queue, waiters, fences = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
+local token, bell, limit = ARGV[1], ARGV[3] .. ARGV[1], tonumber(ARGV[5])
+forget(queue, waiters, token)
+redis.call('DEL', bell)
+local now = now_us()
+local count = held_now(holders, fences, now)
+local held = ours(holders, fences, token, now)
+if held then
+  if ARGV[4] == '1' then return {held[1], held[2], 1} end
+  drop(holders, fences, token)
+  count = count - 1
+end
+-- a free permit may have been waiting for us: pass it on
+hand_on(holders, fences, fence, queue, waiters, ARGV[3], limit, count, now)
+return {0, 0, 0}
+""",
+    retry="a second run finds the entry gone and the permit kept, or already given back",
+)
 
 # -- Redlock (one script run per node; see _quorum.py for how the replies are counted) --
 
