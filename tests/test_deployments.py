@@ -134,6 +134,27 @@ def test_semaphore_on_a_cluster(cluster: list[servers.ServerProcess], family: Cl
         client.close()
 
 
+def test_read_write_lock_on_a_cluster(
+    cluster: list[servers.ServerProcess], family: ClientFamily
+) -> None:
+    client = family.cluster(cluster[0].port)
+    try:
+        names = [f"doc:{i}" for i in range(12)]
+        slots = {client.keyslot(LockKeys.for_read_write(n).lock) // (SLOTS // 3) for n in names}
+        assert len(slots) > 1
+        for n in names:
+            holders = [redlease.ReadWriteLock(client, n, ttl=5.0) for _ in range(3)]
+            reads = [rw.read.acquire(timeout=1) for rw in holders[:2]]
+            assert holders[2].write.try_acquire() is None
+            for lease in reads:
+                lease.release()
+            with holders[2].write as writer:
+                assert writer.fence > max(lease.fence for lease in reads)
+                assert holders[0].read.try_acquire() is None
+    finally:
+        client.close()
+
+
 @pytest.fixture
 def sentinel(server_kind: str) -> Iterator[int]:
     binary = servers.find_binary(server_kind)

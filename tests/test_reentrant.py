@@ -6,9 +6,11 @@ AsyncRedlock, on real servers."""
 from __future__ import annotations
 
 import asyncio
+import gc
 import os
 import threading
 import time
+import weakref
 from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
@@ -173,3 +175,44 @@ async def test_async_redlock_reenters(anodes: list[Any], name: str) -> None:
 def test_reentrant_is_checked(r: redis.Redis, name: str) -> None:
     with pytest.raises(redlease.InvalidArgument, match="reentrant"):
         redlease.Lock(r, name, reentrant="yes")  # type: ignore[arg-type]
+
+
+def test_a_blocks_hold_released_inside_it_is_not_released_again(r: redis.Redis, name: str) -> None:
+    lock = redlease.Lock(r, name, ttl=30.0, reentrant=True)
+    with lock as outer:
+        with lock as inner:
+            inner.release()  # early: the block's end must not take the outer hold too
+        assert outer.hold_count == 1
+        assert holder(r, name) == outer.token.encode()
+    assert outer.released
+    assert holder(r, name) is None
+
+
+def test_a_holder_that_ends_without_releasing_is_not_kept(r: redis.Redis, name: str) -> None:
+    lock = redlease.Lock(r, name, ttl=30.0, reentrant=True)
+    leases: list[Any] = []
+    thread = threading.Thread(target=lambda: leases.append(lock.acquire(timeout=1)))
+    thread.start()
+    thread.join(30)
+    gone = weakref.ref(thread)
+    del thread
+    gc.collect()
+    assert gone() is None  # the lock's table does not keep a finished thread alive
+    leases[0].release()
+
+
+def test_a_release_that_failed_keeps_the_hold(server_kind: str, name: str) -> None:
+    """The server is gone when the release is sent: the lease is still held (and still
+    its holder's), so the holder's next acquire gets it back instead of waiting for
+    itself."""
+    with servers.ServerProcess(servers.find_binary(server_kind)) as own:
+        client = redis.Redis(port=own.port)
+        lock = redlease.Lock(client, name, ttl=30.0, reentrant=True)
+        lease = lock.acquire(timeout=1)
+        own.kill()
+        with pytest.raises(redlease.BackendError):
+            lease.release()
+        assert not lease.released
+        assert lock.acquire(timeout=1) is lease  # no round trip: its holder's already
+        assert lease.hold_count == 2
+        client.close()

@@ -22,6 +22,7 @@ import redis.asyncio as aredis
 import redlease
 from redlease import servers
 from redlease._keys import LockKeys, forgotten_within
+from redlease._scripts import SHARED_ACQUIRE
 from waiting_helpers import lock_key, until_queued, wait_until
 
 
@@ -275,3 +276,23 @@ def test_processes_never_exceed_the_limit(
     fences = [f for res in results for f in res["fences"]]
     assert len(fences) == len(set(fences))  # every permit its own fence
     assert all(res["fences"] == sorted(res["fences"]) for res in results)
+
+
+def test_a_waiter_is_not_dropped_from_its_place_while_its_hub_is_away(
+    r: redis.Redis, name: str
+) -> None:
+    """A waiter at the head that tries again while its hub does not listen (reconnecting)
+    gets the free permit: its own try must not ring it, fail, and drop it."""
+    keys = keys_of(name)
+
+    def acquire(token: str, ttl: str, queue_ms: str, hub: str) -> list[int]:
+        args = (token, ttl, "1", queue_ms, keys.bell_prefix, "1", hub, "1", "r")
+        reply: list[int] = r.eval(SHARED_ACQUIRE.source, 5, *keys.script_keys, *args)
+        return reply
+
+    assert acquire("h", "150", "0", "")[0] > 0  # holds the one permit for 150 ms
+    assert acquire("a", "5000", "5000", "abcd")[0] == 0  # queued; its hub is not there
+    assert acquire("b", "5000", "5000", "")[0] == 0  # queued behind it, on its bell
+    time.sleep(0.3)  # h's permit runs out
+    assert acquire("a", "5000", "0", "")[0] > 0  # a's try: first in line, so it is a's
+    assert r.zrange(keys.lock, 0, -1) == [b"a"]

@@ -8,6 +8,7 @@ import asyncio
 import threading
 from collections.abc import Callable, Coroutine
 from concurrent.futures import Future
+from types import SimpleNamespace
 from typing import Any, TypeVar
 
 import redis
@@ -72,7 +73,7 @@ class AsyncLeaseView:
 class AsyncLockView:
     """The sync face of an AsyncLock (or AsyncSemaphore)."""
 
-    def __init__(self, portal: Portal, lock: redlease.AsyncLock | redlease.AsyncSemaphore) -> None:
+    def __init__(self, portal: Portal, lock: Any) -> None:
         self.portal, self.inner = portal, lock
         self._blocks = threading.local()  # per thread: the open `with` blocks
 
@@ -127,6 +128,9 @@ class SyncTwin:
     def semaphore(self, name: str, limit: int, ttl: float = 10.0, **options: Any) -> Any:
         return redlease.Semaphore(self.client, name, limit, ttl, **options)
 
+    def rwlock(self, name: str, ttl: float = 10.0, **options: Any) -> Any:
+        return redlease.ReadWriteLock(self.client, name, ttl, **options)
+
     def close(self) -> None:
         self.client.close()
 
@@ -149,6 +153,15 @@ class AsyncTwin:
     def semaphore(self, name: str, limit: int, ttl: float = 10.0, **options: Any) -> Any:
         made = redlease.AsyncSemaphore(self.client, name, limit, ttl, **options)
         return AsyncLockView(self.portal, made)
+
+    def rwlock(self, name: str, ttl: float = 10.0, **options: Any) -> Any:
+        """Its sides as lock views; each call through the portal is a task of its own."""
+        made = redlease.AsyncReadWriteLock(self.client, name, ttl, **options)
+        return SimpleNamespace(
+            read=AsyncLockView(self.portal, made.read),
+            write=AsyncLockView(self.portal, made.write),
+            name=made.name,
+        )
 
     def close(self) -> None:
         self.portal.call(self.client.aclose)

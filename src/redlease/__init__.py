@@ -19,6 +19,7 @@ from ._errors import (
 from ._lease import AsyncLease, Lease
 from ._lock import AsyncLock, Lock
 from ._redlock import AsyncRedlock, AsyncRedlockLease, Redlock, RedlockLease
+from ._rwlock import AsyncReadWriteLock, ReadWriteLock
 from ._semaphore import AsyncSemaphore, Semaphore
 
 __version__ = "0.1.0"
@@ -27,6 +28,7 @@ __all__ = [
     "AcquireTimeout",
     "AsyncLease",
     "AsyncLock",
+    "AsyncReadWriteLock",
     "AsyncRedlock",
     "AsyncRedlockLease",
     "AsyncSemaphore",
@@ -37,6 +39,7 @@ __all__ = [
     "LockError",
     "LockLost",
     "QuorumError",
+    "ReadWriteLock",
     "RedleaseWarning",
     "Redlock",
     "RedlockLease",

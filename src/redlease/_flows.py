@@ -24,10 +24,10 @@ from ._scripts import (
     EXTEND,
     LEAVE,
     RELEASE,
-    SEMAPHORE_ACQUIRE,
-    SEMAPHORE_EXTEND,
-    SEMAPHORE_LEAVE,
-    SEMAPHORE_RELEASE,
+    SHARED_ACQUIRE,
+    SHARED_EXTEND,
+    SHARED_LEAVE,
+    SHARED_RELEASE,
     Script,
 )
 from ._timing import (
@@ -199,14 +199,25 @@ class Kind:
 LOCK = Kind(
     "lock", ACQUIRE, LEAVE, RELEASE, EXTEND, LockKeys.for_name, ("string", "string", "list", "hash")
 )
+_SHARED_TYPES = ("zset", "string", "list", "hash", "hash")
+# Their spec's extra: (limit, mode), see the shared scripts.
 SEMAPHORE = Kind(
     "semaphore",
-    SEMAPHORE_ACQUIRE,
-    SEMAPHORE_LEAVE,
-    SEMAPHORE_RELEASE,
-    SEMAPHORE_EXTEND,
+    SHARED_ACQUIRE,
+    SHARED_LEAVE,
+    SHARED_RELEASE,
+    SHARED_EXTEND,
     LockKeys.for_semaphore,
-    ("zset", "string", "list", "hash", "hash"),
+    _SHARED_TYPES,
+)
+READ_WRITE = Kind(
+    "read/write lock",
+    SHARED_ACQUIRE,
+    SHARED_LEAVE,
+    SHARED_RELEASE,
+    SHARED_EXTEND,
+    LockKeys.for_read_write,
+    _SHARED_TYPES,
 )
 
 

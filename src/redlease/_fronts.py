@@ -25,12 +25,20 @@ from types import TracebackType
 from typing import Any, Generic, Protocol, TypeVar
 
 from . import _arguments as args
-from . import _fork, _renewal
+from . import _renewal
 from ._batches import Lender
 from ._clients import refusal
 from ._errors import AcquireTimeout, InvalidArgument, LockLost
 from ._flows import Grant
-from ._lease import AsyncDriver, AsyncLeaseBlock, LeaseState, SyncDriver, SyncLeaseBlock, _shielded
+from ._lease import (
+    AsyncDriver,
+    AsyncLeaseBlock,
+    Holders,
+    LeaseState,
+    SyncDriver,
+    SyncLeaseBlock,
+    _shielded,
+)
 
 Seconds = float | timedelta
 
@@ -50,22 +58,27 @@ class Attempt(Protocol):
     def abandon(self) -> Generator[Any, Any, None]: ...
 
 
-# Leases opened by `with lock` / `async with lock` in this context, innermost last.
-_entered: ContextVar[tuple[tuple[object, LeaseState], ...]] = ContextVar(
+# Leases opened by `with lock` / `async with lock` in this context, innermost last, each
+# with the hold count it had when the block took it.
+_entered: ContextVar[tuple[tuple[object, LeaseState, int], ...]] = ContextVar(
     "redlease_entered", default=()
 )
 
 
 def _push(lock: object, lease: LeaseState) -> None:
-    _entered.set((*_entered.get(), (lock, lease)))
+    _entered.set((*_entered.get(), (lock, lease, lease._holds)))
 
 
-def _pop(lock: object) -> LeaseState:
+def _pop(lock: object) -> LeaseState | None:
+    """The lease the innermost open block of ``lock`` took, to release as the block ends;
+    None if its hold was released already inside the block (a reentrant lease: another
+    release would take the hold of an outer block)."""
     stack = _entered.get()
     for i in range(len(stack) - 1, -1, -1):
         if stack[i][0] is lock:
             _entered.set(stack[:i] + stack[i + 1 :])
-            return stack[i][1]
+            lease, depth = stack[i][1], stack[i][2]
+            return lease if depth == 1 or lease._holds >= depth else None
     raise RuntimeError("exiting a lock's `with` block that did not enter it")
 
 
@@ -79,7 +92,7 @@ class _Front:
     _auto_renew: bool
     _max_hold: float | None
     _lender: Lender | None = None  # a Lock with batch > 1 lends its grants
-    _holding: dict[object, LeaseState] | None = None  # reentrant: each holder's lease
+    _holding: Holders | None = None  # reentrant: each holder's lease
     _noun = "lock"  # what errors call it
 
     @property
@@ -91,15 +104,12 @@ class _Front:
         A lease found lost is dropped from the table and reported: the work it
         protects is no longer protected, and a new lease would hide that."""
         holding = self._holding
-        lease = None if holding is None else holding.get(holder)
+        lease = None if holding is None else holding.held(holder)
         if lease is None:
             return None
         assert holding is not None
-        if lease._generation != _fork.generation or lease.released:
-            del holding[holder]  # a fork's child holds none of its parent's leases
-            return None
         if lease.lost:
-            del holding[holder]
+            holding.left(holder, lease)
             raise LockLost(
                 f"lease on {self.name!r} that this holder acquired before was lost: "
                 f"{lease._lost_reason}"
@@ -109,8 +119,7 @@ class _Front:
 
     def _hold(self, holder: object, lease: LeaseState) -> None:
         if self._holding is not None:
-            self._holding[holder] = lease
-            lease._held_in = (self._holding, holder)
+            self._holding.hold(holder, lease)
 
     def _new_attempt(self, timeout: float | None, *, wait: bool) -> Attempt:
         raise NotImplementedError
@@ -207,8 +216,9 @@ class SyncFront(_Front, Generic[SyncLeaseT]):
         tb: TracebackType | None,
     ) -> None:
         lease = _pop(self)
-        assert isinstance(lease, SyncLeaseBlock)
-        lease.__exit__(exc_type, exc, tb)
+        if lease is not None:
+            assert isinstance(lease, SyncLeaseBlock)
+            lease.__exit__(exc_type, exc, tb)
 
 
 class AsyncFront(_Front, Generic[AsyncLeaseT]):
@@ -312,8 +322,9 @@ class AsyncFront(_Front, Generic[AsyncLeaseT]):
         tb: TracebackType | None,
     ) -> None:
         lease = _pop(self)
-        assert isinstance(lease, AsyncLeaseBlock)
-        await lease.__aexit__(exc_type, exc, tb)
+        if lease is not None:
+            assert isinstance(lease, AsyncLeaseBlock)
+            await lease.__aexit__(exc_type, exc, tb)
 
 
 def is_async_client(client: object) -> bool:

@@ -13,11 +13,13 @@ touches a single slot:
     P{N}:released      the token of the last release, for a retried release to find,
                        with a TTL (the release's reply bound)
 
-A semaphore named N keeps its keys apart from the lock N's, under ``P{N}:sem``:
+A semaphore named N keeps its keys apart from the lock N's, under ``P{N}:sem``; a
+read/write lock, under ``P{N}:rw`` (below, ``:sem`` stands for either):
 
-    P{N}:sem           its holders (sorted set: token -> when the permit runs out, in
-                       the server's milliseconds), with a TTL
-    P{N}:sem:fences    token -> that permit's fence (hash), with a TTL
+    P{N}:sem           its holders (sorted set: token -> when the hold runs out, in the
+                       server's milliseconds), with a TTL
+    P{N}:sem:fences    token -> that hold's fence (hash), and "@writer" -> the token of
+                       the write lease held, if any; with a TTL
     P{N}:sem:fence, P{N}:sem:queue, P{N}:sem:waiters, P{N}:sem:bell:<token>,
     P{N}:sem:bell:@<hub>  as the lock's
     P{N}:sem:released  the tokens of the latest releases (sorted set: token -> until
@@ -27,9 +29,9 @@ P is the prefix (``redlease:`` unless the lock was given another; it may not con
 brace) and N the name with "%", "{" and "}" written as "%25", "%7B" and "%7D". So a key
 reads back to exactly one (prefix, name, suffix): the prefix ends at the first "{", the
 name at the next "}" (the hash tag Redis hashes is exactly N, never empty since names
-are not), and the suffix is one of the fixed ones above (none of a lock's starts with "sem").
-Two different locks, or semaphores, or a lock and a semaphore, never share a key,
-whatever their names.
+are not), and the suffix is one of the fixed ones above (none of a lock's starts with
+"sem" or "rw"). No two locks, semaphores or read/write locks share a key, whatever their
+names and kinds.
 """
 
 from __future__ import annotations
@@ -85,7 +87,14 @@ class LockKeys:
 
     @classmethod
     def for_semaphore(cls, name: str, prefix: str = DEFAULT_PREFIX) -> LockKeys:
-        base = prefix + hash_tag(name) + ":sem"
+        return cls._shared(prefix + hash_tag(name) + ":sem")
+
+    @classmethod
+    def for_read_write(cls, name: str, prefix: str = DEFAULT_PREFIX) -> LockKeys:
+        return cls._shared(prefix + hash_tag(name) + ":rw")
+
+    @classmethod
+    def _shared(cls, base: str) -> LockKeys:
         return cls._under(base, (base + ":fences",))
 
     @classmethod

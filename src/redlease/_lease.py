@@ -11,6 +11,7 @@ import asyncio
 import contextlib
 import logging
 import threading
+import weakref
 from collections.abc import Callable, Generator, Sequence
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar
@@ -87,8 +88,9 @@ class LeaseState:
         self._lender: Lender | None = None  # the batch it was lent from, if any
         self._generation = _fork.generation  # a fork's child never holds it
         self._holds = 1  # acquisitions not yet released (a reentrant lock's nest them)
-        # A reentrant lock's table of leases by holder, and this one's holder in it.
-        self._held_in: tuple[dict[object, LeaseState], object] | None = None
+        # The table of leases by holder this one is in (reentrant, read/write), and its
+        # holder there.
+        self._held_in: tuple[Holders, weakref.ref[Any]] | None = None
 
     @property
     def name(self) -> str:
@@ -138,14 +140,19 @@ class LeaseState:
 
     def _nested(self) -> bool:
         """A release of a reentrant lease held more than once: one hold fewer, no I/O
-        (True). Otherwise the lease leaves its lock's table and is released for real."""
+        (True). Otherwise it is released for real."""
         if self._holds > 1:
             self._holds -= 1
             return True
-        held, self._held_in = self._held_in, None
-        if held is not None and held[0].get(held[1]) is self:
-            del held[0][held[1]]
         return False
+
+    def _leave_table(self) -> None:
+        """Released, or found lost by its release: out of its holder table, if in one."""
+        held, self._held_in = self._held_in, None
+        if held is not None:
+            holder = held[1]()
+            if holder is not None:
+                held[0].left(holder, self)
 
     def check(self) -> None:
         """Raise LockLost unless the lease is still held and valid: call it before each
@@ -180,6 +187,7 @@ class LeaseState:
                 return
             self._state = RELEASED
         self._stop_watching()
+        self._leave_table()
 
     # The flows a lease's driver runs to extend and release it, the renewer's included
     # (``wait``: its bound): a single server's here; a Redlock lease gives the quorum ones.
@@ -261,8 +269,37 @@ class _Ending:
     ) -> None:  # the exception, if any, goes on
         if exc_type is not None and issubclass(exc_type, LockLost):
             self.lease._mark_lost(str(exc))
+            if self.release:
+                self.lease._leave_table()  # its holder has been told, here
         elif self.release and (exc_type is None or issubclass(exc_type, QuorumError)):
             self.lease._mark_released()
+
+
+class Holders:
+    """Leases by holder (a thread, or an asyncio task), for the locks that must know what
+    a holder holds already: a reentrant lock, a read/write lock. Weak: a holder that ends
+    without releasing leaves no entry once it is gone. A lease leaves when released (or
+    found lost by its release); one lost otherwise stays, for its holder to be told."""
+
+    def __init__(self) -> None:
+        self._table: weakref.WeakKeyDictionary[Any, LeaseState] = weakref.WeakKeyDictionary()
+
+    def held(self, holder: object) -> LeaseState | None:
+        """The lease ``holder`` holds (perhaps lost), or None. A fork's child holds none
+        of its parent's leases."""
+        lease = self._table.get(holder)
+        if lease is not None and (lease.released or lease._generation != _fork.generation):
+            self.left(holder, lease)
+            return None
+        return lease
+
+    def hold(self, holder: object, lease: LeaseState) -> None:
+        self._table[holder] = lease
+        lease._held_in = (self, weakref.ref(holder))
+
+    def left(self, holder: object, lease: LeaseState) -> None:
+        if self._table.get(holder) is lease:
+            del self._table[holder]
 
 
 _Sync = TypeVar("_Sync", bound="SyncLeaseBlock")

@@ -24,7 +24,7 @@ from ._fronts import AsyncFront, SyncFront, check_client
 from ._io_async import AsyncIO
 from ._io_sync import SyncIO
 from ._keys import DEFAULT_PREFIX
-from ._lease import AsyncLease, Lease, LeaseState
+from ._lease import AsyncLease, Holders, Lease
 from ._timing import Clock
 
 Seconds = float | timedelta
@@ -79,7 +79,7 @@ class _LockConfig:
         self._auto_renew, self._max_hold = args.renewal(auto_renew, max_hold, clock)
         self._on_lost: OnLost | None = args.callback(on_lost, "on_lost")  # type: ignore[assignment]
         if args.flag(reentrant, "reentrant"):
-            self._holding: dict[object, LeaseState] | None = {}
+            self._holding: Holders | None = Holders()
 
     @property
     def name(self) -> str:
@@ -93,7 +93,7 @@ class _LockConfig:
         return f"<{type(self).__name__} {self.name!r} ttl={self.ttl}s>"
 
 
-def _check_replicas(spec: LockSpec, direct: bool) -> None:
+def check_replicas(spec: LockSpec, direct: bool) -> None:
     if spec.replicas is not None and not direct:
         raise InvalidArgument(
             "replicas needs a standalone client (redis.Redis, valkey.Valkey; or Sentinel's): "
@@ -110,7 +110,7 @@ class OneServer(SyncFront[Lease]):
 
     def _serve(self, client: Any) -> None:
         self._io = SyncIO(client)
-        _check_replicas(self._spec, self._io.direct)
+        check_replicas(self._spec, self._io.direct)
 
     def _new_attempt(self, timeout: float | None, *, wait: bool) -> Acquisition:
         holds = 1 if self._lender is None else self._lender.holds()
@@ -129,7 +129,7 @@ class AsyncOneServer(AsyncFront[AsyncLease]):
 
     def _serve(self, client: Any) -> None:
         self._io = AsyncIO(client)
-        _check_replicas(self._spec, self._io.direct)
+        check_replicas(self._spec, self._io.direct)
 
     def _new_attempt(self, timeout: float | None, *, wait: bool) -> Acquisition:
         holds = 1 if self._lender is None else self._lender.holds()

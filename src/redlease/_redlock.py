@@ -51,6 +51,7 @@ from ._io_sync import SyncIO
 from ._keys import DEFAULT_PREFIX
 from ._lease import (
     AsyncLeaseBlock,
+    Holders,
     LeaseState,
     SyncLeaseBlock,
 )
@@ -320,7 +321,7 @@ class _RedlockConfig:
         self._auto_renew, self._max_hold = args.renewal(auto_renew, max_hold, clock)
         self._on_lost: OnLost | None = args.callback(on_lost, "on_lost")  # type: ignore[assignment]
         if args.flag(reentrant, "reentrant"):
-            self._holding: dict[object, LeaseState] | None = {}
+            self._holding: Holders | None = Holders()
 
     @property
     def name(self) -> str:

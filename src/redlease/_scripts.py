@@ -114,8 +114,7 @@ end
 -- false when the waiter cannot hear it (its hub does not listen here: its process is
 -- gone). Nothing is published then: a copy would still reach a hub that listens on a
 -- replica (replication carries PUBLISH), which must never hear of a grant undone.
-local function ring(bells, w, entry, granted, taken, now, ttl)
-  local hub = entry_hub(entry)
+local function ring(bells, w, hub, granted, taken, now, ttl)
   if hub then
     local channel = bells .. '@' .. hub
     -- a hub whose id starts with "s" listens on a Cluster node: sharded pub/sub
@@ -153,7 +152,7 @@ local function hand_on(lock, fence, queue, waiters, bells, fair)
       redis.call('SET', lock, w, 'PX', ttl)
       granted, taken = take_fences(fence, entry_holds(entry), ttl, 0, false)
     end
-    if ring(bells, w, entry, granted, taken, now, ttl) then return end
+    if ring(bells, w, entry_hub(entry), granted, taken, now, ttl) then return end
     if fair == '1' then redis.call('DEL', lock) end
   end
 end
@@ -314,19 +313,30 @@ return {0, 0, 0}
 
 ALL = (ACQUIRE, RELEASE, EXTEND, LEAVE)
 
-# -- Semaphore: the lock's scripts with a set of holders in place of one -----------------
+# -- Shared holds: Semaphore and ReadWriteLock ------------------------------------------
 #
-# KEYS[1] holders: a sorted set, token -> when its permit runs out (server ms)
-# KEYS[2..4] fence, queue, waiters: as the lock's   KEYS[5] fences: token -> its fence
-# ARGV: the lock script's, and last the caller's limit. A permit is granted only while
-# fewer are held than that limit; waiters are served in arrival order (always fair), and
-# as many at once as there are free permits. Permits past their time are dropped by
-# every script before it counts (their holders died or lost them).
+# The lock's scripts with a set of holders in place of one, for a semaphore's permits and
+# a read/write lock's leases alike:
+# KEYS[1] holders: a sorted set, token -> when its hold runs out (server ms)
+# KEYS[2..4] fence, queue, waiters: as the lock's
+# KEYS[5] fences: token -> its hold's fence (hash); field "@writer" -> the writer's token
+# ARGV: the lock script's, then ARGV[-2] the caller's limit and ARGV[-1] its mode: 'r'
+# (shared: a semaphore's permit, a read lease) or 'w' (exclusive: a write lease).
+# A shared hold is granted while fewer than limit are held and no writer holds; an
+# exclusive one while nothing is held. Waiters are served strictly in arrival order, as
+# many at once as fit, each with its own limit (carried in its queue entry): so a
+# waiting writer holds back the readers that come after it, and is never starved. Holds
+# past their time are dropped by every script before it counts (their holders died or
+# lost them). A queue entry is "deadline_us:ttl_ms:limit:mode[:hub]"...
 
-_SEMAPHORE_HELPERS = """
+_SHARED_HELPERS = """
 local function now_ms(now) return math.floor(now / 1000) end
 
--- drop the permits that ran out (and their fences); the number still held
+local function entry_limit(entry) return tonumber(string.match(entry, '^%d+:%d+:(%d+)')) end
+local function entry_mode(entry) return string.match(entry, '^%d+:%d+:%d+:(%a)') end
+local function shared_hub(entry) return string.match(entry, '^%d+:%d+:%d+:%a:(s?%x+)$') end
+
+-- drop the holds that ran out (and their fences); the number still held
 local function held_now(holders, fences, now)
   local gone = redis.call('ZRANGEBYSCORE', holders, '-inf', now_ms(now))
   for i = 1, #gone, 500 do
@@ -336,41 +346,60 @@ local function held_now(holders, fences, now)
   return redis.call('ZCARD', holders)
 end
 
--- a permit for w, for ttl ms from now, with the next fence
-local function grant(holders, fences, fence, w, ttl, now)
+local function writer_holds(holders, fences)
+  local w = redis.call('HGET', fences, '@writer')
+  if not w then return false end
+  if redis.call('ZSCORE', holders, w) then return true end
+  redis.call('HDEL', fences, '@writer')  -- it ran out
+  return false
+end
+
+-- whether a hold of mode (under limit) may be granted now
+local function fits(holders, fences, limit, mode)
+  local count = redis.call('ZCARD', holders)
+  if mode == 'w' then return count == 0 end
+  return count < limit and not writer_holds(holders, fences)
+end
+
+-- a hold for w, for ttl ms from now, with the next fence
+local function grant(holders, fences, fence, w, ttl, now, mode)
   redis.call('ZADD', holders, now_ms(now) + tonumber(ttl), w)
   keep_for(holders, tonumber(ttl))
   local top, taken = take_fences(fence, 1, ttl, 0, false)
   redis.call('HSET', fences, w, string.format('%d', top))
+  if mode == 'w' then redis.call('HSET', fences, '@writer', w) end
   keep_for(fences, tonumber(ttl))
   return top, taken
 end
 
+-- take w's hold away; whether it had one
 local function drop(holders, fences, w)
-  redis.call('ZREM', holders, w)
+  if redis.call('ZREM', holders, w) == 0 then return false end
   redis.call('HDEL', fences, w)
+  if redis.call('HGET', fences, '@writer') == w then redis.call('HDEL', fences, '@writer') end
+  return true
 end
 
--- grant free permits to the first live waiters, in order, while fewer than limit are
--- held; a waiter that cannot hear its ring is dropped (its permit undone). The count.
-local function hand_on(holders, fences, fence, queue, waiters, bells, limit, count, now)
-  while count < limit do
+-- grant holds to the first live waiters, in order, while the next one fits; a waiter
+-- that cannot hear its ring is dropped (its hold undone). The caller, if it is one of
+-- them, is not rung: it is here (its hub may not listen just now), and finds its hold.
+local function hand_on(holders, fences, fence, queue, waiters, bells, now, caller)
+  while true do
     local w, entry = live_head(queue, waiters, now)
-    if not w then return count end
+    if not w then return end
+    local mode = entry_mode(entry)
+    if not fits(holders, fences, entry_limit(entry), mode) then return end
     redis.call('LPOP', queue)
     redis.call('HDEL', waiters, w)
     local ttl = entry_ttl(entry)
-    local top, taken = grant(holders, fences, fence, w, ttl, now)
-    if ring(bells, w, entry, top, taken, now, ttl) then
-      count = count + 1
-    else
+    local top, taken = grant(holders, fences, fence, w, ttl, now, mode)
+    if w ~= caller and not ring(bells, w, shared_hub(entry), top, taken, now, ttl) then
       drop(holders, fences, w)
     end
   end
-  return count
 end
 
--- our permit, if we hold one: {fence, ms left}
+-- our hold, if we have one: {fence, ms left}
 local function ours(holders, fences, token, now)
   local until_ms = redis.call('ZSCORE', holders, token)
   if not until_ms then return nil end
@@ -378,93 +407,90 @@ local function ours(holders, fences, token, now)
 end
 """
 
-SEMAPHORE_ACQUIRE = Script(
-    "semaphore_acquire",
+SHARED_ACQUIRE = Script(
+    "shared_acquire",
     _FENCES
     + _HELPERS
-    + _SEMAPHORE_HELPERS
+    + _SHARED_HELPERS
     + """
 -- KEYS and ARGV[1..7] as the lock's acquire (ARGV[3], fair, is always '1'; ARGV[6],
--- the fences a grant takes, always '1'); ARGV[8] limit.
--- Reply {fence, pttl, server_us, taken} as the lock's; when every permit is held, pttl
--- is the ms left of the one that runs out first.
+-- the fences a grant takes, always '1'); ARGV[8] limit  ARGV[9] mode ('r' or 'w').
+-- Reply {fence, pttl, server_us, taken} as the lock's; when we must wait, pttl is the
+-- ms left of the hold that runs out first.
 local holders, fence, queue, waiters, fences = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
-local token, ttl, bell, limit = ARGV[1], ARGV[2], ARGV[5] .. ARGV[1], tonumber(ARGV[8])
+local token, ttl, bell = ARGV[1], ARGV[2], ARGV[5] .. ARGV[1]
+local limit, mode = tonumber(ARGV[8]), ARGV[9]
 local now = now_us()
-local count = held_now(holders, fences, now)
+held_now(holders, fences, now)
 local held = ours(holders, fences, token, now)
+local server_us = 0  -- (a grant found: it was made before this call)
+if not held then
+  -- the waiters before us first, in order, as many as fit
+  hand_on(holders, fences, fence, queue, waiters, ARGV[5], now, token)
+  held, server_us = ours(holders, fences, token, now), now
+end
 if held then
-  -- granted to us while we were away, or a retried call whose first reply was lost
+  -- granted to us while we were away or just now, or a retried call whose reply was lost
   forget(queue, waiters, token)
   redis.call('DEL', bell)
-  return {held[1], held[2], 0, 1}
+  return {held[1], held[2], server_us, 1}
 end
-if count < limit then
-  -- free permits go to the live waiters before us first
-  count = hand_on(holders, fences, fence, queue, waiters, ARGV[5], limit, count, now)
-  held = ours(holders, fences, token, now)
-  if held then
-    forget(queue, waiters, token)
-    redis.call('DEL', bell)
-    return {held[1], held[2], now, 1}
-  end
-end
-if count < limit then
+local first = live_head(queue, waiters, now)
+if (not first or first == token) and fits(holders, fences, limit, mode) then
   forget(queue, waiters, token)
   redis.call('DEL', bell)
-  local top, taken = grant(holders, fences, fence, token, ttl, now)
+  local top, taken = grant(holders, fences, fence, token, ttl, now, mode)
   return {top, tonumber(ttl), now, taken}
 end
 if ARGV[4] ~= '0' then
   local life = tonumber(ARGV[4])
-  local entry = string.format('%d:%s:1', now + life * 1000, ttl)
+  local entry = string.format('%d:%s:%d:%s', now + life * 1000, ttl, limit, mode)
   if ARGV[7] ~= '' then entry = entry .. ':' .. ARGV[7] end
   if redis.call('HSET', waiters, token, entry) == 1 then redis.call('RPUSH', queue, token) end
   keep_for(queue, life)
   keep_for(waiters, life)
 end
-local first = redis.call('ZRANGE', holders, 0, 0, 'WITHSCORES')
-local left = first[2] and math.max(0, tonumber(first[2]) - now_ms(now)) or -2
+local soonest = redis.call('ZRANGE', holders, 0, 0, 'WITHSCORES')
+local left = soonest[2] and math.max(0, tonumber(soonest[2]) - now_ms(now)) or -2
 return {0, left, now, 0}
 """,
-    retry="the same token again finds its own permit and reports it, or queues it once",
+    retry="the same token again finds its own hold and reports it, or queues it once",
 )
 
-SEMAPHORE_RELEASE = Script(
-    "semaphore_release",
+SHARED_RELEASE = Script(
+    "shared_release",
     _FENCES
     + _HELPERS
-    + _SEMAPHORE_HELPERS
+    + _SHARED_HELPERS
     + """
 -- KEYS as the acquire's; ARGV[1] token  ARGV[2] fair (unused)  ARGV[3] bell key prefix
 -- ARGV[4] ms to remember the release (KEYS[1] .. ':released', token -> until when, for
--- a second run after a reply lost with its connection)  ARGV[5] limit
+-- a second run after a reply lost with its connection)  ARGV[5] limit  ARGV[6] mode
 -- Reply 1: released (and the next waiters served), now or by an earlier run; 0: the
--- permit was not ours (it ran out, or was never granted).
+-- hold was not ours (it ran out, or was never granted).
 local holders, fence, queue, waiters, fences = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
 local marks = KEYS[1] .. ':released'
 local now = now_us()
-local count = held_now(holders, fences, now)
-if redis.call('ZREM', holders, ARGV[1]) == 0 then
+held_now(holders, fences, now)
+if not drop(holders, fences, ARGV[1]) then
   local mark = redis.call('ZSCORE', marks, ARGV[1])
   if mark and tonumber(mark) > now_ms(now) then return 1 end
   return 0
 end
-redis.call('HDEL', fences, ARGV[1])
 redis.call('ZREMRANGEBYSCORE', marks, '-inf', now_ms(now))
 redis.call('ZADD', marks, now_ms(now) + tonumber(ARGV[4]), ARGV[1])
 keep_for(marks, tonumber(ARGV[4]))
-hand_on(holders, fences, fence, queue, waiters, ARGV[3], tonumber(ARGV[5]), count - 1, now)
+hand_on(holders, fences, fence, queue, waiters, ARGV[3], now)
 return 1
 """,
     retry="a second run finds the mark the first one left and reports the release",
 )
 
-SEMAPHORE_EXTEND = Script(
-    "semaphore_extend",
+SHARED_EXTEND = Script(
+    "shared_extend",
     """
 -- KEYS[1] holders  KEYS[2] fences  ARGV[1] token  ARGV[2] ttl ms
--- Reply 1: the permit is ours and now runs out ttl ms from now; 0: not ours (ran out).
+-- Reply 1: the hold is ours and now runs out ttl ms from now; 0: not ours (ran out).
 local t = redis.call('TIME')
 local now_ms = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local until_ms = tonumber(redis.call('ZSCORE', KEYS[1], ARGV[1]))
@@ -479,34 +505,34 @@ return 1
     retry="setting the same expiry twice is setting it once",
 )
 
-SEMAPHORE_LEAVE = Script(
-    "semaphore_leave",
+SHARED_LEAVE = Script(
+    "shared_leave",
     _FENCES
     + _HELPERS
-    + _SEMAPHORE_HELPERS
+    + _SHARED_HELPERS
     + """
 -- A waiter gives up: as the lock's leave. KEYS as the acquire's; ARGV[1] token
--- ARGV[2] fair (unused)  ARGV[3] bell key prefix  ARGV[4] '1': keep a permit granted
--- to us meanwhile; '0': give it back  ARGV[5] limit
--- Reply {fence, pttl, taken}: fence > 0 when a permit was kept; {0, 0, 0} otherwise.
+-- ARGV[2] fair (unused)  ARGV[3] bell key prefix  ARGV[4] '1': keep a hold granted to
+-- us meanwhile; '0': give it back  ARGV[5] limit  ARGV[6] mode
+-- Reply {fence, pttl, taken}: fence > 0 when a hold was kept; {0, 0, 0} otherwise.
 local holders, fence, queue, waiters, fences = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
-local token, bell, limit = ARGV[1], ARGV[3] .. ARGV[1], tonumber(ARGV[5])
+local token = ARGV[1]
 forget(queue, waiters, token)
-redis.call('DEL', bell)
+redis.call('DEL', ARGV[3] .. token)
 local now = now_us()
-local count = held_now(holders, fences, now)
+held_now(holders, fences, now)
 local held = ours(holders, fences, token, now)
 if held then
   if ARGV[4] == '1' then return {held[1], held[2], 1} end
   drop(holders, fences, token)
-  count = count - 1
 end
--- a free permit may have been waiting for us: pass it on
-hand_on(holders, fences, fence, queue, waiters, ARGV[3], limit, count, now)
+-- what we held, or our place in the queue (a waiter we held back), may be due to others
+hand_on(holders, fences, fence, queue, waiters, ARGV[3], now)
 return {0, 0, 0}
 """,
-    retry="a second run finds the entry gone and the permit kept, or already given back",
+    retry="a second run finds the entry gone and the hold kept, or already given back",
 )
+
 
 # -- Redlock (one script run per node; see _quorum.py for how the replies are counted) --
 

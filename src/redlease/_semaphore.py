@@ -54,8 +54,9 @@ class _SemaphoreConfig:
             clock=clock,
             replicas=replicas,
             replica_timeout=replica_timeout,
+            batch=1,
             kind=SEMAPHORE,
-            extra=(str(checked),),
+            extra=(str(checked), "r"),
         )
         self._auto_renew, self._max_hold = args.renewal(auto_renew, max_hold, clock)
         self._on_lost: OnLost | None = args.callback(on_lost, "on_lost")  # type: ignore[assignment]
@@ -87,9 +88,10 @@ class Semaphore(_SemaphoreConfig, OneServer):
     Waiters are served in arrival order, as many at once as permits come free.
 
     ``limit`` is checked by each grant against the permits held: a permit is granted only
-    while fewer than the asking object's limit are held. Objects with different limits
-    for one name (a change being rolled out) thus never let more than the larger be held,
-    and a lower limit revokes no permit: it grants none until enough are released.
+    while fewer are held than the limit of the object that asked for it (a waiter's
+    limit travels in its queue entry). Objects with different limits for one name (a
+    change being rolled out) thus never let more than the larger be held, and a lower
+    limit revokes no permit: it grants none until enough are released.
 
     ``auto_renew``, ``on_lost``, ``max_hold``, ``prefix``, ``clock``, ``replicas`` and
     ``replica_timeout`` work as for ``Lock``.
