@@ -47,11 +47,19 @@ def _shape(path: Path) -> list[str]:
     [
         ("_io_sync.py", "_io_async.py", set()),
         # written once, in the sync hub: the rule for unused channels, the pub/sub verbs
-        # (plain or sharded), which errors make a hub start over
+        # (plain or sharded), which errors make a hub start over; asyncio only: the timer
+        # that ends a box's wait (asyncio.wait_for would drop a cancellation)
         (
             "_hub_sync.py",
             "_hub_async.py",
-            {"forget_idle", "Verbs", "Verbs.new_id", "Verbs.unsubscribe_from", "starts_over"},
+            {
+                "forget_idle",
+                "Verbs",
+                "Verbs.new_id",
+                "Verbs.unsubscribe_from",
+                "starts_over",
+                "_set_if_pending",
+            },
         ),
         # sync only: SO_RCVTIMEO's argument; asyncio only: connecting with the loop, a
         # read's shared deadline timer, where a cancellation lands, closing at shutdown

@@ -7,6 +7,7 @@ with lock as lease:
     do_work(fence=lease.fence)
 """
 
+from ._election import AsyncElection, Election, Leader
 from ._errors import (
     AcquireTimeout,
     BackendError,
@@ -26,6 +27,7 @@ __version__ = "0.1.0"
 
 __all__ = [
     "AcquireTimeout",
+    "AsyncElection",
     "AsyncLease",
     "AsyncLock",
     "AsyncReadWriteLock",
@@ -33,7 +35,9 @@ __all__ = [
     "AsyncRedlockLease",
     "AsyncSemaphore",
     "BackendError",
+    "Election",
     "InvalidArgument",
+    "Leader",
     "Lease",
     "Lock",
     "LockError",

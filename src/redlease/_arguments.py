@@ -171,6 +171,24 @@ def lock_name(value: object) -> str:
     return _encodable(value, "name")
 
 
+# An election candidate's identity rides in its tokens (hex), so it is kept short.
+MAX_IDENTITY_BYTES = 256
+
+
+def identity(value: object) -> str:
+    """An election candidate's identity: a non-empty str of at most 256 UTF-8 bytes."""
+    if not isinstance(value, str):
+        raise InvalidArgument(f"identity must be a str, not {type(value).__name__}")
+    if not value:
+        raise InvalidArgument("identity must not be empty")
+    checked = _encodable(value, "identity")
+    if len(checked.encode()) > MAX_IDENTITY_BYTES:
+        raise InvalidArgument(
+            f"identity must be at most {MAX_IDENTITY_BYTES} bytes in UTF-8, got {shown(value)}"
+        )
+    return checked
+
+
 def key_prefix(value: object) -> str:
     """A key prefix: a str without hash-tag braces (the name's tag must stay the only one),
     encodable as UTF-8."""

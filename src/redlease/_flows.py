@@ -21,6 +21,7 @@ from ._errors import BackendError, LockError, LockLost
 from ._keys import DEFAULT_PREFIX, LockKeys
 from ._scripts import (
     ACQUIRE,
+    ELECTION_EXTEND,
     EXTEND,
     LEAVE,
     RELEASE,
@@ -194,10 +195,42 @@ class Kind:
     extend: Script
     layout: Callable[[str, str], LockKeys]
     key_types: tuple[str, ...]
+    extend_keys: Callable[[LockKeys], tuple[str, ...]]  # the keys its extend script takes
+
+
+def _lock_only(keys: LockKeys) -> tuple[str, ...]:
+    return (keys.lock,)
+
+
+def _with_fence(keys: LockKeys) -> tuple[str, ...]:
+    return (keys.lock, keys.fence)
+
+
+def _with_extra(keys: LockKeys) -> tuple[str, ...]:
+    return (keys.lock, *keys.extra)
 
 
 LOCK = Kind(
-    "lock", ACQUIRE, LEAVE, RELEASE, EXTEND, LockKeys.for_name, ("string", "string", "list", "hash")
+    "lock",
+    ACQUIRE,
+    LEAVE,
+    RELEASE,
+    EXTEND,
+    LockKeys.for_name,
+    ("string", "string", "list", "hash"),
+    _lock_only,
+)
+# The lock's scripts but extend, which also keeps the fence counter (the leader's term,
+# which observers read) as long as the leader.
+ELECTION = Kind(
+    "election",
+    ACQUIRE,
+    LEAVE,
+    RELEASE,
+    ELECTION_EXTEND,
+    LockKeys.for_election,
+    LOCK.key_types,
+    _with_fence,
 )
 _SHARED_TYPES = ("zset", "string", "list", "hash", "hash")
 # Their spec's extra: (limit, mode), see the shared scripts.
@@ -209,6 +242,7 @@ SEMAPHORE = Kind(
     SHARED_EXTEND,
     LockKeys.for_semaphore,
     _SHARED_TYPES,
+    _with_extra,
 )
 READ_WRITE = Kind(
     "read/write lock",
@@ -218,6 +252,7 @@ READ_WRITE = Kind(
     SHARED_EXTEND,
     LockKeys.for_read_write,
     _SHARED_TYPES,
+    _with_extra,
 )
 
 
@@ -237,6 +272,7 @@ class LockSpec:
     batch_window: float = DEFAULT_BATCH_WINDOW  # seconds a grant is lent for
     kind: Kind = LOCK
     extra: tuple[str, ...] = ()  # the kind's last script arguments (a semaphore's limit)
+    token_tail: str = ""  # ends every token (an election's candidate: its identity, hex)
 
     @classmethod
     def create(
@@ -253,6 +289,7 @@ class LockSpec:
         batch_window: object = DEFAULT_BATCH_WINDOW,
         kind: Kind = LOCK,
         extra: tuple[str, ...] = (),
+        token_tail: str = "",
     ) -> LockSpec:
         checked_name = args.lock_name(name)
         ttl_ms = args.ttl_ms(ttl)
@@ -274,6 +311,7 @@ class LockSpec:
             batch_window=args.batch_window_ms(batch_window, ttl_ms) / 1000.0,
             kind=kind,
             extra=extra,
+            token_tail=token_tail,
         )
 
     @property
@@ -338,7 +376,7 @@ class Acquisition:
         self.spec = spec
         self.holds = holds  # fences a grant asks for: a batch's, or 1 (see _batches.py)
         self.taken = 0  # fences the grant took: ``holds``, or fewer (see take_fences)
-        self.token = new_token()
+        self.token = new_token() + spec.token_tail
         self.deadline = Deadline.after(spec.clock, timeout)
         self.wait = wait
         self.outstanding = False
@@ -501,7 +539,7 @@ class Acquisition:
         yield from self.abandon()
         if not self.wait or self.deadline.expired():
             return False
-        self.token = new_token()
+        self.token = new_token() + self.spec.token_tail
         return True
 
     def leave(self, *, keep: bool) -> Flow[Grant | None]:
@@ -550,7 +588,7 @@ def extend(spec: LockSpec, token: str, ttl_ms: int, wait: float | None = None) -
                 spec.kind.extend,
                 token,
                 str(ttl_ms),
-                keys=spec.keys.extend_keys,
+                keys=spec.kind.extend_keys(spec.keys),
                 replicas=replicas,
                 timeout=wait,
             )

@@ -15,6 +15,11 @@ from ._endpoint import ConnectionFailed, ReplyTimedOut
 from ._hub_sync import PLAIN, SWEEP_EVERY, Verbs, forget_idle, starts_over
 
 
+def _set_if_pending(future: asyncio.Future[bytes | None], value: bytes | None) -> None:
+    if not future.done():
+        future.set_result(value)
+
+
 class Box:
     """The rings for one waiter token: put by the hub's reader, taken by the waiter."""
 
@@ -49,12 +54,17 @@ class Box:
         gives back."""
         if self._rings:
             return self._rings.popleft()
-        waiter = self._waiter = self.owner.loop.create_future()
+        loop = self.owner.loop
+        waiter: asyncio.Future[bytes | None] = loop.create_future()
+        self._waiter = waiter
+        # A timer, not asyncio.wait_for: before 3.12 that returns a ring that came as
+        # the caller was cancelled and drops the cancellation, so a task cancelled then
+        # would go on waiting (an endless observer never ends).
+        timer = loop.call_later(timeout, _set_if_pending, waiter, None)
         try:
-            return await asyncio.wait_for(waiter, timeout)
-        except asyncio.TimeoutError:
-            return None
+            return await waiter
         finally:
+            timer.cancel()
             self._waiter = None
 
 

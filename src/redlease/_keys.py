@@ -13,8 +13,11 @@ touches a single slot:
     P{N}:released      the token of the last release, for a retried release to find,
                        with a TTL (the release's reply bound)
 
-A semaphore named N keeps its keys apart from the lock N's, under ``P{N}:sem``; a
-read/write lock, under ``P{N}:rw`` (below, ``:sem`` stands for either):
+An election named N keeps a lock's keys under ``P{N}:elect`` (``P{N}:elect``,
+``P{N}:elect:fence``...; the term is the fence), and ``P{N}:elect:observers``, observer
+token -> "deadline_us:0:1[:hub]" (hash, with a TTL). A semaphore named N keeps its keys
+apart from the lock N's, under ``P{N}:sem``; a read/write lock, under ``P{N}:rw`` (below,
+``:sem`` stands for either):
 
     P{N}:sem           its holders (sorted set: token -> when the hold runs out, in the
                        server's milliseconds), with a TTL
@@ -30,8 +33,8 @@ brace) and N the name with "%", "{" and "}" written as "%25", "%7B" and "%7D". S
 reads back to exactly one (prefix, name, suffix): the prefix ends at the first "{", the
 name at the next "}" (the hash tag Redis hashes is exactly N, never empty since names
 are not), and the suffix is one of the fixed ones above (none of a lock's starts with
-"sem" or "rw"). No two locks, semaphores or read/write locks share a key, whatever their
-names and kinds.
+"sem", "rw" or "elect"). No two locks, semaphores, read/write locks or elections share a
+key, whatever their names and kinds.
 """
 
 from __future__ import annotations
@@ -94,6 +97,10 @@ class LockKeys:
         return cls._shared(prefix + hash_tag(name) + ":rw")
 
     @classmethod
+    def for_election(cls, name: str, prefix: str = DEFAULT_PREFIX) -> LockKeys:
+        return cls._under(prefix + hash_tag(name) + ":elect")
+
+    @classmethod
     def _shared(cls, base: str) -> LockKeys:
         return cls._under(base, (base + ":fences",))
 
@@ -114,7 +121,3 @@ class LockKeys:
     @property
     def script_keys(self) -> tuple[str, ...]:
         return (self.lock, self.fence, self.queue, self.waiters, *self.extra)
-
-    @property
-    def extend_keys(self) -> tuple[str, ...]:
-        return (self.lock, *self.extra)

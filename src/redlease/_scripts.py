@@ -534,6 +534,76 @@ return {0, 0, 0}
 )
 
 
+# -- Election: who leads, and telling its observers ---------------------------------------
+#
+# A candidate is a waiter of a lock (the lock's scripts), whose token ends with its
+# identity in hex. Observers register in a hash, token -> "deadline_us:0:1[:hub]" (a
+# waiter's entry, so the lock's helpers read it), and are rung as waiters are.
+
+ELECTION_EXTEND = Script(
+    "election_extend",
+    """
+-- KEYS[1] lock  KEYS[2] fence  ARGV[1] token  ARGV[2] ttl ms
+-- As the lock's extend; the fence counter (the leader's term, which observers read) is
+-- kept at least as long as a grant keeps it, so it lasts as long as the leader.
+-- Reply 1: the lock is ours and now expires ttl ms from now; 0: not ours.
+if redis.call('GET', KEYS[1]) ~= ARGV[1] then return 0 end
+local keep = 2 * tonumber(ARGV[2]) + @MARGIN@
+if redis.call('PTTL', KEYS[2]) < keep then redis.call('PEXPIRE', KEYS[2], keep) end
+return redis.call('PEXPIRE', KEYS[1], ARGV[2])
+""".replace("@MARGIN@", str(FENCE_MARGIN_MS)),
+    retry="setting the same expiry twice is setting it once",
+)
+
+ELECTION_WATCH = Script(
+    "election_watch",
+    _HELPERS
+    + """
+-- KEYS[1] lock  KEYS[2] fence  KEYS[3] observers
+-- ARGV[1] observer token  ARGV[2] ms to stay registered ('0': just read)  ARGV[3] its
+-- hub ('': rung on its bell)
+-- Reply {leader's token ('' if none), term (its fence), pttl (-2 if none)}.
+if ARGV[2] ~= '0' then
+  local life = tonumber(ARGV[2])
+  local entry = string.format('%d:0:1', now_us() + life * 1000)
+  if ARGV[3] ~= '' then entry = entry .. ':' .. ARGV[3] end
+  redis.call('HSET', KEYS[3], ARGV[1], entry)
+  keep_for(KEYS[3], life)
+end
+local holder = redis.call('GET', KEYS[1])
+if not holder then return {'', 0, -2} end
+return {holder, tonumber(redis.call('GET', KEYS[2])) or 0, redis.call('PTTL', KEYS[1])}
+""",
+    retry="registering again only moves the deadline; the rest reads",
+)
+
+ELECTION_ANNOUNCE = Script(
+    "election_announce",
+    _HELPERS
+    + """
+-- KEYS[1] lock  KEYS[2] fence  KEYS[3] observers  ARGV[1] bell key prefix
+-- The leader changed (elected, resigned): ring every live observer ("term:server_us:1",
+-- term 0 when nobody leads) and drop those past their deadline or unable to hear.
+-- Reply: how many were rung.
+local now = now_us()
+local term = redis.call('EXISTS', KEYS[1]) == 1 and tonumber(redis.call('GET', KEYS[2])) or 0
+local all = redis.call('HGETALL', KEYS[3])
+local rung = 0
+for i = 1, #all, 2 do
+  local w, entry = all[i], all[i + 1]
+  local life = math.ceil((entry_deadline(entry) - now) / 1000)
+  if life > 0 and ring(ARGV[1], w, entry_hub(entry), term, 1, now, life) then
+    rung = rung + 1
+  else
+    redis.call('HDEL', KEYS[3], w)
+  end
+end
+return rung
+""",
+    retry="observers rung twice look again twice",
+)
+
+
 # -- Redlock (one script run per node; see _quorum.py for how the replies are counted) --
 
 REDLOCK_ACQUIRE = Script(
