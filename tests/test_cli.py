@@ -17,6 +17,7 @@ import redis
 import redlease
 from redlease import servers
 from redlease.__main__ import main
+from redlease._keys import LockKeys
 from waiting_helpers import lock_key
 
 
@@ -67,7 +68,7 @@ def test_run_gives_up_when_the_lock_stays_busy(
     assert code == 1
     out, err = capfd.readouterr()
     assert "ran" not in out
-    assert "held by someone else" in err
+    assert "held by others" in err
 
 
 def test_run_a_missing_command(
@@ -163,3 +164,40 @@ def test_run_kills_the_command_when_the_lease_is_lost(
     assert code == 128 + signal.SIGTERM
     assert time.monotonic() - started < 10
     assert "lost the lock" in capfd.readouterr().err
+
+
+def test_run_semaphore_runs_at_most_n_copies(
+    server: servers.ServerProcess, r: redis.Redis, name: str
+) -> None:
+    """Two permits: the command runs beside one holder, not beside two."""
+    sem = redlease.Semaphore(r, name, 2, ttl=30.0)
+    argv = ["run", name, "--redis", server.url, "--semaphore", "2", "--timeout", "0.2", "--"]
+    with sem.acquire(timeout=1):
+        assert main([*argv, *_py("pass")]) == 0
+        with sem.acquire(timeout=1):
+            assert main([*argv, *_py("raise SystemExit(7)")]) == 1  # busy: not run
+
+
+def test_run_elect_runs_while_leading_and_stops_when_it_loses(
+    server: servers.ServerProcess, r: redis.Redis, name: str, capfd: pytest.CaptureFixture[str]
+) -> None:
+    probe = f"""
+        import sys, redis, redlease
+        e = redlease.Election(redis.Redis.from_url({server.url!r}), {name!r})
+        sys.exit(0 if e.leader() is not None else 5)
+    """
+    assert main(["run", name, "--redis", server.url, "--elect", "--", *_py(probe)]) == 0
+    assert redlease.Election(r, name).leader() is None  # resigned at the end
+    assert "leading" in capfd.readouterr().err
+    # leadership taken away while the command runs: it is stopped, and the exit says so
+    keys = LockKeys.for_election(name)
+    thief = threading.Timer(0.5, lambda: r.set(keys.lock, "someone-else", px=30_000))
+    thief.start()
+    started = time.monotonic()
+    sleeper = _py("import time; time.sleep(60)")
+    code = main(["run", name, "--redis", server.url, "--elect", "--ttl", "0.6", "--", *sleeper])
+    thief.join()
+    assert code == 1
+    assert time.monotonic() - started < 30
+    assert "lost" in capfd.readouterr().err
+    r.delete(keys.lock)

@@ -114,7 +114,10 @@ def build_parser() -> argparse.ArgumentParser:
     run = sub.add_parser(
         "run",
         help="run a command while holding a lock",
-        usage="redlease run NAME [--redis URL] [--ttl S] [--timeout S] -- CMD [ARGS...]",
+        usage=(
+            "redlease run NAME [--redis URL] [--ttl S] [--timeout S] "
+            "[--semaphore N | --elect] -- CMD [ARGS...]"
+        ),
         description=(
             "Take the lock NAME, run CMD while holding it (renewing the lease), release it "
             "and exit with CMD's exit code. The fencing token is printed to stderr and "
@@ -136,6 +139,19 @@ def build_parser() -> argparse.ArgumentParser:
         "--kill-on-lost",
         action="store_true",
         help="terminate CMD if the lease is lost while it runs (default: warn)",
+    )
+    kind = run.add_mutually_exclusive_group()
+    kind.add_argument(
+        "--semaphore",
+        type=_count,
+        metavar="N",
+        help="take a permit of the semaphore NAME instead: at most N copies of CMD at once",
+    )
+    kind.add_argument(
+        "--elect",
+        action="store_true",
+        help="campaign in the election NAME instead: run CMD only while leading, and stop "
+        "it (SIGTERM) when leadership is lost",
     )
     run.add_argument(
         "--prefix",
@@ -303,7 +319,7 @@ def _client(url: str) -> Any:
 
 
 def _run(args: argparse.Namespace, cmd: list[str]) -> int:
-    from . import AcquireTimeout, InvalidArgument, Lock, LockLost
+    from . import AcquireTimeout, Election, InvalidArgument, Lock, LockLost, Semaphore
 
     lost = threading.Event()
     child: subprocess.Popen[bytes] | None = None
@@ -316,30 +332,40 @@ def _run(args: argparse.Namespace, cmd: list[str]) -> int:
             f"redlease: lost the lock {args.name!r} while the command ran: {reason}",
             file=sys.stderr,
         )
-        if args.kill_on_lost and child is not None and child.poll() is None:
+        if (args.kill_on_lost or args.elect) and child is not None and child.poll() is None:
             child.terminate()
 
     def watchdog_lost(lease: object) -> None:
         on_lost("the lease could not be renewed")
 
     client = _client(args.redis)
-    options: dict[str, Any] = {"ttl": args.ttl, "prefix": args.prefix}
+    options: dict[str, Any] = {"ttl": args.ttl, "prefix": args.prefix, "on_lost": watchdog_lost}
+    what = "lock"
     try:
-        lock = Lock(client, args.name, auto_renew=True, on_lost=watchdog_lost, **options)
+        if args.elect:
+            what, election = "election", Election(client, args.name, **options)
+            take: Any = election.campaign
+        elif args.semaphore is not None:
+            what = f"semaphore (limit {args.semaphore})"
+            sem = Semaphore(client, args.name, args.semaphore, auto_renew=True, **options)
+            take = sem.acquire
+        else:
+            take = Lock(client, args.name, auto_renew=True, **options).acquire
     except InvalidArgument as exc:
         client.close()
         raise CliError(f"run: {exc}") from None
     try:
-        lease = lock.acquire(timeout=args.timeout)
+        lease = take(timeout=args.timeout)
     except AcquireTimeout:
         print(
-            f"redlease: lock {args.name!r} is held by someone else; gave up after "
+            f"redlease: {what} {args.name!r} is held by others; gave up after "
             f"{args.timeout:g} s without running the command",
             file=sys.stderr,
         )
         client.close()
         return EXIT_BUSY
-    print(f"redlease: holding {args.name!r}, fence {lease.fence}", file=sys.stderr)
+    held = "leading" if args.elect else "holding"
+    print(f"redlease: {held} {args.name!r}, fence {lease.fence}", file=sys.stderr)
     env = dict(os.environ, REDLEASE_FENCE=str(lease.fence), REDLEASE_LOCK=args.name)
     try:
         try:
@@ -350,11 +376,14 @@ def _run(args: argparse.Namespace, cmd: list[str]) -> int:
         code = _wait_child(child)
     finally:
         try:
-            lease.release()
+            if args.elect:
+                election.resign()  # hands over, and tells the observers
+            else:
+                lease.release()
         except LockLost as exc:
             on_lost(str(exc))
         client.close()
-    if lost.is_set() and code == 0:
+    if lost.is_set() and (code == 0 or args.elect):
         return EXIT_BUSY
     return code
 
