@@ -19,6 +19,7 @@ from ._errors import (
 )
 from ._lease import AsyncLease, Lease
 from ._lock import AsyncLock, Lock
+from ._multilock import AsyncMultiLease, AsyncMultiLock, MultiLease, MultiLock
 from ._redlock import AsyncRedlock, AsyncRedlockLease, Redlock, RedlockLease
 from ._rwlock import AsyncReadWriteLock, ReadWriteLock
 from ._semaphore import AsyncSemaphore, Semaphore
@@ -30,6 +31,8 @@ __all__ = [
     "AsyncElection",
     "AsyncLease",
     "AsyncLock",
+    "AsyncMultiLease",
+    "AsyncMultiLock",
     "AsyncReadWriteLock",
     "AsyncRedlock",
     "AsyncRedlockLease",
@@ -42,6 +45,8 @@ __all__ = [
     "Lock",
     "LockError",
     "LockLost",
+    "MultiLease",
+    "MultiLock",
     "QuorumError",
     "ReadWriteLock",
     "RedleaseWarning",

@@ -60,16 +60,17 @@ class Attempt(Protocol):
 
 # Leases opened by `with lock` / `async with lock` in this context, innermost last, each
 # with the hold count it had when the block took it.
-_entered: ContextVar[tuple[tuple[object, LeaseState, int], ...]] = ContextVar(
+_entered: ContextVar[tuple[tuple[object, Any, int], ...]] = ContextVar(
     "redlease_entered", default=()
 )
 
 
-def _push(lock: object, lease: LeaseState) -> None:
+def _push(lock: object, lease: Any) -> None:
+    """Note the lease (or a MultiLock's leases) a `with` block of ``lock`` took."""
     _entered.set((*_entered.get(), (lock, lease, lease._holds)))
 
 
-def _pop(lock: object) -> LeaseState | None:
+def _pop(lock: object) -> Any:
     """The lease the innermost open block of ``lock`` took, to release as the block ends;
     None if its hold was released already inside the block (a reentrant lease: another
     release would take the hold of an outer block)."""
