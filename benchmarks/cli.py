@@ -19,7 +19,17 @@ import redis
 
 from redlease import servers
 
-from . import connections, contention, handoff, idle, memory, renewal, uncontended, waiters
+from . import (
+    connections,
+    contention,
+    handoff,
+    idle,
+    memory,
+    primitives,
+    renewal,
+    uncontended,
+    waiters,
+)
 from ._common import FULL, QUICK, Crew, Settings, server_version
 from ._report import Report
 
@@ -33,6 +43,7 @@ SECTIONS = (
     "connections",
     "waiters",
     "memory",
+    "primitives",
 )
 SECTION_HELP = {
     "single": "1. uncontended cycles on one server, sync and asyncio",
@@ -44,6 +55,7 @@ SECTION_HELP = {
     "connections": "7. new TCP connections per 1,000 timed-out acquires",
     "waiters": "8. server connections held by N blocked waiters in one process",
     "memory": "9. server memory kept for 1,000,000 lock names taken once each",
+    "primitives": "10-12. semaphore and read/write lock under N processes; election failover",
 }
 
 
@@ -129,7 +141,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     count = 5 if "redlock" in wanted else 1
-    multi = [s for s in wanted if s in ("contention", "handoff", "idle")]
+    multi = [s for s in wanted if s in ("contention", "handoff", "idle", "primitives")]
     progress = Progress(len(wanted) + (1 if multi else 0))
     started = time.monotonic()
     with servers.running(count, kind=binary.kind) as procs:
@@ -157,6 +169,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                         report.add_all(contention.run(crew, binary.kind, settings))
                     elif name == "handoff":
                         report.add_all(handoff.run(crew, port, settings))
+                    elif name == "primitives":
+                        report.add_all(primitives.run(crew, port, settings))
                     else:
                         report.add_all(idle.run(crew, port, settings))
                     progress.step(SECTION_HELP[name])

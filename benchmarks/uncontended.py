@@ -236,6 +236,48 @@ def _redlease_lock(
     return build
 
 
+def _redlease_other(bench: Bench, node: Node, what: str) -> Callable[[str], SyncCycle]:
+    """A permit of a Semaphore (limit 4), a read or a write lease of a ReadWriteLock."""
+
+    def build(key: str) -> SyncCycle:
+        client = bench.sync_client(node)
+        if what == "permit":
+            side: Any = redlease.Semaphore(client, key, 4, ttl=TTL)
+        else:
+            rw = redlease.ReadWriteLock(client, key, ttl=TTL)
+            side = rw.read if what == "read" else rw.write
+
+        def cycle() -> None:
+            side.acquire().release()
+
+        return cycle
+
+    return build
+
+
+def _tooz(bench: Bench, node: Node) -> Callable[[str], SyncCycle]:
+    def build(key: str) -> SyncCycle:
+        try:
+            from tooz import coordination
+        except ImportError as exc:
+            raise NotAvailable("tooz not installed") from exc
+        coordinator = coordination.get_coordinator(
+            f"redis://{node.host}:{node.port}?db={node.db}", b"bench"
+        )
+        coordinator.start()
+        bench._closers.append(coordinator.stop)
+        lock = coordinator.get_lock(key.encode())
+
+        def cycle() -> None:
+            if not lock.acquire(blocking=True):
+                raise RuntimeError("tooz lock not acquired")
+            lock.release()
+
+        return cycle
+
+    return build
+
+
 def _valkey(node: Node) -> Any:
     try:
         import valkey
@@ -505,7 +547,14 @@ def build_entries(bench: Bench, *, single: bool, redlock: bool, masters: Sequenc
             "redlease Lock, valkey-py client",
             _redlease_lock(bench, one, _valkey),
         )
+        for what, label in (
+            ("permit", "redlease Semaphore permit (limit 4)"),
+            ("read", "redlease ReadWriteLock read lease"),
+            ("write", "redlease ReadWriteLock write lease"),
+        ):
+            bench.add(SINGLE, f"redlease-{what}", label, _redlease_other(bench, one, what))
         bench.add(SINGLE, "redis-py", "redis-py Lock", _redis_py_lock(bench, one))
+        bench.add(SINGLE, "tooz", "tooz Lock (Redis driver)", _tooz(bench, one))
         bench.add(SINGLE, "prl", "python-redis-lock", _python_redis_lock(bench, one))
         bench.add(SINGLE, "pottery-1", "pottery Redlock, 1 master", _pottery(bench, [one]))
         bench.add(SINGLE, "redlock-py-1", "redlock-py, 1 master", _redlock_py(bench, [one]))
@@ -719,6 +768,21 @@ def rows(bench: Bench) -> list[Row]:
                         times(against, "redis-py asyncio"),
                     )
                 )
+        elif key in ("redlease-permit", "redlease-read", "redlease-write") and ok(key):
+            # a primitive's cycle takes at most 1.3x the lock's
+            against = entry.result / by_key["redlease"].result if ok("redlease") else float("nan")
+            out.append(_row(entry, floor))
+            out.append(
+                Row(
+                    entry.section,
+                    entry.label,
+                    "vs redlease Lock",
+                    against,
+                    times(against, "Lock"),
+                    bar="cycle <= 1.3x Lock's",
+                    verdict=verdict(against >= 1 / 1.3) if against == against else verdict(None),
+                )
+            )
         elif key in _VIA_OTHER_FAMILIES and ok(key) and ok(_VIA_OTHER_FAMILIES[key]):
             # a client family costs what redis-py costs, within 10%
             against = entry.result / by_key[_VIA_OTHER_FAMILIES[key]].result

@@ -25,6 +25,7 @@ from benchmarks import (  # noqa: E402
     handoff,
     idle,
     memory,
+    primitives,
     renewal,
     uncontended,
     waiters,
@@ -149,3 +150,16 @@ def test_memory_kept_for_names(server: servers.ServerProcess) -> None:
     rows = memory.rows(tally, TINY)
     assert_no_errors(rows)
     assert len(rows) == 5  # baseline, at once, at the bound, after it, DBSIZE 0
+
+
+def test_primitives_sections_run(server: servers.ServerProcess, crew: Crew) -> None:
+    rows = primitives.run(crew, server.port, TINY)
+    assert_no_errors(rows)
+    assert measured(rows, "sections/s")[0].value > 0  # type: ignore[operator]
+    assert measured(rows, "read sections/s")[0].value > 0  # type: ignore[operator]
+    resign = measured(rows, "new leader after resign()")[0]
+    assert resign.value is not None
+    assert resign.value > 0
+    killed = measured(rows, "new leader after the leader is killed")[0]
+    assert killed.value is not None
+    assert killed.value > 0

@@ -28,16 +28,27 @@ TOKENS = st.text(alphabet="0123456789abcdef", min_size=1, max_size=8)
 
 
 def _all_keys(keys: LockKeys, token: str) -> set[str]:
-    """Every key and channel a lock writes or rings, for one waiter token and hub."""
+    """Every key and channel a lock (or semaphore, read/write lock, election) writes or
+    rings, for one waiter token and hub."""
     return {
         keys.lock,
         keys.fence,
         keys.queue,
         keys.waiters,
         keys.lock + ":released",
+        keys.lock + ":observers",  # an election's
         keys.bell(token),
         keys.bell_prefix + "@" + token,
+        *keys.extra,
     }
+
+
+LAYOUTS = {
+    "lock": LockKeys.for_name,
+    "semaphore": LockKeys.for_semaphore,
+    "read/write": LockKeys.for_read_write,
+    "election": LockKeys.for_election,
+}
 
 
 def _hash_tag(key: str) -> str:
@@ -61,6 +72,28 @@ def test_different_locks_never_share_a_key(
     assert _all_keys(ours, token).isdisjoint(_all_keys(theirs, token))
 
 
+@settings(max_examples=1000, deadline=None)
+@given(
+    NAMES,
+    PREFIXES,
+    NAMES,
+    PREFIXES,
+    TOKENS,
+    st.sampled_from(list(LAYOUTS)),
+    st.sampled_from(list(LAYOUTS)),
+)
+def test_different_primitives_never_share_a_key(
+    name: str, prefix: str, other: str, other_prefix: str, token: str, kind: str, other_kind: str
+) -> None:
+    """A lock, a semaphore, a read/write lock and an election of any names: the same name
+    and prefix of two kinds, too, are apart."""
+    if (name, prefix, kind) == (other, other_prefix, other_kind):
+        return
+    ours, theirs = LAYOUTS[kind](name, prefix), LAYOUTS[other_kind](other, other_prefix)
+    assert _all_keys(ours, token).isdisjoint(_all_keys(theirs, token))
+    assert {_hash_tag(k) for k in _all_keys(ours, token)} == {_hash_tag(ours.lock)}
+
+
 def _read_back(key: str) -> tuple[str, str, str]:
     """(prefix, name, suffix) from a key: the layout's inverse, written independently."""
     prefix, _, rest = key.partition("{")
@@ -76,7 +109,7 @@ def test_every_key_reads_back_to_its_prefix_and_name(name: str, prefix: str, tok
     keys = LockKeys.for_name(name, prefix)
     suffixes = {_read_back(key)[2] for key in _all_keys(keys, token)}
     assert {_read_back(key)[:2] for key in _all_keys(keys, token)} == {(prefix, name)}
-    assert suffixes == {"", ":fence", ":queue", ":waiters", ":released"} | {
+    assert suffixes == {"", ":fence", ":queue", ":waiters", ":released", ":observers"} | {
         ":bell:" + token,
         ":bell:@" + token,
     }
