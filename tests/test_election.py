@@ -13,6 +13,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -34,20 +35,33 @@ def election_keys(r: redis.Redis, name: str) -> list[bytes]:
     return list(r.scan_iter(match=base.replace("{", "[{]") + "*"))
 
 
+_OBSERVERS: list[Observer] = []
+
+
+@pytest.fixture(autouse=True)
+def _observers_stop() -> Iterator[None]:
+    """Every observer a test started is closed, and its thread done, when the test ends."""
+    yield
+    while _OBSERVERS:
+        observer = _OBSERVERS.pop()
+        observer.observation.close()
+        observer.thread.join(30)
+        assert not observer.thread.is_alive()
+
+
 class Observer:
     """``observe()`` in a thread, each leader seen with when."""
 
     def __init__(self, election: redlease.Election) -> None:
         self.seen: list[tuple[float, Leader | None]] = []
-        self.thread = threading.Thread(target=self._run, args=(election,), daemon=True)
+        self.observation = election.observe()
+        self.thread = threading.Thread(target=self._run, daemon=True)
         self.thread.start()
+        _OBSERVERS.append(self)
 
-    def _run(self, election: redlease.Election) -> None:
-        try:
-            for leader in election.observe():
-                self.seen.append((time.monotonic(), leader))
-        except redlease.BackendError:
-            pass  # the test's server is gone: the test is over
+    def _run(self) -> None:
+        for leader in self.observation:
+            self.seen.append((time.monotonic(), leader))
 
     def leaders(self) -> list[Leader | None]:
         return [leader for _, leader in self.seen]
@@ -325,3 +339,16 @@ def test_an_observer_waits_out_a_server_restart(server_kind: str, name: str) -> 
         wait_until(lambda: Leader("after", lease.fence) in watcher.leaders(), timeout=30)
         assert watcher.thread.is_alive()
         client.close()
+
+
+def test_closing_an_observation_ends_it_at_once(r: redis.Redis, name: str) -> None:
+    watcher = Observer(redlease.Election(r, name, ttl=30.0))
+    wait_until(lambda: len(watcher.seen) == 1)
+    time.sleep(0.2)  # it waits now (for up to the ttl)
+    closed = time.monotonic()
+    watcher.observation.close()
+    watcher.thread.join(30)
+    assert not watcher.thread.is_alive()
+    assert time.monotonic() - closed < 5  # not the ttl: the wait is woken
+    with pytest.raises(StopIteration):
+        next(watcher.observation)

@@ -374,6 +374,9 @@ class FakeBox:
     def __init__(self, token: str, ready: bool) -> None:
         self.token, self.hub, self.ready = token, "ab12", ready
 
+    def put(self, ring: bytes | None) -> None:
+        raise AssertionError("the flow never rings a box")
+
 
 def test_a_waiter_with_a_hub_tries_first_then_listens_then_queues_naming_its_hub() -> None:
     attempt = _flows.Acquisition(spec(FakeClock()), 30.0, wait=True)

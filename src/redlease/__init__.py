@@ -7,7 +7,7 @@ with lock as lease:
     do_work(fence=lease.fence)
 """
 
-from ._election import AsyncElection, Election, Leader
+from ._election import AsyncElection, Election, Leader, Observation
 from ._errors import (
     AcquireTimeout,
     BackendError,
@@ -47,6 +47,7 @@ __all__ = [
     "LockLost",
     "MultiLease",
     "MultiLock",
+    "Observation",
     "QuorumError",
     "ReadWriteLock",
     "RedleaseWarning",

@@ -24,8 +24,8 @@ import math
 import os
 import random
 import socket
-import time
-from collections.abc import AsyncIterator, Iterator
+import threading
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
@@ -273,28 +273,13 @@ class Election(_ElectionConfig):
         leader, _ = self._io.run(self._read(), f"read the leader of {self.name!r}")
         return leader
 
-    def observe(self) -> Iterator[Leader | None]:
-        """The leader now, then after each change (None while nobody leads); forever.
-        Woken by the server when a leader is elected or resigns, and when a leader's
-        lease runs out; a consumer slower than the changes sees the latest. A server
-        that is unreachable for a while (restarting, failing over) is waited for; any
-        other failure is raised."""
-        token, box = new_token(), None
-        last: Any = object()
-        failures = 0
-        while True:
-            try:
-                leader, wait, box = self._io.run(self._look(token, box), f"observe {self.name!r}")
-            except BackendError as failure:
-                failures += 1
-                time.sleep(self._after(failure, failures))
-                continue
-            failures = 0
-            if leader != last:
-                last = leader
-                yield leader
-                continue  # look again: the consumer may have taken its time
-            self._io.run(self._rung(token, box, wait), f"observe {self.name!r}")
+    def observe(self) -> Observation:
+        """An iterator of the leader now, then after each change (None while nobody
+        leads), until its ``close()``. Woken by the server when a leader is elected or
+        resigns, and when a leader's lease runs out; a consumer slower than the changes
+        sees the latest. A server that is unreachable for a while (restarting, failing
+        over) is waited for; any other failure is raised."""
+        return Observation(self)
 
     def _tell(self, what: str) -> None:
         try:
@@ -303,6 +288,55 @@ class Election(_ElectionConfig):
             log.warning(
                 "election %r: %s, but observers were not told: %s", self.name, what, failure
             )
+
+
+class Observation:
+    """What ``Election.observe()`` returns: iterate it for the leader after each change.
+    ``close()`` (from any thread; or leaving ``with observation:``) ends the iteration:
+    at once while it waits through the process's hub, else within a ttl."""
+
+    def __init__(self, election: Election) -> None:
+        self._election = election
+        self._token = new_token()
+        self._box: Box | None = None
+        self._last: Any = Observation  # (no leader seen yet: not even None)
+        self._failures = 0
+        self._closed = threading.Event()
+
+    def __iter__(self) -> Observation:
+        return self
+
+    def __next__(self) -> Leader | None:
+        election, action = self._election, f"observe {self._election.name!r}"
+        while not self._closed.is_set():
+            try:
+                leader, wait, self._box = election._io.run(
+                    election._look(self._token, self._box), action
+                )
+            except BackendError as failure:
+                self._failures += 1
+                self._closed.wait(election._after(failure, self._failures))
+                continue
+            self._failures = 0
+            if leader != self._last:
+                self._last = leader
+                return leader
+            if not self._closed.is_set():
+                election._io.run(election._rung(self._token, self._box, wait), action)
+        raise StopIteration
+
+    def close(self) -> None:
+        """Stop observing (the registration on the server runs out by itself)."""
+        self._closed.set()
+        box = self._box
+        if box is not None:
+            box.put(None)  # wakes a wait in progress
+
+    def __enter__(self) -> Observation:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
 
 
 class AsyncElection(_ElectionConfig):
@@ -365,7 +399,8 @@ class AsyncElection(_ElectionConfig):
         return leader
 
     async def observe(self) -> AsyncIterator[Leader | None]:
-        """As ``Election.observe``, for ``async for``."""
+        """As ``Election.observe``, for ``async for`` (an async generator: cancel the
+        task, or ``aclose()`` it, to stop)."""
         token, box = new_token(), None
         last: Any = object()
         failures = 0

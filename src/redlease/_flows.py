@@ -112,6 +112,9 @@ class Box(Protocol):
     def ready(self) -> bool:
         """The hub listens on this lock's channel: a ring published now reaches us."""
 
+    def put(self, ring: bytes | None) -> None:
+        """Hand the waiter a ring (the hub's reader does); None wakes it to look again."""
+
 
 @dataclass(slots=True)
 class Listen:

@@ -128,6 +128,9 @@ class ServerProcess:
             "no",
             "--logfile",
             os.path.join(self.workdir, "server.log"),
+            # a replica that attaches is served at once (the default waits 5 s for more)
+            "--repl-diskless-sync-delay",
+            "0",
         ]
         if self.appendfsync_always:
             argv += ["--appendonly", "yes", "--appendfsync", "always"]
