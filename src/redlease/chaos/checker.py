@@ -30,8 +30,10 @@ class Section:
     end: float
     fence: int | None
     latency: float
-    outcome: str  # "accepted", "rejected", "none" (no fence), "lost" (told in time, no write)
+    outcome: str  # "accepted", "rejected", "none" (no fence), "lost" (told in time, no
+    # write), "read" (a read lease: wrote nothing)
     paused: bool
+    mode: str = "x"  # exclusive; "r" a read lease; "s" a semaphore's permit
 
 
 @dataclass
@@ -74,6 +76,7 @@ class Outcome:
     errors: int
     crashed_workers: int
     max_gap_s: float  # the longest the lock stood idle between two sections
+    excess: int = 0  # moments more permits were held than a semaphore's limit
 
     @property
     def fenced(self) -> bool:
@@ -84,6 +87,7 @@ class Outcome:
         return (
             max(0, self.lost_updates)
             + len(self.overlaps)
+            + self.excess
             + len(self.keys_without_ttl)
             + self.leftovers
         )
@@ -102,15 +106,30 @@ class Outcome:
 
 
 def overlapping(sections: list[Section]) -> list[tuple[Section, Section]]:
+    """Pairs of sections of different workers that intersect where one of them was
+    exclusive (read leases may share; permits are counted by ``beyond``)."""
     found = []
-    ordered = sorted(sections, key=lambda s: s.start)
+    ordered = sorted((s for s in sections if s.mode != "s"), key=lambda s: s.start)
     for i, a in enumerate(ordered):
         for b in ordered[i + 1 :]:
             if b.start >= a.end:
                 break
-            if b.worker != a.worker:
+            if b.worker != a.worker and "x" in (a.mode, b.mode):
                 found.append((a, b))
     return found
+
+
+def beyond(sections: list[Section], limit: int) -> int:
+    """How many times a permit was taken while ``limit`` were held already."""
+    events = sorted(
+        [(s.start, 1) for s in sections if s.mode == "s"]
+        + [(s.end, -1) for s in sections if s.mode == "s"]
+    )
+    held, times = 0, 0
+    for _, step in events:  # at equal times an end sorts first: touching is no overlap
+        held += step
+        times += step > 0 and held > limit
+    return times
 
 
 def longest_gap(sections: list[Section]) -> float:
@@ -136,7 +155,12 @@ def check(record: Record) -> Outcome:
     wrote = [s for s in sections if s.outcome != "lost"]
     overlaps = overlapping(wrote)
     accepted = sum(1 for s in wrote if s.outcome == "accepted")
-    tokens = [s.fence for s in sorted(sections, key=lambda s: s.start) if s.fence is not None]
+    # Grants must raise the fence in the order they began, among exclusive sections
+    # (shared ones are granted side by side, and may begin in either order).
+    exclusive = sorted((s for s in sections if s.mode == "x"), key=lambda s: s.start)
+    tokens = [s.fence for s in exclusive if s.fence is not None]
+    primitive = getattr(record.plan, "primitive", "")
+    limit = int(primitive.split(":")[1]) if primitive.startswith("semaphore:") else 0
     grant_regressions = sum(1 for a, b in itertools.pairwise(tokens) if b <= a)
     recovery = None
     for heal in record.heals:
@@ -151,10 +175,10 @@ def check(record: Record) -> Outcome:
     return Outcome(
         record=record,
         completed=len(wrote),
-        lost_updates=len(wrote) - record.resource.unfenced,
+        lost_updates=sum(1 for s in wrote if s.mode == "x") - record.resource.unfenced,
         overlaps=overlaps,
         overlaps_unpaused=sum(1 for a, b in overlaps if not a.paused and not b.paused),
-        fenced_lost_updates=accepted - record.resource.fenced if tokens else 0,
+        fenced_lost_updates=accepted - record.resource.fenced if accepted else 0,
         stale_accepted=record.resource.stale_accepted,
         rejected=sum(1 for s in wrote if s.outcome == "rejected"),
         token_regressions=record.resource.fence_regressions,
@@ -171,4 +195,5 @@ def check(record: Record) -> Outcome:
         errors=sum(len(w.get("errors", [])) for w in record.workers),
         crashed_workers=sum(1 for w in record.workers if "sections" not in w),
         max_gap_s=longest_gap(sections),
+        excess=beyond(wrote, limit) if limit else 0,
     )

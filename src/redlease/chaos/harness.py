@@ -70,6 +70,8 @@ class Plan:
     forks: list[int] = field(default_factory=list)  # sections in which a worker forks
     # worker -> the attempt during which it kills itself (SIGKILL) while queued
     die_waiting: dict[int, int] = field(default_factory=dict)
+    # row 19: "election", "multilock", "semaphore:<limit>", "readwrite" ("": the lock)
+    primitive: str = ""
 
 
 @dataclass(frozen=True)
@@ -263,6 +265,58 @@ def _failover(replicas: int) -> Callable[[random.Random, bool], Plan]:
     return plan
 
 
+def _primitive(primitive: str, fault: str) -> Callable[[random.Random, bool], Plan]:
+    """Row 19: a primitive's workload under row 1's fault (a holder paused past its
+    lease), row 4's for one server (kill -9 and restart without persistence) or row
+    10's (the server out of reach through the proxy for a while)."""
+
+    def plan(rng: random.Random, quick: bool) -> Plan:
+        if fault == "pause":
+            p = _holder_pause("sigstop")(rng, quick)
+        elif fault == "crash":
+            p = Plan(ttl=1.0, work=0.05, duration=4.0 if quick else 8.0)
+            t = 0.8
+            while t < p.duration - 0.8:
+                p.events += [(t, "kill", (0,)), (t + 0.05, "restart", (0,)), (t + 0.05, "heal", ())]
+                t += 1.0 + rng.random()
+        else:
+            p = Plan(proxies=True, ttl=1.0, socket_timeout=0.3, duration=4.0 if quick else 8.0)
+            p.events.append((1.0, "proxy", (0, rng.choice(["blackhole", "reset"]), 0)))
+            p.events += [(2.0, "proxy", (0, "pass", 0)), (2.0, "heal", ())]
+        p.primitive = primitive
+        if primitive.startswith("semaphore:"):
+            p.processes = int(primitive.split(":")[1]) + 2  # more than the limit
+        return p
+
+    return plan
+
+
+_PRIMITIVES = (
+    ("a", "election", "an election (leader's term as fence)"),
+    ("b", "multilock", "a multi-lock of two names, listed in either order"),
+    ("c", "semaphore:2", "a semaphore of limit 2 (its invariant: at most 2 holders)"),
+    ("d", "readwrite", "a read/write lock, one section in three a write"),
+)
+_FAULTS = (
+    ("1", "pause", "holder paused (SIGSTOP) past its lease", VIOLATION, SAFE),
+    ("4", "crash", "server kill -9 + restart, no persistence", POSSIBLE, SAFE),
+    ("10", "partition", "server out of reach through the proxy for 1 s", SAFE, SAFE),
+)
+ROW_19 = [
+    Scenario(
+        19,
+        f"{what}: {fault_text}",
+        unfenced,
+        fenced,
+        None,
+        _primitive(primitive, fault),
+        label=f"19{letter}{row}",
+    )
+    for letter, primitive, what in _PRIMITIVES
+    for row, fault, fault_text, unfenced, fenced in _FAULTS
+]
+
+
 # Keyed by the row's number in the table ("13b" for the second row 13), in table order.
 SCENARIOS: dict[str, Scenario] = {
     s.number: s
@@ -376,6 +430,7 @@ SCENARIOS: dict[str, Scenario] = {
             None,
             _fork_in_section,
         ),
+        *ROW_19,
     ]
 }
 
@@ -732,6 +787,7 @@ def _run(
             "forks": plan.forks,
             "die_waiting": plan.die_waiting.get(i),
             "auto_renew": plan.auto_renew,
+            "primitive": plan.primitive,
             "between": plan.between,
             "options": plan.options,
         }

@@ -50,6 +50,9 @@ class _Holding:
     fence: int | None
     release: Any
     lease: Any = None  # the redlease lease, when there is one
+    # "x": exclusive (a lock, a write lease, a leader, a multi-lock); "r": a read lease;
+    # "s": a semaphore's permit (shared up to its limit)
+    mode: str = "x"
 
 
 class _Worker:
@@ -105,17 +108,36 @@ class _Worker:
                 from .unsafe import Unsafe
 
                 options["_rules"] = Unsafe(**options.pop("unsafe"))
-            if kind == "redlease":
-                return redlease.Lock(self.clients[0], name, ttl, **options)
-            return redlease.Redlock(self.clients, name, ttl, **options)
+            if kind == "redlock":
+                return redlease.Redlock(self.clients, name, ttl, **options)
+            return self._primitive(self.config.get("primitive", ""), name, ttl, options)
         hook = self._between()
         if hook is not None:
             options["between"] = hook
         return broken.CONTENDERS[kind](self.clients[0], name, ttl, **options)
 
+    def _primitive(self, primitive: str, name: str, ttl: float, options: dict[str, Any]) -> Any:
+        """The redlease primitive a row-19 plan exercises ("": the lock)."""
+        import redlease
+
+        client = self.clients[0]
+        if primitive == "election":  # always renewed; ``on_lost`` only as the plan says
+            options.pop("auto_renew", None)
+            return redlease.Election(client, name, ttl, identity=f"worker-{self.index}", **options)
+        if primitive == "multilock":  # the same two names, listed in either order
+            names = [name + ":a", name + ":b"][:: 1 if self.index % 2 else -1]
+            return redlease.MultiLock(client, names, ttl, **options)
+        if primitive.startswith("semaphore:"):
+            return redlease.Semaphore(client, name, int(primitive.split(":")[1]), ttl, **options)
+        if primitive == "readwrite":
+            return redlease.ReadWriteLock(client, name, ttl, **options)
+        return redlease.Lock(client, name, ttl, **options)
+
     def acquire(self, timeout: float) -> _Holding | None:
         import redlease
 
+        if self.config.get("primitive"):
+            return self._take_primitive(timeout)
         if isinstance(self.contender, (redlease.Lock, redlease.Redlock)):
             lock: Any = self.contender
             try:
@@ -134,6 +156,35 @@ class _Worker:
             return _Holding(lease.fence, release, lease)
         held = self.contender.acquire(timeout)
         return None if held is None else _Holding(held.fence, held.release)
+
+    def _take_primitive(self, timeout: float) -> _Holding | None:
+        import redlease
+
+        primitive, used = self.config["primitive"], self.contender
+        mode = "x"
+        try:
+            if primitive == "election":
+                lease = used.campaign(timeout=timeout)
+            elif primitive == "readwrite":  # every third section of a worker writes
+                mode = "x" if (self.sections_done + self.index) % 3 == 0 else "r"
+                lease = (used.write if mode == "x" else used.read).acquire(timeout=timeout)
+            else:
+                lease = used.acquire(timeout=timeout)
+                mode = "s" if primitive.startswith("semaphore:") else "x"
+        except redlease.AcquireTimeout:
+            return None
+        fence = min(lease.fences.values()) if primitive == "multilock" else lease.fence
+
+        def release() -> None:
+            try:
+                if primitive == "election":
+                    used.resign()
+                else:
+                    lease.release()
+            except redlease.LockLost:
+                self.lost_on_release += 1
+
+        return _Holding(fence, release, lease, mode)
 
     def _audit(self, name: str, token: str) -> None:
         """Count the nodes (read directly, not through any proxy) where the token just
@@ -209,9 +260,11 @@ class _Worker:
         start: float,
         pause: dict[str, Any] | None,
     ) -> list[Any]:
-        fence = holding.fence
+        fence, mode = holding.fence, holding.mode
         value = self.resource.read()
-        fenced = self.resource.fenced_read(fence) if fence is not None else None
+        # A reader writes nothing; a permit only through the fence (holders beside it
+        # would lose each other's updates to the plain counter, as they may).
+        fenced = self.resource.fenced_read(fence) if fence is not None and mode != "r" else None
         work = self.config["work"]
         if holding.lease is not None and self.sections_done in self.config.get("forks", []):
             _fork_and_leave(holding.lease)
@@ -227,17 +280,18 @@ class _Worker:
         if lease is not None and self.config.get("auto_renew") and lease.lost:
             # Told in time: a careful holder stops here and writes nothing.
             end = time.monotonic()
-            return [self.index, start, end, fence, start - asked, "lost", pause is not None]
-        self.resource.write(value + 1)
-        outcome = "none"
-        if fence is not None:
+            return [self.index, start, end, fence, start - asked, "lost", pause is not None, mode]
+        if mode == "x":
+            self.resource.write(value + 1)
+        outcome = "none" if mode != "r" else "read"
+        if fence is not None and mode != "r":
             if fenced is None:
                 outcome = "rejected"
             else:
                 accepted = self.resource.fenced_write(fence, fenced, fenced + 1)
                 outcome = "accepted" if accepted else "rejected"
         end = time.monotonic()
-        return [self.index, start, end, fence, start - asked, outcome, pause is not None]
+        return [self.index, start, end, fence, start - asked, outcome, pause is not None, mode]
 
     def close(self) -> None:
         for client in self.clients + self.audit_clients:
