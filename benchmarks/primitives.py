@@ -240,6 +240,76 @@ def _after_kill(port: int, reps: int, ttl: float) -> list[float]:
     return out
 
 
+_TOOZ_LEADER = """
+import sys, time
+from tooz import coordination
+port, group, ttl = int(sys.argv[1]), sys.argv[2].encode(), sys.argv[3]
+url = f"redis://127.0.0.1:{port}?lock_timeout={ttl}&membership_timeout={ttl}"
+c = coordination.get_coordinator(url, b"leader")
+c.start(start_heart=True)
+try:
+    c.create_group(group).get()
+except coordination.GroupAlreadyExist:
+    pass
+c.join_group(group).get()
+led = []
+c.watch_elected_as_leader(group, lambda event: led.append(1))
+while not led:
+    c.run_watchers()
+    time.sleep(0.01)
+print("leading", flush=True)
+time.sleep(600)
+"""
+TOOZ_POLL = 0.1  # how often the tooz candidate runs its watchers (it polls for leadership)
+
+
+def _timer(times: list[float]) -> Any:
+    """A tooz election callback that notes when it ran (a function: tooz wants a name)."""
+
+    def elected(event: Any) -> None:
+        times.append(time.perf_counter())
+
+    return elected
+
+
+def _tooz_after_kill(port: int, reps: int, ttl: int) -> list[float]:
+    """tooz's Redis driver: a candidate polling ``run_watchers()`` every TOOZ_POLL s."""
+    from tooz import coordination
+
+    out: list[float] = []
+    for rep in range(reps):
+        group = f"bench-e-{os.getpid()}-{rep}"
+        leader = subprocess.Popen(
+            [sys.executable, "-c", _TOOZ_LEADER, str(port), group, str(ttl)],
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        url = f"redis://127.0.0.1:{port}?lock_timeout={ttl}&membership_timeout={ttl}"
+        heir = coordination.get_coordinator(url, b"heir")
+        try:
+            assert leader.stdout is not None
+            leader.stdout.readline()
+            heir.start(start_heart=True)
+            heir.join_group(group.encode()).get()
+            led: list[float] = []
+            heir.watch_elected_as_leader(group.encode(), _timer(led))
+            heir.run_watchers()
+            killed = time.perf_counter()
+            leader.send_signal(signal.SIGKILL)
+            deadline = killed + ttl + 30
+            while not led and time.perf_counter() < deadline:
+                time.sleep(TOOZ_POLL)
+                heir.run_watchers()
+            out.append(led[0] - killed if led else float("nan"))
+        finally:
+            heir.stop()
+            leader.kill()
+            leader.wait(30)
+            if leader.stdout is not None:
+                leader.stdout.close()
+    return out
+
+
 def _round_trip(port: int) -> float:
     r = _client(port)
     samples = []
@@ -282,6 +352,42 @@ def _election_rows(port: int, settings: Settings) -> list[Row]:
             verdict=verdict(worst <= ttl + rtt),
         )
     )
+    # beside tooz, with the 1 s that is its shortest lock timeout (whole seconds)
+    mine = _after_kill(port, max(2, settings.handoff_rounds // 2), 1.0)
+    out.append(
+        Row(
+            section,
+            "redlease Election",
+            f"new leader after the leader is killed (-9), median of {len(mine)}, ttl 1 s",
+            median(mine),
+            ms(median(mine)),
+        )
+    )
+    try:
+        theirs = _tooz_after_kill(port, max(2, settings.handoff_rounds // 2), 1)
+    except ImportError:
+        out.append(Row(section, "tooz (Redis driver)", "n/a", None, "n/a (tooz not installed)"))
+    else:
+        out.append(
+            Row(
+                section,
+                f"tooz (Redis driver), polling every {TOOZ_POLL:g} s",
+                f"new leader after the leader is killed (-9), median of {len(theirs)}, "
+                "lock_timeout 1 s",
+                median(theirs),
+                ms(median(theirs)),
+                ratio=times(median(theirs) / median(mine), "redlease"),
+            )
+        )
+        out.append(
+            Row(
+                section,
+                f"tooz (Redis driver), polling every {TOOZ_POLL:g} s",
+                "new leader after resign()",
+                None,
+                "n/a (its Redis driver does not implement stand_down_group_leader)",
+            )
+        )
     return out
 
 

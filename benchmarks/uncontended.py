@@ -480,6 +480,42 @@ def _redlease_async(
     return build
 
 
+def _redlease_async_read(bench: Bench, node: Node) -> Callable[[str], AsyncCycle]:
+    def build(key: str) -> AsyncCycle:
+        rw = redlease.AsyncReadWriteLock(bench.async_client(node), key, ttl=TTL)
+
+        async def cycle() -> None:
+            lease = await rw.read.acquire()
+            await lease.release()
+
+        return cycle
+
+    return build
+
+
+def _aiorwlock(bench: Bench, node: Node) -> Callable[[str], AsyncCycle]:
+    """A read lock within one event loop (no server): what sharing costs in-process."""
+
+    def build(key: str) -> AsyncCycle:
+        try:
+            import aiorwlock
+        except ImportError as exc:
+            raise NotAvailable("aiorwlock not installed") from exc
+
+        async def make() -> Any:
+            return aiorwlock.RWLock()
+
+        rw = bench.run_async(make())
+
+        async def cycle() -> None:
+            await rw.reader_lock.acquire()
+            rw.reader_lock.release()
+
+        return cycle
+
+    return build
+
+
 def _redis_py_async(bench: Bench, node: Node) -> Callable[[str], AsyncCycle]:
     def build(key: str) -> AsyncCycle:
         lock = bench.async_client(node).lock(key, timeout=TTL)
@@ -571,6 +607,18 @@ def build_entries(bench: Bench, *, single: bool, redlock: bool, masters: Sequenc
             SINGLE, "aredis-py", "(asyncio) redis-py asyncio Lock", _redis_py_async(bench, one)
         )
         bench.add(SINGLE, "aredlease", "(asyncio) redlease AsyncLock", _redlease_async(bench, one))
+        bench.add(
+            SINGLE,
+            "aredlease-read",
+            "(asyncio) redlease AsyncReadWriteLock read lease",
+            _redlease_async_read(bench, one),
+        )
+        bench.add(
+            SINGLE,
+            "aiorwlock",
+            "(asyncio) (reference) aiorwlock read lock, in-process, no server",
+            _aiorwlock(bench, one),
+        )
         bench.add(
             SINGLE,
             "aredlease-valkey",

@@ -10,6 +10,7 @@ import os
 import subprocess
 import time
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 
@@ -151,6 +152,40 @@ def test_read_write_lock_on_a_cluster(
             with holders[2].write as writer:
                 assert writer.fence > max(lease.fence for lease in reads)
                 assert holders[0].read.try_acquire() is None
+    finally:
+        client.close()
+
+
+def test_election_on_a_cluster(cluster: list[servers.ServerProcess], family: ClientFamily) -> None:
+    """Candidates, leader(), observers and their rings, on the node of each election's
+    slot."""
+    import threading
+
+    client = family.cluster(cluster[0].port)
+    try:
+        names = [f"svc:{i}" for i in range(6)]
+        slots = {client.keyslot(LockKeys.for_election(n).lock) // (SLOTS // 3) for n in names}
+        assert len(slots) > 1
+        for n in names:
+            first = redlease.Election(client, n, ttl=5.0, identity="first")
+            second = redlease.Election(client, n, ttl=5.0, identity="second")
+            with second.observe() as changes:
+                seen = [next(changes)]
+                lease = first.campaign(timeout=1)
+                seen.append(next(changes))
+                got: list[Any] = []
+                t = threading.Thread(
+                    target=lambda e=second, got=got: got.append(e.campaign(timeout=10))
+                )
+                t.start()
+                queue = LockKeys.for_election(n).queue
+                wait_for(lambda q=queue: client.llen(q) == 1, "the candidate")
+                first.resign()
+                t.join(10)
+                assert got[0].fence > lease.fence
+                assert second.leader() == redlease.Leader("second", got[0].fence)
+                second.resign()
+            assert seen == [None, redlease.Leader("first", lease.fence)]
     finally:
         client.close()
 

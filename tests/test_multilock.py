@@ -178,3 +178,43 @@ def test_eight_processes_on_overlapping_subsets_never_deadlock(
     assert sum(res["bad"] for res in results) == 0
     assert all(res["done"] > 0 for res in results)
     assert time.monotonic() - started < 120
+
+
+def test_a_name_that_runs_out_while_another_is_waited_for_is_taken_again(
+    r: redis.Redis, name: str
+) -> None:
+    """Waiting for b longer than the ttl: the lease on a, taken first, runs out meanwhile;
+    the multi-lease returned is all valid (found by the fault harness, row 19b10)."""
+    a, b = names_of(name, 2)
+    holder = redlease.Lock(r, b, ttl=30.0).acquire(timeout=1)
+    got: list[Any] = []
+    thread = threading.Thread(
+        target=lambda: got.append(redlease.MultiLock(r, [a, b], ttl=0.3).acquire(timeout=30))
+    )
+    thread.start()
+    wait_until(lambda: queued(r, b) == 1)
+    time.sleep(0.6)  # twice the ttl: a's lease has run out
+    holder.release()
+    thread.join(30)
+    leases = got[0]
+    assert not leases.lost
+    assert leases.remaining() > 0
+    leases.check()
+    assert leases.fences[a] > holder.fence  # a taken again, after b came free
+    leases.release()
+
+
+async def test_an_async_multi_lease_is_all_valid_after_a_long_wait(
+    ar: aredis.Redis, r: redis.Redis, name: str
+) -> None:
+    a, b = names_of(name, 2)
+    holder = await redlease.AsyncLock(ar, b, ttl=30.0).acquire(timeout=1)
+    waiting = asyncio.create_task(redlease.AsyncMultiLock(ar, [a, b], ttl=0.3).acquire(timeout=30))
+    await until_queued(lambda: queued(r, b))
+    await asyncio.sleep(0.6)  # a's lease runs out meanwhile
+    await holder.release()
+    leases = await asyncio.wait_for(waiting, 30)
+    assert not leases.lost
+    leases.check()
+    assert leases.fences[a] > holder.fence
+    await leases.release()

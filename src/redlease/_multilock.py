@@ -11,7 +11,8 @@ excludes a ``Lock`` on "a"). Taking them:
   after the other in one global order (their keys, sorted), each with the lock's own
   fair waiting: two multi-locks sharing names, in whatever order they were given, wait
   for each other in the same order, so they can never deadlock. A failure or a timeout
-  part-way gives back what was taken.
+  part-way gives back what was taken; so does a name whose lease ran out while a later
+  one was waited for (the wait starts over: a multi-lease is only ever all valid).
 
 The result is a ``MultiLease``: a lease per name (each renewed, extended and released
 as a lock's), with ``fences`` by name.
@@ -260,25 +261,36 @@ class MultiLock(_MultiConfig):
             held = self._at_once()
             if held is not None or not wait:
                 return held
-        held_leases: dict[str, Lease] = {}
+        while True:
+            leases = self._in_order(deadline, wait=wait)
+            if leases is None:
+                return None
+            if not any(lease.lost for lease in leases.values()):
+                return MultiLease(self._names, leases)
+            # A name taken first ran out while a later one was waited for: what is
+            # held is no longer all of them. Give it back and start over.
+            _give_back_now(leases)
+            if not wait or deadline.expired():
+                return None
+
+    def _in_order(self, deadline: Deadline, *, wait: bool) -> dict[str, Lease] | None:
+        """Each name in the global order, waiting for each (or one try each); all their
+        leases, or None with nothing kept."""
+        held: dict[str, Lease] = {}
         try:
             for lock in self._locks:
                 left = deadline.left()
                 lease = lock.try_acquire() if not wait else lock._acquire(left, wait=True)
                 if lease is None:
                     break
-                held_leases[lock.name] = lease
+                held[lock.name] = lease
         except BaseException:
-            for lease in held_leases.values():
-                with contextlib.suppress(Exception):
-                    lease.release()
+            _give_back_now(held)
             raise
-        if len(held_leases) < len(self._locks):
-            for lease in held_leases.values():
-                with contextlib.suppress(Exception):
-                    lease.release()
+        if len(held) < len(self._locks):
+            _give_back_now(held)
             return None
-        return MultiLease(self._names, held_leases)
+        return held
 
     def _at_once(self) -> MultiLease | None:
         self._io.check_server_once()
@@ -295,6 +307,11 @@ class MultiLock(_MultiConfig):
             return None
         spec = self._specs[0]
         until = valid_until(sent_at, spec.ttl_ms, spec.ttl)
+        if until <= spec.clock():  # the reply came too late to be of use: give them back
+            for lock in self._locks:
+                with contextlib.suppress(Exception):
+                    self._io.run(_flows.release(lock._spec, token), "give back")
+            return None
         leases = {
             lock.name: lock._watched(Grant(token, fence, until))
             for lock, fence in zip(self._locks, fences, strict=True)
@@ -371,21 +388,33 @@ class AsyncMultiLock(_MultiConfig):
             held = await self._at_once()
             if held is not None or not wait:
                 return held
-        held_leases: dict[str, AsyncLease] = {}
+        while True:
+            leases = await self._in_order(deadline, wait=wait)
+            if leases is None:
+                return None
+            if not any(lease.lost for lease in leases.values()):
+                return AsyncMultiLease(self._names, leases)
+            await _shielded(_give_all_back(leases))  # (see MultiLock._acquire)
+            if not wait or deadline.expired():
+                return None
+
+    async def _in_order(self, deadline: Deadline, *, wait: bool) -> dict[str, AsyncLease] | None:
+        """As ``MultiLock._in_order``."""
+        held: dict[str, AsyncLease] = {}
         try:
             for lock in self._locks:
                 left = deadline.left()
                 lease = await (lock.try_acquire() if not wait else lock._acquire(left, wait=True))
                 if lease is None:
                     break
-                held_leases[lock.name] = lease
+                held[lock.name] = lease
         except BaseException:
-            await _shielded(_give_all_back(held_leases))
+            await _shielded(_give_all_back(held))
             raise
-        if len(held_leases) < len(self._locks):
-            await _shielded(_give_all_back(held_leases))
+        if len(held) < len(self._locks):
+            await _shielded(_give_all_back(held))
             return None
-        return AsyncMultiLease(self._names, held_leases)
+        return held
 
     async def _at_once(self) -> AsyncMultiLease | None:
         await self._io.check_server_once()
@@ -400,6 +429,9 @@ class AsyncMultiLock(_MultiConfig):
             return None
         spec = self._specs[0]
         until = valid_until(sent_at, spec.ttl_ms, spec.ttl)
+        if until <= spec.clock():  # (see MultiLock._at_once)
+            await _shielded(self._give_back_token(token))
+            return None
         leases = {
             lock.name: lock._watched(Grant(token, fence, until))
             for lock, fence in zip(self._locks, fences, strict=True)
@@ -425,6 +457,12 @@ class AsyncMultiLock(_MultiConfig):
         leases = _pop(self)
         assert isinstance(leases, AsyncMultiLease)
         await leases.__aexit__(exc_type, exc, tb)
+
+
+def _give_back_now(leases: dict[str, Lease]) -> None:
+    for lease in leases.values():
+        with contextlib.suppress(Exception):  # what is left expires with its ttl
+            lease.release()
 
 
 async def _give_all_back(leases: dict[str, AsyncLease]) -> None:
