@@ -258,3 +258,12 @@ def callback(value: object, name: str) -> object:
     if value is not None and not callable(value):
         raise InvalidArgument(f"{name} must be callable or None, not {type(value).__name__}")
     return value
+
+
+def one_of(value: object, name: str, choices: tuple[str, ...]) -> str:
+    """One of a few fixed words (a kind of lock, say)."""
+    if not isinstance(value, str) or value not in choices:
+        raise InvalidArgument(
+            f"{name} must be one of {', '.join(map(repr, choices))}, got {shown(value)}"
+        )
+    return value

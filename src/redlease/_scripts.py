@@ -95,13 +95,17 @@ local function entry_ttl(entry) return string.match(entry, '^%d+:(%d+)') end
 local function entry_holds(entry) return string.match(entry, '^%d+:%d+:(%d+)') or '1' end
 local function entry_hub(entry) return string.match(entry, '^%d+:%d+:%d+:(s?%x+)$') end
 
+-- whether a waiter's entry is still within its deadline at server time NOW (us): the one
+-- rule for which waiters count (live_head below, and INSPECT's report)
+local function entry_live(entry, now) return entry_deadline(entry) >= now end
+
 -- the first waiter still within its deadline (dead ones are dropped); nil if none
 local function live_head(queue, waiters, now)
   while true do
     local w = redis.call('LINDEX', queue, 0)
     if not w then return nil, nil end
     local entry = redis.call('HGET', waiters, w)
-    if entry and entry_deadline(entry) >= now then return w, entry end
+    if entry and entry_live(entry, now) then return w, entry end
     redis.call('LPOP', queue)
     redis.call('HDEL', waiters, w)
   end
@@ -694,4 +698,58 @@ if redis.call('GET', KEYS[1]) == ARGV[1] then
 end
 return 0
 """,
+)
+
+
+# -- Inspection: what a name holds and who waits, for tools and ``locked()`` ------------
+
+INSPECT = Script(
+    "inspect",
+    _FENCES
+    + _HELPERS
+    + _SHARED_HELPERS
+    + """
+-- Read one lock's, election's, semaphore's or read/write lock's state in one snapshot
+-- judged by the server's own clock. Writes nothing: holds past their time and dead
+-- waiters, which the other scripts drop as they meet them, are only left out or marked.
+-- KEYS[1] lock (a semaphore's or read/write lock's: holders)  KEYS[2] fence
+-- KEYS[3] queue  KEYS[4] waiters  KEYS[5] fences (semaphore, read/write lock only)
+-- ARGV[1] 'shared' (KEYS[1] is a sorted set of holds) or 'single' (a lock's key)
+-- Reply {server_us, fence counter ('' if none), holders, waiters}. holders: flat, per
+-- holder {token, ms left (-1: the key has no TTL), its hold's fence ('' if the server
+-- keeps none per hold), 'w' (exclusive) or 'r' (shared)}. waiters: flat, in queue
+-- order, per queued token that still has an entry {token, 1 live or 0 dead, us from now
+-- to its entry's deadline (negative: past)}.
+local now = now_us()
+local holders = {}
+if ARGV[1] == 'shared' then
+  -- the holds held_now keeps: those running out after this millisecond
+  local held = redis.call('ZRANGEBYSCORE', KEYS[1], '(' .. now_ms(now), '+inf', 'WITHSCORES')
+  local writer = redis.call('HGET', KEYS[5], '@writer')
+  for i = 1, #held, 2 do
+    local token = held[i]
+    local fence = redis.call('HGET', KEYS[5], token) or ''
+    holders[#holders + 1] = token
+    holders[#holders + 1] = tonumber(held[i + 1]) - now_ms(now)
+    holders[#holders + 1] = fence
+    holders[#holders + 1] = token == writer and 'w' or 'r'
+  end
+else
+  local holder = redis.call('GET', KEYS[1])
+  if holder then
+    holders = {holder, redis.call('PTTL', KEYS[1]), '', 'w'}
+  end
+end
+local waiters = {}
+for _, token in ipairs(redis.call('LRANGE', KEYS[3], 0, -1)) do
+  local entry = redis.call('HGET', KEYS[4], token)
+  if entry then
+    waiters[#waiters + 1] = token
+    waiters[#waiters + 1] = entry_live(entry, now) and 1 or 0
+    waiters[#waiters + 1] = entry_deadline(entry) - now
+  end
+end
+return {now, redis.call('GET', KEYS[2]) or '', holders, waiters}
+""",
+    retry="it only reads",
 )

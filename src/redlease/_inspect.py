@@ -1,0 +1,166 @@
+"""Reading what a name holds and who waits for it: ``read_info`` and ``aread_info`` (for
+tools such as ``redlease inspect``) and the lock objects' ``locked()``, ``owned()`` and
+``waiting()``.
+
+Everything comes from one run of the read-only ``INSPECT`` script, so the holders, their
+time left, the fence counter and which queue entries are live are one snapshot, judged
+by the server's own clock (never this machine's): a waiter's entry is live by the very
+rule the scripts that serve waiters use. The script writes nothing, so reading a name
+never disturbs it: dead waiters and holds past their time are reported as the server
+has them, not cleaned up.
+
+A snapshot is out of date as soon as it arrives. It tells what was true; deciding to
+take a lock on it ("it looked free") is a race: take the lock instead.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from . import _arguments as args
+from ._errors import InvalidArgument
+from ._flows import ELECTION, LOCK, READ_WRITE, SEMAPHORE, Call, Flow, Kind, as_int, as_text
+from ._io_async import AsyncIO
+from ._io_sync import SyncIO
+from ._keys import DEFAULT_PREFIX, LockKeys
+from ._scripts import INSPECT
+
+# What ``kind=`` names, and the primitive whose keys it reads.
+KINDS: dict[str, Kind] = {
+    "lock": LOCK,
+    "semaphore": SEMAPHORE,
+    "rwlock": READ_WRITE,
+    "election": ELECTION,
+}
+# How long ``read_info`` waits for the reply: a read is harmless to wait for, and a busy
+# server (or a slow shared machine) should not turn a look into an error.
+READ_TIMEOUT = 5.0
+
+EXCLUSIVE = "exclusive"
+SHARED = "shared"
+
+
+@dataclass(frozen=True)
+class Holder:
+    """One lease the server holds now."""
+
+    token: str  # the holder's full token (the CLI shortens it for display)
+    remaining: float | None  # seconds its lease has left on the server; None: no TTL
+    mode: str  # "exclusive" (a lock, election, write lease) or "shared" (permit, read)
+    fence: int | None  # that hold's fence (semaphore, rw keep one per hold), else None
+
+
+@dataclass(frozen=True)
+class Waiter:
+    """One queued waiter, in queue order."""
+
+    token: str
+    live: bool  # its entry's deadline has not passed (a waiter gone or timed out: not)
+    remaining: float  # seconds until its entry's deadline (negative when past)
+
+
+@dataclass(frozen=True)
+class LockInfo:
+    """A name's state at one instant of the server's clock."""
+
+    name: str
+    kind: str  # "lock" | "semaphore" | "rwlock" | "election"
+    holders: tuple[Holder, ...]
+    fence: int | None  # the fence counter's value (the last fence taken); None if absent
+    waiters: tuple[Waiter, ...]  # in queue order, live and dead
+
+    @property
+    def held(self) -> bool:
+        """Someone holds it (a lock, election), or at least one hold (semaphore, rw)."""
+        return bool(self.holders)
+
+    @property
+    def live_waiters(self) -> int:
+        """How many queued waiters are still within their deadline."""
+        return sum(w.live for w in self.waiters)
+
+
+def kind_of(kind: Kind) -> str:
+    """The ``kind=`` word for a primitive's Kind."""
+    return next(word for word, known in KINDS.items() if known is kind)
+
+
+def inspect(keys: LockKeys, name: str, kind: str, timeout: float) -> Flow[LockInfo]:
+    """The flow: one INSPECT, decoded."""
+    shared = "shared" if keys.extra else "single"
+    reply = yield Call(INSPECT, keys.script_keys, (shared,), timeout)
+    return decode(name, kind, reply)
+
+
+def decode(name: str, kind: str, reply: Any) -> LockInfo:
+    """The script's reply (see INSPECT) as a LockInfo."""
+    _server_us, counter, flat_holders, flat_waiters = reply
+    holders = []
+    for i in range(0, len(flat_holders), 4):
+        token, left_ms, fence, mode = flat_holders[i : i + 4]
+        ms = as_int(left_ms)
+        fence_text = as_text(fence)
+        holders.append(
+            Holder(
+                token=as_text(token),
+                remaining=None if ms < 0 else ms / 1000.0,
+                mode=EXCLUSIVE if as_text(mode) == "w" else SHARED,
+                fence=int(fence_text) if fence_text else None,
+            )
+        )
+    waiters = []
+    for i in range(0, len(flat_waiters), 3):
+        token, live, left_us = flat_waiters[i : i + 3]
+        waiters.append(
+            Waiter(token=as_text(token), live=as_int(live) == 1, remaining=as_int(left_us) / 1e6)
+        )
+    counter_text = as_text(counter)
+    return LockInfo(
+        name=name,
+        kind=kind,
+        holders=tuple(holders),
+        fence=int(counter_text) if counter_text else None,
+        waiters=tuple(waiters),
+    )
+
+
+def _checked(
+    client: object, name: object, kind: object, prefix: object, *, want_async: bool
+) -> tuple[LockKeys, str, str]:
+    # (imported here: the fronts import this module for locked() and its kin)
+    from ._fronts import check_served, is_async_client
+
+    check_served(client, "client")
+    if is_async_client(client) != want_async:
+        if want_async:
+            raise InvalidArgument(
+                "client must be an asyncio client (redis.asyncio, valkey.asyncio) for "
+                "aread_info; use read_info with a sync client"
+            )
+        raise InvalidArgument(
+            "client must be a sync client (redis.Redis, valkey.Valkey) for read_info; "
+            "use aread_info with an asyncio client"
+        )
+    checked_name = args.lock_name(name)
+    checked_kind = args.one_of(kind, "kind", tuple(KINDS))
+    keys = KINDS[checked_kind].layout(checked_name, args.key_prefix(prefix))
+    return keys, checked_name, checked_kind
+
+
+def read_info(
+    client: Any, name: str, *, kind: str = "lock", prefix: str = DEFAULT_PREFIX
+) -> LockInfo:
+    """What the ``kind`` named ``name`` holds and who waits for it, now (sync client:
+    standalone, Sentinel's ``master_for``, Cluster). One read-only script run."""
+    keys, name, kind = _checked(client, name, kind, prefix, want_async=False)
+    return SyncIO(client).run(inspect(keys, name, kind, READ_TIMEOUT), f"inspect {name!r}")
+
+
+async def aread_info(
+    client: Any, name: str, *, kind: str = "lock", prefix: str = DEFAULT_PREFIX
+) -> LockInfo:
+    """The asyncio twin of ``read_info``."""
+    keys, name, kind = _checked(client, name, kind, prefix, want_async=True)
+    flow = inspect(keys, name, kind, READ_TIMEOUT)
+    return await AsyncIO(client).run(flow, f"inspect {name!r}")
