@@ -2,38 +2,98 @@
 
 from __future__ import annotations
 
+import re
+
+from . import _acl
 from . import _clients as c
 from ._errors import BackendError
 from ._resp import ReplyError
 
+_READ_ONLY = (
+    "the server is a read-only replica: point redlease at the master (with Sentinel, "
+    "a client from sentinel.master_for(...), which follows failovers)"
+)
+_NO_AUTH = (
+    "authentication required: the server asks for a password and the client gave none "
+    "(give the client password=, and username= for an ACL user)"
+)
+_DENIED = "the server refused the command (authentication or ACL permissions)"
+_RULE = "the whole rule redlease needs is in docs/least-privilege.md"
+
 # What an error reply's code means for a lock.
 _CODES = {
-    "READONLY": "the server is a read-only replica; locks must be taken on a master",
+    "READONLY": _READ_ONLY,
     "OOM": "the server is out of memory (maxmemory reached) and refuses writes",
     "LOADING": "the server is still loading its data set",
-    "NOPERM": "the server refused the command (authentication or ACL permissions)",
-    "NOAUTH": "the server refused the command (authentication or ACL permissions)",
-    "WRONGPASS": "the server refused the command (authentication or ACL permissions)",
+    "NOPERM": _DENIED,
+    "NOAUTH": _NO_AUTH,
+    "WRONGPASS": "authentication failed: wrong username or password, or the user is disabled",
     "MASTERDOWN": "the replica lost its master and refuses commands",
 }
 
 
 def describe(exc: BaseException) -> str:
+    told = _told(exc)
+    if told is not None:
+        return told
     if isinstance(exc, ReplyError):
         return _CODES.get(exc.code, "the server returned an error")
     if isinstance(exc, c.READONLY_ERRORS):
-        return "the server is a read-only replica; locks must be taken on a master"
+        return _READ_ONLY
     if isinstance(exc, c.OOM_ERRORS) or str(exc).startswith("OOM"):
         return "the server is out of memory (maxmemory reached) and refuses writes"
     if isinstance(exc, c.LOADING_ERRORS):
         return "the server is still loading its data set"
     if isinstance(exc, c.DENIED_ERRORS):
-        return "the server refused the command (authentication or ACL permissions)"
+        return _DENIED
     if isinstance(exc, (*c.TIMEOUT_ERRORS, TimeoutError)):
         return "the server did not answer in time"
     if isinstance(exc, (*c.CONNECTION_ERRORS, OSError)):
         return "the server cannot be reached"
     return "the server returned an error"
+
+
+# The texts of Redis 7.0's and Valkey 8's refusals (a client library may have taken the
+# code off, so the text is matched, not the code).
+_RUN = re.compile(r"(?:User (\S+) has|this user has) no permissions to run the '([^']+)'")
+_RUN_IN_SCRIPT = re.compile(
+    r"can't run this command or subcommand script: (\w+), on @user_script:(\d+)"
+)
+_ACCESS = re.compile(r"no permissions to access (?:one of the |a )(key|channel)", re.I)
+
+
+def _told(exc: BaseException) -> str | None:
+    """What the error's text tells exactly: which permission the user lacks, or that
+    the client must authenticate; None if it tells neither."""
+    text = str(exc)
+    if "Protocol error: unauthenticated" in text or text.startswith(
+        ("NOAUTH", "Authentication required")
+    ):
+        # An unauthenticated client's first command, if more than a few words long (a
+        # script call is), is refused as a protocol error, not with NOAUTH.
+        return _NO_AUTH
+    called = " (called by a script)" if "script:" in text else ""
+    if match := _RUN.search(text):
+        user, command = match.groups()
+        return _may_not(user, f"run {command.upper()}{called}", f"+{command}")
+    if match := _RUN_IN_SCRIPT.search(text):
+        # Redis 7.0 names the script and the line, not the command: found there
+        commands = sorted(_acl.denied_in_script(match.group(1), int(match.group(2))))
+        names = " or ".join(x.upper() for x in commands) or "a command"
+        grants = " or ".join(f"+{x}" for x in commands) or "the command"
+        return _may_not(None, f"run {names}{called}", grants)
+    if match := _ACCESS.search(text):
+        kind = match.group(1).lower()
+        pattern = _acl.key_pattern() if kind == "key" else _acl.channel_pattern()
+        return _may_not(
+            None, f"use redlease's {kind}s", f"{pattern} (or the pattern of the prefix= used)"
+        )
+    return None
+
+
+def _may_not(user: str | None, what: str, grant: str) -> str:
+    who = f"the ACL user {user!r}" if user else "the ACL user"
+    return f"{who} may not {what}: add {grant} to its rule ({_RULE})"
 
 
 # Error replies that say "not now" rather than "never": loading its data after a restart,
@@ -64,9 +124,12 @@ def error_code(error: BaseException) -> str:
 
 
 def backend_error(
-    exc: BaseException, action: str, kind: type[BackendError] = BackendError
+    exc: BaseException, action: str, kind: type[BackendError] = BackendError, server: str = ""
 ) -> BackendError:
-    error = kind(f"{action} failed: {describe(exc)} ({type(exc).__name__}: {exc})")
+    """``exc`` as the error of ``action``, said in a lock's terms; ``server``: the one
+    that failed, named in the message."""
+    where = f" on {server}" if server else ""
+    error = kind(f"{action} failed{where}: {describe(exc)} ({type(exc).__name__}: {exc})")
     error.__cause__ = exc
     return error
 

@@ -27,9 +27,11 @@ from __future__ import annotations
 
 import enum
 import sys
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+from . import _resp
 from ._clients import (
     CONNECTION_ERRORS,
     NOSCRIPT_ERRORS,
@@ -41,6 +43,9 @@ from ._clients import (
 )
 from ._clients.family import Family
 from ._resp import ReplyError
+
+if TYPE_CHECKING:
+    from ._flows import Call
 
 __all__ = [
     "CONNECTION_ERRORS",
@@ -239,6 +244,19 @@ def is_noscript(exc: BaseException) -> bool:
     return isinstance(exc, NOSCRIPT_ERRORS) or (
         isinstance(exc, ReplyError) and exc.code == "NOSCRIPT"
     )
+
+
+def reloading(ops: Sequence[Call]) -> bytes:
+    """``ops``, whose scripts the server has lost, as one pipeline that loads them again:
+    the first op of each script by its source (EVAL caches it), the rest by SHA1. One
+    round trip, and no SCRIPT LOAD, which a least-privilege user may not run."""
+    sent: set[str] = set()
+    wire = []
+    for op in ops:
+        sha = op.script.sha
+        wire.append(_resp.evalsha(op) if sha in sent else _resp.eval_source(op))
+        sent.add(sha)
+    return b"".join(wire)
 
 
 def is_unblocked(exc: BaseException) -> bool:

@@ -622,7 +622,10 @@ def foreign_key(spec: LockSpec) -> Flow[LockError]:
     wrote under redlease's prefix. Names the key, found by asking each one's TYPE."""
     noun = spec.kind.noun
     for key, wanted in zip(spec.keys.script_keys, spec.kind.key_types, strict=True):
-        kind = as_text((yield Command(("TYPE", key), MIN_REPLY_WAIT)))
+        try:
+            kind = as_text((yield Command(("TYPE", key), MIN_REPLY_WAIT)))
+        except BackendError:
+            break  # TYPE denied (ACL) or the server gone: the key goes unnamed
         if kind not in (wanted, "none"):
             return LockError(
                 f"{noun} {spec.name!r}: the key {key!r} holds a {kind}, where redlease keeps "

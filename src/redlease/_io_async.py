@@ -33,6 +33,7 @@ from ._endpoint import (
     is_unblocked,
     node_of,
     read_bound,
+    reloading,
 )
 from ._errors import RedleaseWarning
 from ._flows import LATE_WAKE, Call, Command, Flow, Listen, Op, Replicas, Sleep, Wait
@@ -40,6 +41,10 @@ from ._hub_async import Box, Hub
 from ._quorum import MIN_READ_WAIT, UNREAD, Unsent, said_yes
 
 T = TypeVar("T")
+
+# A connection whose CLIENT ID the server refused (an ACL user without +client|id): a wait
+# on it that is given up on is not ended by CLIENT UNBLOCK; its reply is waited for.
+NO_CLIENT_ID = -1
 
 # Clients (of the CLIENT kind) and pools already checked for a key-evicting policy.
 _CHECKED: weakref.WeakSet[Any] = weakref.WeakSet()
@@ -109,7 +114,7 @@ class AsyncIO:
             try:
                 reply, error = await self.execute(op), None
             except BACKEND_FAILURES as exc:
-                reply, error = None, backend_error(exc, action)
+                reply, error = None, backend_error(exc, action, server=self.describe())
 
     async def execute(self, op: Op) -> Any:
         if isinstance(op, Call):
@@ -156,7 +161,7 @@ class AsyncIO:
                 try:
                     replies.append(await self.execute(op))
                 except BACKEND_FAILURES as exc:
-                    replies.append(backend_error(exc, "renew"))
+                    replies.append(backend_error(exc, "renew", server=self.describe()))
             return replies
         results: list[Any] = []
 
@@ -168,29 +173,30 @@ class AsyncIO:
                     results.append(await conn.read(timeout))
                 except REPLY_ERRORS as exc:
                     # NOSCRIPT: filled in below, once the pipeline is drained
-                    results.append(None if is_noscript(exc) else backend_error(exc, "renew"))
+                    results.append(
+                        None
+                        if is_noscript(exc)
+                        else backend_error(exc, "renew", server=self.describe())
+                    )
             missing = [i for i, result in enumerate(results) if result is None]
             if missing:
-                # The server lost its scripts: load each once, then one more pipeline
-                # (not one EVAL round trip per lease).
-                scripts = {ops[i].script.sha: ops[i].script for i in missing}
-                for script in scripts.values():
-                    await conn.send(_resp.command(("SCRIPT", "LOAD", script.source)))
-                    await conn.read(timeout)
-                await conn.send(b"".join(_resp.evalsha(ops[i]) for i in missing))
+                # The server lost its scripts: one more pipeline, which loads them again
+                await conn.send(reloading([ops[i] for i in missing]))
                 for i in missing:
                     try:
                         results[i] = await conn.read(timeout)
                     except REPLY_ERRORS as exc:
-                        results[i] = backend_error(exc, "renew")
+                        results[i] = backend_error(exc, "renew", server=self.describe())
             return results
 
         try:
             # renewals (EXTEND) are safe to send again
             return await self._on_connection(pipeline, min(op.timeout for op in ops), safe=True)
         except BACKEND_FAILURES as exc:
-            error = backend_error(exc, "renew")
-            return results + [error] * (len(ops) - len(results))
+            error = backend_error(exc, "renew", server=self.describe())
+            # (None: an op whose script was lost and that was not sent again)
+            done = [error if result is None else result for result in results]
+            return done + [error] * (len(ops) - len(results))
 
     # -- operations --------------------------------------------------------------------
 
@@ -346,7 +352,10 @@ class AsyncIO:
             blpop = _resp.command(("BLPOP", op.key, f"{wait:.3f}"))
             if conn.lean and conn.client_id is None:  # learnt once, in the same write
                 await conn.send(_resp.command(("CLIENT", "ID")) + blpop)
-                conn.client_id = int(await conn.read(op.connect_timeout))
+                try:
+                    conn.client_id = int(await conn.read(op.connect_timeout))
+                except REPLY_ERRORS:
+                    conn.client_id = NO_CLIENT_ID  # denied (ACL): see _unblock
             else:
                 await conn.send(blpop)
             try:
@@ -388,7 +397,7 @@ class AsyncIO:
         and its reply read: nil, or a ring that came in the meantime, which counts. The
         connection is then clean. _Owed if that cannot be done (no CLIENT ID, or ACL)."""
         pool = self.pool
-        if conn.client_id is None or pool is None:
+        if conn.client_id in (None, NO_CLIENT_ID) or pool is None:
             raise _Owed
         other = await pool.take(timeout)
         assert other is not None
