@@ -17,6 +17,7 @@ from ._errors import (
     QuorumError,
     RedleaseWarning,
 )
+from ._inspect import Holder, LockInfo, Waiter, aread_info, read_info
 from ._lease import AsyncLease, Lease
 from ._lock import AsyncLock, Lock
 from ._multilock import AsyncMultiLease, AsyncMultiLock, MultiLease, MultiLock
@@ -39,11 +40,13 @@ __all__ = [
     "AsyncSemaphore",
     "BackendError",
     "Election",
+    "Holder",
     "InvalidArgument",
     "Leader",
     "Lease",
     "Lock",
     "LockError",
+    "LockInfo",
     "LockLost",
     "MultiLease",
     "MultiLock",
@@ -54,5 +57,8 @@ __all__ = [
     "Redlock",
     "RedlockLease",
     "Semaphore",
+    "Waiter",
     "__version__",
+    "aread_info",
+    "read_info",
 ]

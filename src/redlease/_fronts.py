@@ -10,19 +10,26 @@ per task), so nested and concurrent blocks each release their own.
 A ``reentrant`` lock keeps a table of the leases it handed out by holder (the thread, or
 the asyncio task, that acquired): an acquire by a holder returns its lease again, one
 hold more (``hold_count``), and only the release of the last hold goes to the server.
+
+A front is also a decorator (``decorate``, ``decorate_async``: ``@lock`` runs each call
+under ``with lock``), and the asyncio front runs a coroutine under a lease that cancels
+it if the lease is lost (``using``, after node-redlock's ``using(resources, duration,
+routine(signal))``).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import inspect
 import threading
-from collections.abc import Generator
+from collections.abc import Awaitable, Callable, Coroutine, Generator
+from contextlib import AbstractAsyncContextManager, AbstractContextManager
 from contextvars import ContextVar
 from datetime import timedelta
 from types import TracebackType
-from typing import Any, Generic, Protocol, TypeVar
+from typing import Any, Generic, ParamSpec, Protocol, TypeVar
 
 from . import _arguments as args
 from . import _renewal
@@ -81,6 +88,114 @@ def _pop(lock: object) -> Any:
             lease, depth = stack[i][1], stack[i][2]
             return lease if depth == 1 or lease._holds >= depth else None
     raise RuntimeError("exiting a lock's `with` block that did not enter it")
+
+
+P = ParamSpec("P")
+R = TypeVar("R")
+
+
+def _named(fn: object) -> str:
+    return str(getattr(fn, "__qualname__", None) or repr(fn))
+
+
+def _refuse_undecorable(lock: object, fn: object, *, want_async: bool) -> None:
+    """A lock guards a call only if the function's work is done within the call (sync)
+    or within awaiting it (asyncio): otherwise the work would run after the lock is
+    given back, unguarded, and nothing would say so."""
+    what = type(lock).__name__
+    if not callable(fn):
+        raise InvalidArgument(f"{what} decorates a function, not {type(fn).__name__}")
+    if inspect.isasyncgenfunction(fn) or inspect.isgeneratorfunction(fn):
+        raise InvalidArgument(
+            f"{what} cannot decorate the generator function {_named(fn)}: its body "
+            "runs as it is iterated, after the call has returned; use `with` inside it"
+        )
+    if want_async and not inspect.iscoroutinefunction(fn):
+        raise InvalidArgument(
+            f"{what} decorates an `async def` function, not {_named(fn)}"
+            "; decorate a plain function with the sync twin"
+        )
+    if not want_async and inspect.iscoroutinefunction(fn):
+        raise InvalidArgument(
+            f"{what} cannot decorate the coroutine function {_named(fn)}: its body "
+            "runs when it is awaited, after the lock is given back; use the asyncio twin"
+        )
+
+
+def decorate(lock: AbstractContextManager[Any], fn: Callable[P, R]) -> Callable[P, R]:
+    """``fn`` run under ``with lock`` at each call (refused at once if it cannot be,
+    see ``_refuse_undecorable``). The lease is not passed: ``fn`` keeps its signature,
+    and a caller that needs the lease (its fence) writes ``with lock as lease``."""
+    _refuse_undecorable(lock, fn, want_async=False)
+
+    @functools.wraps(fn)
+    def locked_call(*args: P.args, **kwargs: P.kwargs) -> R:
+        with lock:
+            result = fn(*args, **kwargs)
+            if inspect.iscoroutine(result):  # (a callable object whose __call__ is async)
+                result.close()
+                raise InvalidArgument(
+                    f"{type(lock).__name__} cannot guard {fn!r}: it returned a coroutine, "
+                    "whose work would run after the lock is given back"
+                )
+            return result
+
+    return locked_call
+
+
+def decorate_async(
+    lock: AbstractAsyncContextManager[Any], fn: Callable[P, Awaitable[R]]
+) -> Callable[P, Coroutine[Any, Any, R]]:
+    """The asyncio twin of ``decorate``: ``fn`` (an ``async def``) awaited under
+    ``async with lock`` at each call."""
+    _refuse_undecorable(lock, fn, want_async=True)
+
+    @functools.wraps(fn)
+    async def locked_call(*args: P.args, **kwargs: P.kwargs) -> R:
+        async with lock:
+            return await fn(*args, **kwargs)
+
+    return locked_call
+
+
+async def _awaited(work: Awaitable[R]) -> R:
+    return await work
+
+
+async def _run_holding(lease: AsyncLeaseBlock, fn: Callable[..., Any], args: Any) -> Any:
+    """``fn(lease, *args)`` in a task of its own, which the lease cancels if it is lost
+    (as ``cancel_on_lost`` cancels the acquirer); its result, or its error. A task
+    cancelled by the loss raises LockLost. Cancelling the caller cancels the task and
+    waits for it to end, so nothing runs on unguarded once the lease is released."""
+    work = fn(lease, *args)
+    if not inspect.isawaitable(work):
+        raise InvalidArgument(
+            f"using() runs an async callable; {_named(fn)} returned "
+            f"{type(work).__name__}, not an awaitable"
+        )
+    task = asyncio.get_running_loop().create_task(_awaited(work))
+    previous, lease._holder = lease._holder, task
+    try:
+        if lease.lost:  # lost before the task could be told: it never starts
+            task.cancel()
+        try:
+            await asyncio.wait({task})
+        except asyncio.CancelledError:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):  # cancelled again: go on
+                await asyncio.wait({task})
+            raise
+    finally:
+        lease._holder = previous
+    if task.cancelled() and lease.lost:
+        try:
+            task.result()
+        except asyncio.CancelledError as cancelled:
+            raise LockLost(
+                f"lease on {lease.name!r} was lost ({lease._lost_reason}): the work "
+                "under it was cancelled"
+            ) from cancelled
+    return task.result()
 
 
 SyncLeaseT = TypeVar("SyncLeaseT", bound=SyncLeaseBlock)
@@ -221,6 +336,11 @@ class SyncFront(_Front, Generic[SyncLeaseT]):
             assert isinstance(lease, SyncLeaseBlock)
             lease.__exit__(exc_type, exc, tb)
 
+    def __call__(self, fn: Callable[P, R]) -> Callable[P, R]:
+        """``@lock``: each call of ``fn`` runs under ``with lock`` (see ``decorate``).
+        A coroutine or generator function is refused (InvalidArgument)."""
+        return decorate(self, fn)
+
 
 class AsyncFront(_Front, Generic[AsyncLeaseT]):
     """The asyncio twin of ``SyncFront``, once for ``AsyncLock`` and ``AsyncRedlock``;
@@ -326,6 +446,53 @@ class AsyncFront(_Front, Generic[AsyncLeaseT]):
         if lease is not None:
             assert isinstance(lease, AsyncLeaseBlock)
             await lease.__aexit__(exc_type, exc, tb)
+
+    def __call__(self, fn: Callable[P, Awaitable[R]]) -> Callable[P, Coroutine[Any, Any, R]]:
+        """``@alock``: each call of the ``async def`` ``fn`` is awaited under ``async
+        with alock`` (see ``decorate_async``). Anything else is refused."""
+        return decorate_async(self, fn)
+
+    async def using(
+        self,
+        fn: Callable[..., Awaitable[R]],
+        /,
+        *args: Any,
+        timeout: Seconds | None = None,
+    ) -> R:
+        """Acquire (waiting up to ``timeout``, as ``acquire``), run ``await fn(lease,
+        *args)`` in a task of its own while the lease is renewed, release, and return
+        its result.
+
+        The lease is renewed for as long as ``fn`` runs, whatever ``auto_renew`` says
+        (``max_hold`` still ends it). If it is lost (taken over, not renewed in time,
+        ``max_hold`` reached) the task is cancelled, as ``cancel_on_lost`` would, and
+        ``using`` raises ``LockLost`` (its cause: the cancellation), not CancelledError.
+        An error raised by ``fn`` propagates after the release (LockLost included: a
+        lease ``fn`` found lost itself). If ``fn`` returns but the lease was lost
+        meanwhile, the release raises ``LockLost``, as at the end of ``async with``.
+        Cancelling the caller cancels the task, waits for it to end, releases, and
+        re-raises. Keyword arguments for ``fn``: ``functools.partial``.
+        """
+        if not callable(fn):
+            raise InvalidArgument(f"fn must be an async callable, not {type(fn).__name__}")
+        lease = await self.acquire(timeout)
+        if not self._auto_renew and lease.hold_count == 1:
+            # a lease that is not renewed, or only watched for cancel_on_lost: renewed now
+            lease._stop_watching()
+            _renewal.watch_async(lease, self._io, self._max_hold)
+        try:
+            result = await _run_holding(lease, fn, args)
+        except LockLost:
+            if not lease.lost:  # fn's own error, as any other
+                raise
+            with contextlib.suppress(LockLost):  # what the server still has goes
+                await lease.release()
+            raise
+        except BaseException as exc:
+            await lease.__aexit__(type(exc), exc, exc.__traceback__)
+            raise
+        await lease.__aexit__(None, None, None)
+        return result  # type: ignore[no-any-return]
 
 
 def is_async_client(client: object) -> bool:

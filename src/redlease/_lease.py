@@ -302,6 +302,34 @@ class Holders:
             del self._table[holder]
 
 
+class Acquired:
+    """Every lease a lock object handed out, by the holder (thread, or asyncio task) that
+    acquired it: what ``owned()`` asks the server about. Weak both ways: neither a
+    holder nor a lease is kept alive by being here. Each holder adds to its own set only,
+    so holders in different threads never touch the same set."""
+
+    def __init__(self) -> None:
+        self._table: weakref.WeakKeyDictionary[Any, weakref.WeakSet[LeaseState]] = (
+            weakref.WeakKeyDictionary()
+        )
+
+    def note(self, holder: object, lease: LeaseState) -> None:
+        if holder is None:  # (asyncio code run outside a task: nobody to own it)
+            return
+        leases = self._table.get(holder)
+        if leases is None:
+            leases = self._table[holder] = weakref.WeakSet()
+        leases.add(lease)
+
+    def tokens(self, holder: object) -> set[str]:
+        """The tokens of the leases ``holder`` acquired and still holds, as far as it
+        knows here (not released, not lost, not a fork's parent's)."""
+        leases = self._table.get(holder)
+        if not leases:
+            return set()
+        return {lease.token for lease in list(leases) if not (lease.released or lease.lost)}
+
+
 _Sync = TypeVar("_Sync", bound="SyncLeaseBlock")
 _Async = TypeVar("_Async", bound="AsyncLeaseBlock")
 

@@ -11,20 +11,22 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import threading
 from collections.abc import Callable
 from datetime import timedelta
 from typing import Any
 
 from . import _arguments as args
-from . import _batches, _flows
+from . import _batches, _flows, _inspect
 from ._batches import Lender
 from ._errors import InvalidArgument, LockLost
-from ._flows import DEFAULT_BATCH_WINDOW, Acquisition, Grant, LockSpec
+from ._flows import DEFAULT_BATCH_WINDOW, Acquisition, Flow, Grant, LockSpec
 from ._fronts import AsyncFront, SyncFront, check_client
+from ._inspect import LockInfo
 from ._io_async import AsyncIO
 from ._io_sync import SyncIO
 from ._keys import DEFAULT_PREFIX
-from ._lease import AsyncLease, Holders, Lease
+from ._lease import Acquired, AsyncLease, Holders, Lease
 from ._timing import Clock
 
 Seconds = float | timedelta
@@ -101,7 +103,26 @@ def check_replicas(spec: LockSpec, direct: bool) -> None:
         )
 
 
-class OneServer(SyncFront[Lease]):
+class _Looked:
+    """What ``OneServer`` and its twin share to answer ``locked()``, ``owned()`` and
+    ``waiting()``: the INSPECT flow (see ``_inspect``) and the leases each holder took."""
+
+    _spec: LockSpec
+    _acquired: Acquired | None = None
+
+    def _look(self) -> Flow[LockInfo]:
+        spec = self._spec
+        kind = _inspect.kind_of(spec.kind)
+        return _inspect.inspect(spec.keys, spec.name, kind, spec.reply_timeout)
+
+    def _acquirers(self) -> Acquired:
+        acquired = self._acquired
+        if acquired is None:  # (setdefault: two threads' first acquires keep one table)
+            acquired = self.__dict__.setdefault("_acquired", Acquired())
+        return acquired
+
+
+class OneServer(_Looked, SyncFront[Lease]):
     """What ``Lock`` and ``Semaphore`` share: one deployment, the one-server flows."""
 
     _io: SyncIO
@@ -117,10 +138,37 @@ class OneServer(SyncFront[Lease]):
         return Acquisition(self._spec, timeout, wait=wait, holds=holds)
 
     def _new_lease(self, grant: Grant) -> Lease:
-        return Lease(self._spec, grant, self._io, self._on_lost)
+        lease = Lease(self._spec, grant, self._io, self._on_lost)
+        self._acquirers().note(threading.current_thread(), lease)
+        return lease
+
+    def locked(self) -> bool:
+        """Whether anyone holds it now, as the server says (a semaphore: any permit; a
+        read/write lock's side: any lease, read or write). One round trip. A snapshot:
+        to act on "free", take it (``try_acquire``), never test first. A lock that
+        lends its grants (``batch``; a fair lock's default) keeps a released grant for
+        its next hold up to ``batch_window`` (2 ms) before giving it back: it reads as
+        locked meanwhile, as it is on the server."""
+        return self._io.run(self._look(), f"inspect {self.name!r}").held
+
+    def owned(self) -> bool:
+        """Whether the calling thread holds a lease of this object that is still its
+        own on the server now: one it acquired (lent to other threads or not), has not
+        released, does not know lost, and whose token the server lists as a holder. No
+        round trip when it holds none."""
+        tokens = self._acquirers().tokens(threading.current_thread())
+        if not tokens:
+            return False
+        info = self._io.run(self._look(), f"inspect {self.name!r}")
+        return any(holder.token in tokens for holder in info.holders)
+
+    def waiting(self) -> int:
+        """How many waiters are queued and live now (within their deadline, on the
+        server's clock); waiters that gave up or died are not counted."""
+        return self._io.run(self._look(), f"inspect {self.name!r}").live_waiters
 
 
-class AsyncOneServer(AsyncFront[AsyncLease]):
+class AsyncOneServer(_Looked, AsyncFront[AsyncLease]):
     """The asyncio twin of ``OneServer``."""
 
     _io: AsyncIO
@@ -136,7 +184,25 @@ class AsyncOneServer(AsyncFront[AsyncLease]):
         return Acquisition(self._spec, timeout, wait=wait, holds=holds)
 
     def _new_lease(self, grant: Grant) -> AsyncLease:
-        return AsyncLease(self._spec, grant, self._io, self._on_lost)
+        lease = AsyncLease(self._spec, grant, self._io, self._on_lost)
+        self._acquirers().note(asyncio.current_task(), lease)
+        return lease
+
+    async def locked(self) -> bool:
+        """The asyncio twin of ``Lock.locked()``."""
+        return (await self._io.run(self._look(), f"inspect {self.name!r}")).held
+
+    async def owned(self) -> bool:
+        """The asyncio twin of ``Lock.owned()``: the calling task's leases."""
+        tokens = self._acquirers().tokens(asyncio.current_task())
+        if not tokens:
+            return False
+        info = await self._io.run(self._look(), f"inspect {self.name!r}")
+        return any(holder.token in tokens for holder in info.holders)
+
+    async def waiting(self) -> int:
+        """The asyncio twin of ``Lock.waiting()``."""
+        return (await self._io.run(self._look(), f"inspect {self.name!r}")).live_waiters
 
 
 class Lock(_LockConfig, OneServer):

@@ -21,7 +21,7 @@ as a lock's), with ``fences`` by name.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator, Sequence
+from collections.abc import Awaitable, Callable, Coroutine, Iterator, Sequence
 from datetime import timedelta
 from types import TracebackType
 from typing import Any
@@ -30,7 +30,7 @@ from . import _arguments as args
 from . import _flows
 from ._errors import AcquireTimeout, InvalidArgument, LockLost
 from ._flows import Flow, Grant, LockSpec, as_int, new_token
-from ._fronts import _pop, _push, check_client
+from ._fronts import P, R, _pop, _push, check_client, decorate, decorate_async
 from ._keys import DEFAULT_PREFIX
 from ._lease import AsyncLease, Lease, _shielded
 from ._lock import AsyncLock, Lock, OnLost
@@ -333,6 +333,10 @@ class MultiLock(_MultiConfig):
         assert isinstance(leases, MultiLease)
         leases.__exit__(exc_type, exc, tb)
 
+    def __call__(self, fn: Callable[P, R]) -> Callable[P, R]:
+        """``@multi``: each call of ``fn`` runs under ``with multi`` (as ``Lock``'s)."""
+        return decorate(self, fn)
+
 
 class AsyncMultiLock(_MultiConfig):
     """Several lock names held together, all or none (asyncio twin of ``MultiLock``).
@@ -457,6 +461,11 @@ class AsyncMultiLock(_MultiConfig):
         leases = _pop(self)
         assert isinstance(leases, AsyncMultiLease)
         await leases.__aexit__(exc_type, exc, tb)
+
+    def __call__(self, fn: Callable[P, Awaitable[R]]) -> Callable[P, Coroutine[Any, Any, R]]:
+        """``@multi``: each call of the ``async def`` ``fn`` is awaited under ``async
+        with multi`` (as ``AsyncLock``'s)."""
+        return decorate_async(self, fn)
 
 
 def _give_back_now(leases: dict[str, Lease]) -> None:
