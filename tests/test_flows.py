@@ -287,13 +287,13 @@ def test_keys_share_one_hash_tag() -> None:
     assert all(k.startswith("redlease:" + tag) for k in odd.script_keys)
 
 
-def test_eviction_warning_only_for_policies_that_evict() -> None:
-    assert _flows.eviction_warning([b"maxmemory-policy", b"noeviction"]) is None
-    assert _flows.eviction_warning({"maxmemory-policy": "noeviction"}) is None
-    message = _flows.eviction_warning([b"maxmemory-policy", b"allkeys-lru"])
+def test_settings_warning_only_for_policies_that_evict() -> None:
+    assert _flows.settings_warning([b"maxmemory-policy", b"noeviction"]) is None
+    assert _flows.settings_warning({"maxmemory-policy": "noeviction"}) is None
+    message = _flows.settings_warning([b"maxmemory-policy", b"allkeys-lru"])
     assert message is not None
     assert "allkeys-lru" in message
-    assert _flows.eviction_warning([b"maxmemory-policy", b"volatile-ttl"]) is not None
+    assert _flows.settings_warning([b"maxmemory-policy", b"volatile-ttl"]) is not None
 
 
 def test_deadline_and_backoff() -> None:

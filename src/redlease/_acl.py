@@ -95,9 +95,10 @@ PARTS = (
     ),
     Part(
         ("+config|get",),
-        "the one-time check of each server's maxmemory-policy (a warning if it may evict "
-        "lock keys)",
-        "no warning; locks work",
+        "the one-time check of each server: maxmemory-policy (a warning if it may evict "
+        "lock keys) and, for Redlock nodes, persistence (a warning if a node keeps "
+        "nothing on disk)",
+        "no warnings; locks work",
     ),
     Part(
         ("+type",),

@@ -638,16 +638,44 @@ def foreign_key(spec: LockSpec) -> Flow[LockError]:
     )
 
 
-MAXMEMORY_POLICY = Command(("CONFIG", "GET", "maxmemory-policy"), MIN_REPLY_WAIT)
+# The one-time check of a server a Lock (a Semaphore...) uses.
+EVICTION_POLICY = Command(("CONFIG", "GET", "maxmemory-policy"), MIN_REPLY_WAIT)
+# The one-time check of each Redlock node: its eviction policy and its persistence. One
+# pattern, as Redis 6.2's CONFIG GET takes one: it matches maxmemory-policy, appendonly
+# and save, and a few other settings (max..., append...) that go unread.
+NODE_SETTINGS = Command(("CONFIG", "GET", "[mas][apa][xpv]*"), MIN_REPLY_WAIT)
 
 
-def eviction_warning(reply: Any) -> str | None:
-    """A warning if the server may evict lock keys to make room (only noeviction is safe)."""
-    values = list(reply.values()) if isinstance(reply, dict) else list(reply or [])[1::2]
-    policy = as_text(values[0]) if values else "noeviction"
-    if policy == "noeviction":
-        return None
-    return (
-        f"the server's maxmemory-policy is {policy!r}: under memory pressure it may evict "
-        "lock keys, which silently frees locks; set it to 'noeviction'"
-    )
+def _settings(reply: Any) -> dict[str, str]:
+    """CONFIG GET's reply (a map in RESP3, a flat list of pairs in RESP2) as a dict."""
+    if isinstance(reply, dict):
+        pairs = list(reply.items())
+    else:
+        items = list(reply or [])
+        pairs = list(zip(items[::2], items[1::2], strict=False))
+    return {as_text(k): as_text(v) for k, v in pairs}
+
+
+def settings_warning(reply: Any) -> str | None:
+    """A warning if the server's settings in ``reply`` (CONFIG GET's) weaken the locks:
+    it may evict lock keys to make room (only noeviction is safe); and, if the reply
+    tells (NODE_SETTINGS asks), it keeps nothing on disk: neither an append-only file
+    nor snapshots, so a restart forgets every fence counter."""
+    settings = _settings(reply)
+    found = []
+    policy = settings.get("maxmemory-policy", "noeviction")
+    if policy != "noeviction":
+        found.append(
+            f"the server's maxmemory-policy is {policy!r}: under memory pressure it may "
+            "evict lock keys, which silently frees locks; set it to 'noeviction'"
+        )
+    if settings.get("appendonly") == "no" and settings.get("save", "x").strip() == "":
+        # RDB snapshots count: they keep fence counters no older than the last one, and
+        # the clock rule covers the gap (docs/redlock.md); so does an AOF fsynced each
+        # second. Only "appendfsync always" depends on no clock: that is the docs' advice.
+        found.append(
+            "the server keeps nothing on disk (appendonly no, no save points): a restart "
+            "forgets its fence counters, and the fences of a Redlock then rely on the "
+            "clock rule alone; set appendonly yes (appendfsync always to depend on no clock)"
+        )
+    return "; ".join(found) or None

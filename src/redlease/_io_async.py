@@ -142,10 +142,10 @@ class AsyncIO:
             if pool is None:
                 reply = await self.client.config_get("maxmemory-policy")
             else:
-                reply = await self._command(_flows.MAXMEMORY_POLICY)
+                reply = await self._command(_flows.EVICTION_POLICY)
         except Exception:
             return  # CONFIG may be renamed, denied by ACL, or not routable: nothing to learn
-        message = _flows.eviction_warning(reply)
+        message = _flows.settings_warning(reply)
         if message:
             warnings.warn(f"{self.describe()}: {message}", RedleaseWarning, stacklevel=4)
 

@@ -178,7 +178,7 @@ class _SyncNodes:
             _SYNC_CHECKED.add(_pool_of(self.ios[i]))
         if fresh:
             wait = max(self.spec.node_timeout, CHECK_WAIT)
-            check = dataclasses.replace(_flows.MAXMEMORY_POLICY, timeout=wait)
+            check = dataclasses.replace(_flows.NODE_SETTINGS, timeout=wait)
             replies = self.fan_out(check, fresh, wait, "check")
             _warn_evicting(self.spec, fresh, replies)
 
@@ -229,7 +229,7 @@ class _AsyncNodes:
             _ASYNC_CHECKED.add(_pool_of(self.ios[i]))
         if fresh:
             wait = max(self.spec.node_timeout, CHECK_WAIT)
-            check = dataclasses.replace(_flows.MAXMEMORY_POLICY, timeout=wait)
+            check = dataclasses.replace(_flows.NODE_SETTINGS, timeout=wait)
             replies = await self.fan_out(check, fresh, wait, "check")
             _warn_evicting(self.spec, fresh, replies)
 
@@ -243,7 +243,7 @@ def _warn_evicting(spec: QuorumSpec, nodes: Sequence[int], replies: Sequence[Any
     for i, reply in zip(nodes, replies, strict=True):
         if isinstance(reply, BaseException):
             continue  # CONFIG may be renamed or denied, or the node is down: nothing to learn
-        message = _flows.eviction_warning(reply)
+        message = _flows.settings_warning(reply)
         if message:
             warnings.warn(f"{spec.nodes[i]}: {message}", RedleaseWarning, stacklevel=5)
 
