@@ -3,8 +3,8 @@ code through; ``status`` reads a lock without touching it; ``chaos`` is delegate
 
 from __future__ import annotations
 
+import argparse
 import re
-import signal
 import sys
 import textwrap
 import threading
@@ -17,6 +17,7 @@ import redis
 import redlease
 from redlease import servers
 from redlease.__main__ import main
+from redlease._cli import duration
 from redlease._keys import LockKeys
 from waiting_helpers import lock_key
 
@@ -35,7 +36,7 @@ def test_run_passes_the_exit_code_and_the_fence(
     assert code == 3
     out, err = capfd.readouterr()
     fence = int(re.search(r"fence=(\d+)", out).group(1))  # type: ignore[union-attr]
-    assert f"holding {name!r}, fence {fence}" in err
+    assert f"holding lock {name!r}, fence {fence}" in err
     assert main(argv + _py("pass")) == 0
     again = re.search(r"fence (\d+)", capfd.readouterr().err)
     assert again is not None
@@ -87,23 +88,59 @@ def test_run_usage_errors(capsys: pytest.CaptureFixture[str]) -> None:
     assert "put -- before the command" in capsys.readouterr().err
     with pytest.raises(SystemExit):
         main(["run", "job", "--ttl", "-1", "--", "true"])
-    assert "--ttl: must be a positive number" in capsys.readouterr().err
+    assert "--ttl: not a duration: '-1'" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        main(["run", "job", "--ttl", "0s", "--", "true"])
+    assert "--ttl: must be a positive duration" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        main(["run", "job", "-n", "-w", "1", "--", "true"])
+    assert "not allowed with argument" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        main(["run", "job", "-E", "256", "--", "true"])
+    assert "an exit code is 0 to 255" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("text", "seconds"),
+    [
+        ("30", 30.0),
+        ("2.5", 2.5),
+        ("30s", 30.0),
+        ("500ms", 0.5),
+        ("5m", 300.0),
+        ("1h", 3600.0),
+        ("1d", 86400.0),
+        (" 1.5S ", 1.5),
+        (".5", 0.5),
+        ("0", 0.0),
+    ],
+)
+def test_durations(text: str, seconds: float) -> None:
+    assert duration(text) == seconds
+
+
+@pytest.mark.parametrize("text", ["", "s", "-1", "1x", "1 h 2", "inf", "nan", "1e3", "5 mins"])
+def test_durations_refused(text: str) -> None:
+    with pytest.raises(argparse.ArgumentTypeError, match="not a duration"):
+        duration(text)
 
 
 def test_status_free_and_held(
     server: servers.ServerProcess, r: redis.Redis, name: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    assert main(["status", name, "--redis", server.url]) == 0
+    assert main(["status", name, "--redis", server.url]) == 1  # free
     out = capsys.readouterr().out
     assert f"lock {name!r}: free" in out
     assert "fence counter: none" in out
     with redlease.Lock(r, name, ttl=5.0) as lease:
-        assert main(["status", name, "--redis", server.url]) == 0
+        assert main(["status", name, "--redis", server.url]) == 0  # held
         out = capsys.readouterr().out
-        assert f"lock {name!r}: held (lease ends in" in out
+        assert f"lock {name!r}: held" in out
+        assert re.search(r"holder [0-9a-f]{8}… \(exclusive\): \d+\.\d+ s left", out)
+        assert lease.token not in out  # never a whole token
         assert f"fence counter: {lease.fence}" in out
     assert r.exists(lock_key(name)) == 0
-    main(["status", name, "--redis", server.url])
+    assert main(["status", name, "--redis", server.url]) == 1
     assert "free" in capsys.readouterr().out
 
 
@@ -112,7 +149,7 @@ def test_status_reports_a_lock_without_ttl(
 ) -> None:
     r.set(lock_key(name), "someone")
     assert main(["status", name, "--redis", server.url]) == 0
-    assert "no TTL" in capsys.readouterr().out
+    assert "WARNING: no TTL" in capsys.readouterr().out
 
 
 def test_status_errors(capsys: pytest.CaptureFixture[str]) -> None:
@@ -159,12 +196,12 @@ def test_run_kills_the_command_when_the_lease_is_lost(
     timer = threading.Timer(0.5, r.delete, args=[lock_key(name)])
     timer.start()
     started = time.monotonic()
-    argv = ["run", name, "--redis", server.url, "--ttl", "0.6", "--kill-on-lost", "--"]
+    argv = ["run", name, "--redis", server.url, "--ttl", "0.6", "--"]
     code = main([*argv, *_py("import time; time.sleep(20)")])
     timer.join()
-    assert code == 128 + signal.SIGTERM
+    assert code == 75  # the lost code, whatever the command's (it was ended by SIGTERM)
     assert time.monotonic() - started < 10
-    assert "lost the lock" in capfd.readouterr().err
+    assert "lost lock" in capfd.readouterr().err
 
 
 def test_run_semaphore_runs_at_most_n_copies(
@@ -198,7 +235,7 @@ def test_run_elect_runs_while_leading_and_stops_when_it_loses(
     sleeper = _py("import time; time.sleep(60)")
     code = main(["run", name, "--redis", server.url, "--elect", "--ttl", "0.6", "--", *sleeper])
     thief.join()
-    assert code == 1
+    assert code == 75
     assert time.monotonic() - started < 30
     assert "lost" in capfd.readouterr().err
     r.delete(keys.lock)

@@ -1,8 +1,11 @@
-"""The ``redlease`` command: ``demo``, ``run``, ``status`` and ``chaos``.
+"""The ``redlease`` command: ``demo``, ``run``, ``inspect`` (``status``), ``list``,
+``release --force`` and ``chaos``.
 
-Exit codes: the command's own for ``run``; 0 on success; 1 when the lock could not be
-taken in time (``run``) or was lost while the command ran; 2 for bad usage or a server
-that cannot be reached.
+Exit codes, for every subcommand: 2 for bad usage or a server that cannot be reached.
+``run`` (see ``_cli_run``): the command's own; ``-E`` (default 1) when the lock stayed
+busy; ``--lost-exit-code`` (default 75) when the lease was lost while the command ran.
+``inspect``: 0 held, 1 free. ``list``: 0 some listed, 1 none. ``release --force``: 0
+released, 1 the lock was free.
 """
 
 from __future__ import annotations
@@ -10,17 +13,18 @@ from __future__ import annotations
 import argparse
 import importlib
 import os
+import re
 import signal
-import subprocess
 import sys
 import threading
 from collections.abc import Sequence
-from typing import Any, TextIO
+from typing import Any
 
+from ._cli_run import EXIT_CONFLICT, EXIT_LOST
 from ._keys import DEFAULT_PREFIX
 
 DEFAULT_URL = "redis://127.0.0.1:6379/0"
-EXIT_BUSY = 1
+EXIT_FREE = 1  # inspect, list and release: nothing there
 EXIT_USAGE = 2
 
 
@@ -32,23 +36,39 @@ class CliError(Exception):
         self.code = code
 
 
+_UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
+_DURATION = re.compile(r"\s*(\d+(?:\.\d*)?|\.\d+)\s*(ms|s|m|h|d)?\s*", re.IGNORECASE)
+
+
+def duration(text: str) -> float:
+    """Seconds from ``30``, ``2.5``, ``30s``, ``500ms``, ``5m``, ``1h`` or ``1d``."""
+    match = _DURATION.fullmatch(text)
+    if match is None:
+        raise argparse.ArgumentTypeError(f"not a duration: {text!r} (say 30, 30s, 500ms, 5m or 1h)")
+    value = float(match.group(1)) * _UNITS[(match.group(2) or "s").lower()]
+    if value == float("inf"):
+        raise argparse.ArgumentTypeError(f"too long: {text!r}")
+    return value
+
+
 def _positive(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
-    if not value > 0 or value == float("inf"):
-        raise argparse.ArgumentTypeError(f"must be a positive number of seconds, got {text!r}")
+    value = duration(text)
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"must be a positive duration, got {text!r}")
     return value
 
 
 def _non_negative(text: str) -> float:
+    return duration(text)
+
+
+def _exit_code(text: str) -> int:
     try:
-        value = float(text)
+        value = int(text)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
-    if not value >= 0 or value == float("inf"):
-        raise argparse.ArgumentTypeError(f"must be 0 or more seconds, got {text!r}")
+        raise argparse.ArgumentTypeError(f"not a whole number: {text!r}") from None
+    if not 0 <= value <= 255:
+        raise argparse.ArgumentTypeError(f"an exit code is 0 to 255, got {text!r}")
     return value
 
 
@@ -113,32 +133,74 @@ def build_parser() -> argparse.ArgumentParser:
 
     run = sub.add_parser(
         "run",
-        help="run a command while holding a lock",
+        help="run a command while holding a lock (as flock does with a file)",
         usage=(
-            "redlease run NAME [--redis URL] [--ttl S] [--timeout S] "
-            "[--semaphore N | --elect] -- CMD [ARGS...]"
+            "redlease run NAME [--redis URL]... [--ttl DURATION] [-n | -w DURATION] "
+            "[-E CODE] [--on-lost stop|warn] [--semaphore N | --elect] -- CMD [ARGS...]"
         ),
         description=(
             "Take the lock NAME, run CMD while holding it (renewing the lease), release it "
-            "and exit with CMD's exit code. The fencing token is printed to stderr and "
-            "passed to CMD as REDLEASE_FENCE. If the lock stays busy past --timeout, exit 1 "
-            "without running CMD."
+            "and exit with CMD's exit code. The fencing token is passed to CMD as "
+            "REDLEASE_FENCE. Durations: 30, 30s, 500ms, 5m, 1h. Repeat --redis (3 or more "
+            "independent servers) for a Redlock."
+        ),
+        epilog=(
+            "Exit codes: CMD's own (128+N if a signal N ended it); the conflict code "
+            "(-E, default 1) if the lock stayed busy; the lost code (--lost-exit-code, "
+            "default 75) if the lease was lost while CMD ran; 126/127 if CMD cannot be run; "
+            "2 for bad usage or a server that cannot be reached. SIGTERM, SIGINT and "
+            "SIGHUP are passed on to CMD's process group; the lock is released once CMD "
+            "has ended."
         ),
     )
     run.add_argument("name", help="lock name")
     _add_redis(run)
-    run.add_argument("--ttl", type=_positive, default=30.0, help="lease in seconds (default 30)")
     run.add_argument(
+        "--ttl", type=_positive, default=30.0, help="lease, renewed while CMD runs (default 30s)"
+    )
+    wait = run.add_mutually_exclusive_group()
+    wait.add_argument(
+        "-n",
+        "--nonblock",
+        action="store_true",
+        help="one try: if the lock is busy, exit with the conflict code at once",
+    )
+    wait.add_argument(
+        "-w",
         "--timeout",
         type=_non_negative,
         default=None,
-        help="give up if the lock is still busy after this many seconds (0: one try; "
-        "default: wait)",
+        metavar="DURATION",
+        help="give up if the lock is still busy after this long (default: wait)",
     )
     run.add_argument(
-        "--kill-on-lost",
-        action="store_true",
-        help="terminate CMD if the lease is lost while it runs (default: warn)",
+        "-E",
+        "--conflict-exit-code",
+        type=_exit_code,
+        default=EXIT_CONFLICT,
+        metavar="CODE",
+        help=f"exit code when the lock stays busy (default {EXIT_CONFLICT}, as flock)",
+    )
+    run.add_argument(
+        "--on-lost",
+        choices=("stop", "warn"),
+        default="stop",
+        help="if the lease is lost while CMD runs: stop CMD (SIGTERM to its process group, "
+        "SIGKILL after --grace; the default) or only warn",
+    )
+    run.add_argument(
+        "--grace",
+        type=_non_negative,
+        default=10.0,
+        metavar="DURATION",
+        help="how long a CMD told to stop has before SIGKILL (default 10s)",
+    )
+    run.add_argument(
+        "--lost-exit-code",
+        type=_exit_code,
+        default=EXIT_LOST,
+        metavar="CODE",
+        help=f"exit code when the lease was lost while CMD ran (default {EXIT_LOST})",
     )
     kind = run.add_mutually_exclusive_group()
     kind.add_argument(
@@ -151,22 +213,58 @@ def build_parser() -> argparse.ArgumentParser:
         "--elect",
         action="store_true",
         help="campaign in the election NAME instead: run CMD only while leading, and stop "
-        "it (SIGTERM) when leadership is lost",
+        "it when leadership is lost",
     )
-    run.add_argument(
-        "--prefix",
-        default=DEFAULT_PREFIX,
-        help=f"key prefix the lock was created with (default {DEFAULT_PREFIX!r})",
-    )
+    _add_prefix(run)
+    _add_json(run, "redlease's own messages on stderr as JSON lines")
 
-    status = sub.add_parser("status", help="show whether a lock is held (read-only)")
-    status.add_argument("name", help="lock name")
-    _add_redis(status)
-    status.add_argument(
-        "--prefix",
-        default=DEFAULT_PREFIX,
-        help=f"key prefix the lock was created with (default {DEFAULT_PREFIX!r})",
+    inspect = sub.add_parser(
+        "inspect",
+        aliases=["status"],
+        help="who holds a lock, until when, its fence and its queue (read-only)",
+        description="Show a lock's holder, the validity left, the fence counter and the "
+        "queue, live waiters told apart from entries left by waiters that gave up or died.",
+        epilog="Exit codes: 0 held, 1 free, 2 bad usage or a server that cannot be reached.",
     )
+    inspect.add_argument("name", help="lock name")
+    _add_redis(inspect)
+    _add_kind(inspect)
+    _add_prefix(inspect)
+    _add_json(inspect)
+
+    listing = sub.add_parser(
+        "list",
+        help="the locks held under the prefix (SCAN, never KEYS)",
+        description="List the locks (and semaphores, read/write locks, elections) held "
+        "under the prefix, with the validity left, the fence and the live waiters.",
+        epilog="Exit codes: 0 some listed, 1 none, 2 bad usage or a server that cannot be reached.",
+    )
+    listing.add_argument(
+        "pattern", nargs="?", default="*", help="glob over lock names (default: all)"
+    )
+    _add_redis(listing)
+    _add_kind(listing, everything=True)
+    _add_prefix(listing)
+    _add_json(listing)
+
+    release = sub.add_parser(
+        "release",
+        help="free a lock whatever its holder (--force), e.g. one a dead job left behind",
+        description="Free the lock NAME whatever its holder, and hand it to the next live "
+        "waiter. The fence counter is kept, so later fences stay greater. Asks for "
+        "confirmation on a terminal; elsewhere needs --yes.",
+        epilog="Exit codes: 0 released, 1 the lock was free, 2 bad usage, not confirmed, or "
+        "a server that cannot be reached.",
+    )
+    release.add_argument("name", help="lock name")
+    release.add_argument(
+        "--force", action="store_true", help="required: this frees somebody else's lock"
+    )
+    release.add_argument("-y", "--yes", action="store_true", help="do not ask for confirmation")
+    _add_redis(release)
+    _add_kind(release)
+    _add_prefix(release)
+    _add_json(release)
 
     sub.add_parser(
         "chaos",
@@ -179,10 +277,44 @@ def build_parser() -> argparse.ArgumentParser:
 def _add_redis(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--redis",
+        action="append",
         metavar="URL",
-        default=os.environ.get("REDLEASE_URL", DEFAULT_URL),
-        help=f"server URL (default: $REDLEASE_URL or {DEFAULT_URL})",
+        default=None,
+        help=f"server URL; repeat for several independent servers (default: $REDLEASE_URL, "
+        f"URLs separated by commas, or {DEFAULT_URL})",
     )
+
+
+def _urls(args: argparse.Namespace) -> list[str]:
+    if args.redis:
+        return list(args.redis)
+    env = os.environ.get("REDLEASE_URL", "")
+    return [u for u in re.split(r"[,\s]+", env) if u] or [DEFAULT_URL]
+
+
+def _add_prefix(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--prefix",
+        default=DEFAULT_PREFIX,
+        help=f"key prefix the lock was created with (default {DEFAULT_PREFIX!r})",
+    )
+
+
+KINDS = ("lock", "semaphore", "rwlock", "election")
+
+
+def _add_kind(parser: argparse.ArgumentParser, *, everything: bool = False) -> None:
+    choices = (*KINDS, "all") if everything else KINDS
+    parser.add_argument(
+        "--kind",
+        choices=choices,
+        default="all" if everything else "lock",
+        help=f"what NAME is (default {'all' if everything else 'lock'})",
+    )
+
+
+def _add_json(parser: argparse.ArgumentParser, what: str = "print JSON") -> None:
+    parser.add_argument("--json", action="store_true", help=what)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -206,11 +338,20 @@ def main(argv: Sequence[str] | None = None) -> int:
             if not cmd:
                 parser.error("run: give the command after --, e.g. redlease run NAME -- make")
             return _run(args, cmd)
-        if args.command == "status":
-            return _status(args, sys.stdout)
+        from . import _cli_operate as _operate
+
+        if args.command in ("inspect", "status"):
+            return _operate.inspect(args, _urls(args), sys.stdout)
+        if args.command == "list":
+            return _operate.listing(args, _urls(args), sys.stdout)
+        if args.command == "release":
+            return _operate.force_release(args, _urls(args), sys.stdout)
     except CliError as exc:
         print(f"redlease: {exc}", file=sys.stderr)
         return exc.code
+    except _connection_errors() as exc:
+        print(f"redlease: cannot reach the server: {exc}", file=sys.stderr)
+        return EXIT_USAGE
     except KeyboardInterrupt:
         print("\nredlease: interrupted", file=sys.stderr)
         return 130
@@ -302,139 +443,75 @@ def _connection_errors() -> tuple[type[BaseException], ...]:
     return (*CONNECTION_ERRORS, *TIMEOUT_ERRORS, BackendError)
 
 
-def _client(url: str) -> Any:
-    from ._clients import BASE_ERRORS, from_url
+def make_client(url: str) -> Any:
+    """A client for ``url``; nothing is sent yet (a server that cannot be reached is met
+    at the first command, and a least-privileged user needs no PING)."""
+    from ._clients import from_url
 
     try:
-        client = from_url(url)
-        client.ping()
+        return from_url(url)
     except ValueError as exc:
         raise CliError(f"--redis: {exc}") from None
-    except BASE_ERRORS as exc:
-        raise CliError(f"cannot reach the server at {url}: {exc}") from None
-    return client
 
 
 # --------------------------------------------------------------------------- run
 
 
 def _run(args: argparse.Namespace, cmd: list[str]) -> int:
-    from . import AcquireTimeout, Election, InvalidArgument, Lock, LockLost, Semaphore
+    from . import Election, InvalidArgument, Lock, Redlock, Semaphore
+    from ._cli_run import RunOptions, run_under
 
-    lost = threading.Event()
-    child: subprocess.Popen[bytes] | None = None
-
-    def on_lost(reason: str) -> None:
-        if lost.is_set():
-            return
-        lost.set()
-        print(
-            f"redlease: lost the lock {args.name!r} while the command ran: {reason}",
-            file=sys.stderr,
-        )
-        if (args.kill_on_lost or args.elect) and child is not None and child.poll() is None:
-            child.terminate()
-
-    def watchdog_lost(lease: object) -> None:
-        on_lost("the lease could not be renewed")
-
-    client = _client(args.redis)
-    options: dict[str, Any] = {"ttl": args.ttl, "prefix": args.prefix, "on_lost": watchdog_lost}
+    urls = _urls(args)
+    if len(urls) > 1 and (args.semaphore is not None or args.elect):
+        raise CliError("run: --semaphore and --elect take one server (one --redis)")
+    if args.elect and args.on_lost == "warn":
+        raise CliError("run: --elect always stops CMD when leadership is lost")
+    clients = [make_client(url) for url in urls]
+    options = RunOptions(
+        name=args.name,
+        ttl=args.ttl,
+        timeout=0.0 if args.nonblock else args.timeout,
+        conflict_exit_code=args.conflict_exit_code,
+        lost_exit_code=args.lost_exit_code,
+        on_lost="stop" if args.elect else args.on_lost,
+        grace=args.grace,
+        as_json=args.json,
+    )
     what = "lock"
-    try:
+    if args.elect:
+        what = "election"
+    elif args.semaphore is not None:
+        what = f"a permit of the semaphore (limit {args.semaphore})"
+    elif len(clients) > 1:
+        what = f"the Redlock over {len(clients)} servers"
+
+    def hold(on_lost: Any) -> tuple[Any, Any]:
+        def lost(lease: object) -> None:
+            on_lost("its renewal found it taken over or gone, or could not renew it in time")
+
+        common: dict[str, Any] = {"ttl": args.ttl, "prefix": args.prefix, "on_lost": lost}
         if args.elect:
-            what, election = "election", Election(client, args.name, **options)
-            take: Any = election.campaign
-        elif args.semaphore is not None:
-            what = f"semaphore (limit {args.semaphore})"
-            sem = Semaphore(client, args.name, args.semaphore, auto_renew=True, **options)
-            take = sem.acquire
-        else:
-            take = Lock(client, args.name, auto_renew=True, **options).acquire
+            election = Election(clients[0], args.name, **common)
+
+            def resign(lease: Any) -> None:
+                election.resign()  # hands over at once, and tells the observers
+
+            return election.campaign, resign
+        if args.semaphore is not None:
+            sem = Semaphore(clients[0], args.name, args.semaphore, auto_renew=True, **common)
+            return sem.acquire, _release
+        if len(clients) > 1:
+            return Redlock(clients, args.name, auto_renew=True, **common).acquire, _release
+        return Lock(clients[0], args.name, auto_renew=True, batch=1, **common).acquire, _release
+
+    try:
+        return run_under(hold, cmd, options, what)
     except InvalidArgument as exc:
-        client.close()
         raise CliError(f"run: {exc}") from None
-    try:
-        lease = take(timeout=args.timeout)
-    except AcquireTimeout:
-        print(
-            f"redlease: {what} {args.name!r} is held by others; gave up after "
-            f"{args.timeout:g} s without running the command",
-            file=sys.stderr,
-        )
-        client.close()
-        return EXIT_BUSY
-    held = "leading" if args.elect else "holding"
-    print(f"redlease: {held} {args.name!r}, fence {lease.fence}", file=sys.stderr)
-    env = dict(os.environ, REDLEASE_FENCE=str(lease.fence), REDLEASE_LOCK=args.name)
-    try:
-        try:
-            child = subprocess.Popen(cmd, env=env)
-        except OSError as exc:
-            print(f"redlease: cannot run {cmd[0]!r}: {exc.strerror or exc}", file=sys.stderr)
-            return 127 if isinstance(exc, FileNotFoundError) else 126
-        code = _wait_child(child)
     finally:
-        try:
-            if args.elect:
-                election.resign()  # hands over, and tells the observers
-            else:
-                lease.release()
-        except LockLost as exc:
-            on_lost(str(exc))
-        client.close()
-    if lost.is_set() and (code == 0 or args.elect):
-        return EXIT_BUSY
-    return code
+        for client in clients:
+            client.close()
 
 
-def _wait_child(child: subprocess.Popen[bytes]) -> int:
-    while True:
-        try:
-            code = child.wait()
-        except KeyboardInterrupt:
-            # The terminal sent SIGINT to the child too; let it finish its own way.
-            continue
-        return code if code >= 0 else 128 - code  # killed by a signal: shell convention
-
-
-# --------------------------------------------------------------------------- status
-
-
-def _status(args: argparse.Namespace, out: TextIO) -> int:
-    from ._arguments import key_prefix, lock_name
-    from ._clients import BASE_ERRORS
-    from ._errors import InvalidArgument
-    from ._keys import LockKeys
-
-    try:
-        keys = LockKeys.for_name(lock_name(args.name), key_prefix(args.prefix))
-    except InvalidArgument as exc:
-        raise CliError(f"status: {exc}") from None
-    client = _client(args.redis)
-    try:
-        pipe = client.pipeline(transaction=False)
-        pipe.exists(keys.lock)
-        pipe.pttl(keys.lock)
-        pipe.get(keys.fence)
-        pipe.llen(keys.queue)
-        held, pttl, fence, waiting = pipe.execute()
-    except BASE_ERRORS as exc:
-        raise CliError(f"cannot read the lock from {args.redis}: {exc}") from None
-    finally:
-        client.close()
-    if held:
-        if pttl is not None and pttl >= 0:
-            expiry = f"lease ends in {pttl / 1000:.3f} s unless renewed"
-        else:
-            expiry = "WARNING: the key has no TTL and will never expire"
-        out.write(f"lock {args.name!r}: held ({expiry})\n")
-    else:
-        out.write(f"lock {args.name!r}: free\n")
-    if fence is None:
-        out.write("fence counter: none (the next holder's starts at the server's clock)\n")
-    else:
-        counter = int(fence)
-        out.write(f"fence counter: {counter} (the next holder gets {counter + 1} or more)\n")
-    out.write(f"waiting: {waiting}\n")
-    return 0
+def _release(lease: Any) -> None:
+    lease.release()

@@ -75,6 +75,22 @@ def hash_tag(name: str) -> str:
     return "{" + name.translate(_ESCAPES) + "}"
 
 
+def read_back(key: str, prefix: str = DEFAULT_PREFIX) -> tuple[str, str] | None:
+    """The (name, suffix) a key under ``prefix`` belongs to (``P{N}:fence`` gives
+    ``(name, ":fence")``), or None if it is not one of this layout's keys."""
+    if not key.startswith(prefix + "{"):
+        return None
+    start = len(prefix) + 1
+    end = key.find("}", start)
+    if end <= start:
+        return None
+    tag = key[start:end]
+    name = tag.replace("%7B", "{").replace("%7D", "}").replace("%25", "%")
+    if hash_tag(name) != "{" + tag + "}":  # not as redlease escapes: someone else's key
+        return None
+    return name, key[end + 1 :]
+
+
 @dataclass(frozen=True)
 class LockKeys:
     lock: str  # a semaphore's: its holders
