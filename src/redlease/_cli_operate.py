@@ -16,13 +16,9 @@ from typing import Any, TextIO
 from ._cli import EXIT_FREE, EXIT_USAGE, CliError, make_client
 from ._inspect import Holder, LockInfo, Waiter, read_info
 from ._keys import read_back
+from ._lease import short_token as short  # (the library's logs show tokens so too)
 
-SHOWN = 8  # characters of a token shown: enough to tell holders apart, useless to release
 KIND_SUFFIX = {"": "lock", ":sem": "semaphore", ":rw": "rwlock", ":elect": "election"}
-
-
-def short(token: str) -> str:
-    return token[:SHOWN] + "…" if len(token) > SHOWN else token
 
 
 def _seconds(value: float | None) -> str:
@@ -246,7 +242,8 @@ def _release_one(url: str, args: argparse.Namespace, token: str) -> bool:
         else:
             primitive = Lock(client, args.name, prefix=args.prefix, batch=1)
         try:
-            primitive._io.run(_flows.release(primitive._spec, token), f"release {args.name!r}")
+            flow = _flows.release(primitive._spec, token, forced=True)
+            primitive._io.run(flow, f"release {args.name!r}")
         except LockLost:
             return False
         if args.kind == "election":

@@ -1,0 +1,220 @@
+"""The operator's subcommands through a real process: ``inspect`` (who holds, how long,
+the queue with dead entries told apart, exit codes), ``list`` (SCAN under the prefix)
+and ``release --force`` (a dead job's lock freed, the next waiter served at once, the
+fence still increasing, confirmation required)."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import textwrap
+import threading
+
+import pytest
+import redis
+
+import redlease
+from redlease import servers
+from waiting_helpers import lock_key, queued, wait_until
+
+pytestmark = pytest.mark.slow
+
+
+def cli(*argv: str, url: str, stdin: str | None = None) -> tuple[int, str, str]:
+    proc = subprocess.run(
+        [sys.executable, "-m", "redlease", *argv],
+        input=stdin,
+        stdin=None if stdin is not None else subprocess.DEVNULL,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**os.environ, "REDLEASE_URL": url},
+    )
+    return proc.returncode, proc.stdout, proc.stderr
+
+
+def _kill_9_holder(url: str, name: str) -> str:
+    """A job that took the lock (ttl 60 s) and was killed -9: its token."""
+    code = textwrap.dedent(f"""
+        import sys, time, redis, redlease
+        lease = redlease.Lock(redis.Redis.from_url({url!r}), {name!r}, ttl=60.0).acquire()
+        print(lease.token, flush=True)
+        time.sleep(120)
+    """)
+    job = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+    assert job.stdout is not None
+    token = job.stdout.readline().strip()
+    job.send_signal(signal.SIGKILL)
+    job.wait(timeout=30)
+    job.stdout.close()
+    return token
+
+
+def test_inspect_tells_held_from_free_and_live_waiters_from_dead_ones(
+    server: servers.ServerProcess, r: redis.Redis, name: str
+) -> None:
+    code, out, _ = cli("inspect", name, url=server.url)
+    assert code == 1
+    assert f"lock {name!r}: free" in out
+    holder = redlease.Lock(r, name, ttl=30.0).acquire()
+    # a waiter that is alive, and one killed -9 while queued (its entry stays, dead)
+    live = threading.Thread(target=lambda: redlease.Lock(r, name).acquire(timeout=30).release())
+    live.start()
+    wait_until(lambda: queued(r, name) == 1, 30)
+    dead = textwrap.dedent(f"""
+        import redis, redlease
+        redlease.Lock(redis.Redis.from_url({server.url!r}), {name!r}, ttl=0.2).acquire()
+    """)
+    proc = subprocess.Popen([sys.executable, "-c", dead])
+    wait_until(lambda: queued(r, name) == 2, 30)
+    proc.kill()
+    proc.wait(timeout=30)
+    # its entry lasts its round: about its ttl (0.2 s) and a second; then it is dead
+    wait_until(
+        lambda: json.loads(cli("inspect", name, "--json", url=server.url)[1])["live_waiters"] == 1,
+        30,
+    )
+    code, out, _ = cli("inspect", name, "--json", url=server.url)
+    assert code == 0
+    doc = json.loads(out)
+    assert doc["held"] is True
+    assert doc["fence"] == holder.fence
+    (shown,) = doc["holders"]
+    assert shown["token"] == holder.token[:8] + "…"  # never the whole token
+    assert 0 < shown["remaining"] <= 30
+    assert [w["live"] for w in doc["waiters"]] == [True, False]
+    code, out, _ = cli("status", name, url=server.url)  # the old name, same answer
+    assert code == 0
+    assert "waiting: 1 (and 1 expired entries)" in out
+    assert holder.token not in out
+    holder.release()
+    live.join(timeout=30)
+
+
+def test_list_scans_the_prefix_for_what_is_held(
+    server: servers.ServerProcess, r: redis.Redis, name: str
+) -> None:
+    odd = name + ":{braced}*"
+    locks = [redlease.Lock(r, n, ttl=30.0).acquire() for n in (name + ":a", odd)]
+    permits = [redlease.Semaphore(r, name + ":sem", 3, ttl=30.0).acquire() for _ in range(2)]
+    redlease.Lock(r, name + ":free", ttl=30.0).acquire().release()  # leaves a fence counter
+    r.set("unrelated:{" + name + "}", "x")  # not under the prefix
+    code, out, _ = cli("list", name + ":*", "--json", url=server.url)
+    assert code == 0
+    rows = {(row["kind"], row["name"]): row for row in json.loads(out)}
+    assert set(rows) == {("lock", name + ":a"), ("lock", odd), ("semaphore", name + ":sem")}
+    assert len(rows[("semaphore", name + ":sem")]["holders"]) == 2
+    code, out, _ = cli("list", name + ":*", "--kind", "semaphore", url=server.url)
+    assert code == 0
+    assert out.splitlines()[0].split("\t") == [
+        "KIND",
+        "NAME",
+        "LEFT",
+        "FENCE",
+        "WAITING",
+        "HOLDERS",
+    ]
+    assert [line.split("\t")[:2] for line in out.splitlines()[1:]] == [["semaphore", name + ":sem"]]
+    for lease in (*locks, *permits):
+        lease.release()
+    code, out, _ = cli("list", name + ":*", url=server.url)
+    assert (code, out) == (1, "")  # nothing held
+
+
+def test_release_force_frees_a_dead_jobs_lock_for_the_next_waiter(
+    server: servers.ServerProcess, r: redis.Redis, name: str
+) -> None:
+    token = _kill_9_holder(server.url, name)
+    lock = redlease.Lock(r, name, ttl=30.0, batch=1)  # every release goes to the server
+    assert lock.try_acquire() is None  # the dead job's lease has a minute left
+    before = int(r.get(lock_key(name) + ":fence") or 0)
+    got: list[redlease.Lease] = []
+    waiter = threading.Thread(target=lambda: got.append(lock.acquire(timeout=50)))
+    waiter.start()
+    wait_until(lambda: queued(r, name) == 1, 30)
+
+    assert cli("release", name, url=server.url)[0] == 2  # --force is required
+    code, _, err = cli("release", name, "--force", url=server.url)  # no terminal, no --yes
+    assert code == 2
+    assert "pass --yes" in err
+    assert r.get(lock_key(name)) == token.encode()  # nothing was changed
+
+    code, out, _ = cli("release", name, "--force", "--yes", url=server.url)
+    assert code == 0
+    assert re.search(
+        rf"released lock {re.escape(repr(name))}: holder {token[:8]}… \(exclusive\)", out
+    )
+    assert token not in out
+    waiter.join(timeout=30)  # served at once, not when the dead job's minute ran out
+    (lease,) = got
+    assert lease.fence > before  # fences keep increasing
+    code, out, _ = cli("release", name, "--force", "--yes", "--json", url=server.url)
+    assert code == 0  # now it is the waiter's lease that goes
+    assert json.loads(out)["removed"][0]["token"] == lease.token[:8] + "…"
+    with pytest.raises(redlease.LockLost):
+        lease.release()
+    code, out, _ = cli("release", name, "--force", "--yes", url=server.url)
+    assert code == 1
+    assert "free: nothing to release" in out
+
+
+def test_release_force_asks_on_a_terminal(
+    server: servers.ServerProcess, r: redis.Redis, name: str
+) -> None:
+    """A terminal is needed to ask; script(1) gives the command one."""
+    if not os.path.exists("/usr/bin/script"):
+        pytest.skip("script(1) is not installed")
+    lease = redlease.Lock(r, name, ttl=30.0).acquire()
+    command = f"{sys.executable} -m redlease release {name} --force --redis {server.url}"
+    for answer, code, held in (("n", 2, True), ("y", 0, False)):
+        proc = subprocess.run(
+            ["/usr/bin/script", "-qec", command, "/dev/null"],
+            input=answer + "\n",
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert proc.returncode == code, proc.stdout + proc.stderr
+        assert f"Free lock {name!r}, held by {lease.token[:8]}…" in proc.stdout
+        assert bool(r.exists(lock_key(name))) is held
+
+
+@pytest.mark.parametrize("kind", ["semaphore", "rwlock", "election"])
+def test_release_force_of_the_other_primitives(
+    server: servers.ServerProcess, r: redis.Redis, name: str, kind: str
+) -> None:
+    lease: redlease.Lease
+    if kind == "semaphore":
+        lease = redlease.Semaphore(r, name, 2, ttl=30.0).acquire()
+    elif kind == "rwlock":
+        lease = redlease.ReadWriteLock(r, name, ttl=30.0).write.acquire()
+    else:
+        election = redlease.Election(r, name, ttl=30.0, identity="old-leader")
+        lease = election.campaign()
+    code, out, _ = cli("inspect", name, "--kind", kind, url=server.url)
+    assert code == 0
+    code, out, _ = cli("release", name, "--kind", kind, "--force", "--yes", url=server.url)
+    assert code == 0, out
+    assert lease.token[:8] in out
+    code, out, _ = cli("inspect", name, "--kind", kind, url=server.url)
+    assert code == 1
+    if kind == "election":
+        assert election.leader() is None
+        election.resign()  # its lease is gone: nothing to hand over
+    else:
+        with pytest.raises(redlease.LockLost):
+            lease.release()
+
+
+def test_operator_commands_refuse_bad_input(server: servers.ServerProcess) -> None:
+    assert cli("inspect", "", url=server.url)[0] == 2
+    code, _, err = cli("inspect", "x", "--prefix", "a{b", url=server.url)
+    assert code == 2
+    assert "prefix" in err
+    code, _, err = cli("list", url="redis://127.0.0.1:1/0")
+    assert code == 2
+    assert "cannot reach the server" in err
