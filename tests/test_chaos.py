@@ -5,6 +5,8 @@ pieces: the fenced resource, the overlap finder and the fault proxy."""
 
 from __future__ import annotations
 
+import json
+
 import pytest
 import redis
 from redis.backoff import NoBackoff
@@ -143,3 +145,18 @@ def test_the_longest_idle_gap_is_measured_between_any_two_sections() -> None:
         Section(0, 3.35, 3.4, None, 0.0, "none", False),
     ]
     assert longest_gap(sections) == pytest.approx(1.2)
+
+
+def test_the_harness_prints_a_json_summary(capfd: pytest.CaptureFixture[str]) -> None:
+    from redlease.__main__ import main
+
+    assert main(["chaos", "--quick", "--scenario", "1", "--no-broken", "--json"]) == 0
+    out, err = capfd.readouterr()
+    summary = json.loads(out)  # stdout carries the summary alone
+    assert summary["ok"] is True
+    (row,) = summary["rows"]
+    assert row["row"] == "1"
+    assert row["runs"] == 1
+    assert row["failures"] == []
+    assert summary["broken"] == []
+    assert "row 1: ok" in err  # progress

@@ -5,6 +5,7 @@ worker in, and fencing turns that into rejected stale writes instead of double h
 from __future__ import annotations
 
 import io
+import json
 import sqlite3
 import subprocess
 import sys
@@ -112,6 +113,19 @@ def test_cli_demo_against_a_given_server(
     assert "3 worker processes" in text
     assert server.url in text
     assert "2. A holder pauses" not in text
+
+
+def test_cli_demo_json(server: servers.ServerProcess, capsys: pytest.CaptureFixture[str]) -> None:
+    options = ["--modes", "redlease,plain-del", "--numbers", "30", "--workers", "3", "--json"]
+    assert main(["demo", "--quick", "--no-pause", *options, "--redis", server.url]) == 0
+    out = capsys.readouterr().out
+    report = json.loads(out)  # the JSON alone: no tables
+    assert report["server"]
+    rows = {row["mode"]: row for row in report["basic"]}
+    assert set(rows) == {"redlease", "plain-del"}
+    assert rows["redlease"]["handed_out_twice"] == 0
+    assert rows["redlease"]["claims"] > 0
+    assert report["paused"] == []
 
 
 _ONE_MODE = ["--modes", "redlease", "--redis"]

@@ -11,7 +11,10 @@ released, 1 the lock was free.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import importlib
+import io
+import json
 import os
 import re
 import signal
@@ -130,6 +133,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="only the part with holders paused past their lease (the fencing story)",
     )
     part.add_argument("--no-pause", action="store_true", help="skip the part with paused holders")
+    _add_json(demo, "print the measurements as JSON instead of the tables")
 
     run = sub.add_parser(
         "run",
@@ -406,7 +410,7 @@ def _demo(args: argparse.Namespace) -> int:
         raise CliError(f"demo: {exc}") from None
     previous = _exit_on_sigterm()
     try:
-        report = demo.run_demo(config)
+        report = demo.run_demo(config, out=io.StringIO() if args.json else None)
     except FileNotFoundError as exc:
         raise CliError(
             "no Redis or Valkey server binary found to start a private one: "
@@ -418,6 +422,8 @@ def _demo(args: argparse.Namespace) -> int:
     finally:
         if previous is not None:
             signal.signal(signal.SIGTERM, previous)
+    if args.json:
+        print(json.dumps(dataclasses.asdict(report)))
     # The broken locks may fail as they like; redlease's own rows must not.
     failed = [r for r in report.all() if r.errors and r.mode in demo.FENCED_MODES]
     for result in failed:

@@ -8,6 +8,7 @@ redlease is flagged under a broken lock's faults.
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import sys
 
@@ -39,15 +40,26 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--report", help="write the Markdown report here")
     parser.add_argument("--timeline", help="write the timeline picture (SVG) here")
     parser.add_argument("--server-kind", choices=["redis", "valkey"], default=None)
+    parser.add_argument(
+        "--json",
+        action="store_true",
+        help="print a summary as JSON on stdout (progress on stderr; the Markdown report "
+        "only with --report)",
+    )
     return parser
 
 
+_progress = sys.stdout  # stderr with --json, whose stdout carries the summary alone
+
+
 def _print(text: str) -> None:
-    print(text, flush=True)
+    print(text, file=_progress, flush=True)
 
 
 def main(argv: list[str] | None = None) -> int:
+    global _progress
     options = _parser().parse_args(argv)
+    _progress = sys.stderr if options.json else sys.stdout
     seeds: list[int] = options.seed or [1]
     binary = servers.find_binary(options.server_kind)
     rows: list[Row] = []
@@ -100,10 +112,31 @@ def main(argv: list[str] | None = None) -> int:
     if options.report:
         with open(options.report, "w") as f:
             f.write(text)
-    else:
+    elif not options.json:
         sys.stdout.write(text)
     failures = [f for r in rows for f in row_failures(r)]
     failures += [f for b in broken for f in broken_failures(b)]
+    if options.json:
+        summary = {
+            "seeds": seeds,
+            "server": f"{binary.kind} {binary.version()}",
+            "rows": [
+                {
+                    "row": r.scenario.number,
+                    "fault": r.scenario.fault,
+                    "runs": len(r.outcomes),
+                    "note": r.note or None,
+                    "failures": row_failures(r),
+                }
+                for r in rows
+            ],
+            "broken": [
+                {"lock": key, "caught": b.caught, "redlease_flagged": b.twin_caught}
+                for key, b in zip(BROKEN, broken, strict=False)
+            ],
+            "ok": not failures,
+        }
+        print(json.dumps(summary))
     for failure in failures:
         print(f"FAIL: {failure}", file=sys.stderr)
     return 1 if failures else 0
