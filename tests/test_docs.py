@@ -1,0 +1,168 @@
+"""The documentation: it cites no file outside the repository, its relative links lead to
+files that exist, the API reference covers every public name, the examples marked
+runnable run against a real server, and the site builds with ``mkdocs build --strict``.
+
+(That the design page's module map names every module is tests/test_layout.py's.)
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+from urllib.parse import unquote, urlsplit
+
+import pytest
+
+import redlease
+from redlease import servers
+
+ROOT = Path(__file__).resolve().parents[1]
+DOCS = ROOT / "docs"
+PAGES = sorted([ROOT / "README.md", *DOCS.rglob("*.md")])
+# every Markdown file of the repository (not of its virtual environments or caches)
+_REPO_MD = [
+    path.relative_to(ROOT).as_posix()
+    for path in ROOT.rglob("*.md")
+    if not any(part.startswith(".") for part in path.relative_to(ROOT).parts)
+]
+
+# [text](target), ![alt](target), <a href="target">, <img src="target">, [ref]: target
+_LINK = re.compile(
+    r"!?\[[^\]]*\]\(\s*<?([^)\s>]+)>?(?:\s+\"[^\"]*\")?\s*\)"
+    r"|(?:href|src)=\"([^\"]+)\""
+    r"|^\s*\[[^\]]+\]:\s*(\S+)",
+    re.MULTILINE,
+)
+# a file name ending in .md, with the folders before it (SPEC.md, ../shared/STYLE.md...)
+_MD_MENTION = re.compile(r"(?<![\w/.-])((?:\.{1,2}/)*[\w./-]*\w\.md)\b")
+# places where a checkout, a home directory or scratch files live: never the repository's
+_OUTSIDE = re.compile(r"(?<![\w.~-])/(?:work|home|Users|root|tmp|mnt|shared)(?:/|\b)")
+
+
+def _relative(page: Path) -> str:
+    return str(page.relative_to(ROOT))
+
+
+def _resolves_inside(base: Path, target: str) -> bool:
+    path = (base / unquote(target)).resolve()
+    return path.is_relative_to(ROOT) and path.exists()
+
+
+def test_the_pages_are_found() -> None:
+    names = {_relative(page) for page in PAGES}
+    assert {"README.md", "docs/design.md", "docs/getting-started.md"} <= names
+
+
+@pytest.mark.parametrize("page", PAGES, ids=_relative)
+def test_relative_links_lead_to_files_in_the_repository(page: Path) -> None:
+    broken = []
+    for match in _LINK.finditer(page.read_text()):
+        target = next(group for group in match.groups() if group)
+        parts = urlsplit(target)
+        if parts.scheme or parts.netloc or not parts.path:  # a web address, or "#anchor"
+            continue
+        if parts.path.startswith("/") or not _resolves_inside(page.parent, parts.path):
+            broken.append(target)
+    assert broken == []
+
+
+@pytest.mark.parametrize("page", PAGES, ids=_relative)
+def test_no_page_cites_a_file_outside_the_repository(page: Path) -> None:
+    text = page.read_text()
+    unknown = [
+        mention
+        for mention in _MD_MENTION.findall(text)
+        # a mention names a file in the repository: relative to the page, or a path
+        # (or a plain file name) that a file of the repository ends with
+        if not _resolves_inside(page.parent, mention)
+        and (
+            mention.startswith("../")
+            or not any(p == mention or p.endswith(f"/{mention}") for p in _REPO_MD)
+        )
+    ]
+    outside = [match.group(0) for match in _OUTSIDE.finditer(text)]
+    assert unknown == []
+    assert outside == []
+
+
+def test_the_checks_catch_what_they_are_for() -> None:
+    assert _MD_MENTION.findall("see SPEC.md and ../shared/STYLE.md") == [
+        "SPEC.md",
+        "../shared/STYLE.md",
+    ]
+    assert _MD_MENTION.findall("[x](docs/design.md), `benchmarks.md`") == [
+        "docs/design.md",
+        "benchmarks.md",
+    ]
+    assert _OUTSIDE.findall("cat /work/shared/BENCH.md; ls /home/me /tmp") != []
+    assert _OUTSIDE.findall("/etc/cron.d/report, /srv/app/.venv/bin/redlease") == []
+    assert not _resolves_inside(DOCS, "../../shared/STYLE.md")
+    assert _resolves_inside(DOCS, "../README.md")
+
+
+def test_the_reference_covers_every_public_name() -> None:
+    text = "\n".join(path.read_text() for path in sorted((DOCS / "reference").glob("*.md")))
+    documented = set(re.findall(r"^::: redlease\.(\w+)\s*$", text, re.MULTILINE))
+    assert sorted(set(redlease.__all__) - documented - {"__version__"}) == []
+    assert "redlease.__version__" in text
+
+
+# -- runnable examples ------------------------------------------------------------------
+
+# A page marks an example it promises runs as shown with this comment on the line before
+# its fence; the examples talk to a default client (localhost:6379), pointed here at the
+# test session's server.
+_RUNNABLE = re.compile(r"^<!-- docs-test: run -->\n```python\n(.*?)^```$", re.DOTALL | re.M)
+
+
+def _examples() -> list[tuple[str, str]]:
+    return [
+        (f"{_relative(page)}#{number}", code)
+        for page in PAGES
+        for number, code in enumerate(_RUNNABLE.findall(page.read_text()), start=1)
+    ]
+
+
+def test_the_guides_have_runnable_examples() -> None:
+    pages = {name.split("#")[0] for name, _ in _examples()}
+    assert {"docs/getting-started.md", "docs/guides/fencing.md"} <= pages
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("name", "code"), _examples(), ids=[name for name, _ in _examples()])
+def test_the_runnable_examples_run(name: str, code: str, server: servers.ServerProcess) -> None:
+    for client in ("redis.Redis", "redis.asyncio.Redis"):
+        code = code.replace(f"{client}()", f"{client}(port={server.port})")
+    done = subprocess.run(
+        [sys.executable, "-W", "error", "-c", code],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=ROOT,
+    )
+    assert done.returncode == 0, f"{name}:\n{done.stdout}\n{done.stderr}"
+
+
+# -- the site ---------------------------------------------------------------------------
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(
+    not all(importlib.util.find_spec(m) for m in ("mkdocs", "material", "mkdocstrings")),
+    reason="mkdocs-material and mkdocstrings are not installed",
+)
+def test_the_site_builds_strictly(tmp_path: Path) -> None:
+    done = subprocess.run(
+        [sys.executable, "-m", "mkdocs", "build", "--strict", "--site-dir", str(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=ROOT,
+        env=dict(os.environ, NO_MKDOCS_2_WARNING="1"),
+    )
+    assert done.returncode == 0, done.stderr
+    assert (tmp_path / "reference" / "lock" / "index.html").exists()
