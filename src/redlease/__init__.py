@@ -7,6 +7,7 @@ with lock as lease:
     do_work(fence=lease.fence)
 """
 
+from . import metrics as metrics  # (a module: redlease.metrics.configure)
 from ._election import AsyncElection, Election, Leader, Observation
 from ._errors import (
     AcquireTimeout,

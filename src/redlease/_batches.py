@@ -36,7 +36,7 @@ from dataclasses import dataclass
 from . import _fork
 from ._flows import Grant, LockSpec
 
-log = logging.getLogger("redlease")
+log = logging.getLogger(__name__)
 
 # A lent hold gets at least this share of the ttl as validity; a parked grant with less
 # left is released rather than lent again.

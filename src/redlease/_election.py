@@ -57,7 +57,7 @@ from ._scripts import ELECTION_ANNOUNCE, ELECTION_WATCH
 from ._timing import QUEUE_ENTRY_SLACK
 
 Seconds = float | timedelta
-log = logging.getLogger("redlease")
+log = logging.getLogger(__name__)
 
 TOKEN_HEX = 32  # new_token()'s length; the identity's hex follows
 
@@ -185,7 +185,7 @@ class _Candidacy(OneServer):
     def __init__(self, spec: LockSpec, io: SyncIO, on_lost: OnLost | None) -> None:
         self._spec, self._io, self._on_lost = spec, io, on_lost
         self._auto_renew, self._max_hold = True, None
-        self._noun = "election"
+        self._noun = self._metric_kind = "election"
 
     @property
     def name(self) -> str:
@@ -201,7 +201,7 @@ class _AsyncCandidacy(AsyncOneServer):
         self._spec, self._io, self._on_lost = spec, io, on_lost
         self._auto_renew, self._max_hold = True, None
         self._cancel_on_lost = cancel_on_lost
-        self._noun = "election"
+        self._noun = self._metric_kind = "election"
 
     @property
     def name(self) -> str:

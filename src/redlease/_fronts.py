@@ -32,7 +32,7 @@ from types import TracebackType
 from typing import Any, Generic, ParamSpec, Protocol, TypeVar
 
 from . import _arguments as args
-from . import _renewal
+from . import _metrics, _renewal
 from ._batches import Lender
 from ._clients import refusal
 from ._errors import AcquireTimeout, InvalidArgument, LockLost
@@ -210,6 +210,11 @@ class _Front:
     _lender: Lender | None = None  # a Lock with batch > 1 lends its grants
     _holding: Holders | None = None  # reentrant: each holder's lease
     _noun = "lock"  # what errors call it
+    # What its metrics call it (``redlease.kind``, ``redlease.mode``), and the attribute
+    # sets made for them (see ``_metrics.Labels``).
+    _metric_kind = "lock"
+    _metric_mode: str | None = None
+    _labels: _metrics.Labels | None = None
 
     @property
     def name(self) -> str:  # the lock's own config class says
@@ -240,8 +245,31 @@ class _Front:
     def _new_attempt(self, timeout: float | None, *, wait: bool) -> Attempt:
         raise NotImplementedError
 
-    def _lent(self, lease: LeaseState) -> None:
+    def _metered(self) -> _metrics.Labels | None:
+        of = _metrics.instruments()
+        if of is None:
+            return None
+        labels = self._labels
+        if labels is None or labels.of is not of:  # first use, or configured anew
+            labels = self._labels = _metrics.Labels(
+                of, self._metric_kind, self._metric_mode, self.name
+            )
+        return labels
+
+    def _opened(self, lease: LeaseState, started: float) -> None:
+        """A lease handed out by an acquire that started at ``started``: lent from a
+        batch, granted by the server, or one name's of a multi-lock's single script (each
+        counts as an acquisition)."""
         lease._lender = self._lender
+        labels = self._metered()
+        if labels is not None:
+            lease._labels = labels
+            lease._since = labels.granted(started)
+
+    def _not_granted(self, started: float, *, wait: bool) -> None:
+        labels = self._metered()
+        if labels is not None:
+            labels.not_granted(started, waited=wait)
 
 
 class SyncFront(_Front, Generic[SyncLeaseT]):
@@ -285,13 +313,14 @@ class SyncFront(_Front, Generic[SyncLeaseT]):
         return lease
 
     def _take(self, timeout: float | None, *, wait: bool) -> SyncLeaseT | None:
+        started = _metrics.now()
         lender = self._lender
         if lender is not None:
             lent, closed = lender.lend()
             if closed is not None:
                 self._give_back(closed)
             if lent is not None:
-                return self._watched(lent)
+                return self._watched(lent, started)
         self._io.check_server_once()
         attempt = self._new_attempt(timeout, wait=wait)
         if lender is not None:
@@ -308,14 +337,15 @@ class SyncFront(_Front, Generic[SyncLeaseT]):
             if lender is not None:
                 lender.asking(-1)
         if grant is None:
+            self._not_granted(started, wait=wait)
             return None
         if lender is not None:
             lender.granted(grant, attempt.taken)
-        return self._watched(grant)
+        return self._watched(grant, started)
 
-    def _watched(self, grant: Grant) -> SyncLeaseT:
+    def _watched(self, grant: Grant, started: float) -> SyncLeaseT:
         lease = self._new_lease(grant)
-        self._lent(lease)
+        self._opened(lease, started)
         if self._auto_renew:
             _renewal.watch(lease, self._io, self._max_hold)
         return lease
@@ -386,13 +416,14 @@ class AsyncFront(_Front, Generic[AsyncLeaseT]):
         return lease
 
     async def _take(self, timeout: float | None, *, wait: bool) -> AsyncLeaseT | None:
+        started = _metrics.now()
         lender = self._lender
         if lender is not None:
             lent, closed = lender.lend()
             if closed is not None:
                 await _shielded(self._give_back(closed))
             if lent is not None:
-                return self._watched(lent)
+                return self._watched(lent, started)
         await self._io.check_server_once()
         attempt = self._new_attempt(timeout, wait=wait)
         if lender is not None:
@@ -407,14 +438,15 @@ class AsyncFront(_Front, Generic[AsyncLeaseT]):
             if lender is not None:
                 lender.asking(-1)
         if grant is None:
+            self._not_granted(started, wait=wait)
             return None
         if lender is not None:
             lender.granted(grant, attempt.taken)
-        return self._watched(grant)
+        return self._watched(grant, started)
 
-    def _watched(self, grant: Grant) -> AsyncLeaseT:
+    def _watched(self, grant: Grant, started: float) -> AsyncLeaseT:
         lease = self._new_lease(grant)
-        self._lent(lease)
+        self._opened(lease, started)
         if self._cancel_on_lost:
             lease._holder = asyncio.current_task()
         if self._auto_renew:

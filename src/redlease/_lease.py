@@ -24,8 +24,19 @@ if TYPE_CHECKING:
     from ._batches import Lender
     from ._io_async import AsyncIO
     from ._io_sync import SyncIO
+    from ._metrics import Labels
 
-log = logging.getLogger("redlease")
+log = logging.getLogger(__name__)
+
+SHOWN = 8  # characters of a token shown: enough to tell holders apart, useless to release
+
+
+def short_token(token: str) -> str:
+    """A token as logs, messages and the command line show it: its first characters
+    only. The whole token is what releases or extends a lease (``release --force``
+    aside), so it never leaves the process in text anyone may read."""
+    return token[:SHOWN] + "…" if len(token) > SHOWN else token
+
 
 HELD, RELEASED, LOST = "held", "released", "lost"
 
@@ -69,6 +80,11 @@ class AsyncDriver(Protocol):
 
 class LeaseState:
     """What a holder knows about its lease without asking the server."""
+
+    # Set by the front when metrics are recorded: the lock's attribute sets, and when
+    # the hold started (its end is recorded by _mark_released / _mark_lost).
+    _labels: Labels | None = None
+    _since = 0.0
 
     def __init__(
         self,
@@ -174,11 +190,18 @@ class LeaseState:
                 return False
             self._state, self._lost_reason = LOST, reason
         self._stop_watching()
+        # Said here, once per lease, whoever found it (the renewer, a check, a release):
+        # with the token's first characters, as `redlease inspect` shows holders.
+        log.warning("lease on %r (%s) was lost: %s", self.name, short_token(self._token), reason)
+        if self._labels is not None:
+            self._labels.ended(self._since, lost=True)
         if self._on_lost is not None:
             try:
                 self._on_lost(self)
             except Exception:
-                log.exception("on_lost callback for lock %r raised", self.name)
+                log.exception(
+                    "on_lost callback for lock %r (%s) raised", self.name, short_token(self._token)
+                )
         return True
 
     def _mark_released(self) -> None:
@@ -188,6 +211,8 @@ class LeaseState:
             self._state = RELEASED
         self._stop_watching()
         self._leave_table()
+        if self._labels is not None:
+            self._labels.ended(self._since, lost=False)
 
     # The flows a lease's driver runs to extend and release it, the renewer's included
     # (``wait``: its bound): a single server's here; a Redlock lease gives the quorum ones.
@@ -488,7 +513,11 @@ def _lost_at_block_end(lease: LeaseState, lost: LockLost, failure: BaseException
     succeeded: otherwise the block's own exception is the one the caller needs to see."""
     if failure is None:
         raise lost
-    log.warning("lease on %r was lost before the block that held it failed", lease.name)
+    log.warning(
+        "lease on %r (%s) was lost before the block that held it failed",
+        lease.name,
+        short_token(lease.token),
+    )
 
 
 def _cancel_holder(task: asyncio.Task[Any], message: str) -> None:

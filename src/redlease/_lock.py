@@ -26,23 +26,28 @@ from ._inspect import LockInfo
 from ._io_async import AsyncIO
 from ._io_sync import SyncIO
 from ._keys import DEFAULT_PREFIX
-from ._lease import Acquired, AsyncLease, Holders, Lease
+from ._lease import Acquired, AsyncLease, Holders, Lease, short_token
 from ._timing import Clock
 
 Seconds = float | timedelta
 OnLost = Callable[[Any], object]
 
-log = logging.getLogger("redlease")
+log = logging.getLogger(__name__)
 
 
-def _given_back(name: str, failure: BaseException | None) -> None:
+def _given_back(name: str, token: str, failure: BaseException | None) -> None:
     """How giving back a batch's grant ended (no caller waits for it: it is logged)."""
     if isinstance(failure, LockLost):
-        log.warning("batch of lock %r: its grant was lost on the server before it ended", name)
+        log.warning(
+            "batch of lock %r (%s): its grant was lost on the server before it ended",
+            name,
+            short_token(token),
+        )
     elif failure is not None:
         log.warning(
-            "batch of lock %r: giving its grant back failed (%s); it expires with its ttl",
+            "batch of lock %r (%s): giving its grant back failed (%s); it expires with its ttl",
             name,
+            short_token(token),
             failure,
         )
 
@@ -283,7 +288,7 @@ class Lock(_LockConfig, OneServer):
             self._io.run(_flows.release(self._spec, token), f"release {self.name!r}")
         except Exception as exc:
             failure = exc
-        _given_back(self.name, failure)
+        _given_back(self.name, token, failure)
 
 
 class AsyncLock(_LockConfig, AsyncOneServer):
@@ -346,7 +351,7 @@ class AsyncLock(_LockConfig, AsyncOneServer):
             await self._io.run(_flows.release(self._spec, token), f"release {self.name!r}")
         except Exception as exc:
             failure = exc
-        _given_back(self.name, failure)
+        _given_back(self.name, token, failure)
 
     def _close_later(self, delay: float, close: Callable[[], None]) -> None:
         """The batch timer, in the running loop; the loop's shutdown gives the grant

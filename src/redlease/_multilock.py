@@ -27,7 +27,7 @@ from types import TracebackType
 from typing import Any
 
 from . import _arguments as args
-from . import _flows
+from . import _flows, _metrics
 from ._errors import AcquireTimeout, InvalidArgument, LockLost
 from ._flows import Flow, Grant, LockSpec, as_int, new_token
 from ._fronts import P, R, _pop, _push, check_client, decorate, decorate_async
@@ -192,6 +192,8 @@ class _MultiConfig:
 
     def _ordered(self, locks: dict[str, Any]) -> list[Any]:
         """The locks in the one global order every multi-lock takes them in."""
+        for lock in locks.values():
+            lock._metric_kind = "multilock"  # each name's metrics say whose it is
         return [locks[n] for n in sorted(self._names, key=lambda n: locks[n]._spec.keys.lock)]
 
     def __repr__(self) -> str:
@@ -295,7 +297,7 @@ class MultiLock(_MultiConfig):
     def _at_once(self) -> MultiLease | None:
         self._io.check_server_once()
         token = new_token()
-        sent_at = self._specs[0].clock()
+        started, sent_at = _metrics.now(), self._specs[0].clock()
         try:
             fences = self._io.run(_try_all(self._specs, token), f"acquire {self._names!r}")
         except BaseException:
@@ -313,7 +315,7 @@ class MultiLock(_MultiConfig):
                     self._io.run(_flows.release(lock._spec, token), "give back")
             return None
         leases = {
-            lock.name: lock._watched(Grant(token, fence, until))
+            lock.name: lock._watched(Grant(token, fence, until), started)
             for lock, fence in zip(self._locks, fences, strict=True)
         }
         return MultiLease(self._names, leases)
@@ -423,7 +425,7 @@ class AsyncMultiLock(_MultiConfig):
     async def _at_once(self) -> AsyncMultiLease | None:
         await self._io.check_server_once()
         token = new_token()
-        sent_at = self._specs[0].clock()
+        started, sent_at = _metrics.now(), self._specs[0].clock()
         try:
             fences = await self._io.run(_try_all(self._specs, token), f"acquire {self._names!r}")
         except BaseException:
@@ -437,7 +439,7 @@ class AsyncMultiLock(_MultiConfig):
             await _shielded(self._give_back_token(token))
             return None
         leases = {
-            lock.name: lock._watched(Grant(token, fence, until))
+            lock.name: lock._watched(Grant(token, fence, until), started)
             for lock, fence in zip(self._locks, fences, strict=True)
         }
         return AsyncMultiLease(self._names, leases)

@@ -289,6 +289,8 @@ MIN_TOLERANT_NODES = 3
 class _RedlockConfig:
     """Arguments shared by the twins, checked once."""
 
+    _metric_kind = "redlock"
+
     def __init__(
         self,
         name: object,

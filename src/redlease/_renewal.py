@@ -47,7 +47,7 @@ from ._errors import BackendError, LockLost
 from ._lease import HELD, LeaseState
 from ._timing import MONOTONIC, Clock
 
-log = logging.getLogger("redlease")
+log = logging.getLogger(__name__)
 
 RENEW_AFTER = 1 / 3  # of the ttl since the last renewal was sent
 RIDE_ALONG = 1 / 6  # of the ttl: how early a lease may join a batch sent anyway
@@ -198,6 +198,7 @@ class Schedule:
         for renewal, flow, result in zip(batch.renewals, batch.flows, results, strict=True):
             lease = renewal.lease
             if isinstance(result, BaseException):
+                _failed_renewal(lease, result)
                 renewal.retry_at = now + max(MIN_RETRY, (lease.valid_until - now) * RETRY_AFTER)
                 continue
             try:
@@ -205,16 +206,25 @@ class Schedule:
             except StopIteration as done:
                 lease._renewed(done.value)
                 renewal.retry_at = None
-            except LockLost as exc:
+            except LockLost as exc:  # counted as a failed renewal, then (by _tell) as lost
+                _failed_renewal(lease, exc)
                 self.discard(renewal)
                 losses.append((lease, str(exc)))
-            except BackendError:  # too few replicas acknowledged it: a failed renewal
+            except BackendError as exc:  # too few replicas acknowledged it: a failed renewal
+                _failed_renewal(lease, exc)
                 renewal.retry_at = now + max(MIN_RETRY, (lease.valid_until - now) * RETRY_AFTER)
-            except Exception:
+            except Exception as exc:
                 log.exception("unexpected reply renewing %r", lease.name)
+                _failed_renewal(lease, exc)
                 renewal.retry_at = now + max(MIN_RETRY, (lease.valid_until - now) * RETRY_AFTER)
         batch.flows = []
         return losses
+
+
+def _failed_renewal(lease: LeaseState, error: BaseException) -> None:
+    labels = lease._labels
+    if labels is not None:
+        labels.renewal_failed(error)
 
 
 def _why_ran_out(renewal: Renewal) -> str:

@@ -103,12 +103,15 @@ class _ReadWriteConfig:
 class _Side:
     """What a side needs of its read/write lock: its spec, options and name."""
 
+    _metric_mode: str | None
+
     def _join(self, rw: _ReadWriteConfig, mode: str) -> None:
         self._rw, self._mode = rw, mode
         self._spec = rw._specs[mode]
         self._auto_renew, self._max_hold = rw._auto_renew, rw._max_hold
         self._on_lost = rw._on_lost
         self._noun = f"{_SIDES[mode]} side of read/write lock"
+        self._metric_kind, self._metric_mode = "rwlock", _SIDES[mode]
 
     @property
     def name(self) -> str:

@@ -28,6 +28,7 @@ class _SemaphoreConfig:
     """Arguments shared by the twins, checked once."""
 
     _noun = "semaphore"
+    _metric_kind = "semaphore"
 
     def __init__(
         self,

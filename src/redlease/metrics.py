@@ -1,0 +1,13 @@
+"""redlease's metrics, through OpenTelemetry (``pip install 'redlease[otel]'``).
+
+Without ``opentelemetry-api`` installed nothing is imported or recorded. With it, locks
+record to the global meter provider, as OpenTelemetry libraries do, from their first
+acquire: with an SDK configured (``opentelemetry.metrics.set_meter_provider``) that is
+all it takes. ``configure`` picks another provider, adds lock names to the attributes,
+or switches recording off. What is recorded, and where: docs/design.md, "Metrics and
+logs".
+"""
+
+from ._metrics import configure, enabled
+
+__all__ = ["configure", "enabled"]

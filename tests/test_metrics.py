@@ -1,0 +1,246 @@
+"""Metrics through OpenTelemetry, read back with the SDK's in-memory reader against real
+servers: acquisitions, waits and holds of both twins, a timeout, a lost lease (and its
+failed renewal), names only when asked for, each primitive's kind, a batch's lent holds;
+then a process without OpenTelemetry, where locks work and nothing is recorded.
+
+Durations are only checked from below (a hold slept through lasts at least that long):
+a slow machine makes them longer, never shorter.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+import redis
+
+import redlease
+from redlease import servers
+from waiting_helpers import lock_key, wait_until
+
+pytest.importorskip("opentelemetry.sdk")
+
+from opentelemetry.sdk.metrics import MeterProvider
+from opentelemetry.sdk.metrics.export import InMemoryMetricReader
+
+# The attributes the helpers below filter on, by keyword.
+KEYS = {
+    "kind": "redlease.kind",
+    "mode": "redlease.mode",
+    "name": "redlease.name",
+    "outcome": "redlease.outcome",
+    "error_type": "error.type",
+}
+
+
+class Read:
+    """What redlease recorded so far through one in-memory reader (of ``provider``)."""
+
+    def __init__(self, reader: InMemoryMetricReader, provider: MeterProvider) -> None:
+        self.reader, self.provider = reader, provider
+
+    def points(self, metric: str) -> list[Any]:
+        data = self.reader.get_metrics_data()
+        found: list[Any] = []
+        for resource in data.resource_metrics if data is not None else ():
+            for scope in resource.scope_metrics:
+                if scope.scope.name != "redlease":
+                    continue
+                for m in scope.metrics:
+                    if m.name == metric:
+                        found.extend(m.data.data_points)
+        return found
+
+    def matching(self, metric: str, **attrs: str) -> list[Any]:
+        want = {KEYS[k]: v for k, v in attrs.items()}
+        return [
+            p for p in self.points(metric) if all(p.attributes.get(k) == v for k, v in want.items())
+        ]
+
+    def count(self, metric: str, **attrs: str) -> int:
+        """A counter's total over the points whose attributes include ``attrs`` (by
+        their keywords in ``KEYS``)."""
+        return sum(int(p.value) for p in self.matching(metric, **attrs))
+
+    def histogram(self, metric: str, **attrs: str) -> tuple[int, float]:
+        """How many durations were recorded, and their sum."""
+        points = self.matching(metric, **attrs)
+        return sum(p.count for p in points), sum(p.sum for p in points)
+
+    def attribute_sets(self) -> list[dict[str, Any]]:
+        return [
+            dict(p.attributes)
+            for m in ("redlease.lock.acquisitions", "redlease.lock.hold.duration")
+            for p in self.points(m)
+        ]
+
+
+@pytest.fixture
+def read() -> Iterator[Read]:
+    """redlease's metrics go to a provider of this test's own (the global one can be set
+    only once per process), and back to the default afterwards."""
+    reader = InMemoryMetricReader()
+    provider = MeterProvider(metric_readers=[reader])
+    redlease.metrics.configure(meter_provider=provider)
+    try:
+        yield Read(reader, provider)
+    finally:
+        redlease.metrics.configure()
+        provider.shutdown()
+
+
+HELD = 0.05
+
+
+def test_acquisitions_waits_and_holds(twin: Any, name: str, read: Read) -> None:
+    lock = twin.lock(name, ttl=10.0, batch=1)
+    for _ in range(2):
+        lease = lock.acquire(timeout=5.0)
+        time.sleep(HELD)
+        lease.release()
+    assert read.count("redlease.lock.acquisitions", kind="lock") == 2
+    waits, _ = read.histogram("redlease.lock.wait.duration", kind="lock", outcome="acquired")
+    assert waits == 2
+    holds, held = read.histogram("redlease.lock.hold.duration", kind="lock", outcome="released")
+    assert holds == 2
+    assert held >= 2 * HELD
+    assert read.count("redlease.lock.timeouts") == 0
+    assert read.count("redlease.lease.lost") == 0
+
+
+def test_a_timeout_and_a_busy_try(twin: Any, name: str, read: Read) -> None:
+    lock = twin.lock(name, ttl=10.0, batch=1)
+    holder = lock.acquire()
+    with pytest.raises(redlease.AcquireTimeout):
+        lock.acquire(timeout=HELD)
+    assert lock.try_acquire() is None
+    holder.release()
+    assert read.count("redlease.lock.timeouts", kind="lock") == 1
+    timeouts, waited = read.histogram("redlease.lock.wait.duration", kind="lock", outcome="timeout")
+    assert timeouts == 1
+    assert waited >= HELD
+    busy, _ = read.histogram("redlease.lock.wait.duration", kind="lock", outcome="busy")
+    assert busy == 1
+    assert read.count("redlease.lock.acquisitions") == 1  # the holder's only
+
+
+def test_a_lost_lease_and_its_failed_renewal(
+    twin: Any, r: redis.Redis, name: str, read: Read
+) -> None:
+    lock = twin.lock(name, ttl=1.0, auto_renew=True, batch=1)
+    lease = lock.acquire()
+    r.delete(lock_key(name))  # gone under it: the next renewal is refused
+    wait_until(lambda: lease.lost)
+    wait_until(lambda: read.count("redlease.lease.lost") == 1)
+    assert read.count("redlease.lease.lost", kind="lock") == 1
+    assert read.count("redlease.renewal.failures", kind="lock", error_type="LockLost") == 1
+    lost, _ = read.histogram("redlease.lock.hold.duration", kind="lock", outcome="lost")
+    assert lost == 1
+    with pytest.raises(redlease.LockLost):
+        lease.release()
+    assert read.count("redlease.lease.lost") == 1  # counted once, whoever finds it
+
+
+def test_names_only_when_asked_for(r: redis.Redis, name: str, read: Read) -> None:
+    lock = redlease.Lock(r, name, batch=1)
+    lock.acquire().release()
+    sets = read.attribute_sets()
+    assert sets
+    assert all(KEYS["name"] not in s for s in sets)
+
+    redlease.metrics.configure(meter_provider=read.provider, record_names=True)
+    lock.acquire().release()  # the same lock object follows the new configuration
+    assert read.count("redlease.lock.acquisitions", name=name) == 1
+    assert read.count("redlease.lock.acquisitions", kind="lock") == 2
+
+
+def test_configure_refuses_what_it_cannot_use() -> None:
+    with pytest.raises(redlease.InvalidArgument, match="record_names"):
+        redlease.metrics.configure(record_names="yes")  # type: ignore[arg-type]
+    with pytest.raises(redlease.InvalidArgument, match="enabled"):
+        redlease.metrics.configure(enabled=1)  # type: ignore[arg-type]
+    with pytest.raises(redlease.InvalidArgument, match="MeterProvider"):
+        redlease.metrics.configure(meter_provider=object())  # type: ignore[arg-type]
+
+
+def test_switched_off_records_nothing(r: redis.Redis, name: str, read: Read) -> None:
+    redlease.metrics.configure(enabled=False)
+    assert not redlease.metrics.enabled()
+    redlease.Lock(r, name, batch=1).acquire().release()
+    assert read.points("redlease.lock.acquisitions") == []
+
+
+def test_each_primitive_says_its_kind(
+    server: servers.ServerProcess, r: redis.Redis, name: str, read: Read
+) -> None:
+    redlease.Semaphore(r, name, 2).acquire().release()
+    rw = redlease.ReadWriteLock(r, name + ":rw")
+    rw.read.acquire().release()
+    rw.write.acquire().release()
+    redlease.MultiLock(r, [name + ":a", name + ":b"]).acquire().release()
+    election = redlease.Election(r, name + ":e")
+    election.campaign()
+    election.resign()
+    nodes = [redis.Redis(port=server.port, db=db) for db in (1, 2, 3)]
+    try:
+        redlease.Redlock(nodes, name).acquire().release()
+    finally:
+        for node in nodes:
+            node.close()
+    acquired = "redlease.lock.acquisitions"
+    assert read.count(acquired, kind="semaphore") == 1
+    assert read.count(acquired, kind="rwlock", mode="read") == 1
+    assert read.count(acquired, kind="rwlock", mode="write") == 1
+    assert read.count(acquired, kind="multilock") == 2  # one per name
+    assert read.count(acquired, kind="election") == 1
+    assert read.count(acquired, kind="redlock") == 1
+    assert read.count(acquired, kind="lock") == 0
+    holds, _ = read.histogram("redlease.lock.hold.duration", kind="redlock", outcome="released")
+    assert holds == 1
+
+
+def test_a_batchs_lent_holds_are_acquisitions(r: redis.Redis, name: str, read: Read) -> None:
+    # A window far longer than the loop: the second grant is taken for the batch (its
+    # caller came straight back), and the next holds are lent from it.
+    lock = redlease.Lock(r, name, ttl=60.0, batch=3, batch_window=30.0)
+    tokens = []
+    for _ in range(4):
+        lease = lock.acquire()
+        tokens.append(lease.token)
+        lease.release()
+    assert tokens[1] == tokens[2] == tokens[3]  # lent, not granted anew
+    assert read.count("redlease.lock.acquisitions", kind="lock") == 4
+    holds, _ = read.histogram("redlease.lock.hold.duration", kind="lock")
+    assert holds == 4
+
+
+def test_without_opentelemetry_nothing_is_recorded(
+    server: servers.ServerProcess, name: str
+) -> None:
+    code = f"""
+import sys
+sys.modules["opentelemetry"] = None  # as if not installed: importing it raises
+import redis, redlease
+from redlease import _metrics
+r = redis.Redis(port={server.port})
+redlease.metrics.configure(record_names=True)
+lock = redlease.Lock(r, {name!r}, auto_renew=True)
+with lock as lease:
+    assert lease.fence >= 1
+assert lock.try_acquire() is not None
+assert not redlease.metrics.enabled()
+assert _metrics.instruments() is None
+print("ok")
+"""
+    done = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "ok"
