@@ -17,6 +17,7 @@ import random
 import time
 import warnings
 from collections.abc import Awaitable, Callable, Iterator, Sequence
+from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -77,6 +78,9 @@ class Entry:
     asyncio: AsyncCycle | None = None
     rates: list[float] = field(default_factory=list)
     problem: str | None = None  # printed instead of a figure
+    # Set up around each of its slots (and undone after): what the process is configured
+    # with while it runs, e.g. metrics on or off.
+    mode: Callable[[], AbstractContextManager[None]] | None = None
 
     @property
     def result(self) -> float:
@@ -92,6 +96,7 @@ class Bench:
         self.entries: list[Entry] = []
         self._closers: list[Callable[[], None]] = []
         self._async_closers: list[Callable[[], Awaitable[Any]]] = []
+        self.metrics: Metrics | None = None  # the metrics pair's, when it runs
 
     def sync_client(self, node: Node) -> redis.Redis:
         client = node.sync()
@@ -112,9 +117,14 @@ class Bench:
         return client
 
     def add(
-        self, section: str, key: str, label: str, build: Callable[[str], SyncCycle | AsyncCycle]
+        self,
+        section: str,
+        key: str,
+        label: str,
+        build: Callable[[str], SyncCycle | AsyncCycle],
+        mode: Callable[[], AbstractContextManager[None]] | None = None,
     ) -> None:
-        entry = Entry(section, key, label)
+        entry = Entry(section, key, label, mode=mode)
         self.entries.append(entry)
         try:
             cycle = build(f"bench:u:{key}")
@@ -339,6 +349,103 @@ def _no_spin_async(build: Callable[[str], AsyncCycle]) -> Callable[[str], AsyncC
         return quiet
 
     return build_quiet
+
+
+class Metrics:
+    """redlease's OpenTelemetry metrics as a user with the SDK has them (a MeterProvider
+    with a reader: in memory here, the cost of recording is the same), or switched off;
+    each for one slot at a time, so both run in the same interleaved rounds."""
+
+    def __init__(self) -> None:
+        try:
+            from opentelemetry.sdk.metrics import MeterProvider
+            from opentelemetry.sdk.metrics.export import InMemoryMetricReader
+        except ImportError as exc:
+            raise NotAvailable("opentelemetry-sdk is not installed") from exc
+        self.reader = InMemoryMetricReader()
+        self.provider = MeterProvider(metric_readers=[self.reader])
+
+    @contextlib.contextmanager
+    def on(self) -> Iterator[None]:
+        redlease.metrics.configure(meter_provider=self.provider)
+        try:
+            yield
+        finally:
+            redlease.metrics.configure()
+
+    @contextlib.contextmanager
+    def counters(self) -> Iterator[None]:
+        redlease.metrics.configure(meter_provider=self.provider, durations=False)
+        try:
+            yield
+        finally:
+            redlease.metrics.configure()
+
+    @contextlib.contextmanager
+    def off(self) -> Iterator[None]:
+        redlease.metrics.configure(enabled=False)
+        try:
+            yield
+        finally:
+            redlease.metrics.configure()
+
+    def recorded(self) -> int:
+        """Acquisitions the reader has seen (the "on" contender did record)."""
+        from opentelemetry.sdk.metrics.export import NumberDataPoint
+
+        data = self.reader.get_metrics_data()
+        return sum(
+            int(point.value)
+            for resource in (data.resource_metrics if data is not None else ())
+            for scope in resource.scope_metrics
+            for metric in scope.metrics
+            if metric.name == "redlease.lock.acquisitions"
+            for point in metric.data.data_points
+            if isinstance(point, NumberDataPoint)
+        )
+
+
+METRICS_ON = ("redlease-otel-on", "redlease-otel-counters")
+
+
+def _metrics_rows(bench: Bench, node: Node) -> None:
+    """The same Lock cycle with metrics off, on (SDK, in-memory reader), and on without
+    the two duration histograms."""
+    try:
+        metrics = Metrics()
+    except NotAvailable as exc:
+        for key in ("redlease-otel-off", *METRICS_ON):
+            bench.add(SINGLE, key, f"redlease Lock, {key}", _unavailable(str(exc)))
+        return
+    bench.metrics = metrics
+    bench.add(
+        SINGLE,
+        "redlease-otel-off",
+        "redlease Lock, metrics off (metrics.configure(enabled=False))",
+        _redlease_lock(bench, node),
+        mode=metrics.off,
+    )
+    bench.add(
+        SINGLE,
+        "redlease-otel-on",
+        "redlease Lock, metrics on (OTel SDK, in-memory reader)",
+        _redlease_lock(bench, node),
+        mode=metrics.on,
+    )
+    bench.add(
+        SINGLE,
+        "redlease-otel-counters",
+        "redlease Lock, metrics on, durations=False (counters only)",
+        _redlease_lock(bench, node),
+        mode=metrics.counters,
+    )
+
+
+def _unavailable(why: str) -> Callable[[str], SyncCycle]:
+    def build(key: str) -> SyncCycle:
+        raise NotAvailable(why)
+
+    return build
 
 
 def _redis_py_lock(bench: Bench, node: Node) -> Callable[[str], SyncCycle]:
@@ -577,6 +684,7 @@ def build_entries(bench: Bench, *, single: bool, redlock: bool, masters: Sequenc
             "redlease Lock, REDLEASE_SPIN_US=0",
             _no_spin(_redlease_lock(bench, one)),
         )
+        _metrics_rows(bench, one)
         bench.add(
             SINGLE,
             "redlease-valkey",
@@ -723,15 +831,21 @@ async def _timed_async(cycle: AsyncCycle, seconds: float) -> float:
 
 
 def _measure_once(bench: Bench, entry: Entry, seconds: float) -> None:
+    mode = contextlib.nullcontext() if entry.mode is None else entry.mode()
     try:
-        if entry.sync is not None:
-            entry.rates.append(_timed_sync(entry.sync, seconds))
-        elif entry.asyncio is not None:
-            entry.rates.append(bench.run_async(_timed_async(entry.asyncio, seconds)))
+        with mode:
+            _measure_in(bench, entry, seconds)
     except NotImplementedError as exc:
         entry.problem = f"{NA} ({exc})"
     except Exception as exc:
         entry.problem = f"error: {describe_error(exc)}"
+
+
+def _measure_in(bench: Bench, entry: Entry, seconds: float) -> None:
+    if entry.sync is not None:
+        entry.rates.append(_timed_sync(entry.sync, seconds))
+    elif entry.asyncio is not None:
+        entry.rates.append(bench.run_async(_timed_async(entry.asyncio, seconds)))
 
 
 def measure(bench: Bench, settings: Settings, seed: int = 1) -> None:
@@ -829,6 +943,23 @@ def rows(bench: Bench) -> list[Row]:
                     times(against, "Lock"),
                     bar="cycle <= 1.3x Lock's",
                     verdict=verdict(against >= 1 / 1.3) if against == against else verdict(None),
+                )
+            )
+        elif key in METRICS_ON and ok(key) and ok("redlease-otel-off"):
+            # recording costs at most 5% of a cycle (both rows run in the same rounds)
+            against = entry.result / by_key["redlease-otel-off"].result
+            recorded = bench.metrics.recorded() if bench.metrics is not None else 0
+            out.append(_row(entry, floor))
+            out.append(
+                Row(
+                    entry.section,
+                    entry.label,
+                    "vs the same, metrics off",
+                    against,
+                    times(against, "metrics off"),
+                    bar=">= 0.95x metrics off",
+                    verdict=verdict(against >= 0.95 and recorded > 0),
+                    extra={"acquisitions recorded": recorded},
                 )
             )
         elif key in _VIA_OTHER_FAMILIES and ok(key) and ok(_VIA_OTHER_FAMILIES[key]):

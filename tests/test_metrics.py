@@ -161,6 +161,8 @@ def test_names_only_when_asked_for(r: redis.Redis, name: str, read: Read) -> Non
 def test_configure_refuses_what_it_cannot_use() -> None:
     with pytest.raises(redlease.InvalidArgument, match="record_names"):
         redlease.metrics.configure(record_names="yes")  # type: ignore[arg-type]
+    with pytest.raises(redlease.InvalidArgument, match="durations"):
+        redlease.metrics.configure(durations=None)  # type: ignore[arg-type]
     with pytest.raises(redlease.InvalidArgument, match="enabled"):
         redlease.metrics.configure(enabled=1)  # type: ignore[arg-type]
     with pytest.raises(redlease.InvalidArgument, match="MeterProvider"):
@@ -172,6 +174,15 @@ def test_switched_off_records_nothing(r: redis.Redis, name: str, read: Read) -> 
     assert not redlease.metrics.enabled()
     redlease.Lock(r, name, batch=1).acquire().release()
     assert read.points("redlease.lock.acquisitions") == []
+
+
+def test_counters_only(r: redis.Redis, name: str, read: Read) -> None:
+    redlease.metrics.configure(meter_provider=read.provider, durations=False)
+    for _ in range(3):  # a lock object per call: the counts add up all the same
+        redlease.Lock(r, name, batch=1).acquire().release()
+    assert read.count("redlease.lock.acquisitions", kind="lock") == 3
+    assert read.points("redlease.lock.wait.duration") == []
+    assert read.points("redlease.lock.hold.duration") == []
 
 
 def test_each_primitive_says_its_kind(

@@ -251,9 +251,7 @@ class _Front:
             return None
         labels = self._labels
         if labels is None or labels.of is not of:  # first use, or configured anew
-            labels = self._labels = _metrics.Labels(
-                of, self._metric_kind, self._metric_mode, self.name
-            )
+            labels = self._labels = of.labels(self._metric_kind, self._metric_mode, self.name)
         return labels
 
     def _opened(self, lease: LeaseState, started: float) -> None:

@@ -14,9 +14,11 @@ Where each event is recorded, once for both twins:
   and ``_mark_lost`` in ``_lease``, hold duration and lost leases;
 * a renewal that did not extend its lease: ``Schedule.settle`` in ``_renewal``.
 
-Each primitive makes its attribute sets once per configuration (``Labels``) and every
-acquire and release reuses them: the SDK's cost per record grows with the attributes it
-has to read, and a dict built per call would be garbage on the hot path.
+Attribute sets are made once per kind (per lock object when names are recorded) and
+configuration (``Labels``), and every acquire and release reuses them: a dict built per
+call would be garbage on the hot path. What recording costs is mostly the SDK's own
+work per synchronous record, hence the observable acquisitions counter (see
+``Instruments``) and ``configure(durations=False)``.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from __future__ import annotations
 import copy
 import threading
 import time
+import weakref
 from typing import TYPE_CHECKING, Any
 
 from ._errors import InvalidArgument
@@ -52,11 +55,23 @@ BOUNDARIES = (
 now = time.monotonic  # the clock of every duration recorded here
 
 
-class Instruments:
-    """The six instruments of one meter, and whether lock names go into attributes."""
+Cell = list[int]  # one count, changed under Instruments.counting
 
-    def __init__(self, meter: Meter, *, record_names: bool) -> None:
-        self.record_names = record_names
+
+class Instruments:
+    """The six instruments of one meter, whether lock names go into attributes, and
+    whether durations are recorded."""
+
+    def __init__(self, meter: Meter, observation: Any) -> None:
+        self.record_names, self.durations = False, True  # (set per configuration)
+        # Acquisitions are counted here and observed at each collection (an observable
+        # counter): a synchronous add costs the SDK as much as a histogram record, several
+        # microseconds, once per acquire. The rarer events stay synchronous, so that an
+        # SDK with exemplars links a lost lease to the trace that held it.
+        self.counting = threading.Lock()
+        self._acquisitions: dict[tuple[tuple[str, str], ...], Cell] = {}
+        self._observation = observation
+        self.made: dict[tuple[str, str | None], Labels] = {}  # (set per configuration)
         self.wait: Histogram = meter.create_histogram(
             "redlease.lock.wait.duration",
             unit="s",
@@ -69,8 +84,9 @@ class Instruments:
             description="How long a lease was held: from its grant to its release or loss",
             explicit_bucket_boundaries_advisory=BOUNDARIES,
         )
-        self.acquisitions: Counter = meter.create_counter(
+        meter.create_observable_counter(
             "redlease.lock.acquisitions",
+            callbacks=[self._observe_acquisitions],
             unit="{acquisition}",
             description="Leases handed out (a batch's lent holds included)",
         )
@@ -90,11 +106,42 @@ class Instruments:
             description="Renewals that did not extend their lease (error.type says why)",
         )
 
+    def labels(self, kind: str, mode: str | None, name: str) -> Labels:
+        """A primitive's attribute sets: one per kind and mode, shared by every lock
+        object of it (a lock made per call makes none); one per object with names."""
+        if self.record_names:
+            return Labels(self, kind, mode, name)
+        made = self.made.get((kind, mode))
+        if made is None:
+            made = self.made.setdefault((kind, mode), Labels(self, kind, mode, name))
+        return made
+
+    def acquisitions_cell(self, attributes: dict[str, str]) -> Cell:
+        """The count of acquisitions with these attributes (one per attribute set, shared
+        by every primitive that has them: a lock object made per call still adds up)."""
+        key = tuple(sorted(attributes.items()))
+        with self.counting:
+            return self._acquisitions.setdefault(key, [0])
+
+    def _observe_acquisitions(self, options: Any) -> list[Any]:
+        with self.counting:
+            counts = [(dict(key), cell[0]) for key, cell in self._acquisitions.items()]
+        return [self._observation(count, attributes) for attributes, count in counts]
+
 
 class Labels:
     """One primitive's attribute sets under one ``Instruments``, made once."""
 
-    __slots__ = ("acquired", "base", "busy", "of", "released", "timed_out", "was_lost")
+    __slots__ = (
+        "acquired",
+        "acquisitions",
+        "base",
+        "busy",
+        "of",
+        "released",
+        "timed_out",
+        "was_lost",
+    )
 
     def __init__(self, of: Instruments, kind: str, mode: str | None, name: str) -> None:
         self.of = of
@@ -109,13 +156,16 @@ class Labels:
         self.busy = {**base, OUTCOME: "busy"}
         self.released = {**base, OUTCOME: "released"}
         self.was_lost = {**base, OUTCOME: "lost"}
+        self.acquisitions = of.acquisitions_cell(base)
 
     def granted(self, started: float) -> float:
         """An acquire returned a lease; when it did (the hold starts there)."""
         at = now()
         of = self.of
-        of.wait.record(at - started, self.acquired)
-        of.acquisitions.add(1, self.base)
+        with of.counting:
+            self.acquisitions[0] += 1
+        if of.durations:
+            of.wait.record(at - started, self.acquired)
         return at
 
     def not_granted(self, started: float, *, waited: bool) -> None:
@@ -123,31 +173,32 @@ class Labels:
         ``try_acquire`` found it busy."""
         of = self.of
         if waited:
-            of.wait.record(now() - started, self.timed_out)
             of.timeouts.add(1, self.base)
-        else:
-            of.wait.record(now() - started, self.busy)
+        if of.durations:
+            of.wait.record(now() - started, self.timed_out if waited else self.busy)
 
     def ended(self, since: float, *, lost: bool) -> None:
         """A hold that started at ``since`` ended: released, or found lost."""
         of = self.of
         if lost:
-            of.hold.record(now() - since, self.was_lost)
             of.lost.add(1, self.base)
-        else:
-            of.hold.record(now() - since, self.released)
+        if of.durations:
+            of.hold.record(now() - since, self.was_lost if lost else self.released)
 
     def renewal_failed(self, error: BaseException) -> None:
         self.of.renewal_failures.add(1, {**self.base, ERROR_TYPE: type(error).__qualname__})
 
 
-# The configuration, and the instruments made from it (looked up at first use).
-_settings: tuple[bool, Any, bool] = (True, None, False)  # enabled, provider, names
+# The configuration (enabled, provider, record_names, durations), and the instruments
+# made from it (looked up at first use).
+_settings: tuple[bool, Any, bool, bool] = (True, None, False, True)
 _current: Instruments | None = None
 _ready = False
-# The provider instruments were last made from, and them: configured again with the same
-# provider, redlease takes them up again (a provider warns of an instrument made twice).
-_made_from: tuple[Any, Instruments] | None = None
+# The instruments made from each provider (None: the global one's): configured again with
+# a provider, redlease takes its instruments up again, as a provider warns of an
+# instrument made twice.
+_global_made: Instruments | None = None
+_made_from: weakref.WeakKeyDictionary[Any, Instruments] = weakref.WeakKeyDictionary()
 _setting = threading.Lock()
 
 
@@ -173,27 +224,38 @@ def _look_up() -> Instruments | None:
         return _current
 
 
-def _made(on: bool, provider: Any, record_names: bool) -> Instruments | None:
-    global _made_from
-    if not on:
+def _made(on: bool, provider: Any, record_names: bool, durations: bool) -> Instruments | None:
+    """The instruments for a configuration: the provider's (made at its first use, then
+    reused), with this configuration's choices."""
+    made = _instruments(provider) if on else None
+    if made is None:
         return None
+    made = copy.copy(made)  # (sharing the instruments and the counts)
+    made.record_names, made.durations, made.made = record_names, durations, {}
+    return made
+
+
+def _instruments(provider: Any) -> Instruments | None:
+    global _global_made
     try:
         from opentelemetry import metrics
     except ImportError:  # no `otel` extra: nothing is recorded, at no cost
         return None
     from . import __version__
 
-    if _made_from is not None and _made_from[0] is provider:
-        made = copy.copy(_made_from[1])
-        made.record_names = record_names
-        return made
+    earlier = _global_made if provider is None else _made_from.get(provider)
+    if earlier is not None:
+        return earlier
     meter = (
         metrics.get_meter(METER, __version__)
         if provider is None
         else provider.get_meter(METER, __version__)
     )
-    made = Instruments(meter, record_names=record_names)
-    _made_from = (provider, made)
+    made = Instruments(meter, metrics.Observation)
+    if provider is None:
+        _global_made = made
+    else:
+        _made_from[provider] = made
     return made
 
 
@@ -202,6 +264,7 @@ def configure(
     enabled: bool = True,
     meter_provider: MeterProvider | None = None,
     record_names: bool = False,
+    durations: bool = True,
 ) -> None:
     """Say how redlease records its OpenTelemetry metrics (it needs the ``otel`` extra,
     ``opentelemetry-api``; without it nothing is recorded, whatever is configured here).
@@ -210,11 +273,17 @@ def configure(
     global one, ``opentelemetry.metrics.set_meter_provider``). ``record_names=True``
     adds each lock's name as the attribute ``redlease.name``: off by default, as lock
     names may be unbounded (one per order, per user) and each name is then a series of
-    its own. ``enabled=False`` records nothing. Each call replaces the whole
-    configuration (an argument left out goes back to its default); primitives made
-    before it follow it from their next acquire.
+    its own. ``durations=False`` leaves out the two histograms (wait and hold
+    durations): each costs the SDK a record per acquire or release, which is most of
+    what metrics cost (docs/design.md, "Metrics and logs", has the figures); the
+    counters cost next to nothing. ``enabled=False`` records nothing.
+
+    Each call replaces the whole configuration (an argument left out goes back to its
+    default); primitives made before it follow it from their next acquire, and a lease
+    held meanwhile ends on the instruments it started on.
     """
-    for flag, what in ((enabled, "enabled"), (record_names, "record_names")):
+    flags = ((enabled, "enabled"), (record_names, "record_names"), (durations, "durations"))
+    for flag, what in flags:
         if not isinstance(flag, bool):
             raise InvalidArgument(f"{what} must be True or False, not {flag!r}")
     if meter_provider is not None and not callable(getattr(meter_provider, "get_meter", None)):
@@ -224,5 +293,5 @@ def configure(
         )
     global _settings, _current, _ready
     with _setting:
-        _settings = (enabled, meter_provider, record_names)
+        _settings = (enabled, meter_provider, record_names, durations)
         _current, _ready = None, False  # looked up again at the next record
