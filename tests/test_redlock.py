@@ -29,7 +29,7 @@ from redlease._quorum import SAFE, UNREAD, Fanout, QuorumAcquisition, QuorumSpec
 from redlease._quorum import extend as quorum_extend
 from redlease._quorum import release as quorum_release
 from redlease.chaos.proxy import FaultProxy
-from redlease.chaos.unsafe import Unsafe
+from redlease.chaos.unsafe import Unsafe, unsafe_redlock
 from redlease.testing import FakeClock
 from waiting_helpers import lock_key
 
@@ -773,7 +773,7 @@ def test_bad_arguments(clients: list[redis.Redis]) -> None:
 
 
 def test_deliberately_unsafe_variants_are_wired(clients: list[redis.Redis]) -> None:
-    half = redlease.Redlock(clients, "x", _rules=Unsafe(half_quorum=True))
+    half = unsafe_redlock(redlease.Redlock, Unsafe(half_quorum=True))(clients, "x")
     assert half.quorum == 2  # wrong on purpose: two disjoint "majorities" of five
     spec = QuorumSpec.create(
         redlease.Redlock(clients, "x")._spec.lock,

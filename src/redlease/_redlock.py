@@ -290,6 +290,9 @@ class _RedlockConfig:
     """Arguments shared by the twins, checked once."""
 
     _metric_kind = "redlock"
+    # The quorum rules. Only the fault harness's deliberately broken Redlocks (a subclass
+    # each: redlease.chaos.unsafe) change them; no argument does.
+    _rules: Rules = SAFE
 
     def __init__(
         self,
@@ -304,13 +307,10 @@ class _RedlockConfig:
         node_timeout: object,
         prefix: object,
         clock: Clock | None,
-        rules: object,
     ) -> None:
         lock = LockSpec.create(name, ttl, prefix=prefix, clock=clock)
-        if not isinstance(rules, Rules):
-            raise InvalidArgument("_rules must be a redlease._quorum.Rules")
         timeout = args.node_timeout(node_timeout, lock.ttl_ms)
-        self._spec = QuorumSpec.create(lock, names, timeout, rules)
+        self._spec = QuorumSpec.create(lock, names, timeout, self._rules)
         if len(names) < MIN_TOLERANT_NODES:
             # Allowed (tests, a first step to more nodes) but worth saying: with one or
             # two nodes, every node must answer, so one node down stops every acquire.
@@ -381,7 +381,6 @@ class Redlock(_RedlockConfig, SyncFront[RedlockLease]):
         node_timeout: Seconds | None = None,
         prefix: str = DEFAULT_PREFIX,
         clock: Clock | None = None,
-        _rules: Rules = SAFE,
     ) -> None:
         clients = _check_nodes(nodes, want_async=False)
         super().__init__(
@@ -395,7 +394,6 @@ class Redlock(_RedlockConfig, SyncFront[RedlockLease]):
             node_timeout=node_timeout,
             prefix=prefix,
             clock=clock,
-            rules=_rules,
         )
         self._io = _SyncNodes(clients, self._spec)
 
@@ -430,7 +428,6 @@ class AsyncRedlock(_RedlockConfig, AsyncFront[AsyncRedlockLease]):
         node_timeout: Seconds | None = None,
         prefix: str = DEFAULT_PREFIX,
         clock: Clock | None = None,
-        _rules: Rules = SAFE,
     ) -> None:
         clients = _check_nodes(nodes, want_async=True)
         super().__init__(
@@ -444,7 +441,6 @@ class AsyncRedlock(_RedlockConfig, AsyncFront[AsyncRedlockLease]):
             node_timeout=node_timeout,
             prefix=prefix,
             clock=clock,
-            rules=_rules,
         )
         self._io = _AsyncNodes(clients, self._spec)
         self._cancel_on_lost = args.flag(cancel_on_lost, "cancel_on_lost")

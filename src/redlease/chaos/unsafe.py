@@ -1,6 +1,6 @@
 """DELIBERATELY WRONG Redlock rules, for the fault harness to show that its checker
 catches each one. Never use them outside the harness and tests: each lets two holders in
-at once. Pass one as ``Redlock(..., _rules=Unsafe(flaw=True))``.
+at once. ``unsafe_redlock(Redlock, Unsafe(flaw=True))`` is a Redlock class that follows them.
 
 ``ignore_elapsed``: validity = ttl - drift, as if acquiring took no time;
 ``half_quorum``: N//2 nodes are taken as a majority;
@@ -11,8 +11,11 @@ was lost stays behind, and a holder it blocks is not counted against).
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TypeVar
 
 from .._quorum import Rules, Tally
+
+RedlockT = TypeVar("RedlockT", bound=type)
 
 
 @dataclass(frozen=True)
@@ -34,3 +37,9 @@ class Unsafe(Rules):
 
     def release_on(self, believed: frozenset[int]) -> list[int] | None:
         return sorted(believed) if self.release_believed_only else super().release_on(believed)
+
+
+def unsafe_redlock(redlock: RedlockT, rules: Unsafe) -> RedlockT:
+    """A subclass of ``redlock`` (``Redlock`` or ``AsyncRedlock``) that follows ``rules``:
+    the public classes take no argument that could make them unsafe."""
+    return type(f"Unsafe{redlock.__name__}", (redlock,), {"_rules": rules})  # type: ignore[return-value]

@@ -104,12 +104,13 @@ class _Worker:
 
             if self.config.get("auto_renew"):
                 options.update(auto_renew=True, on_lost=self._on_lost)
+            redlock: type[redlease.Redlock] = redlease.Redlock
             if "unsafe" in options:  # a deliberately broken Redlock (see harness.BROKEN)
-                from .unsafe import Unsafe
+                from .unsafe import Unsafe, unsafe_redlock
 
-                options["_rules"] = Unsafe(**options.pop("unsafe"))
+                redlock = unsafe_redlock(redlock, Unsafe(**options.pop("unsafe")))
             if kind == "redlock":
-                return redlease.Redlock(self.clients, name, ttl, **options)
+                return redlock(self.clients, name, ttl, **options)
             return self._primitive(self.config.get("primitive", ""), name, ttl, options)
         hook = self._between()
         if hook is not None:
