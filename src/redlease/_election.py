@@ -116,10 +116,12 @@ class _ElectionConfig:
 
     @property
     def name(self) -> str:
+        """The name, as given."""
         return self._spec.name
 
     @property
     def ttl(self) -> float:
+        """The lease length, in seconds."""
         return self._spec.ttl
 
     @property
@@ -189,6 +191,7 @@ class _Candidacy(OneServer):
 
     @property
     def name(self) -> str:
+        """The name, as given."""
         return self._spec.name
 
 
@@ -205,6 +208,7 @@ class _AsyncCandidacy(AsyncOneServer):
 
     @property
     def name(self) -> str:
+        """The name, as given."""
         return self._spec.name
 
 

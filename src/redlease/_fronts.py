@@ -287,7 +287,9 @@ class SyncFront(_Front, Generic[SyncLeaseT]):
 
         ``timeout`` bounds the wait in seconds (None: no bound; 0: a single try).
         Raises AcquireTimeout if the lock stayed busy (a Redlock: QuorumError if too few
-        nodes answered).
+        nodes answered); BackendError if the server failed until the timeout;
+        InvalidArgument for a bad ``timeout``; LockLost if a ``reentrant`` holder's lease
+        was lost meanwhile.
         """
         lease = self._acquire(args.timeout(timeout), wait=True)
         if lease is None:
@@ -295,7 +297,11 @@ class SyncFront(_Front, Generic[SyncLeaseT]):
         return lease
 
     def try_acquire(self) -> SyncLeaseT | None:
-        """Take the lock if it is free right now; never waits. None if it is busy."""
+        """Take the lock if it is free right now; never waits. None if it is busy.
+
+        Raises BackendError if the server fails (a Redlock: QuorumError if too few nodes
+        answered), and LockLost if a ``reentrant`` holder's lease was lost meanwhile.
+        """
         return self._acquire(0.0, wait=False)
 
     def _acquire(self, timeout: float | None, *, wait: bool) -> SyncLeaseT | None:
@@ -365,8 +371,8 @@ class SyncFront(_Front, Generic[SyncLeaseT]):
             lease.__exit__(exc_type, exc, tb)
 
     def __call__(self, fn: Callable[P, R]) -> Callable[P, R]:
-        """``@lock``: each call of ``fn`` runs under ``with lock`` (see ``decorate``).
-        A coroutine or generator function is refused (InvalidArgument)."""
+        """``@lock``: each call of ``fn`` runs under ``with lock``, and raises what that
+        raises. A coroutine or generator function is refused (InvalidArgument)."""
         return decorate(self, fn)
 
 
@@ -389,7 +395,9 @@ class AsyncFront(_Front, Generic[AsyncLeaseT]):
 
         ``timeout`` bounds the wait in seconds (None: no bound; 0: a single try).
         Raises AcquireTimeout if the lock stayed busy (a Redlock: QuorumError if too few
-        nodes answered). Cancelling the caller at any point leaves no lock behind: a
+        nodes answered); BackendError if the server failed until the timeout;
+        InvalidArgument for a bad ``timeout``; LockLost if a ``reentrant`` holder's lease
+        was lost meanwhile. Cancelling the caller at any point leaves no lock behind: a
         lock granted meanwhile is released.
         """
         lease = await self._acquire(args.timeout(timeout), wait=True)
@@ -398,7 +406,11 @@ class AsyncFront(_Front, Generic[AsyncLeaseT]):
         return lease
 
     async def try_acquire(self) -> AsyncLeaseT | None:
-        """Take the lock if it is free right now; never waits. None if it is busy."""
+        """Take the lock if it is free right now; never waits. None if it is busy.
+
+        Raises BackendError if the server fails (a Redlock: QuorumError if too few nodes
+        answered), and LockLost if a ``reentrant`` holder's lease was lost meanwhile.
+        """
         return await self._acquire(0.0, wait=False)
 
     async def _acquire(self, timeout: float | None, *, wait: bool) -> AsyncLeaseT | None:
@@ -479,7 +491,8 @@ class AsyncFront(_Front, Generic[AsyncLeaseT]):
 
     def __call__(self, fn: Callable[P, Awaitable[R]]) -> Callable[P, Coroutine[Any, Any, R]]:
         """``@alock``: each call of the ``async def`` ``fn`` is awaited under ``async
-        with alock`` (see ``decorate_async``). Anything else is refused."""
+        with alock``, and raises what that raises. Anything else is refused
+        (InvalidArgument)."""
         return decorate_async(self, fn)
 
     async def using(

@@ -152,7 +152,9 @@ def read_info(
     client: Any, name: str, *, kind: str = "lock", prefix: str = DEFAULT_PREFIX
 ) -> LockInfo:
     """What the ``kind`` named ``name`` holds and who waits for it, now (sync client:
-    standalone, Sentinel's ``master_for``, Cluster). One read-only script run."""
+    standalone, Sentinel's ``master_for``, Cluster). One read-only script run. Raises
+    InvalidArgument for a bad ``name``, ``prefix`` or ``kind``, or a client it cannot
+    serve; BackendError if the server fails."""
     keys, name, kind = _checked(client, name, kind, prefix, want_async=False)
     return SyncIO(client).run(inspect(keys, name, kind, READ_TIMEOUT), f"inspect {name!r}")
 

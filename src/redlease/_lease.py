@@ -110,6 +110,7 @@ class LeaseState:
 
     @property
     def name(self) -> str:
+        """The name of the lock this lease is for."""
         return self._spec.name
 
     @property
@@ -128,7 +129,8 @@ class LeaseState:
         return self._valid_until
 
     def remaining(self) -> float:
-        """Seconds of validity left (0.0 once expired, released or lost)."""
+        """Seconds of validity left (0.0 once expired, released or lost), by this
+        process's clock, drift margin taken off. Never raises."""
         if self._state != HELD:
             return 0.0
         return max(0.0, self._valid_until - self._spec.clock())
@@ -145,6 +147,7 @@ class LeaseState:
 
     @property
     def released(self) -> bool:
+        """True once released (``release()``, or the end of its ``with`` block)."""
         return self._state == RELEASED
 
     @property

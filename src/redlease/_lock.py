@@ -90,10 +90,12 @@ class _LockConfig:
 
     @property
     def name(self) -> str:
+        """The name, as given."""
         return self._spec.name
 
     @property
     def ttl(self) -> float:
+        """The lease length, in seconds."""
         return self._spec.ttl
 
     def __repr__(self) -> str:
@@ -153,14 +155,16 @@ class OneServer(_Looked, SyncFront[Lease]):
         to act on "free", take it (``try_acquire``), never test first. A lock that
         lends its grants (``batch``; a fair lock's default) keeps a released grant for
         its next hold up to ``batch_window`` (2 ms) before giving it back: it reads as
-        locked meanwhile, as it is on the server."""
+        locked meanwhile, as it is on the server. Raises BackendError if the server
+        cannot answer."""
         return self._io.run(self._look(), f"inspect {self.name!r}").held
 
     def owned(self) -> bool:
         """Whether the calling thread holds a lease of this object that is still its
         own on the server now: one it acquired (lent to other threads or not), has not
         released, does not know lost, and whose token the server lists as a holder. No
-        round trip when it holds none."""
+        round trip when it holds none. Raises BackendError if the server cannot
+        answer."""
         tokens = self._acquirers().tokens(threading.current_thread())
         if not tokens:
             return False
@@ -169,7 +173,8 @@ class OneServer(_Looked, SyncFront[Lease]):
 
     def waiting(self) -> int:
         """How many waiters are queued and live now (within their deadline, on the
-        server's clock); waiters that gave up or died are not counted."""
+        server's clock); waiters that gave up or died are not counted. Raises
+        BackendError if the server cannot answer."""
         return self._io.run(self._look(), f"inspect {self.name!r}").live_waiters
 
 
@@ -239,7 +244,10 @@ class Lock(_LockConfig, OneServer):
     ``batch=n`` (fair only) lends each grant to this object's callers for up to ``n``
     holds within ``batch_window`` seconds: a hold's release keeps the grant and the next
     acquire takes it without a round trip, with a new lease and fence; then it goes to the
-    next waiter (see ``_batches``).
+    next waiter (see the README's ``batch`` option).
+
+    Raises InvalidArgument, naming the argument, for an argument out of its range or a
+    client it cannot serve.
     """
 
     _io: SyncIO

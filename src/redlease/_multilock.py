@@ -243,6 +243,7 @@ class MultiLock(_MultiConfig):
 
     @property
     def ttl(self) -> float:
+        """The lease length, in seconds."""
         return self._locks[0].ttl
 
     def acquire(self, timeout: Seconds | None = None) -> MultiLease:
@@ -375,6 +376,7 @@ class AsyncMultiLock(_MultiConfig):
 
     @property
     def ttl(self) -> float:
+        """The lease length, in seconds."""
         return self._locks[0].ttl
 
     async def acquire(self, timeout: Seconds | None = None) -> AsyncMultiLease:

@@ -327,10 +327,12 @@ class _RedlockConfig:
 
     @property
     def name(self) -> str:
+        """The name, as given."""
         return self._spec.lock.name
 
     @property
     def ttl(self) -> float:
+        """The lease length, in seconds."""
         return self._spec.lock.ttl
 
     @property

@@ -73,10 +73,12 @@ class _ReadWriteConfig:
 
     @property
     def name(self) -> str:
+        """The name, as given."""
         return self._specs[READ].name
 
     @property
     def ttl(self) -> float:
+        """The lease length, in seconds."""
         return self._specs[READ].ttl
 
     def _refuse_a_second(self, holder: object, mode: str) -> None:
@@ -115,10 +117,12 @@ class _Side:
 
     @property
     def name(self) -> str:
+        """The name, as given."""
         return self._spec.name
 
     @property
     def ttl(self) -> float:
+        """The lease length, in seconds."""
         return self._spec.ttl
 
     def __repr__(self) -> str:

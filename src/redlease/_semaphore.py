@@ -64,6 +64,7 @@ class _SemaphoreConfig:
 
     @property
     def name(self) -> str:
+        """The name, as given."""
         return self._spec.name
 
     @property
@@ -73,6 +74,7 @@ class _SemaphoreConfig:
 
     @property
     def ttl(self) -> float:
+        """The lease length, in seconds."""
         return self._spec.ttl
 
     def __repr__(self) -> str:
