@@ -81,6 +81,9 @@ class Entry:
     # Set up around each of its slots (and undone after): what the process is configured
     # with while it runs, e.g. metrics on or off.
     mode: Callable[[], AbstractContextManager[None]] | None = None
+    # Run at the end of each timed slot, inside its time: work the cycles left for later
+    # is charged to them, not to the next row (metrics: the durations still queued).
+    settle: Callable[[], None] | None = None
 
     @property
     def result(self) -> float:
@@ -123,8 +126,9 @@ class Bench:
         label: str,
         build: Callable[[str], SyncCycle | AsyncCycle],
         mode: Callable[[], AbstractContextManager[None]] | None = None,
+        settle: Callable[[], None] | None = None,
     ) -> None:
-        entry = Entry(section, key, label, mode=mode)
+        entry = Entry(section, key, label, mode=mode, settle=settle)
         self.entries.append(entry)
         try:
             cycle = build(f"bench:u:{key}")
@@ -354,7 +358,12 @@ def _no_spin_async(build: Callable[[str], AsyncCycle]) -> Callable[[str], AsyncC
 class Metrics:
     """redlease's OpenTelemetry metrics as a user with the SDK has them (a MeterProvider
     with a reader: in memory here, the cost of recording is the same), or switched off;
-    each for one slot at a time, so both run in the same interleaved rounds."""
+    each for one slot at a time, so both run in the same interleaved rounds.
+
+    The durations reach the SDK from a background thread (redlease-metrics), in the same
+    process: its work during a slot slows that slot's cycles, and what is still queued
+    at the end of a slot is flushed inside the slot's time (``settle``), so each row
+    pays for its own records and none for another's."""
 
     def __init__(self) -> None:
         try:
@@ -424,6 +433,7 @@ def _metrics_rows(bench: Bench, node: Node) -> None:
         "redlease Lock, metrics off (metrics.configure(enabled=False))",
         _redlease_lock(bench, node),
         mode=metrics.off,
+        settle=redlease.metrics.flush,
     )
     bench.add(
         SINGLE,
@@ -431,6 +441,7 @@ def _metrics_rows(bench: Bench, node: Node) -> None:
         "redlease Lock, metrics on (OTel SDK, in-memory reader)",
         _redlease_lock(bench, node),
         mode=metrics.on,
+        settle=redlease.metrics.flush,
     )
     bench.add(
         SINGLE,
@@ -438,6 +449,7 @@ def _metrics_rows(bench: Bench, node: Node) -> None:
         "redlease Lock, metrics on, durations=False (counters only)",
         _redlease_lock(bench, node),
         mode=metrics.counters,
+        settle=redlease.metrics.flush,
     )
 
 
@@ -804,7 +816,9 @@ def build_entries(bench: Bench, *, single: bool, redlock: bool, masters: Sequenc
 # -- measuring --------------------------------------------------------------------------
 
 
-def _timed_sync(cycle: SyncCycle, seconds: float) -> float:
+def _timed_sync(
+    cycle: SyncCycle, seconds: float, settle: Callable[[], None] | None = None
+) -> float:
     done = 0
     start = time.perf_counter()
     end = start + seconds
@@ -814,6 +828,9 @@ def _timed_sync(cycle: SyncCycle, seconds: float) -> float:
         done += BATCH
         now = time.perf_counter()
         if now >= end:
+            if settle is not None:
+                settle()
+                now = time.perf_counter()
             return done / (now - start)
 
 
@@ -843,7 +860,7 @@ def _measure_once(bench: Bench, entry: Entry, seconds: float) -> None:
 
 def _measure_in(bench: Bench, entry: Entry, seconds: float) -> None:
     if entry.sync is not None:
-        entry.rates.append(_timed_sync(entry.sync, seconds))
+        entry.rates.append(_timed_sync(entry.sync, seconds, entry.settle))
     elif entry.asyncio is not None:
         entry.rates.append(bench.run_async(_timed_async(entry.asyncio, seconds)))
 

@@ -3,23 +3,31 @@ servers: acquisitions, waits and holds of both twins, a timeout, a lost lease (a
 failed renewal), names only when asked for, each primitive's kind, a batch's lent holds;
 then a process without OpenTelemetry, where locks work and nothing is recorded.
 
+Durations reach the SDK later than they happen (``_metrics.Deferred``): the helpers below
+flush them first, and the tests of the queue itself (a collection drains it, the
+drainer thread does without one, a forked child, the exit) read without flushing.
+
 Durations are only checked from below (a hold slept through lasts at least that long):
 a slow machine makes them longer, never shorter.
 """
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
+import threading
 import time
+import warnings
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
 import redis
 
 import redlease
-from redlease import servers
+from redlease import _metrics, servers
 from waiting_helpers import lock_key, wait_until
 
 pytest.importorskip("opentelemetry.sdk")
@@ -43,7 +51,11 @@ class Read:
     def __init__(self, reader: InMemoryMetricReader, provider: MeterProvider) -> None:
         self.reader, self.provider = reader, provider
 
-    def points(self, metric: str) -> list[Any]:
+    def points(self, metric: str, *, flush: bool = True) -> list[Any]:
+        """The points of ``metric`` in a collection made now, after ``flush()`` (the
+        durations waiting are recorded first) unless ``flush=False``."""
+        if flush:
+            redlease.metrics.flush()
         data = self.reader.get_metrics_data()
         found: list[Any] = []
         for resource in data.resource_metrics if data is not None else ():
@@ -55,20 +67,22 @@ class Read:
                         found.extend(m.data.data_points)
         return found
 
-    def matching(self, metric: str, **attrs: str) -> list[Any]:
+    def matching(self, metric: str, attrs: dict[str, str], *, flush: bool = True) -> list[Any]:
         want = {KEYS[k]: v for k, v in attrs.items()}
         return [
-            p for p in self.points(metric) if all(p.attributes.get(k) == v for k, v in want.items())
+            p
+            for p in self.points(metric, flush=flush)
+            if all(p.attributes.get(k) == v for k, v in want.items())
         ]
 
     def count(self, metric: str, **attrs: str) -> int:
         """A counter's total over the points whose attributes include ``attrs`` (by
         their keywords in ``KEYS``)."""
-        return sum(int(p.value) for p in self.matching(metric, **attrs))
+        return sum(int(p.value) for p in self.matching(metric, attrs))
 
-    def histogram(self, metric: str, **attrs: str) -> tuple[int, float]:
+    def histogram(self, metric: str, *, flush: bool = True, **attrs: str) -> tuple[int, float]:
         """How many durations were recorded, and their sum."""
-        points = self.matching(metric, **attrs)
+        points = self.matching(metric, attrs, flush=flush)
         return sum(p.count for p in points), sum(p.sum for p in points)
 
     def attribute_sets(self) -> list[dict[str, Any]]:
@@ -89,6 +103,7 @@ def read() -> Iterator[Read]:
     try:
         yield Read(reader, provider)
     finally:
+        redlease.metrics.flush()  # (into this provider, before it shuts down)
         redlease.metrics.configure()
         provider.shutdown()
 
@@ -255,3 +270,172 @@ print("ok")
     )
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "ok"
+
+
+# -- the durations' queue ---------------------------------------------------------------
+
+HOLD = "redlease.lock.hold.duration"
+WAIT = "redlease.lock.wait.duration"
+
+
+def test_a_collection_takes_the_durations_waiting(r: redis.Redis, name: str, read: Read) -> None:
+    lock = redlease.Lock(r, name, batch=1)
+    for _ in range(2):
+        lock.acquire().release()
+    # No flush: the collection's callback drains the queue. This SDK reads its storage
+    # after its callbacks, so the first collection has them; one that read it before
+    # would have them in the next (documented: at most one export late).
+    holds = [read.histogram(HOLD, kind="lock", flush=False)[0] for _ in range(2)]
+    assert holds[-1] == 2
+    assert read.histogram(WAIT, kind="lock", outcome="acquired", flush=False)[0] == 2
+
+
+def test_the_drainer_records_without_a_collection(r: redis.Redis, name: str, read: Read) -> None:
+    lock = redlease.Lock(r, name, batch=1)
+    for _ in range(3):
+        lock.acquire().release()
+    # Nothing collects and nothing flushes: the redlease-metrics thread hands the
+    # durations over on its own (within a second; 10 s allowed for a slow machine).
+    wait_until(lambda: _metrics.deferred.pending() == 0)
+    assert "redlease-metrics" in {t.name for t in threading.enumerate()}
+    assert read.histogram(HOLD, kind="lock")[0] == 3
+
+
+class Recorded:
+    """A meter provider that is not an SDK: its histograms write the pid of the process
+    that records each value to a file (a forked child's lines are told from its
+    parent's), and its counters do nothing. Nothing ever collects it, so nothing drains
+    redlease's queue but redlease itself."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+
+    def get_meter(self, name: str, version: str | None = None) -> Recorded:
+        return self
+
+    def create_histogram(self, name: str, **options: Any) -> Recorded:
+        return self
+
+    def create_counter(self, name: str, **options: Any) -> Recorded:
+        return self
+
+    def create_observable_counter(self, name: str, **options: Any) -> None:
+        return None
+
+    def record(self, value: float, attributes: Any = None, context: Any = None) -> None:
+        with self.path.open("a") as out:
+            out.write(f"{os.getpid()}\n")
+
+    def add(self, value: int, attributes: Any = None) -> None:
+        pass
+
+    def by_pid(self) -> dict[int, int]:
+        counts: dict[int, int] = {}
+        for line in self.path.read_text().split():
+            counts[int(line)] = counts.get(int(line), 0) + 1
+        return counts
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="os.fork")
+def test_a_forked_child_records_its_own_durations_only(
+    server: servers.ServerProcess, r: redis.Redis, name: str, tmp_path: Path
+) -> None:
+    recorded = Recorded(tmp_path / "records")
+    redlease.metrics.configure(meter_provider=recorded)  # type: ignore[arg-type]
+    try:
+        lock = redlease.Lock(r, name, batch=1)
+        for _ in range(3):
+            lock.acquire().release()  # 6 durations, most likely still queued at the fork
+        with warnings.catch_warnings():  # (3.12+: a fork with threads running warns)
+            warnings.simplefilter("ignore", DeprecationWarning)
+            pid = os.fork()
+        if pid == 0:  # the child: records 2 cycles, and leaves at once
+            code = 1
+            try:
+                client = redis.Redis(port=server.port)
+                redlease.Lock(client, name + ":child", batch=1).acquire().release()
+                redlease.Lock(client, name + ":child", batch=1).acquire().release()
+                # a drainer of its own (the parent's did not follow it)
+                wait_until(lambda: _metrics.deferred.pending() == 0)
+                redlease.metrics.flush()
+                code = 0
+            finally:
+                os._exit(code)
+        _, status = os.waitpid(pid, 0)
+        assert os.waitstatus_to_exitcode(status) == 0
+        redlease.metrics.flush()
+        assert recorded.by_pid() == {os.getpid(): 6, pid: 4}
+    finally:
+        redlease.metrics.configure()
+
+
+def test_the_durations_waiting_at_exit_are_recorded(
+    server: servers.ServerProcess, name: str, tmp_path: Path
+) -> None:
+    # A short process (a CLI run): it records and exits well before the drainer's next
+    # wake-up, to a provider that never collects. Its own atexit function, registered
+    # before any record, runs after redlease's (atexit runs them last in, first out).
+    code = f"""
+import atexit, os, sys
+from pathlib import Path
+sys.path.insert(0, {str(Path(__file__).parent)!r})
+import redis, redlease
+from test_metrics import Recorded
+recorded = Recorded(Path({str(tmp_path / "records")!r}))
+atexit.register(lambda: print(sum(recorded.by_pid().values()) if recorded.path.exists() else 0))
+redlease.metrics.configure(meter_provider=recorded)
+lock = redlease.Lock(redis.Redis(port={server.port}), {name!r}, batch=1)
+for _ in range(3):
+    lock.acquire().release()
+"""
+    done = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "6"
+
+
+def test_a_duration_keeps_the_callers_trace(r: redis.Redis, name: str, read: Read) -> None:
+    from opentelemetry.sdk.trace import TracerProvider
+
+    tracer = TracerProvider().get_tracer("test")
+    with tracer.start_as_current_span("job") as span:
+        redlease.Lock(r, name, batch=1).acquire().release()
+    trace_id = span.get_span_context().trace_id
+    # Recorded later, by another thread: the exemplar (the SDK's default filter samples
+    # the durations recorded under a sampled span) still names the caller's trace. (One
+    # collection for both: each takes the exemplars it reports.)
+    redlease.metrics.flush()
+    data = read.reader.get_metrics_data()
+    assert data is not None
+    traced = {
+        metric.name: {e.trace_id for p in metric.data.data_points for e in p.exemplars}
+        for resource in data.resource_metrics
+        for scope in resource.scope_metrics
+        for metric in scope.metrics
+    }
+    assert trace_id in traced[WAIT]
+    assert trace_id in traced[HOLD]
+
+
+def test_a_full_queue_drops_and_says_so(
+    r: redis.Redis,
+    name: str,
+    read: Read,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    monkeypatch.setattr(_metrics, "PENDING_LIMIT", 0)  # full from the start
+    lock = redlease.Lock(r, name, batch=1)
+    with caplog.at_level("WARNING", logger="redlease"):
+        for _ in range(2):
+            lock.acquire().release()
+        redlease.metrics.flush()
+    assert read.histogram(HOLD)[0] == 0
+    assert read.count("redlease.lock.acquisitions", kind="lock") == 2  # counted all the same
+    said = [rec.getMessage() for rec in caplog.records if "dropped" in rec.getMessage()]
+    assert said
+    assert sum(int(m.split()[0]) for m in said) == 4  # 2 waits and 2 holds

@@ -17,21 +17,29 @@ Where each event is recorded, once for both twins:
 Attribute sets are made once per kind (per lock object when names are recorded) and
 configuration (``Labels``), and every acquire and release reuses them: a dict built per
 call would be garbage on the hot path. What recording costs is mostly the SDK's own
-work per synchronous record, hence the observable acquisitions counter (see
-``Instruments``) and ``configure(durations=False)``.
+work per synchronous record (several microseconds: it cleans and hashes the attributes,
+finds the series, aggregates under a lock), hence the observable acquisitions counter
+(see ``Instruments``) and the durations handed to the SDK later, off the caller's path
+(``Deferred``); ``configure(durations=False)`` leaves them out altogether.
 """
 
 from __future__ import annotations
 
+import atexit
 import copy
+import logging
+import os
 import threading
 import time
 import weakref
+from collections import deque
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from ._errors import InvalidArgument
 
 if TYPE_CHECKING:
+    from opentelemetry.context import Context
     from opentelemetry.metrics import Counter, Histogram, Meter, MeterProvider
 
 METER = "redlease"
@@ -54,6 +62,161 @@ BOUNDARIES = (
 
 now = time.monotonic  # the clock of every duration recorded here
 
+log = logging.getLogger(__name__)
+
+# Durations waiting to be recorded (see Deferred): how many at most, how often the
+# drainer wakes, and how many wake it early.
+PENDING_LIMIT = 100_000
+DRAIN_EVERY = 0.5  # seconds
+DRAIN_AT = 10_000
+
+
+class Deferred:
+    """Synchronous records made later, off the caller's path: an acquire or a release
+    appends ``(instrument, value, attributes, context)`` to a deque (one atomic append,
+    a fraction of a microsecond), and the records reach the SDK when the queue is
+    drained:
+
+    * by a daemon thread, ``redlease-metrics``, started at the first record, which wakes
+      every ``DRAIN_EVERY`` seconds (sooner once ``DRAIN_AT`` records wait);
+    * at each collection, from the acquisitions counter's callback, so an export has
+      what was recorded before it (with this SDK the records drained there land in the
+      same collection; an SDK that reads its storage before its callbacks would have them
+      in the next one: at most one export interval late);
+    * by ``flush()`` (``redlease.metrics.flush``), and at interpreter exit (atexit), so a
+      short-lived process (a CLI run) loses nothing.
+
+    The queue holds ``PENDING_LIMIT`` records at most: past that (a drainer that cannot
+    keep up, or a process whose drainer cannot run) a record is dropped, and the drainer
+    logs how many at WARNING, once per wake-up while it goes on. A forked child starts
+    with an empty queue (the parent records what it had pending: the child must not
+    record it again) and a drainer of its own at its first record.
+
+    The records are the histograms': the SDK has no asynchronous histogram, and each
+    synchronous record costs it more than a lock's cycle can spare. Each keeps the
+    caller's context (OpenTelemetry's, read when it is queued), so an SDK that samples
+    exemplars still links a duration to the caller's trace; passing it also spares the
+    SDK its own look-up. The rare counters (timeouts, lost leases, failed renewals) stay
+    synchronous: they cost nothing on a lock's usual path.
+    """
+
+    def __init__(self) -> None:
+        self.queue: deque[tuple[Histogram, float, dict[str, str], Context]] = deque()
+        self._reset()
+        if hasattr(os, "register_at_fork"):  # (POSIX)
+            os.register_at_fork(
+                before=self._before_fork,
+                after_in_parent=self._after_fork_in_parent,
+                after_in_child=self._reset,
+            )
+
+    def _reset(self) -> None:
+        """A new process's state (also a forked child's: whatever the parent had pending
+        is the parent's to record; the locks may have been held by its threads)."""
+        self.queue.clear()
+        self.dropped = 0  # since the last warning (approximate: counted without a lock)
+        self._draining = threading.Lock()
+        self._starting = threading.Lock()
+        self._wake = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._stopping = False
+        self._closed = False  # after the exit flush: records go straight to the SDK
+
+    def record(
+        self, instrument: Histogram, value: float, attributes: dict[str, str], context: Context
+    ) -> None:
+        queue = self.queue
+        waiting = len(queue)
+        if waiting >= PENDING_LIMIT:
+            self.dropped += 1
+            return
+        queue.append((instrument, value, attributes, context))
+        if waiting == DRAIN_AT:
+            self._wake.set()
+        if self._thread is None:
+            self._start()
+
+    def _start(self) -> None:
+        with self._starting:
+            if self._thread is not None:
+                return
+            if self._closed:  # at exit, after the flush: no thread to hand over to
+                self.drain()
+                return
+            thread = threading.Thread(target=self._run, name="redlease-metrics", daemon=True)
+            thread.start()
+            self._thread = thread
+            self.drain_at_exit()
+
+    def drain_at_exit(self) -> None:
+        """(Again) the last of the atexit functions registered so far, so the first to
+        run: before the shutdown of a meter provider made earlier, whose last export
+        should have these records."""
+        atexit.unregister(self._close)
+        atexit.register(self._close)
+
+    def _run(self) -> None:
+        while not self._stopping:
+            self._wake.wait(DRAIN_EVERY)
+            self._wake.clear()
+            self.drain()
+
+    def drain(self, wait: float = -1) -> None:
+        """Hand the records waiting now to the SDK (those appended meanwhile wait for
+        the next drain). ``wait``: how long to wait for a drain under way elsewhere
+        (forever by default), as its records must be in before this returns."""
+        if not self._draining.acquire(timeout=wait):
+            return
+        try:
+            popleft = self.queue.popleft
+            for _ in range(len(self.queue)):
+                instrument, value, attributes, context = popleft()
+                try:
+                    instrument.record(value, attributes, context)
+                except Exception:  # (an SDK's failure must not stop the drainer)
+                    log.warning("an OpenTelemetry record failed", exc_info=True)
+        finally:
+            self._draining.release()
+        dropped, self.dropped = self.dropped, 0
+        if dropped:
+            log.warning(
+                "%d duration records dropped: more than %d waited to be recorded",
+                dropped,
+                PENDING_LIMIT,
+            )
+
+    def _close(self) -> None:
+        self._closed = self._stopping = True
+        thread = self._thread
+        if thread is not None:
+            self._wake.set()
+            thread.join(timeout=5.0)
+            self._thread = None  # (a record made later is drained at once: _start)
+        self.drain()
+
+    def _before_fork(self) -> None:
+        # Not in the middle of a drain: the child must not inherit an SDK lock taken by
+        # the drainer (which does not follow it into the child).
+        self._draining.acquire()
+
+    def _after_fork_in_parent(self) -> None:
+        self._draining.release()
+
+    def pending(self) -> int:
+        return len(self.queue)
+
+
+deferred = Deferred()
+
+
+def flush() -> None:
+    """Record now what is waiting to be recorded: the durations of the acquires and
+    releases made so far are in the SDK when this returns (they reach it anyway, within
+    a second, or at the next collection or at exit). Call it before collecting by hand
+    (``InMemoryMetricReader.get_metrics_data``, ``MeterProvider.force_flush``) when an
+    export must have everything up to now."""
+    deferred.drain()
+
 
 Cell = list[int]  # one count, changed under Instruments.counting
 
@@ -62,8 +225,9 @@ class Instruments:
     """The six instruments of one meter, whether lock names go into attributes, and
     whether durations are recorded."""
 
-    def __init__(self, meter: Meter, observation: Any) -> None:
+    def __init__(self, meter: Meter, observation: Any, context: Callable[[], Context]) -> None:
         self.record_names, self.durations = False, True  # (set per configuration)
+        self.context = context  # the caller's, kept with a duration (see Deferred)
         # Acquisitions are counted here and observed at each collection (an observable
         # counter): a synchronous add costs the SDK as much as a histogram record, several
         # microseconds, once per acquire. The rarer events stay synchronous, so that an
@@ -124,6 +288,10 @@ class Instruments:
             return self._acquisitions.setdefault(key, [0])
 
     def _observe_acquisitions(self, options: Any) -> list[Any]:
+        # Each collection drains the durations waiting, so an export has them (see
+        # Deferred). Waiting for a drain under way is bounded: a collection is no place
+        # to wait long, and what it leaves is in the next one.
+        deferred.drain(wait=1.0)
         with self.counting:
             counts = [(dict(key), cell[0]) for key, cell in self._acquisitions.items()]
         return [self._observation(count, attributes) for attributes, count in counts]
@@ -165,7 +333,7 @@ class Labels:
         with of.counting:
             self.acquisitions[0] += 1
         if of.durations:
-            of.wait.record(at - started, self.acquired)
+            deferred.record(of.wait, at - started, self.acquired, of.context())
         return at
 
     def not_granted(self, started: float, *, waited: bool) -> None:
@@ -175,7 +343,8 @@ class Labels:
         if waited:
             of.timeouts.add(1, self.base)
         if of.durations:
-            of.wait.record(now() - started, self.timed_out if waited else self.busy)
+            value, attributes = now() - started, self.timed_out if waited else self.busy
+            deferred.record(of.wait, value, attributes, of.context())
 
     def ended(self, since: float, *, lost: bool) -> None:
         """A hold that started at ``since`` ended: released, or found lost."""
@@ -183,7 +352,8 @@ class Labels:
         if lost:
             of.lost.add(1, self.base)
         if of.durations:
-            of.hold.record(now() - since, self.was_lost if lost else self.released)
+            value, attributes = now() - since, self.was_lost if lost else self.released
+            deferred.record(of.hold, value, attributes, of.context())
 
     def renewal_failed(self, error: BaseException) -> None:
         self.of.renewal_failures.add(1, {**self.base, ERROR_TYPE: type(error).__qualname__})
@@ -239,6 +409,7 @@ def _instruments(provider: Any) -> Instruments | None:
     global _global_made
     try:
         from opentelemetry import metrics
+        from opentelemetry.context import get_current
     except ImportError:  # no `otel` extra: nothing is recorded, at no cost
         return None
     from . import __version__
@@ -251,7 +422,7 @@ def _instruments(provider: Any) -> Instruments | None:
         if provider is None
         else provider.get_meter(METER, __version__)
     )
-    made = Instruments(meter, metrics.Observation)
+    made = Instruments(meter, metrics.Observation, get_current)
     if provider is None:
         _global_made = made
     else:
@@ -295,3 +466,7 @@ def configure(
     with _setting:
         _settings = (enabled, meter_provider, record_names, durations)
         _current, _ready = None, False  # looked up again at the next record
+    if meter_provider is not None:
+        # A provider made after the drainer started would shut down at exit before
+        # redlease's exit flush: that flush moves behind it (before it, in running order).
+        deferred.drain_at_exit()

@@ -4,10 +4,12 @@ Without ``opentelemetry-api`` installed nothing is imported or recorded. With it
 record to the global meter provider, as OpenTelemetry libraries do, from their first
 acquire: with an SDK configured (``opentelemetry.metrics.set_meter_provider``) that is
 all it takes. ``configure`` picks another provider, adds lock names to the attributes,
-or switches recording off. What is recorded, and where: docs/design.md, "Metrics and
-logs".
+or switches recording off. Durations reach the SDK a little later than they happen (a
+background thread hands them over within a second, and each collection takes those
+waiting first); ``flush`` hands them over now. What is recorded, and where:
+docs/design.md, "Metrics and logs".
 """
 
-from ._metrics import configure, enabled
+from ._metrics import configure, enabled, flush
 
-__all__ = ["configure", "enabled"]
+__all__ = ["configure", "enabled", "flush"]
