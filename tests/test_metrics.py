@@ -146,10 +146,12 @@ def test_a_timeout_and_a_busy_try(twin: Any, name: str, read: Read) -> None:
 def test_a_lost_lease_and_its_failed_renewal(
     twin: Any, r: redis.Redis, name: str, read: Read
 ) -> None:
-    lock = twin.lock(name, ttl=1.0, auto_renew=True, batch=1)
+    # (a lease of 5 s: its renewal, due long before it ends, is refused, and that is how
+    # it is found lost; with 1 s a late renewer on a loaded machine found it run out)
+    lock = twin.lock(name, ttl=5.0, auto_renew=True, batch=1)
     lease = lock.acquire()
     r.delete(lock_key(name))  # gone under it: the next renewal is refused
-    wait_until(lambda: lease.lost)
+    wait_until(lambda: lease.lost, 30)
     wait_until(lambda: read.count("redlease.lease.lost") == 1)
     assert read.count("redlease.lease.lost", kind="lock") == 1
     assert read.count("redlease.renewal.failures", kind="lock", error_type="LockLost") == 1
