@@ -17,7 +17,7 @@ from typing import Any
 
 import redis
 
-from redlease import servers
+from redlease.tools import servers
 
 from . import (
     connections,

@@ -18,7 +18,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from redlease import servers
+from redlease.tools import servers
 
 from ._common import (
     FAILED,

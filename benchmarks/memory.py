@@ -29,8 +29,8 @@ import redis
 import redis.asyncio as aredis
 
 import redlease
-from redlease import servers
 from redlease._keys import LockKeys
+from redlease.tools import servers
 
 from ._common import FULL, Crew, Settings, describe_error, sleep_until
 from ._report import NA, Row, verdict

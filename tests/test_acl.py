@@ -17,8 +17,8 @@ import pytest
 
 import families
 import redlease
-from redlease import servers
 from redlease._acl import PARTS, acl_rule, script_commands
+from redlease.tools import servers
 from waiting_helpers import lock_key, wait_until
 
 DOCS = Path(__file__).resolve().parent.parent / "docs" / "least-privilege.md"

@@ -19,9 +19,9 @@ import redis
 
 import families
 import redlease
-from redlease import servers
 from redlease._batches import Lender
 from redlease._flows import Grant, LockSpec
+from redlease.tools import servers
 from waiting_helpers import lock_key, queued, until_queued, wait_until
 
 

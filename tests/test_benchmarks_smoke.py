@@ -33,7 +33,7 @@ from benchmarks import (  # noqa: E402
 from benchmarks._common import TINY, Crew  # noqa: E402
 from benchmarks._report import FAIL, NA, Report, Row  # noqa: E402
 
-from redlease import servers  # noqa: E402
+from redlease.tools import servers  # noqa: E402
 
 # aioredlock's client library (aioredis 1.x) still uses distutils' version classes.
 pytestmark = pytest.mark.filterwarnings(

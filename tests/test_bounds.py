@@ -19,8 +19,8 @@ import redis
 
 import families
 import redlease
-from redlease import servers
-from redlease.chaos.proxy import FaultProxy
+from redlease.tools import servers
+from redlease.tools.chaos.proxy import FaultProxy
 from waiting_helpers import lock_key
 
 # How long a call that used to hang is given before the test calls it hung.

@@ -12,12 +12,12 @@ import redis
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
-from redlease import servers
-from redlease.chaos import resource
-from redlease.chaos.checker import Section, longest_gap, overlapping
-from redlease.chaos.harness import BROKEN, SCENARIOS, run_broken, run_scenario
-from redlease.chaos.proxy import FaultProxy
-from redlease.chaos.report import Row, row_failures
+from redlease.tools import servers
+from redlease.tools.chaos import resource
+from redlease.tools.chaos.checker import Section, longest_gap, overlapping
+from redlease.tools.chaos.harness import BROKEN, SCENARIOS, run_broken, run_scenario
+from redlease.tools.chaos.proxy import FaultProxy
+from redlease.tools.chaos.report import Row, row_failures
 
 SEED = 1
 

@@ -15,10 +15,10 @@ import pytest
 import redis
 
 import redlease
-from redlease import servers
 from redlease.__main__ import main
 from redlease._cli import duration
 from redlease._keys import LockKeys
+from redlease.tools import servers
 from waiting_helpers import lock_key
 
 
@@ -164,14 +164,14 @@ def test_status_errors(capsys: pytest.CaptureFixture[str]) -> None:
 
 def test_chaos_is_delegated(monkeypatch: pytest.MonkeyPatch) -> None:
     seen: list[list[str]] = []
-    fake = types.ModuleType("redlease.chaos.__main__")
+    fake = types.ModuleType("redlease.tools.chaos.__main__")
 
     def fake_main(argv: list[str]) -> int:
         seen.append(argv)
         return 4
 
     fake.main = fake_main  # type: ignore[attr-defined]
-    monkeypatch.setitem(sys.modules, "redlease.chaos.__main__", fake)
+    monkeypatch.setitem(sys.modules, "redlease.tools.chaos.__main__", fake)
     assert main(["chaos", "--seed", "3", "--quick"]) == 4
     assert seen == [["--seed", "3", "--quick"]]
 
@@ -179,7 +179,7 @@ def test_chaos_is_delegated(monkeypatch: pytest.MonkeyPatch) -> None:
 def test_chaos_missing_is_explained(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    monkeypatch.setitem(sys.modules, "redlease.chaos.__main__", None)
+    monkeypatch.setitem(sys.modules, "redlease.tools.chaos.__main__", None)
     assert main(["chaos"]) == 2
     assert "not available" in capsys.readouterr().err
 

@@ -17,7 +17,7 @@ import pytest
 import redis
 
 import redlease
-from redlease import servers
+from redlease.tools import servers
 from waiting_helpers import lock_key, wait_until
 
 pytestmark = pytest.mark.slow

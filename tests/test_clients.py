@@ -19,7 +19,8 @@ import pytest
 
 import redlease
 from families import FAMILIES, ClientFamily
-from redlease import _clients, servers
+from redlease import _clients
+from redlease.tools import servers
 from waiting_helpers import lock_key, wait_until
 
 

@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from redlease import demo, servers
 from redlease.__main__ import main
+from redlease.tools import demo, servers
 
 
 def _by_label(results: list[demo.ModeResult]) -> dict[str, demo.ModeResult]:

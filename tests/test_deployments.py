@@ -18,10 +18,10 @@ import families
 import redlease
 from conftest import SLOTS
 from families import ClientFamily
-from redlease import servers
 from redlease._endpoint import Kind
 from redlease._io_sync import SyncIO
 from redlease._keys import LockKeys
+from redlease.tools import servers
 from waiting_helpers import lock_key
 
 

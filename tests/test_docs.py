@@ -18,7 +18,7 @@ from urllib.parse import unquote, urlsplit
 import pytest
 
 import redlease
-from redlease import servers
+from redlease.tools import servers
 
 ROOT = Path(__file__).resolve().parents[1]
 DOCS = ROOT / "docs"

@@ -21,8 +21,9 @@ import redis
 import redis.asyncio as aredis
 
 import redlease
-from redlease import Leader, servers
+from redlease import Leader
 from redlease._keys import LockKeys
+from redlease.tools import servers
 from waiting_helpers import until_queued, wait_until
 
 

@@ -21,8 +21,8 @@ import redis
 import redis.asyncio as aredis
 
 import redlease
-from redlease import servers
 from redlease._keys import LockKeys
+from redlease.tools import servers
 from waiting_helpers import wait_until
 
 

@@ -18,7 +18,7 @@ import pytest
 import families
 import redlease
 from families import ClientFamily
-from redlease import servers
+from redlease.tools import servers
 
 pytestmark = pytest.mark.slow
 

@@ -12,7 +12,7 @@ import redis
 
 import families
 import redlease
-from redlease import servers
+from redlease.tools import servers
 from waiting_helpers import lock_key
 
 

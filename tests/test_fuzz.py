@@ -39,9 +39,9 @@ from redlease import (
     InvalidArgument,
     LockLost,
     QuorumError,
-    servers,
 )
 from redlease.testing import FakeClock
+from redlease.tools import servers
 
 # Redlock over fewer than three nodes may warn: that is not what this file is about.
 pytestmark = pytest.mark.filterwarnings("ignore::redlease.RedleaseWarning")

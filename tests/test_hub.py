@@ -22,7 +22,8 @@ import redis.asyncio as aredis
 
 import families
 import redlease
-from redlease import _hub_sync, servers
+from redlease import _hub_sync
+from redlease.tools import servers
 from waiting_helpers import Waiters, lock_key, queued, wait_until
 
 # What a process's waiters may hold, whatever their number: the hub's connection, the

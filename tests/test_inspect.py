@@ -19,10 +19,10 @@ import redis
 import redis.asyncio as aredis
 
 import redlease
-from redlease import servers
 from redlease._flows import as_text
 from redlease._inspect import Holder, LockInfo, aread_info, read_info
 from redlease._keys import LockKeys
+from redlease.tools import servers
 from waiting_helpers import wait_until
 
 

@@ -13,8 +13,8 @@ from hypothesis import strategies as st
 
 import redlease
 from families import ClientFamily
-from redlease import servers
 from redlease._keys import DEFAULT_PREFIX, LockKeys
+from redlease.tools import servers
 from waiting_helpers import wait_until
 
 # Names and prefixes drawn mostly from the characters that matter to the layout.

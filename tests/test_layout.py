@@ -190,3 +190,21 @@ def test_no_private_attribute_of_another_library_is_touched() -> None:
         if _FOREIGN_PRIVATE.search(line)
     ]
     assert offending == []
+
+
+def test_the_library_never_imports_its_tools() -> None:
+    """The demo, the fault harness, the broken locks and the server launcher live in
+    redlease.tools, apart from the core: no core module imports them."""
+    tools = SRC / "tools"
+    for path in sorted(SRC.rglob("*.py")):
+        if tools in path.parents:
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom):
+                module = node.module or ""
+                names = [alias.name for alias in node.names]
+                assert "tools" not in module.split(".") or path.name == "_cli.py", (path, module)
+                assert node.level == 0 or "tools" not in names or path.name == "_cli.py", path
+            elif isinstance(node, ast.Import):
+                for alias in node.names:
+                    assert ".tools" not in alias.name, (path, alias.name)

@@ -27,7 +27,8 @@ import pytest
 import redis
 
 import redlease
-from redlease import _metrics, servers
+from redlease import _metrics
+from redlease.tools import servers
 from waiting_helpers import lock_key, wait_until
 
 pytest.importorskip("opentelemetry.sdk")

@@ -10,7 +10,7 @@ import pytest
 
 import families
 import redlease
-from redlease import servers
+from redlease.tools import servers
 from test_acl import _grant, _user, _without
 
 

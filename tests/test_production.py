@@ -27,8 +27,8 @@ import redis.asyncio as aredis
 
 import families
 import redlease
-from redlease import servers
-from redlease.chaos.proxy import FaultProxy
+from redlease.tools import servers
+from redlease.tools.chaos.proxy import FaultProxy
 from waiting_helpers import Waiters, lock_key, queued, wait_until
 
 IDLE_GAP = 2.5  # seconds without a command: longer than the servers' `timeout 1`

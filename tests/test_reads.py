@@ -17,8 +17,9 @@ import redis.asyncio as aredis
 
 import families
 import redlease
-from redlease import _resp, _spin, servers
-from redlease.chaos.proxy import FaultProxy
+from redlease import _resp, _spin
+from redlease.tools import servers
+from redlease.tools.chaos.proxy import FaultProxy
 from waiting_helpers import lock_key
 
 

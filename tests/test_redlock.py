@@ -20,7 +20,7 @@ import redis
 
 import families
 import redlease
-from redlease import _stale, servers
+from redlease import _stale
 from redlease._flows import LockSpec, Sleep
 from redlease._io_async import AsyncIO
 from redlease._io_sync import SyncIO
@@ -28,9 +28,10 @@ from redlease._keys import LockKeys
 from redlease._quorum import SAFE, UNREAD, Fanout, QuorumAcquisition, QuorumSpec
 from redlease._quorum import extend as quorum_extend
 from redlease._quorum import release as quorum_release
-from redlease.chaos.proxy import FaultProxy
-from redlease.chaos.unsafe import Unsafe, unsafe_redlock
 from redlease.testing import FakeClock
+from redlease.tools import servers
+from redlease.tools.chaos.proxy import FaultProxy
+from redlease.tools.chaos.unsafe import Unsafe, unsafe_redlock
 from waiting_helpers import lock_key
 
 NODES = 5

@@ -19,7 +19,7 @@ import redis
 import redis.asyncio as aredis
 
 import redlease
-from redlease import servers
+from redlease.tools import servers
 from waiting_helpers import lock_key
 
 NODE_DBS = (1, 2, 3)  # a Redlock's nodes: databases of the one server (distinct nodes)

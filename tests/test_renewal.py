@@ -24,9 +24,10 @@ import redis.asyncio as aredis
 
 import families
 import redlease
-from redlease import _flows, _renewal, servers
+from redlease import _flows, _renewal
 from redlease._errors import BackendError
 from redlease.testing import FakeClock
+from redlease.tools import servers
 from waiting_helpers import lock_key
 
 # -- the schedule, without I/O -----------------------------------------------------------

@@ -6,7 +6,7 @@ import pytest
 
 import families
 import redlease
-from redlease import servers
+from redlease.tools import servers
 from waiting_helpers import lock_key
 
 

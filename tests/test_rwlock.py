@@ -19,8 +19,8 @@ import redis
 import redis.asyncio as aredis
 
 import redlease
-from redlease import servers
 from redlease._keys import LockKeys, forgotten_within
+from redlease.tools import servers
 from waiting_helpers import until_queued, wait_until
 
 

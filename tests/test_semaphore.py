@@ -20,9 +20,9 @@ import redis
 import redis.asyncio as aredis
 
 import redlease
-from redlease import servers
 from redlease._keys import LockKeys, forgotten_within
 from redlease._scripts import SHARED_ACQUIRE
+from redlease.tools import servers
 from waiting_helpers import lock_key, until_queued, wait_until
 
 

@@ -15,8 +15,9 @@ import redis
 
 import families
 import redlease
-from redlease import _flows, servers
+from redlease import _flows
 from redlease._io_sync import SyncIO
+from redlease.tools import servers
 from waiting_helpers import lock_key, queued, wait_until
 
 

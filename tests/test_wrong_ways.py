@@ -13,8 +13,8 @@ import pytest
 import redis
 
 import redlease
-from redlease import broken, servers
-from redlease.chaos.workload import WorkloadConfig, run_counter_workload
+from redlease.tools import broken, servers
+from redlease.tools.chaos.workload import WorkloadConfig, run_counter_workload
 from waiting_helpers import lock_key
 
 

@@ -368,9 +368,9 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def _chaos(argv: list[str]) -> int:
     try:
-        harness = importlib.import_module("redlease.chaos.__main__")
+        harness = importlib.import_module("redlease.tools.chaos.__main__")
     except ModuleNotFoundError as exc:
-        if exc.name not in ("redlease.chaos.__main__", "redlease.chaos"):
+        if exc.name not in ("redlease.tools.chaos.__main__", "redlease.tools.chaos"):
             raise
         print(
             "redlease: the fault-injection harness (redlease chaos) is not available in "
@@ -386,7 +386,7 @@ def _chaos(argv: list[str]) -> int:
 
 
 def _demo(args: argparse.Namespace) -> int:
-    from . import demo
+    from .tools import demo
 
     overrides: dict[str, Any] = {"seed": args.seed}
     if args.redis:

@@ -75,7 +75,7 @@ MIN_RETRY = 0.001
 class Rules:
     """Where Redlock's safety is decided: the size of a majority, when validity starts,
     and where a failed round and a release are undone. The harness's deliberately wrong
-    variants (``redlease.chaos.unsafe``) override these to show that its checker catches
+    variants (``redlease.tools.chaos.unsafe``) override these to show that its checker catches
     each mistake; redlease itself only ever uses these."""
 
     def quorum(self, n: int) -> int:

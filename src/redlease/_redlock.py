@@ -291,7 +291,7 @@ class _RedlockConfig:
 
     _metric_kind = "redlock"
     # The quorum rules. Only the fault harness's deliberately broken Redlocks (a subclass
-    # each: redlease.chaos.unsafe) change them; no argument does.
+    # each: redlease.tools.chaos.unsafe) change them; no argument does.
     _rules: Rules = SAFE
 
     def __init__(

@@ -1,4 +1,4 @@
-"""One worker process of the harness: ``python -m redlease.chaos.worker`` reads its
+"""One worker process of the harness: ``python -m redlease.tools.chaos.worker`` reads its
 configuration (one JSON line) on stdin, says "ready", reads the start time, and at the
 end prints its record (JSON) on stdout.
 
@@ -26,8 +26,8 @@ from typing import Any
 
 import redis
 
+from ..._keys import LockKeys
 from .. import broken
-from .._keys import LockKeys
 from .resource import Resource
 
 # A worker planned to die while queued does so this long into a wait (it is queued by

@@ -1,4 +1,4 @@
-"""``python -m redlease.chaos``: run the fault scenarios and the broken locks (each once per
+"""``python -m redlease.tools.chaos``: run the fault scenarios and the broken locks (each once per
 seed; the broken locks' faults then once more with redlease), print the report, optionally
 write it (``--report``) and the timeline picture (``--timeline``). Exit status 1 when a run
 does not match its row's expectation, a broken lock goes uncaught in every run, or

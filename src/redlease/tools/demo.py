@@ -7,7 +7,7 @@ second worker that reads in that gap gets the same "idle" number. Each mode runs
 fresh table with fresh processes:
 
 * ``unlocked``: no lock at all;
-* the wrong locks of ``redlease.broken`` (SETNX then EXPIRE, GETSET timestamp, plain DEL,
+* the wrong locks of ``redlease.tools.broken`` (SETNX then EXPIRE, GETSET timestamp, plain DEL,
   GET then DEL);
 * ``redlease`` (one server) and ``redlock`` (three independent servers, when available).
 
@@ -38,8 +38,8 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, TextIO
 
+from .._clients import from_url
 from . import broken
-from ._clients import from_url
 
 __all__ = [
     "BROKEN_MODES",
@@ -228,13 +228,13 @@ class _RedlockContender:
     label = "redlock"
 
     def __init__(self, clients: Sequence[Any], name: str, ttl: float) -> None:
-        from . import Redlock
+        from .. import Redlock
 
         self.lock: Any = Redlock(list(clients), name, ttl=ttl)
         self.lost_on_release = 0
 
     def acquire(self, timeout: float) -> broken.Held | None:
-        from ._errors import AcquireTimeout, LockLost
+        from .._errors import AcquireTimeout, LockLost
 
         try:
             lease = self.lock.acquire(timeout=timeout)
@@ -269,7 +269,7 @@ def effective_lease(mode: str, ttl: float) -> float:
 
 def redlock_status(urls: Sequence[str]) -> str | None:
     """None when ``redlease.Redlock`` works on these servers, else why it does not."""
-    from . import Redlock
+    from .. import Redlock
 
     clients = [from_url(url) for url in urls]
     try:

@@ -151,7 +151,7 @@ def render(
     out = [
         "# Safety report",
         "",
-        "Produced by `python -m redlease.chaos` (redlease's fault harness). Every run",
+        "Produced by `python -m redlease.tools.chaos` (redlease's fault harness). Every run",
         "starts private server processes on 127.0.0.1, N worker processes doing lock-protected",
         "read-modify-writes of two counters on a separate resource server (one plain, one",
         "checked with fencing tokens), and a nemesis injecting the row's faults on a seeded",

@@ -792,7 +792,7 @@ def _run(
             "options": plan.options,
         }
         proc = subprocess.Popen(
-            [sys.executable, "-m", "redlease.chaos.worker"],
+            [sys.executable, "-m", "redlease.tools.chaos.worker"],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
@@ -937,7 +937,7 @@ def _crash_between(rng: random.Random, quick: bool) -> Plan:
 
 
 def _broken_redlock(flaw: str, node_timeout: float | None = None, **fields: Any) -> Plan:
-    """Three nodes, ttl 1 s, and one of ``redlease.chaos.unsafe.Unsafe``'s flaws switched on."""
+    """Three nodes, ttl 1 s, and one of ``chaos.unsafe.Unsafe``'s flaws switched on."""
     options: dict[str, Any] = {"unsafe": {flaw: True}}
     if node_timeout is not None:
         options["node_timeout"] = node_timeout
