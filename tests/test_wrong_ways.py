@@ -37,7 +37,7 @@ def _crash_between_setnx_and_expire(url: str, contender: str) -> None:
     """A holder process that dies right after taking the lock (SIGKILL, no clean-up)."""
     code = textwrap.dedent(f"""
         import os, signal, redis
-        from redlease import broken
+        from redlease.tools import broken
         client = redis.Redis.from_url({url!r})
         def die():
             os.kill(os.getpid(), signal.SIGKILL)
