@@ -252,6 +252,51 @@ async def test_a_cancelled_candidate_leaves_nothing(
     assert lease.released
 
 
+async def test_a_candidate_cancelled_while_it_announces_hands_leadership_on(
+    ar: aredis.Redis, r: redis.Redis, name: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Granted, then cancelled while it tells the observers: the caller never had the
+    lease, so it must not lead (it did, renewed for good, until this was fixed)."""
+    announcing = asyncio.Event()
+    tell = redlease.AsyncElection._tell
+
+    async def slow_tell(self: redlease.AsyncElection, what: str) -> None:
+        if what == "elected":
+            announcing.set()
+            await asyncio.sleep(60)
+        await tell(self, what)
+
+    monkeypatch.setattr(redlease.AsyncElection, "_tell", slow_tell)
+    candidate = redlease.AsyncElection(ar, name, ttl=10.0, identity="candidate")
+    waiting = asyncio.create_task(candidate.campaign(timeout=60))
+    await asyncio.wait_for(announcing.wait(), 30)
+    waiting.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await waiting
+    assert await candidate.leader() is None
+    other = redlease.AsyncElection(ar, name, ttl=10.0, identity="other")
+    monkeypatch.setattr(redlease.AsyncElection, "_tell", tell)
+    assert (await other.campaign(timeout=5)).fence > 0  # free for the next one at once
+    await other.resign()
+
+
+def test_a_candidate_interrupted_while_it_announces_hands_leadership_on(
+    r: redis.Redis, name: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    tell = redlease.Election._tell
+
+    def interrupted(self: redlease.Election, what: str) -> None:
+        if what == "elected":
+            raise KeyboardInterrupt
+        tell(self, what)
+
+    monkeypatch.setattr(redlease.Election, "_tell", interrupted)
+    candidate = redlease.Election(r, name, ttl=10.0, identity="candidate")
+    with pytest.raises(KeyboardInterrupt):
+        candidate.campaign(timeout=5)
+    assert candidate.leader() is None
+
+
 def test_bad_arguments_are_named(r: redis.Redis, ar: aredis.Redis, name: str) -> None:
     for identity in ("", 5, b"x", "x" * 257, "\ud800"):
         with pytest.raises(redlease.InvalidArgument, match="identity"):

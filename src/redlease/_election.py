@@ -51,7 +51,7 @@ from ._fronts import check_client
 from ._io_async import AsyncIO
 from ._io_sync import SyncIO
 from ._keys import DEFAULT_PREFIX
-from ._lease import AsyncLease, Lease
+from ._lease import AsyncLease, Lease, _shielded
 from ._lock import AsyncOneServer, OneServer, OnLost, check_replicas
 from ._scripts import ELECTION_ANNOUNCE, ELECTION_WATCH
 from ._timing import QUEUE_ENTRY_SLACK
@@ -260,7 +260,11 @@ class Election(_ElectionConfig):
             return held
         lease = self._candidacy.acquire(timeout)
         self._lease = lease
-        self._tell("elected")
+        try:
+            self._tell("elected")
+        except BaseException:  # interrupted before the caller had the lease: hand it on
+            self.resign()
+            raise
         return lease
 
     def resign(self) -> None:
@@ -385,7 +389,11 @@ class AsyncElection(_ElectionConfig):
             return held
         lease = await self._candidacy.acquire(timeout)
         self._lease = lease
-        await self._tell("elected")
+        try:
+            await self._tell("elected")
+        except BaseException:  # cancelled before the caller had the lease: hand it on
+            await _shielded(self.resign())
+            raise
         return lease
 
     async def resign(self) -> None:
