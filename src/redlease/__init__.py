@@ -7,6 +7,8 @@ with lock as lease:
     do_work(fence=lease.fence)
 """
 
+import logging
+
 from . import metrics as metrics  # (a module: redlease.metrics.configure)
 from ._election import AsyncElection, Election, Leader, Observation
 from ._errors import (
@@ -27,6 +29,10 @@ from ._rwlock import AsyncReadWriteLock, ReadWriteLock
 from ._semaphore import AsyncSemaphore, Semaphore
 
 __version__ = "0.1.0"
+
+# A library's loggers print nothing of their own accord: the application configures
+# logging (the "redlease" tree) if it wants to see them.
+logging.getLogger(__name__).addHandler(logging.NullHandler())
 
 __all__ = [
     "AcquireTimeout",
