@@ -23,21 +23,12 @@ import redis.asyncio as aredis
 import redlease
 from redlease._keys import LockKeys
 from redlease.tools import servers
-from waiting_helpers import wait_until
+from waiting_helpers import in_thread, wait_until
 
 
-def in_thread(fn: Any) -> Any:
+def in_another_thread(fn: Any) -> Any:
     """``fn()`` run in another thread, its result (or error) returned."""
-    out: list[Any] = []
-
-    def run() -> None:
-        try:
-            out.append(fn())
-        except BaseException as exc:  # looked at by the test
-            out.append(exc)
-
-    thread = threading.Thread(target=run)
-    thread.start()
+    thread, out = in_thread(fn)
     thread.join(60)
     return out[0]
 
@@ -68,8 +59,8 @@ def test_locked_owned_and_waiting(r: redis.Redis, name: str) -> None:
     lease = lock.acquire(timeout=1)
     assert lock.locked()
     assert lock.owned()
-    assert in_thread(lock.owned) is False  # another thread: not its lease
-    assert in_thread(lock.locked) is True
+    assert in_another_thread(lock.owned) is False  # another thread: not its lease
+    assert in_another_thread(lock.locked) is True
     assert not redlease.Lock(r, name, ttl=30.0).owned()  # another object: not its lease
     got: list[Any] = []
     waiter = threading.Thread(target=lambda: got.append(lock.acquire(timeout=120)))
@@ -165,7 +156,7 @@ def test_semaphore_and_read_write_sides(r: redis.Redis, name: str) -> None:
     permits = [sem.acquire(timeout=1), sem.acquire(timeout=1)]
     assert sem.locked()
     assert sem.owned()
-    assert in_thread(sem.owned) is False
+    assert in_another_thread(sem.owned) is False
     permits[0].release()
     assert sem.owned()  # the other permit
     permits[1].release()

@@ -9,7 +9,6 @@ import asyncio
 import subprocess
 import sys
 import textwrap
-import threading
 import time
 from collections.abc import Callable
 from typing import Any
@@ -23,7 +22,7 @@ from redlease._flows import as_text
 from redlease._inspect import Holder, LockInfo, aread_info, read_info
 from redlease._keys import LockKeys
 from redlease.tools import servers
-from waiting_helpers import wait_until
+from waiting_helpers import in_thread, wait_until
 
 
 def keys_under(r: redis.Redis, keys: LockKeys) -> dict[bytes, Any]:
@@ -38,20 +37,6 @@ def keys_under(r: redis.Redis, keys: LockKeys) -> dict[bytes, Any]:
     for key in r.scan_iter(match=keys.lock.replace("{", "[{]") + "*"):
         found[key] = readers[as_text(r.type(key))](key)
     return found
-
-
-def in_thread(fn: Any) -> tuple[threading.Thread, list[Any]]:
-    out: list[Any] = []
-
-    def run() -> None:
-        try:
-            out.append(fn())
-        except BaseException as exc:  # looked at by the test
-            out.append(exc)
-
-    thread = threading.Thread(target=run)
-    thread.start()
-    return thread, out
 
 
 def test_a_free_name_reads_empty_and_creates_nothing(r: redis.Redis, name: str) -> None:

@@ -21,7 +21,7 @@ import redis.asyncio as aredis
 import redlease
 from redlease._keys import LockKeys, forgotten_within
 from redlease.tools import servers
-from waiting_helpers import until_queued, wait_until
+from waiting_helpers import in_thread, until_queued, wait_until
 
 
 def keys_of(name: str) -> LockKeys:
@@ -34,22 +34,6 @@ def queued(r: redis.Redis, name: str) -> int:
 
 def rw_keys(r: redis.Redis, name: str) -> list[bytes]:
     return list(r.scan_iter(match=keys_of(name).lock.replace("{", "[{]") + "*"))
-
-
-def in_thread(fn: Any) -> tuple[threading.Thread, list[Any]]:
-    """Run ``fn`` in a thread of its own: another holder. Its result (or error) lands in
-    the list."""
-    out: list[Any] = []
-
-    def run() -> None:
-        try:
-            out.append(fn())
-        except BaseException as exc:  # looked at by the test
-            out.append(exc)
-
-    thread = threading.Thread(target=run)
-    thread.start()
-    return thread, out
 
 
 def test_many_readers_or_one_writer(twin: Any, name: str) -> None:

@@ -62,3 +62,19 @@ class Waiters:
             t.join(timeout=120)
         assert self.errors == []
         assert sorted(self.done) == list(range(len(self.threads)))
+
+
+def in_thread(fn: Any) -> tuple[threading.Thread, list[Any]]:
+    """Run ``fn`` in a thread of its own (another holder); its result, or its error,
+    lands in the list."""
+    out: list[Any] = []
+
+    def run() -> None:
+        try:
+            out.append(fn())
+        except BaseException as exc:  # looked at by the test
+            out.append(exc)
+
+    thread = threading.Thread(target=run)
+    thread.start()
+    return thread, out
