@@ -100,7 +100,7 @@ def read() -> Iterator[Read]:
     only once per process), and back to the default afterwards."""
     reader = InMemoryMetricReader()
     provider = MeterProvider(metric_readers=[reader])
-    redlease.metrics.configure(meter_provider=provider)
+    redlease.metrics.configure(meter_provider=provider, durations=True)
     try:
         yield Read(reader, provider)
     finally:
@@ -170,7 +170,7 @@ def test_names_only_when_asked_for(r: redis.Redis, name: str, read: Read) -> Non
     assert sets
     assert all(KEYS["name"] not in s for s in sets)
 
-    redlease.metrics.configure(meter_provider=read.provider, record_names=True)
+    redlease.metrics.configure(meter_provider=read.provider, record_names=True, durations=True)
     lock.acquire().release()  # the same lock object follows the new configuration
     assert read.count("redlease.lock.acquisitions", name=name) == 1
     assert read.count("redlease.lock.acquisitions", kind="lock") == 2
@@ -194,8 +194,9 @@ def test_switched_off_records_nothing(r: redis.Redis, name: str, read: Read) -> 
     assert read.points("redlease.lock.acquisitions") == []
 
 
-def test_counters_only(r: redis.Redis, name: str, read: Read) -> None:
-    redlease.metrics.configure(meter_provider=read.provider, durations=False)
+def test_counters_only_by_default(r: redis.Redis, name: str, read: Read) -> None:
+    # The histograms cost the SDK a record per acquire and per release: asked for only.
+    redlease.metrics.configure(meter_provider=read.provider)
     for _ in range(3):  # a lock object per call: the counts add up all the same
         redlease.Lock(r, name, batch=1).acquire().release()
     assert read.count("redlease.lock.acquisitions", kind="lock") == 3
@@ -256,7 +257,7 @@ sys.modules["opentelemetry"] = None  # as if not installed: importing it raises
 import redis, redlease
 from redlease import _metrics
 r = redis.Redis(port={server.port})
-redlease.metrics.configure(record_names=True)
+redlease.metrics.configure(record_names=True, durations=True)
 lock = redlease.Lock(r, {name!r}, auto_renew=True)
 with lock as lease:
     assert lease.fence >= 1
@@ -344,7 +345,7 @@ def test_a_forked_child_records_its_own_durations_only(
     server: servers.ServerProcess, r: redis.Redis, name: str, tmp_path: Path
 ) -> None:
     recorded = Recorded(tmp_path / "records")
-    redlease.metrics.configure(meter_provider=recorded)  # type: ignore[arg-type]
+    redlease.metrics.configure(meter_provider=recorded, durations=True)  # type: ignore[arg-type]
     try:
         lock = redlease.Lock(r, name, batch=1)
         for _ in range(3):
@@ -386,7 +387,7 @@ import redis, redlease
 from test_metrics import Recorded
 recorded = Recorded(Path({str(tmp_path / "records")!r}))
 atexit.register(lambda: print(sum(recorded.by_pid().values()) if recorded.path.exists() else 0))
-redlease.metrics.configure(meter_provider=recorded)
+redlease.metrics.configure(meter_provider=recorded, durations=True)
 lock = redlease.Lock(redis.Redis(port={server.port}), {name!r}, batch=1)
 for _ in range(3):
     lock.acquire().release()
