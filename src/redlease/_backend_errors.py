@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 
 from . import _acl
-from . import _clients as c
+from ._clients import caught
 from ._errors import BackendError
 from ._resp import ReplyError
 
@@ -38,17 +38,18 @@ def describe(exc: BaseException) -> str:
         return told
     if isinstance(exc, ReplyError):
         return _CODES.get(exc.code, "the server returned an error")
-    if isinstance(exc, c.READONLY_ERRORS):
+    families = caught()
+    if isinstance(exc, families.readonly):
         return _READ_ONLY
-    if isinstance(exc, c.OOM_ERRORS) or str(exc).startswith("OOM"):
+    if isinstance(exc, families.oom) or str(exc).startswith("OOM"):
         return "the server is out of memory (maxmemory reached) and refuses writes"
-    if isinstance(exc, c.LOADING_ERRORS):
+    if isinstance(exc, families.loading):
         return "the server is still loading its data set"
-    if isinstance(exc, c.DENIED_ERRORS):
+    if isinstance(exc, families.denied):
         return _DENIED
-    if isinstance(exc, (*c.TIMEOUT_ERRORS, TimeoutError)):
+    if isinstance(exc, (*families.timeout, TimeoutError)):
         return "the server did not answer in time"
-    if isinstance(exc, (*c.CONNECTION_ERRORS, OSError)):
+    if isinstance(exc, (*families.connection, OSError)):
         return "the server cannot be reached"
     return "the server returned an error"
 
@@ -107,7 +108,8 @@ def passing(error: BaseException) -> bool:
     reached, did not answer in time, or answered "not now". A wait with time left tries
     again after such a failure rather than giving up."""
     cause = error.__cause__ if isinstance(error, BackendError) else error
-    if isinstance(cause, (*c.CONNECTION_ERRORS, *c.TIMEOUT_ERRORS, *c.LOADING_ERRORS, OSError)):
+    families = caught()
+    if isinstance(cause, (*families.connection, *families.timeout, *families.loading, OSError)):
         return True
     return error_code(error) in _PASSING
 
@@ -118,7 +120,7 @@ def error_code(error: BaseException) -> str:
     cause = error.__cause__ if isinstance(error, BackendError) else error
     if isinstance(cause, ReplyError):
         return cause.code
-    if isinstance(cause, c.RESPONSE_ERRORS):
+    if isinstance(cause, caught().response):
         return str(cause).split(" ", 1)[0]
     return ""
 
@@ -134,5 +136,8 @@ def backend_error(
     return error
 
 
-# What a driver turns into BackendError; anything else (bugs, cancellation) passes through.
-BACKEND_FAILURES: tuple[type[BaseException], ...] = (*c.BASE_ERRORS, OSError, ReplyError)
+def backend_failures() -> tuple[type[BaseException], ...]:
+    """What a driver turns into BackendError; anything else (bugs, cancellation) passes
+    through. Read where it is caught (``except backend_failures():``): every family loaded
+    by then is among them (``_clients``)."""
+    return (*caught().base, OSError, ReplyError)

@@ -443,10 +443,11 @@ def _exit_on_sigterm() -> Any:
 
 
 def _connection_errors() -> tuple[type[BaseException], ...]:
-    from ._clients import CONNECTION_ERRORS, TIMEOUT_ERRORS
+    from ._clients import caught
     from ._errors import BackendError
 
-    return (*CONNECTION_ERRORS, *TIMEOUT_ERRORS, BackendError)
+    families = caught()
+    return (*families.connection, *families.timeout, BackendError)
 
 
 def make_client(url: str) -> Any:

@@ -32,15 +32,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from . import _resp
-from ._clients import (
-    CONNECTION_ERRORS,
-    NOSCRIPT_ERRORS,
-    RESPONSE_ERRORS,
-    TIMEOUT_ERRORS,
-    ConnectionFailed,
-    ReplyTimedOut,
-    family_of,
-)
+from ._clients import ConnectionFailed, ReplyTimedOut, caught, family_of
 from ._clients.family import Family
 from ._resp import ReplyError
 
@@ -48,20 +40,19 @@ if TYPE_CHECKING:
     from ._flows import Call
 
 __all__ = [
-    "CONNECTION_ERRORS",
-    "REPLY_ERRORS",
-    "TIMEOUT_ERRORS",
     "ConnectionFailed",
     "Endpoint",
     "Kind",
     "ReplyTimedOut",
     "bounded",
+    "caught",
     "endpoint_of",
     "is_noscript",
     "is_unblocked",
     "node_endpoint",
     "node_of",
     "read_bound",
+    "reply_errors",
 ]
 
 
@@ -235,13 +226,15 @@ def read_bound(endpoint: Endpoint, timeout: float) -> float:
     return timeout if limit is None or limit >= timeout else float(limit)
 
 
-# An error reply: ours (ReplyError) or one a CLASS connection or client raised.
-REPLY_ERRORS: tuple[type[Exception], ...] = (ReplyError, *RESPONSE_ERRORS)
+def reply_errors() -> tuple[type[Exception], ...]:
+    """An error reply: ours (ReplyError) or one a CLASS connection or client raised. Read
+    where it is caught (``except reply_errors():``), as ``caught()`` is."""
+    return (ReplyError, *caught().response)
 
 
 def is_noscript(exc: BaseException) -> bool:
     """The server does not know the script (restarted, SCRIPT FLUSH, a promoted replica)."""
-    return isinstance(exc, NOSCRIPT_ERRORS) or (
+    return isinstance(exc, caught().noscript) or (
         isinstance(exc, ReplyError) and exc.code == "NOSCRIPT"
     )
 
@@ -263,4 +256,4 @@ def is_unblocked(exc: BaseException) -> bool:
     """A blocked command was ended by the server because it changed role (a failover)."""
     if isinstance(exc, ReplyError):
         return exc.code == "UNBLOCKED"
-    return isinstance(exc, RESPONSE_ERRORS) and str(exc).startswith("UNBLOCKED")
+    return isinstance(exc, caught().response) and str(exc).startswith("UNBLOCKED")

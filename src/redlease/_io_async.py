@@ -21,19 +21,18 @@ from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, TypeVar
 
 from . import _flows, _resp, _stale
-from ._backend_errors import BACKEND_FAILURES, backend_error
+from ._backend_errors import backend_error, backend_failures
 from ._conn_async import Connection, Pool, _bounded, node_pool, pool_for
 from ._endpoint import (
-    CONNECTION_ERRORS,
-    REPLY_ERRORS,
-    TIMEOUT_ERRORS,
     Kind,
+    caught,
     endpoint_of,
     is_noscript,
     is_unblocked,
     node_of,
     read_bound,
     reloading,
+    reply_errors,
 )
 from ._errors import RedleaseWarning
 from ._flows import LATE_WAKE, Call, Command, Flow, Listen, Op, Replicas, Sleep, Wait
@@ -55,7 +54,7 @@ async def _reply(conn: Connection, op: Call | Command, timeout: float) -> Any:
     sent again with its source."""
     try:
         return await conn.read(timeout)
-    except REPLY_ERRORS as exc:
+    except reply_errors() as exc:
         if not is_noscript(exc):
             raise
         assert isinstance(op, Call)
@@ -113,7 +112,7 @@ class AsyncIO:
                 return stop.value  # type: ignore[no-any-return]
             try:
                 reply, error = await self.execute(op), None
-            except BACKEND_FAILURES as exc:
+            except backend_failures() as exc:
                 reply, error = None, backend_error(exc, action, server=self.describe())
 
     async def execute(self, op: Op) -> Any:
@@ -160,7 +159,7 @@ class AsyncIO:
             for op in ops:
                 try:
                     replies.append(await self.execute(op))
-                except BACKEND_FAILURES as exc:
+                except backend_failures() as exc:
                     replies.append(backend_error(exc, "renew", server=self.describe()))
             return replies
         results: list[Any] = []
@@ -171,7 +170,7 @@ class AsyncIO:
             for _ in ops:
                 try:
                     results.append(await conn.read(timeout))
-                except REPLY_ERRORS as exc:
+                except reply_errors() as exc:
                     # NOSCRIPT: filled in below, once the pipeline is drained
                     results.append(
                         None
@@ -185,14 +184,14 @@ class AsyncIO:
                 for i in missing:
                     try:
                         results[i] = await conn.read(timeout)
-                    except REPLY_ERRORS as exc:
+                    except reply_errors() as exc:
                         results[i] = backend_error(exc, "renew", server=self.describe())
             return results
 
         try:
             # renewals (EXTEND) are safe to send again
             return await self._on_connection(pipeline, min(op.timeout for op in ops), safe=True)
-        except BACKEND_FAILURES as exc:
+        except backend_failures() as exc:
             error = backend_error(exc, "renew", server=self.describe())
             # (None: an op whose script was lost and that was not sent again)
             done = [error if result is None else result for result in results]
@@ -221,7 +220,7 @@ class AsyncIO:
             return await self._attempt(pool, work, timeout, safe, end)
         except _Final as final:
             raise final.error from final.error.__cause__
-        except BACKEND_FAILURES as first:
+        except backend_failures() as first:
             retry = pool.endpoint.retry
             failed = [first]  # the last failure, if a retry finds no time left
 
@@ -231,7 +230,7 @@ class AsyncIO:
                 raise _Final(failed[-1])
             try:
                 return await self._attempt(pool, work, left, safe, end)
-            except BACKEND_FAILURES as exc:
+            except backend_failures() as exc:
                 failed.append(exc)
                 raise
 
@@ -258,14 +257,14 @@ class AsyncIO:
             conn = await pool.take(left)
             assert conn is not None
             result = await work(conn, read_bound(pool.endpoint, left))
-        except REPLY_ERRORS as exc:
+        except reply_errors() as exc:
             if conn is not None:
                 pool.give(conn)  # the reply was read in full: the connection is clean
             raise _Final(exc) from exc  # the server said no: not a failure to try again
         except BaseException as exc:
             if conn is not None:
                 pool.discard(conn)  # a reply may still be on its way
-            if isinstance(exc, BACKEND_FAILURES) and not _again(exc, conn is not None, safe, end):
+            if isinstance(exc, backend_failures()) and not _again(exc, conn is not None, safe, end):
                 raise _Final(exc) from exc
             raise
         pool.give(conn)
@@ -277,7 +276,7 @@ class AsyncIO:
             n = len(op.keys)
             try:
                 return await self.client.evalsha(op.script.sha, n, *op.keys, *op.args)
-            except REPLY_ERRORS as exc:
+            except reply_errors() as exc:
                 if not is_noscript(exc):
                     raise
                 return await self.client.eval(op.script.source, n, *op.keys, *op.args)
@@ -326,7 +325,7 @@ class AsyncIO:
             if node is None:  # a client that has not met its cluster yet (idempotent)
                 try:
                     await self.client.initialize()
-                except BACKEND_FAILURES:
+                except backend_failures():
                     return None  # unreachable for now: this wait's tries will say
                 node = node_of(self.client, prefix)
             pool = None if node is None else node_pool(self.client, node)
@@ -354,13 +353,13 @@ class AsyncIO:
                 await conn.send(_resp.command(("CLIENT", "ID")) + blpop)
                 try:
                     conn.client_id = int(await conn.read(op.connect_timeout))
-                except REPLY_ERRORS:
+                except reply_errors():
                     conn.client_id = NO_CLIENT_ID  # denied (ACL): see _unblock
             else:
                 await conn.send(blpop)
             try:
                 reply = await conn.read(wait + LATE_WAKE, spin=False)  # a blocking command
-            except TIMEOUT_ERRORS:
+            except caught().timeout:
                 reply = await self._unblock(conn, op.connect_timeout)
         except _Owed:
             # The BLPOP's own reply is still to come (an idle server answers its timeout
@@ -369,10 +368,10 @@ class AsyncIO:
             # try finds it.
             pool.owe(conn, blocking=True)
             return nothing
-        except CONNECTION_ERRORS:
+        except caught().connection:
             pool.discard(conn, blocking=True)  # lost while waiting: look at the lock again
             return nothing
-        except REPLY_ERRORS as exc:
+        except reply_errors() as exc:
             pool.give(conn, blocking=True)
             if is_unblocked(exc):  # the server changed role (a failover): look again
                 return nothing
@@ -404,7 +403,7 @@ class AsyncIO:
         try:
             await other.send(_resp.command(("CLIENT", "UNBLOCK", str(conn.client_id))))
             await other.read(timeout)
-        except REPLY_ERRORS:
+        except reply_errors():
             pool.give(other)
             raise _Owed from None
         except BaseException:
@@ -413,7 +412,7 @@ class AsyncIO:
         pool.give(other)
         try:
             return await conn.read(timeout, spin=False)
-        except TIMEOUT_ERRORS:
+        except caught().timeout:
             raise _Owed from None
 
 
@@ -438,7 +437,7 @@ def _again(error: BaseException, written: bool, safe: bool, end: float) -> bool:
     the work is safe to do twice (not after a timeout: the server may still be at it)."""
     if time.monotonic() >= end:
         return False
-    return not written or (safe and not isinstance(error, TIMEOUT_ERRORS))
+    return not written or (safe and not isinstance(error, caught().timeout))
 
 
 async def fan_out(
@@ -475,20 +474,20 @@ async def fan_out(
             if pool is None:  # the client's own call, one node at a time
                 try:
                     results[at] = await _bounded(io.execute(op), timeout)
-                except BACKEND_FAILURES as exc:
+                except backend_failures() as exc:
                     results[at] = backend_error(exc, action)
                 continue
             try:
                 conn = await pool.take(timeout)
                 assert conn is not None
-            except BACKEND_FAILURES as exc:
+            except backend_failures() as exc:
                 results[at] = backend_error(exc, action, Unsent)
                 continue
             try:
                 await conn.send(pool.wire(op, packed))
             except BaseException as exc:
                 pool.discard(conn)  # part of the command may have left
-                if not isinstance(exc, BACKEND_FAILURES):
+                if not isinstance(exc, backend_failures()):
                     raise
                 results[at] = backend_error(exc, action)
                 continue
@@ -509,9 +508,9 @@ async def fan_out(
                 results[at] = await _reply(
                     conn, op, wait if wait > MIN_READ_WAIT else MIN_READ_WAIT
                 )
-            except REPLY_ERRORS as exc:
+            except reply_errors() as exc:
                 results[at] = backend_error(exc, action)
-            except BACKEND_FAILURES as exc:
+            except backend_failures() as exc:
                 del sent[0]
                 pool.discard(conn)
                 results[at] = backend_error(exc, action)

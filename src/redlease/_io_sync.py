@@ -21,19 +21,18 @@ from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
 
 from . import _flows, _resp, _stale
-from ._backend_errors import BACKEND_FAILURES, backend_error
+from ._backend_errors import backend_error, backend_failures
 from ._conn_sync import Connection, Pool, _bounded, node_pool, pool_for
 from ._endpoint import (
-    CONNECTION_ERRORS,
-    REPLY_ERRORS,
-    TIMEOUT_ERRORS,
     Kind,
+    caught,
     endpoint_of,
     is_noscript,
     is_unblocked,
     node_of,
     read_bound,
     reloading,
+    reply_errors,
 )
 from ._errors import RedleaseWarning
 from ._flows import LATE_WAKE, Call, Command, Flow, Listen, Op, Replicas, Sleep, Wait
@@ -55,7 +54,7 @@ def _reply(conn: Connection, op: Call | Command, timeout: float) -> Any:
     sent again with its source."""
     try:
         return conn.read(timeout)
-    except REPLY_ERRORS as exc:
+    except reply_errors() as exc:
         if not is_noscript(exc):
             raise
         assert isinstance(op, Call)
@@ -109,7 +108,7 @@ class SyncIO:
                 return stop.value  # type: ignore[no-any-return]
             try:
                 reply, error = self.execute(op), None
-            except BACKEND_FAILURES as exc:
+            except backend_failures() as exc:
                 reply, error = None, backend_error(exc, action, server=self.describe())
 
     def execute(self, op: Op) -> Any:
@@ -155,7 +154,7 @@ class SyncIO:
             for op in ops:
                 try:
                     replies.append(self.execute(op))
-                except BACKEND_FAILURES as exc:
+                except backend_failures() as exc:
                     replies.append(backend_error(exc, "renew", server=self.describe()))
             return replies
         results: list[Any] = []
@@ -166,7 +165,7 @@ class SyncIO:
             for _ in ops:
                 try:
                     results.append(conn.read(timeout))
-                except REPLY_ERRORS as exc:
+                except reply_errors() as exc:
                     # NOSCRIPT: filled in below, once the pipeline is drained
                     results.append(
                         None
@@ -180,14 +179,14 @@ class SyncIO:
                 for i in missing:
                     try:
                         results[i] = conn.read(timeout)
-                    except REPLY_ERRORS as exc:
+                    except reply_errors() as exc:
                         results[i] = backend_error(exc, "renew", server=self.describe())
             return results
 
         try:
             # renewals (EXTEND) are safe to send again
             return self._on_connection(pipeline, min(op.timeout for op in ops), safe=True)
-        except BACKEND_FAILURES as exc:
+        except backend_failures() as exc:
             error = backend_error(exc, "renew", server=self.describe())
             # (None: an op whose script was lost and that was not sent again)
             done = [error if result is None else result for result in results]
@@ -212,7 +211,7 @@ class SyncIO:
             return self._attempt(pool, work, timeout, safe, end)
         except _Final as final:
             raise final.error from final.error.__cause__
-        except BACKEND_FAILURES as first:
+        except backend_failures() as first:
             retry = pool.endpoint.retry
             failed = [first]  # the last failure, if a retry finds no time left
 
@@ -222,7 +221,7 @@ class SyncIO:
                 raise _Final(failed[-1])
             try:
                 return self._attempt(pool, work, left, safe, end)
-            except BACKEND_FAILURES as exc:
+            except backend_failures() as exc:
                 failed.append(exc)
                 raise
 
@@ -248,14 +247,14 @@ class SyncIO:
             conn = pool.take(left)
             assert conn is not None
             result = work(conn, read_bound(pool.endpoint, left))
-        except REPLY_ERRORS as exc:
+        except reply_errors() as exc:
             if conn is not None:
                 pool.give(conn)  # the reply was read in full: the connection is clean
             raise _Final(exc) from exc  # the server said no: not a failure to try again
         except BaseException as exc:
             if conn is not None:
                 pool.discard(conn)  # a reply may still be on its way
-            if isinstance(exc, BACKEND_FAILURES) and not _again(exc, conn is not None, safe, end):
+            if isinstance(exc, backend_failures()) and not _again(exc, conn is not None, safe, end):
                 raise _Final(exc) from exc
             raise
         pool.give(conn)
@@ -266,7 +265,7 @@ class SyncIO:
             n = len(op.keys)
             try:
                 return self.client.evalsha(op.script.sha, n, *op.keys, *op.args)
-            except REPLY_ERRORS as exc:
+            except reply_errors() as exc:
                 if not is_noscript(exc):
                     raise
                 return self.client.eval(op.script.source, n, *op.keys, *op.args)
@@ -337,13 +336,13 @@ class SyncIO:
                 conn.send(_resp.command(("CLIENT", "ID")) + blpop)
                 try:
                     conn.client_id = int(conn.read(op.connect_timeout))
-                except REPLY_ERRORS:
+                except reply_errors():
                     conn.client_id = NO_CLIENT_ID  # denied (ACL): see _unblock
             else:
                 conn.send(blpop)
             try:
                 reply = conn.read(wait + LATE_WAKE, spin=False)  # a blocking command
-            except TIMEOUT_ERRORS:
+            except caught().timeout:
                 reply = self._unblock(conn, op.connect_timeout)
         except _Owed:
             # The BLPOP's own reply is still to come (an idle server answers its timeout
@@ -352,10 +351,10 @@ class SyncIO:
             # try finds it.
             pool.owe(conn, blocking=True)
             return nothing
-        except CONNECTION_ERRORS:
+        except caught().connection:
             pool.discard(conn, blocking=True)  # lost while waiting: look at the lock again
             return nothing
-        except REPLY_ERRORS as exc:
+        except reply_errors() as exc:
             pool.give(conn, blocking=True)
             if is_unblocked(exc):  # the server changed role (a failover): look again
                 return nothing
@@ -387,7 +386,7 @@ class SyncIO:
         try:
             other.send(_resp.command(("CLIENT", "UNBLOCK", str(conn.client_id))))
             other.read(timeout)
-        except REPLY_ERRORS:
+        except reply_errors():
             pool.give(other)
             raise _Owed from None
         except BaseException:
@@ -396,7 +395,7 @@ class SyncIO:
         pool.give(other)
         try:
             return conn.read(timeout, spin=False)
-        except TIMEOUT_ERRORS:
+        except caught().timeout:
             raise _Owed from None
 
 
@@ -421,7 +420,7 @@ def _again(error: BaseException, written: bool, safe: bool, end: float) -> bool:
     the work is safe to do twice (not after a timeout: the server may still be at it)."""
     if time.monotonic() >= end:
         return False
-    return not written or (safe and not isinstance(error, TIMEOUT_ERRORS))
+    return not written or (safe and not isinstance(error, caught().timeout))
 
 
 def fan_out(
@@ -458,20 +457,20 @@ def fan_out(
             if pool is None:  # the client's own call, one node at a time
                 try:
                     results[at] = _bounded(functools.partial(io.execute, op), timeout, io.late)
-                except BACKEND_FAILURES as exc:
+                except backend_failures() as exc:
                     results[at] = backend_error(exc, action)
                 continue
             try:
                 conn = pool.take(timeout)
                 assert conn is not None
-            except BACKEND_FAILURES as exc:
+            except backend_failures() as exc:
                 results[at] = backend_error(exc, action, Unsent)
                 continue
             try:
                 conn.send(pool.wire(op, packed))
             except BaseException as exc:
                 pool.discard(conn)  # part of the command may have left
-                if not isinstance(exc, BACKEND_FAILURES):
+                if not isinstance(exc, backend_failures()):
                     raise
                 results[at] = backend_error(exc, action)
                 continue
@@ -490,9 +489,9 @@ def fan_out(
             wait = due - clock()
             try:
                 results[at] = _reply(conn, op, wait if wait > MIN_READ_WAIT else MIN_READ_WAIT)
-            except REPLY_ERRORS as exc:
+            except reply_errors() as exc:
                 results[at] = backend_error(exc, action)
-            except BACKEND_FAILURES as exc:
+            except backend_failures() as exc:
                 del sent[0]
                 pool.discard(conn)
                 results[at] = backend_error(exc, action)

@@ -5,11 +5,23 @@ knowing which.
 
 A family is recognised by its documented client types and the package a client's type
 comes from, never by looking at private parts of the client.
+
+A family's package is imported when it is first needed, not with redlease (coredis alone
+would add most of a second to every ``redlease`` command's start): a family is loaded
+once its package has been imported, by the application or by redlease (``from_url``),
+and so before any client or error of it can exist. Whatever asks about families or
+catches their errors (``family_of``, ``caught()``) first loads those whose package has
+been imported since. redis-py, redlease's own dependency, is always loaded first, as it
+was when every family was imported with redlease: ``ConnectionFailed`` and
+``ReplyTimedOut`` keep the same bases, in the same order.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+import sys
+import threading
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Protocol
 
 from . import coredis_py, redis_py, valkey_py
 from .family import Errors, Family
@@ -18,28 +30,140 @@ if TYPE_CHECKING:
     import redis.exceptions
 
 __all__ = [
-    "FAMILIES",
+    "Caught",
     "ConnectionFailed",
     "Errors",
     "Family",
     "ReplyTimedOut",
+    "caught",
+    "families",
     "family_of",
     "from_url",
     "refusal",
 ]
 
-FAMILIES: tuple[Family, ...] = tuple(
-    family
-    for family in (redis_py.FAMILY, valkey_py.FAMILY, coredis_py.FAMILY)
-    if family is not None
-)
+Classes = tuple[type[Exception], ...]
+
+
+@dataclass(frozen=True)
+class Caught:
+    """The errors of every family loaded, by what they mean to a lock (``Errors``)."""
+
+    base: Classes = ()
+    connection: Classes = ()
+    timeout: Classes = ()
+    response: Classes = ()
+    noscript: Classes = ()
+    readonly: Classes = ()
+    loading: Classes = ()
+    oom: Classes = ()
+    denied: Classes = ()
+
+
+# What redlease's own connections raise: a connection error, or a timeout, in the terms
+# of every family at once, so that whichever family's retry policy the client brought
+# retries it, as it would its own (and its except clauses catch it). Their bases are the
+# loaded families' classes, set as each family is loaded (``_load``); until the first is,
+# a stand-in (a Python-level class, so that it has the layout of the families' classes).
+class _NoFamilyYet(Exception):
+    pass
+
+
+if TYPE_CHECKING:
+
+    class ConnectionFailed(redis.exceptions.ConnectionError): ...
+
+    class ReplyTimedOut(redis.exceptions.TimeoutError): ...
+
+else:
+
+    class ConnectionFailed(_NoFamilyYet):
+        pass
+
+    class ReplyTimedOut(_NoFamilyYet):
+        pass
+
+
+class _File(Protocol):
+    """A family's file: its package, the URL schemes that ask for it, and ``load()``,
+    which imports the package (ImportError if it is not installed)."""
+
+    PACKAGE: str
+    SCHEMES: tuple[str, ...]
+
+    def load(self) -> Family: ...
+
+
+# The family files, redis-py first: ``family_of`` asks them in this order, and errors
+# and bases are listed in it.
+_FILES: tuple[_File, ...] = (redis_py, valkey_py, coredis_py)
+
+_loading = threading.RLock()
+_tried: dict[str, Family | None] = {}  # by package: its family, None if not installed
+_families: tuple[Family, ...] = ()  # loaded, in _FILES' order
+_caught = Caught()
+
+
+def families() -> tuple[Family, ...]:
+    """The families loaded, after loading each whose package has been imported since."""
+    for file in _FILES:
+        if file.PACKAGE not in _tried and file.PACKAGE in sys.modules:
+            _load(file)
+    return _families
+
+
+def caught() -> Caught:
+    """The errors of every family loaded, read where they are caught (``except
+    caught().connection:``): a family whose package was imported since is among them."""
+    families()
+    return _caught
+
+
+def _load(file: _File) -> Family | None:
+    """The family of ``file``, loaded now if it was not (redis-py first), or None if its
+    package is not installed."""
+    global _tried, _families, _caught
+    with _loading:
+        tried = dict(_tried)
+        for each in (redis_py, file):
+            if each.PACKAGE not in tried:
+                try:
+                    tried[each.PACKAGE] = each.load()
+                except ImportError:
+                    tried[each.PACKAGE] = None
+        loaded = tuple(
+            family for family in (tried.get(f.PACKAGE) for f in _FILES) if family is not None
+        )
+        if loaded != _families:
+            errors = [family.errors for family in loaded]
+            _caught = Caught(
+                base=_every([e.base for e in errors]),
+                connection=_every([e.connection for e in errors]),
+                timeout=_every([e.timeout for e in errors]),
+                response=_every([e.response for e in errors]),
+                noscript=_every([e.noscript for e in errors]),
+                readonly=_every([e.readonly for e in errors]),
+                loading=_every([e.loading for e in errors]),
+                oom=_every([e.oom for e in errors]),
+                denied=_every([kind for e in errors for kind in e.denied]),
+            )
+            ConnectionFailed.__bases__ = _caught.connection or (_NoFamilyYet,)
+            ReplyTimedOut.__bases__ = _caught.timeout or (_NoFamilyYet,)
+            _families = loaded
+        # last: a thread that finds the package tried finds its family and errors in place
+        _tried = tried
+        return tried[file.PACKAGE]
+
+
+def _every(kinds: list[type[Exception] | None]) -> Classes:
+    return tuple(dict.fromkeys(kind for kind in kinds if kind is not None))
 
 
 def family_of(client: object) -> Family | None:
     """The family ``client`` belongs to, if redlease serves it: an instance of one of its
     client types (a subclass of the user's included), or of another type of its package
     (its Cluster clients, say)."""
-    for family in FAMILIES:
+    for family in families():
         if isinstance(client, (*family.clients, *family.async_clients)) or family.owns(client):
             return family
     return None
@@ -50,13 +174,15 @@ def from_url(url: str, **options: Any) -> Any:
     ``valkeys://``: valkey-py; ``redis://``, ``rediss://``, ``unix://``: redis-py).
     ValueError if no installed family takes the scheme."""
     scheme = url.partition("://")[0].lower()
-    for family in FAMILIES:
-        if scheme in family.schemes:
+    for file in _FILES:
+        family = _load(file) if scheme in file.SCHEMES else None
+        if family is not None:
             client_type: Any = family.clients[0]
             return client_type.from_url(url, **options)
     if scheme in ("valkey", "valkeys"):
         raise ValueError(f"a {scheme}:// URL needs valkey-py: pip install 'redlease[valkey]'")
-    known = ", ".join(f"{s}://" for f in FAMILIES for s in f.schemes)
+    installed = [family for file in _FILES if file.SCHEMES and (family := _load(file))]
+    known = ", ".join(f"{s}://" for f in installed for s in f.schemes)
     raise ValueError(f"unknown URL scheme {scheme!r} in {url!r} (known: {known})")
 
 
@@ -84,31 +210,3 @@ def refusal(client: object) -> str | None:
         f"{type(client).__module__}.{type(client).__qualname__}: {reason} (the clients "
         "served: docs/clients.md)"
     )
-
-
-def _every(kinds: list[type[Exception] | None]) -> tuple[type[Exception], ...]:
-    return tuple(dict.fromkeys(kind for kind in kinds if kind is not None))
-
-
-CONNECTION_ERRORS = _every([f.errors.connection for f in FAMILIES])
-TIMEOUT_ERRORS = _every([f.errors.timeout for f in FAMILIES])
-RESPONSE_ERRORS = _every([f.errors.response for f in FAMILIES])
-NOSCRIPT_ERRORS = _every([f.errors.noscript for f in FAMILIES])
-READONLY_ERRORS = _every([f.errors.readonly for f in FAMILIES])
-LOADING_ERRORS = _every([f.errors.loading for f in FAMILIES])
-OOM_ERRORS = _every([f.errors.oom for f in FAMILIES])
-DENIED_ERRORS = _every([kind for f in FAMILIES for kind in f.errors.denied])
-BASE_ERRORS = _every([f.errors.base for f in FAMILIES])
-
-# What redlease's own connections raise: a connection error, or a timeout, in the terms
-# of every family at once, so that whichever family's retry policy the client brought
-# retries it, as it would its own (and its except clauses catch it).
-if TYPE_CHECKING:
-
-    class ConnectionFailed(redis.exceptions.ConnectionError): ...
-
-    class ReplyTimedOut(redis.exceptions.TimeoutError): ...
-
-else:
-    ConnectionFailed = type("ConnectionFailed", CONNECTION_ERRORS, {"__module__": __name__})
-    ReplyTimedOut = type("ReplyTimedOut", TIMEOUT_ERRORS, {"__module__": __name__})

@@ -10,34 +10,36 @@ from typing import Any
 
 from .family import Errors, Family
 
-FAMILY: Family | None
-try:
+PACKAGE = "coredis"
+SCHEMES: tuple[str, ...] = ()
+
+
+def _settings(pool: Any) -> dict[str, Any] | None:
+    kwargs = getattr(pool, "connection_kwargs", None)
+    location = getattr(pool, "location", None)
+    if not isinstance(kwargs, dict) or location is None:
+        return None
+    settings = {
+        "db": kwargs.get("db") or 0,
+        "username": kwargs.get("username"),
+        "password": kwargs.get("password"),
+        "client_name": kwargs.get("client_name"),
+        "socket_timeout": kwargs.get("stream_timeout"),
+        "socket_connect_timeout": kwargs.get("connect_timeout"),
+    }
+    if hasattr(location, "path"):
+        settings["path"] = location.path
+    else:
+        settings["host"], settings["port"] = location.host, location.port
+    return settings
+
+
+def load() -> Family:
+    """The family, its package imported now; ImportError if it is not installed."""
     import coredis
     import coredis.exceptions as x
-except ImportError:
-    FAMILY = None
-else:
 
-    def _settings(pool: Any) -> dict[str, Any] | None:
-        kwargs = getattr(pool, "connection_kwargs", None)
-        location = getattr(pool, "location", None)
-        if not isinstance(kwargs, dict) or location is None:
-            return None
-        settings = {
-            "db": kwargs.get("db") or 0,
-            "username": kwargs.get("username"),
-            "password": kwargs.get("password"),
-            "client_name": kwargs.get("client_name"),
-            "socket_timeout": kwargs.get("stream_timeout"),
-            "socket_connect_timeout": kwargs.get("connect_timeout"),
-        }
-        if hasattr(location, "path"):
-            settings["path"] = location.path
-        else:
-            settings["host"], settings["port"] = location.host, location.port
-        return settings
-
-    def _refusal(client: Any) -> str | None:
+    def refusal(client: Any) -> str | None:
         if not isinstance(client, coredis.Redis):
             return "only standalone coredis.Redis clients are served (not Cluster or Sentinel)"
         kwargs = getattr(client.connection_pool, "connection_kwargs", None) or {}
@@ -47,10 +49,10 @@ else:
             return "coredis credential providers are not served yet"
         return None
 
-    FAMILY = Family(
+    return Family(
         name="coredis",
-        package="coredis",
-        schemes=(),
+        package=PACKAGE,
+        schemes=SCHEMES,
         clients=(),
         async_clients=(coredis.Redis,),
         plain=(),
@@ -69,5 +71,5 @@ else:
             denied=(x.AuthenticationError, x.AuthorizationError),
         ),
         settings=_settings,
-        refusal=_refusal,
+        refusal=refusal,
     )

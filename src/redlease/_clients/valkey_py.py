@@ -4,19 +4,21 @@ from __future__ import annotations
 
 from .family import Family, shaped_like_redis_py
 
-FAMILY: Family | None
-try:
+PACKAGE = "valkey"
+SCHEMES: tuple[str, ...] = ("valkey", "valkeys")
+
+
+def load() -> Family:
+    """The family, its package imported now; ImportError if it is not installed."""
     import valkey
     import valkey.asyncio
-except ImportError:
-    FAMILY = None
-else:
-    FAMILY = shaped_like_redis_py(
+
+    return shaped_like_redis_py(
         "valkey-py",
         valkey,
         valkey.asyncio,
         "Valkey",
         "ValkeyError",
-        ("valkey", "valkeys"),
+        SCHEMES,
         node_client="valkey_connection",
     )
