@@ -166,7 +166,7 @@ def run_under(
     """Run ``cmd`` under a lease: ``hold(on_lost)`` makes the lock (whose loss of a lease
     calls ``on_lost(reason)``) and returns its ``take(timeout)`` and ``give_back(lease)``.
     Returns the exit code."""
-    from ._errors import AcquireTimeout, LockLost
+    from ._errors import AcquireTimeout, BackendError, LockLost
 
     report = Reporter(options.name, options.as_json)
     supervisor = Supervisor(in_terminal_foreground())
@@ -219,6 +219,11 @@ def run_under(
                 give_back(lease)
             except LockLost as exc:
                 on_lost(str(exc))
+            except BackendError:
+                # A lease already lost (often because its server is out of reach) has
+                # nothing left to release: the exit code is still the lost one, not 2.
+                if not state["lost"]:
+                    raise
     if state["lost"]:
         code = options.lost_exit_code
     report.say("exit", None, code=code, lost=state["lost"])
