@@ -87,3 +87,25 @@ def test_a_family_imported_after_redlease_is_served() -> None:
     )
     assert run.returncode == 0, run.stderr
     assert run.stdout.split() == ["False"]
+
+
+_BLOCKED_THEN_IMPORTED = """
+import sys
+sys.modules["valkey"] = None  # blocked, as if not installed
+import redis, redlease
+from redlease import _clients
+assert [f.name for f in _clients.families()] == ["redis-py"]
+del sys.modules["valkey"]
+import valkey
+print(*[f.name for f in _clients.families()])
+"""
+
+
+def test_a_family_blocked_then_imported_is_served() -> None:
+    """A package set to None in sys.modules (the usual "not installed" stand-in) is not
+    taken for one imported: once really imported, its family is loaded."""
+    run = subprocess.run(
+        [sys.executable, "-c", _BLOCKED_THEN_IMPORTED], capture_output=True, text=True, timeout=60
+    )
+    assert run.returncode == 0, run.stderr
+    assert run.stdout.split() == ["redis-py", "valkey-py"]

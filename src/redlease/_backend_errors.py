@@ -38,18 +38,18 @@ def describe(exc: BaseException) -> str:
         return told
     if isinstance(exc, ReplyError):
         return _CODES.get(exc.code, "the server returned an error")
-    families = caught()
-    if isinstance(exc, families.readonly):
+    errors = caught()
+    if isinstance(exc, errors.readonly):
         return _READ_ONLY
-    if isinstance(exc, families.oom) or str(exc).startswith("OOM"):
+    if isinstance(exc, errors.oom) or str(exc).startswith("OOM"):
         return "the server is out of memory (maxmemory reached) and refuses writes"
-    if isinstance(exc, families.loading):
+    if isinstance(exc, errors.loading):
         return "the server is still loading its data set"
-    if isinstance(exc, families.denied):
+    if isinstance(exc, errors.denied):
         return _DENIED
-    if isinstance(exc, (*families.timeout, TimeoutError)):
+    if isinstance(exc, (*errors.timeout, TimeoutError)):
         return "the server did not answer in time"
-    if isinstance(exc, (*families.connection, OSError)):
+    if isinstance(exc, (*errors.connection, OSError)):
         return "the server cannot be reached"
     return "the server returned an error"
 
@@ -108,8 +108,8 @@ def passing(error: BaseException) -> bool:
     reached, did not answer in time, or answered "not now". A wait with time left tries
     again after such a failure rather than giving up."""
     cause = error.__cause__ if isinstance(error, BackendError) else error
-    families = caught()
-    if isinstance(cause, (*families.connection, *families.timeout, *families.loading, OSError)):
+    errors = caught()
+    if isinstance(cause, (*errors.connection, *errors.timeout, *errors.loading, OSError)):
         return True
     return error_code(error) in _PASSING
 

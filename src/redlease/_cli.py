@@ -446,8 +446,8 @@ def _connection_errors() -> tuple[type[BaseException], ...]:
     from ._clients import caught
     from ._errors import BackendError
 
-    families = caught()
-    return (*families.connection, *families.timeout, BackendError)
+    errors = caught()
+    return (*errors.connection, *errors.timeout, BackendError)
 
 
 def make_client(url: str) -> Any:

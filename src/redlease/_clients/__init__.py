@@ -7,22 +7,25 @@ A family is recognised by its documented client types and the package a client's
 comes from, never by looking at private parts of the client.
 
 A family's package is imported when it is first needed, not with redlease (coredis alone
-would add most of a second to every ``redlease`` command's start): a family is loaded
-once its package has been imported, by the application or by redlease (``from_url``),
-and so before any client or error of it can exist. Whatever asks about families or
-catches their errors (``family_of``, ``caught()``) first loads those whose package has
-been imported since. redis-py, redlease's own dependency, is always loaded first, as it
-was when every family was imported with redlease: ``ConnectionFailed`` and
-``ReplyTimedOut`` keep the same bases, in the same order.
+would add most of a second to every ``redlease`` command's start). Whatever asks about
+families or catches their errors (``family_of``, ``caught()``) first loads each family
+whose package has been imported since, by the application or by redlease
+(``from_url``): a client or an error of a family cannot reach redlease before its
+package was imported, so redlease never looks at one before its family is loaded.
+redis-py, redlease's own dependency, is always loaded first, as it was when every family
+was imported with redlease: ``ConnectionFailed`` and ``ReplyTimedOut`` keep the same
+bases, in the same order.
 """
 
 from __future__ import annotations
 
 import sys
 import threading
+import warnings
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
+from .._errors import RedleaseWarning
 from . import coredis_py, redis_py, valkey_py
 from .family import Errors, Family
 
@@ -107,7 +110,8 @@ _caught = Caught()
 def families() -> tuple[Family, ...]:
     """The families loaded, after loading each whose package has been imported since."""
     for file in _FILES:
-        if file.PACKAGE not in _tried and file.PACKAGE in sys.modules:
+        # (None in sys.modules: a package blocked, as if not installed; not imported)
+        if file.PACKAGE not in _tried and sys.modules.get(file.PACKAGE) is not None:
             _load(file)
     return _families
 
@@ -130,6 +134,18 @@ def _load(file: _File) -> Family | None:
                 try:
                     tried[each.PACKAGE] = each.load()
                 except ImportError:
+                    tried[each.PACKAGE] = None
+                except Exception as exc:
+                    if each is redis_py:  # redlease's own dependency: nothing works without
+                        raise
+                    # A version or fork it cannot serve: said once, and its clients are
+                    # refused as unknown (raising here would replace the error being caught).
+                    warnings.warn(
+                        f"redlease cannot serve {each.PACKAGE} as installed: "
+                        f"{type(exc).__name__}: {exc}",
+                        RedleaseWarning,
+                        stacklevel=2,
+                    )
                     tried[each.PACKAGE] = None
         loaded = tuple(
             family for family in (tried.get(f.PACKAGE) for f in _FILES) if family is not None
