@@ -14,10 +14,8 @@ from __future__ import annotations
 
 import contextlib
 import json
-import os
+import shlex
 import subprocess
-import sys
-import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -28,14 +26,14 @@ import redis
 
 import families
 import redlease
+from cli_helpers import finish, start
 from families import ClientFamily
 from redlease.tools import servers
 from redlease.tools.chaos.proxy import FaultProxy
-from waiting_helpers import lock_key, queued, wait_until
+from waiting_helpers import in_thread, lock_key, queued, wait_until
 
 pytestmark = pytest.mark.slow
 
-REDLEASE = [sys.executable, "-m", "redlease"]
 # Redis and Valkey count idleness in whole seconds: `timeout 1` closes a connection once it
 # has been idle for 1 to 2 s. Renewals a third of 9 s apart leave the renewer's connection
 # idle for 3 s, so each renewal meets a connection the server has closed.
@@ -49,23 +47,11 @@ def _url(port: int, family: ClientFamily) -> str:
 
 
 def _start(url: str, *argv: str) -> subprocess.Popen[str]:
-    return subprocess.Popen(
-        [*REDLEASE, *argv],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        stdin=subprocess.DEVNULL,
-        text=True,
-        env={**os.environ, "REDLEASE_URL": url},
-    )
-
-
-def _finish(proc: subprocess.Popen[str], timeout: float = 60) -> tuple[int, str, str]:
-    out, err = proc.communicate(timeout=timeout)
-    return proc.returncode, out, err
+    return start(list(argv), REDLEASE_URL=url)
 
 
 def cli(url: str, *argv: str) -> tuple[int, str, str]:
-    return _finish(_start(url, *argv))
+    return finish(_start(url, *argv))
 
 
 def _events(err: str) -> list[dict[str, Any]]:
@@ -83,7 +69,7 @@ def _running(url: str, name: str, tmp_path: Path, *options: str) -> Iterator[_Ru
     the test to open its gate. Whatever happens, the gate is opened and the run reaped
     (CMD runs in a process group of its own: it would outlive a killed run)."""
     gate = tmp_path / f"gate-{name.replace(':', '-')}"
-    cmd = f'echo "$REDLEASE_FENCE"; while [ ! -e {gate} ]; do sleep 0.05; done'
+    cmd = f'echo "$REDLEASE_FENCE"; while [ ! -e {shlex.quote(str(gate))} ]; do sleep 0.05; done'
     proc = _start(url, "run", name, "--json", *options, "--", "sh", "-c", cmd)
     try:
         assert proc.stdout is not None
@@ -113,7 +99,7 @@ class _Run:
         exit code, its events and its stderr."""
         if open_gate:
             self.gate.touch()
-        code, _, err = _finish(self.proc)
+        code, _, err = finish(self.proc)
         return code, _events(err), err
 
 
@@ -178,14 +164,14 @@ def test_idle_timeout_run_keeps_its_lease_and_inspect_and_list_see_it(
         # (at once: each is a Python start-up; `status` is inspect's other name)
         reading = _start(url, "status", name, "--json")
         listing = _start(url, "list", name, "--json")
-        code, out, err = _finish(reading)
+        code, out, err = finish(reading)
         assert code == 0, err
         doc = json.loads(out)
         assert (doc["held"], doc["fence"]) == (True, run.fence)
         (shown,) = doc["holders"]
         assert shown["token"] == _short(token)
         assert 0 < shown["remaining"] <= float(IDLE_TTL)
-        code, out, err = _finish(listing)
+        code, out, err = finish(listing)
         assert code == 0, err
         assert [(row["name"], row["fence"]) for row in json.loads(out)] == [(name, run.fence)]
 
@@ -204,17 +190,20 @@ def test_idle_timeout_force_release_is_noticed_by_the_run(
     server has closed: it must reconnect and hear "not yours" (and stop CMD), not take
     the failure for a passing fault and only notice when the lease runs out."""
     url = _url(idle_server.port, family)
-    ttl = 12.0  # renewed after 4 s; left unrenewed, it would run out 8 s later
+    # Renewed 10 s after the grant. A renewal that took the closed connection for a
+    # passing fault would try again a quarter of the time left later (15 s), and a run
+    # that only noticed the end of its lease would go on to 30 s.
+    ttl = 30.0
     with _running(url, name, tmp_path, "--ttl", str(ttl), "--grace", "1s") as run:
-        granted = time.monotonic()  # (at the latest)
         token = _holder(idle_server.port, name)
         assert token is not None
         code, out, err = cli(url, "release", name, "--force", "--yes", "--json")
         assert code == 0, err
+        released = time.monotonic()  # (the grant was earlier: the bound below is generous)
         assert [x["token"] for x in json.loads(out)["removed"]] == [_short(token)]
         code, events, err = run.end(open_gate=False)
-    # told at the renewal a third of the ttl after the grant, not at the lease's end
-    assert time.monotonic() - granted < ttl * 2 / 3
+    # told at the first renewal (10 s after the grant), not at a retry (15 s) or the end
+    assert time.monotonic() - released < ttl / 3 + ttl / 12
     assert code == 75, err
     lost = next(e for e in events if e["event"] == "lost")
     assert lost["stopping"] is True  # CMD was stopped, though its gate never opened
@@ -329,7 +318,7 @@ def test_a_server_stopped_for_good(
     ]
     procs = [_start(url, *argv) for argv in commands]  # at once: each is a Python start-up
     for argv, proc in zip(commands, procs, strict=True):
-        code, out, err = _finish(proc)
+        code, out, err = finish(proc)
         assert code == 2, (argv, out, err)
         assert out == ""
         assert "Traceback" not in err
@@ -354,24 +343,23 @@ def test_operator_commands_over_a_slow_link(
 ) -> None:
     url = _url(slow_link.port, family)
     holder = redlease.Lock(r, name, ttl=60.0).acquire()
-    got: list[redlease.Lease] = []
-    waiter = threading.Thread(
-        target=lambda: got.append(redlease.Lock(r, name, ttl=30.0).acquire(timeout=90))
-    )
-    waiter.start()
+    waiter, got = in_thread(lambda: redlease.Lock(r, name, ttl=30.0).acquire(timeout=90))
     try:
         wait_until(lambda: queued(r, name) == 1, 30)
 
+        started = time.monotonic()
         reading = _start(url, "inspect", name, "--json")  # (at once: both only read)
         listing = _start(url, "list", name, "--json")
-        code, out, err = _finish(reading)
+        code, out, err = finish(reading)
+        # (a lower bound: the link was slow, at least one round trip of 2 x 50 ms)
+        assert time.monotonic() - started >= 0.1
         assert code == 0, err
         doc = json.loads(out)
         assert (doc["held"], doc["fence"]) == (True, holder.fence)
         assert [h["token"] for h in doc["holders"]] == [_short(holder.token)]
         assert 0 < doc["holders"][0]["remaining"] <= 60
         assert [w["live"] for w in doc["waiters"]] == [True]
-        code, out, err = _finish(listing)
+        code, out, err = finish(listing)
         assert code == 0, err
         rows = json.loads(out)
         assert [(row["name"], row["fence"], row["live_waiters"]) for row in rows] == [
@@ -383,6 +371,7 @@ def test_operator_commands_over_a_slow_link(
         assert [x["token"] for x in json.loads(out)["removed"]] == [_short(holder.token)]
         waiter.join(timeout=20)  # served now, not when the holder's minute ran out
         (lease,) = got
+        assert isinstance(lease, redlease.Lease), lease
         assert lease.fence > holder.fence
         assert r.get(lock_key(name)) == lease.token.encode()
         with pytest.raises(redlease.LockLost):
@@ -390,12 +379,12 @@ def test_operator_commands_over_a_slow_link(
         lease.release()
 
         assert cli(url, "list", name, "--json")[:2] == (1, "[]\n")  # nothing held
-        assert slow_link.stats.connections >= 4  # every command went through the proxy
     finally:
         # (after a failure: free the waiter now rather than after the holder's minute)
         with contextlib.suppress(redlease.LockError):
             holder.release()
         waiter.join(timeout=60)
         for made in got:
-            with contextlib.suppress(redlease.LockError):
-                made.release()
+            if isinstance(made, redlease.Lease):
+                with contextlib.suppress(redlease.LockError):
+                    made.release()

@@ -7,7 +7,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import subprocess
 import sys
 import textwrap
 import time
@@ -17,32 +16,16 @@ import pytest
 import redis
 
 import redlease
+from cli_helpers import finish as _finish
+from cli_helpers import start as _start
 from redlease.tools import servers
 from waiting_helpers import lock_key, wait_until
 
 pytestmark = pytest.mark.slow
 
-REDLEASE = [sys.executable, "-m", "redlease"]
-
 
 def _py(code: str) -> list[str]:
     return [sys.executable, "-c", textwrap.dedent(code)]
-
-
-def _start(argv: list[str], **env: str) -> subprocess.Popen[str]:
-    return subprocess.Popen(
-        [*REDLEASE, *argv],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        stdin=subprocess.DEVNULL,
-        text=True,
-        env={**os.environ, **env},
-    )
-
-
-def _finish(proc: subprocess.Popen[str], timeout: float = 60) -> tuple[int, str, str]:
-    out, err = proc.communicate(timeout=timeout)
-    return proc.returncode, out, err
 
 
 def _alive(pid: int) -> bool:
