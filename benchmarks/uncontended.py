@@ -357,13 +357,14 @@ def _no_spin_async(build: Callable[[str], AsyncCycle]) -> Callable[[str], AsyncC
 
 class Metrics:
     """redlease's OpenTelemetry metrics as a user with the SDK has them (a MeterProvider
-    with a reader: in memory here, the cost of recording is the same), or switched off;
-    each for one slot at a time, so both run in the same interleaved rounds.
+    with a reader: in memory here, the cost of recording is the same), with the
+    durations too, or switched off; each for one slot at a time, so all three run in the
+    same interleaved rounds.
 
-    The durations reach the SDK from a background thread (redlease-metrics), in the same
-    process: its work during a slot slows that slot's cycles, and what is still queued
-    at the end of a slot is flushed inside the slot's time (``settle``), so each row
-    pays for its own records and none for another's."""
+    With ``durations=True`` the durations reach the SDK from a background thread
+    (redlease-metrics), in the same process: its work during a slot slows that slot's
+    cycles, and what is still queued at the end of a slot is flushed inside the slot's
+    time (``settle``), so each row pays for its own records and none for another's."""
 
     def __init__(self) -> None:
         try:
