@@ -75,9 +75,13 @@ class WorkloadConfig:
     options: dict[str, Any] = field(default_factory=dict)
 
 
-def _worker(config: WorkloadConfig, worker: int, out: Any) -> None:
+def _worker(config: WorkloadConfig, worker: int, out: Any, start_together: Any) -> None:
     client = redis.Redis.from_url(config.url)
     contender = CONTENDERS[config.contender](client, config.name, config.ttl, **config.options)
+    # Every worker starts its loop at once: fresh processes are ready a fraction of a
+    # second apart, more than a short run lasts on a loaded machine, and workers that do
+    # not overlap test nothing.
+    start_together.wait(timeout=120)
     sections: list[Section] = []
     timeouts = 0
     for _ in range(config.iterations):
@@ -115,7 +119,11 @@ def run_counter_workload(config: WorkloadConfig) -> WorkloadResult:
     client.delete(COUNTER_KEY)
     ctx = multiprocessing.get_context("spawn")
     out = ctx.Queue()
-    procs = [ctx.Process(target=_worker, args=(config, i, out)) for i in range(config.processes)]
+    start_together = ctx.Barrier(config.processes)
+    procs = [
+        ctx.Process(target=_worker, args=(config, i, out, start_together))
+        for i in range(config.processes)
+    ]
     for proc in procs:
         proc.start()
     result = WorkloadResult(config.contender)
