@@ -94,6 +94,13 @@ class Read:
         ]
 
 
+def _python(code: str) -> str:
+    """What ``code`` prints, run in a fresh interpreter (which must exit 0)."""
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    return done.stdout.strip()
+
+
 @pytest.fixture
 def read() -> Iterator[Read]:
     """redlease's metrics go to a provider of this test's own (the global one can be set
@@ -266,14 +273,7 @@ assert not redlease.metrics.enabled()
 assert _metrics.instruments() is None
 print("ok")
 """
-    done = subprocess.run(
-        [sys.executable, "-c", code],
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
-    assert done.returncode == 0, done.stderr
-    assert done.stdout.strip() == "ok"
+    assert _python(code) == "ok"
 
 
 # -- the durations' queue ---------------------------------------------------------------
@@ -392,14 +392,7 @@ lock = redlease.Lock(redis.Redis(port={server.port}), {name!r}, batch=1)
 for _ in range(3):
     lock.acquire().release()
 """
-    done = subprocess.run(
-        [sys.executable, "-c", code],
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
-    assert done.returncode == 0, done.stderr
-    assert done.stdout.strip() == "6"
+    assert _python(code) == "6"
 
 
 def test_a_duration_keeps_the_callers_trace(r: redis.Redis, name: str, read: Read) -> None:

@@ -224,8 +224,9 @@ def claim_number(
 # --------------------------------------------------------------------------- the locks
 
 
-class _RedlockContender:
-    """``redlease.Redlock`` behind the ``broken.Contender`` surface."""
+class _RedlockContender(broken.RedleaseContender):
+    """``redlease.Redlock`` behind the ``broken.Contender`` surface (acquire and release
+    as redlease's own contender's)."""
 
     label = "redlock"
 
@@ -234,22 +235,6 @@ class _RedlockContender:
 
         self.lock: Any = Redlock(list(clients), name, ttl=ttl)
         self.lost_on_release = 0
-
-    def acquire(self, timeout: float) -> broken.Held | None:
-        from .._errors import AcquireTimeout, LockLost
-
-        try:
-            lease = self.lock.acquire(timeout=timeout)
-        except AcquireTimeout:
-            return None
-
-        def release() -> None:
-            try:
-                lease.release()
-            except LockLost:
-                self.lost_on_release += 1
-
-        return broken._Held(release, lease.fence)
 
 
 def make_contender(mode: str, clients: Sequence[Any], name: str, ttl: float) -> Any:
