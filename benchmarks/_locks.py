@@ -15,7 +15,6 @@ import redlease
 # kind -> label in the table
 KINDS = {
     "redlease": "redlease Lock (fair, the default)",
-    "redlease-batch-1": "redlease Lock (fair, batch=1: no batches)",
     "redlease-unfair": "redlease Lock (fair=False)",
     "redis-py": "redis-py Lock (defaults: polls every 0.1 s)",
     "python-redis-lock": "python-redis-lock (BLPOP signal)",
@@ -26,7 +25,6 @@ PEERS = ("redlease", "redis-py", "python-redis-lock")
 # and the plainest FIFO hand-over there is: what a wake-up per section costs on this machine
 CONTENTION = (
     "redlease",
-    "redlease-batch-1",
     "redlease-unfair",
     "redis-py",
     "python-redis-lock",
@@ -48,12 +46,8 @@ class _Redlease:
         ttl: float,
         *,
         fair: bool = True,
-        batch: int | None = None,
-        batch_window: float = 0.002,
     ) -> None:
-        self._lock = redlease.Lock(
-            client, name, ttl=ttl, fair=fair, batch=batch, batch_window=batch_window
-        )
+        self._lock = redlease.Lock(client, name, ttl=ttl, fair=fair)
 
     def acquire(self, timeout: float | None = None) -> Any:
         return self._lock.acquire(timeout=timeout)
@@ -116,9 +110,6 @@ class _Ticket:
 def make_lock(kind: str, client: redis.Redis, name: str, ttl: float) -> SyncLock:
     if kind == "redlease":
         return _Redlease(client, name, ttl)
-    if kind.startswith("redlease-batch"):  # redlease-batch[-holds[-window ms]]
-        holds, window = [*kind.split("-")[2:], "8", "2"][:2]
-        return _Redlease(client, name, ttl, batch=int(holds), batch_window=float(window) / 1000)
     if kind == "redlease-unfair":
         return _Redlease(client, name, ttl, fair=False)
     if kind == "redis-py":

@@ -29,7 +29,6 @@ import redis
 import redis.asyncio as aredis
 
 import redlease
-from redlease._keys import LockKeys
 from redlease.tools import servers
 
 from ._common import FULL, Crew, Settings, describe_error, sleep_until
@@ -74,29 +73,16 @@ async def _load(port: int, numbers: range, tasks: int, start: float) -> dict[str
     try:
         await client.ping()
         names = iter(numbers)  # shared: each task takes the next free number
-        last_names: list[str] = []
         await asyncio.sleep(max(0.0, start - time.monotonic()))
         began = time.monotonic()
 
         async def one() -> None:
-            name = None
             for n in names:
                 name = f"{PREFIX}{n}"
                 lease = await redlease.AsyncLock(client, name, ttl=TTL).acquire(timeout=30.0)
-                await lease.release()
-            if name is not None:
-                last_names.append(name)
+                await lease.release()  # given back on the server when it returns
 
         await asyncio.gather(*(one() for _ in range(tasks)))
-        # The default lock lends a grant in batches: a release parks it and a timer gives
-        # it back once the batch window ends. A task's last name is its last give-back,
-        # done when that lock's key is gone. A give-back that failed leaves the key to its
-        # ttl: waiting twice that is enough.
-        keys = [LockKeys.for_name(name).lock for name in last_names]
-        for _ in range(round(2 * TTL / 0.001)):
-            if not keys or not await client.exists(*keys):
-                break
-            await asyncio.sleep(0.001)
         return {"names": len(numbers), "began": began, "last_release": time.monotonic()}
     finally:
         await client.aclose()

@@ -238,9 +238,7 @@ def _redlease_lock(
 
     def build(key: str) -> SyncCycle:
         client = bench.sync_client(node) if family is None else bench.owned(family(node))
-        # batch=1: every cycle on the wire (a loop that comes straight back for the lock
-        # is otherwise lent its grant, which is no longer the cycle the floor makes)
-        lock = redlease.Lock(client, key, ttl=TTL, batch=1)
+        lock = redlease.Lock(client, key, ttl=TTL)
 
         def cycle() -> None:
             lock.acquire().release()
@@ -589,7 +587,7 @@ def _redlease_async(
 ) -> Callable[[str], AsyncCycle]:
     def build(key: str) -> AsyncCycle:
         client = bench.async_client(node) if family is None else bench.owned(family(node))
-        lock = redlease.AsyncLock(client, key, ttl=TTL, batch=1)  # (as the sync one)
+        lock = redlease.AsyncLock(client, key, ttl=TTL)
 
         async def cycle() -> None:
             lease = await lock.acquire()

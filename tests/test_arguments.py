@@ -35,13 +35,6 @@ CLIENT = redis.Redis(port=1)
         ({"on_lost": 3}, "on_lost"),
         ({"max_hold": 0}, "max_hold"),
         ({"prefix": "a{b"}, "prefix"),
-        ({"batch": 0}, "batch"),
-        ({"batch": True}, "batch"),
-        ({"batch": 2.0}, "batch"),
-        ({"batch": 4, "fair": False}, "batch needs fair=True"),
-        ({"batch": 4, "batch_window": 0}, "batch_window"),
-        ({"batch": 4, "batch_window": 5.0}, "batch_window must not be longer than the ttl"),
-        ({"batch": 2**62}, "batch must be at most 1000"),
         ({"name": "job\udc80"}, "name must be encodable as UTF-8"),
         ({"prefix": "\ud800locks:"}, "prefix must be encodable as UTF-8"),
         ({"replicas": 1, "replica_timeout": 1e300}, "replica_timeout"),
@@ -52,8 +45,6 @@ CLIENT = redis.Redis(port=1)
         # numbers beyond any float, or any repr
         ({"ttl": 10**400}, "ttl must be finite"),
         ({"ttl": 1e306}, "ttl must be at most"),
-        ({"batch": 4, "batch_window": -(10**400)}, "batch_window"),
-        ({"batch": 10**5000}, "batch must be at most 1000, got an int of"),
         ({"replicas": -(10**5000)}, "replicas must not be negative"),
         ({"replicas": 2**64}, "replicas must be at most 1000"),
         ({"clock": print}, "clock must return monotonic seconds"),
@@ -89,7 +80,6 @@ def test_good_combinations_are_taken() -> None:
     lock = redlease.Lock(CLIENT, "x", ttl=1.0, auto_renew=True, max_hold=5.0)
     assert lock.name == "x"
     redlease.Lock(CLIENT, "x", ttl=1.0, replicas=1, replica_timeout=0.5)
-    redlease.Lock(CLIENT, "x", ttl=1.0, batch=1000)
     redlease.Lock(CLIENT, "caf\u00e9 \U0001f512", ttl=1.0, clock=lambda: 0.0)
 
 

@@ -254,7 +254,7 @@ def test_lock_over_a_unix_socket(server_kind: str, name: str) -> None:
     proc.extra_args = ["--unixsocket", path, "--unixsocketperm", "700"]
     with proc:
         client = families.client(unix_socket_path=path)
-        lock = redlease.Lock(client, name, ttl=5.0, batch=1)  # one fence per grant
+        lock = redlease.Lock(client, name, ttl=5.0)
         fences = []
         for _ in range(20):
             with lock as lease:

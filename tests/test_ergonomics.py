@@ -33,27 +33,12 @@ def in_another_thread(fn: Any) -> Any:
     return out[0]
 
 
-def until_free(lock: Any) -> None:
-    """Until ``lock.locked()`` is False: a fair lock lends a released grant to its next
-    hold for its batch window (2 ms by default) before it gives it back."""
-    wait_until(lambda: not lock.locked(), timeout=10)
-
-
-async def until_afree(alock: Any) -> None:
-    """The asyncio twin of ``until_free``."""
-    for _ in range(2000):
-        if not await alock.locked():
-            return
-        await asyncio.sleep(0.005)
-    raise AssertionError("still locked")
-
-
 # -- locked(), owned(), waiting() --------------------------------------------------------
 
 
 def test_locked_owned_and_waiting(r: redis.Redis, name: str) -> None:
     lock = redlease.Lock(r, name, ttl=30.0)
-    until_free(lock)
+    assert not lock.locked()
     assert not lock.owned()
     assert lock.waiting() == 0
     lease = lock.acquire(timeout=1)
@@ -72,7 +57,7 @@ def test_locked_owned_and_waiting(r: redis.Redis, name: str) -> None:
     assert lock.locked()
     assert lock.waiting() == 0
     got[0].release()
-    until_free(lock)
+    assert not lock.locked()
 
 
 def test_owned_asks_the_server(r: redis.Redis, name: str) -> None:
@@ -130,7 +115,7 @@ def test_waiting_counts_live_waiters_only(
 
 async def test_async_locked_owned_and_waiting_per_task(ar: aredis.Redis, name: str) -> None:
     lock = redlease.AsyncLock(ar, name, ttl=30.0)
-    await until_afree(lock)
+    assert not await lock.locked()
     assert not await lock.owned()
     lease = await lock.acquire(timeout=1)
     assert await lock.locked()
@@ -147,12 +132,12 @@ async def test_async_locked_owned_and_waiting_per_task(ar: aredis.Redis, name: s
     assert not await lock.owned()
     assert await lock.locked()
     await second.release()
-    await until_afree(lock)
+    assert not await lock.locked()
 
 
 def test_semaphore_and_read_write_sides(r: redis.Redis, name: str) -> None:
     sem = redlease.Semaphore(r, name, 3, ttl=30.0)
-    until_free(sem)
+    assert not sem.locked()
     permits = [sem.acquire(timeout=1), sem.acquire(timeout=1)]
     assert sem.locked()
     assert sem.owned()
@@ -161,7 +146,7 @@ def test_semaphore_and_read_write_sides(r: redis.Redis, name: str) -> None:
     assert sem.owned()  # the other permit
     permits[1].release()
     assert not sem.owned()
-    until_free(sem)
+    assert not sem.locked()
 
     rw = redlease.ReadWriteLock(r, name, ttl=30.0)
     write = rw.write.acquire(timeout=1)
@@ -169,7 +154,7 @@ def test_semaphore_and_read_write_sides(r: redis.Redis, name: str) -> None:
     assert not rw.read.owned()  # a side's leases are its own
     assert rw.read.locked()  # the read/write lock is held (by a writer)
     write.release()
-    until_free(rw.write)
+    assert not rw.write.locked()
 
 
 async def test_async_semaphore_owned(ar: aredis.Redis, name: str) -> None:
@@ -198,7 +183,7 @@ def test_a_lock_as_a_decorator(r: redis.Redis, name: str) -> None:
     assert work.__name__ == "work"
     assert work.__doc__ == "Doc kept."
     assert work.__wrapped__ is not None  # type: ignore[attr-defined]
-    until_free(lock)  # released after the call
+    assert not lock.locked()  # released after the call
 
     @lock
     def fails() -> None:
@@ -207,7 +192,7 @@ def test_a_lock_as_a_decorator(r: redis.Redis, name: str) -> None:
 
     with pytest.raises(ValueError, match="boom"):
         fails()
-    until_free(lock)
+    assert not lock.locked()
 
 
 def test_a_decorated_function_excludes_other_threads(r: redis.Redis, name: str) -> None:
@@ -241,7 +226,7 @@ async def test_an_async_lock_as_a_decorator(ar: aredis.Redis, name: str) -> None
 
     assert await work(21) == 42
     assert work.__name__ == "work"
-    await until_afree(alock)
+    assert not await alock.locked()
 
 
 def test_what_a_decorator_refuses(r: redis.Redis, ar: aredis.Redis, name: str) -> None:
@@ -278,7 +263,7 @@ def test_what_a_decorator_refuses(r: redis.Redis, ar: aredis.Redis, name: str) -
     sneaky: Any = lock(AsyncCallable())  # looks plain; found out at its first call
     with pytest.raises(redlease.InvalidArgument, match="returned a coroutine"):
         sneaky()
-    until_free(lock)
+    assert not lock.locked()
 
 
 def test_every_front_decorates(r: redis.Redis, name: str) -> None:
@@ -322,7 +307,7 @@ async def test_using_returns_and_releases(ar: aredis.Redis, name: str) -> None:
         return a + b
 
     assert await alock.using(work, 1, 2, timeout=5) == 3
-    await until_afree(alock)
+    assert not await alock.locked()
     assert await alock.using(functools.partial(work, b=10), 5) == 15
 
 
@@ -338,7 +323,7 @@ async def test_using_renews_for_as_long_as_fn_runs(ar: aredis.Redis, name: str) 
         return "done"
 
     assert await asyncio.wait_for(alock.using(long_work), 60) == "done"
-    await until_afree(alock)
+    assert not await alock.locked()
 
 
 async def test_using_cancels_fn_and_raises_lock_lost_when_the_lease_is_lost(
@@ -363,7 +348,7 @@ async def test_using_cancels_fn_and_raises_lock_lost_when_the_lease_is_lost(
         await asyncio.wait_for(using, 30)
     assert isinstance(lost.value.__cause__, asyncio.CancelledError)
     assert cancelled == [True]
-    await until_afree(alock)
+    assert not await alock.locked()
 
 
 async def test_using_propagates_fn_errors_and_releases(ar: aredis.Redis, name: str) -> None:
@@ -374,14 +359,14 @@ async def test_using_propagates_fn_errors_and_releases(ar: aredis.Redis, name: s
 
     with pytest.raises(ValueError, match="boom"):
         await alock.using(fails)
-    await until_afree(alock)
+    assert not await alock.locked()
 
     def not_async(lease: redlease.AsyncLease) -> int:
         return 1
 
     with pytest.raises(redlease.InvalidArgument, match="async callable"):
         await alock.using(not_async)  # type: ignore[arg-type]
-    await until_afree(alock)
+    assert not await alock.locked()
 
 
 async def test_cancelling_the_caller_cancels_fn_and_releases(ar: aredis.Redis, name: str) -> None:
@@ -405,4 +390,4 @@ async def test_cancelling_the_caller_cancels_fn_and_releases(ar: aredis.Redis, n
     with pytest.raises(asyncio.CancelledError):
         await using
     assert ended == ["cancelled"]  # fn ended before using() did
-    await until_afree(alock)
+    assert not await alock.locked()

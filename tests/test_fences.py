@@ -51,8 +51,7 @@ def test_fences_keep_increasing_after_flushall(admin: Any, name: str) -> None:
     lock = redlease.Lock(admin, name, ttl=5.0)
     before = [lock.acquire(timeout=2.0) for _ in range(1)]
     before[0].release()
-    batched = redlease.Lock(admin, name, ttl=5.0, batch=8)
-    with batched.acquire(timeout=2.0) as held:
+    with redlease.Lock(admin, name, ttl=5.0).acquire(timeout=2.0) as held:
         before.append(held)
     admin.flushall()
     assert admin.dbsize() == 0
@@ -118,7 +117,7 @@ def test_every_key_has_a_ttl_and_all_are_gone_within_the_bound(admin: Any, name:
         keys = _keys_of(admin, name)
         assert LockKeys.for_name(name).fence.encode() in keys
         assert {key: admin.pttl(key) > 0 for key in keys} == dict.fromkeys(keys, True)
-    with redlease.Lock(admin, name, ttl=ttl, batch=4).acquire(timeout=2.0):
+    with redlease.Lock(admin, name, ttl=ttl).acquire(timeout=2.0):
         pass
     keys = sorted(set(keys) | set(_keys_of(admin, name)))
     bound_ms = forgotten_within(round(ttl * 1000))

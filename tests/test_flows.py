@@ -51,7 +51,7 @@ def test_acquire_is_one_script_call_and_validity_counts_from_before_sending() ->
     assert token == attempt.token
     assert len(token) == 32
     assert (ttl_ms, fair, queue_ms, bells) == ("10000", "1", "0", "redlease:{orders:42}:bell:")
-    assert holds == "1"  # one fence per grant unless a batch is asked for
+    assert holds == "1"  # one fence per grant
     assert hub == ""  # a try that does not queue names no hub
     clock.advance(0.3)  # time in flight is the holder's loss
     done, grant = step(flow, [7, 10000, 1_000_000, 1])

@@ -87,8 +87,6 @@ _LOCK = [
     "clock",
     "replicas",
     "replica_timeout",
-    "batch",
-    "batch_window",
 ]
 _REDLOCK = [
     "nodes",
@@ -291,8 +289,6 @@ NEAR: dict[str, st.SearchStrategy[object]] = {
     "max_hold": st.one_of(st.none(), _seconds(-1.0, 1e300)),
     "node_timeout": st.one_of(st.none(), _seconds(-1.0, 1e300)),
     "replica_timeout": st.one_of(st.none(), _seconds(-1.0, 2 * BASE_TTL), st.floats(0, 0.1)),
-    "batch_window": _seconds(-1.0, 2 * BASE_TTL),
-    "batch": st.one_of(st.none(), st.integers(-2, 1100)),
     "limit": st.one_of(st.integers(-2, 5), st.integers(99_990, 100_010)),
     "replicas": st.integers(-1, 3),
     "fair": st.booleans(),
@@ -310,8 +306,6 @@ CONTEXT: dict[str, st.SearchStrategy[dict[str, object]]] = {
     "max_hold": st.fixed_dictionaries({"auto_renew": st.booleans()}),
     "clock": st.fixed_dictionaries({"auto_renew": st.booleans()}),
     "replica_timeout": st.fixed_dictionaries({"replicas": st.sampled_from([0, 1])}),
-    "batch": st.fixed_dictionaries({"fair": st.booleans()}),
-    "batch_window": st.fixed_dictionaries({"batch": st.sampled_from([None, 1, 4])}),
 }
 CLIENT_LABELS = ["client", "other", "pipeline", "class", "sentinel", "pool", "list"]
 CLIENT_LABELS += ["coredis", "glide"]
@@ -343,13 +337,11 @@ REGRESSIONS = [
     Case("replica_timeout", 1e300, {"replicas": 1}),  # struct.error at acquire
     Case("name", "job\udc80", {}),  # UnicodeEncodeError at acquire
     Case("prefix", "\ud800locks:", {}),
-    Case("batch", 2**62, {"fair": True}),  # overflowed the fence counter
     Case("clock", FakeClock(), {"auto_renew": True}),  # Redlock: LockLost at release
     Case("ttl", 10**400, {}),  # OverflowError: a float cannot hold it
     Case("timeout", -(10**400), {}),
     Case("ttl", 1e306, {}),  # OverflowError: ceil(inf) once in milliseconds
     Case("extend_ttl", 1e306, {}),
-    Case("batch", 10**5000, {"fair": True}),  # ValueError: the refusal cannot print it
     Case("replicas", 2**64, {}),  # BackendError: WAIT refuses it, at acquire
     Case("node_timeout", 1e10, {}),  # OverflowError: settimeout(), if it has to connect
     Case("node_timeout", 1e19, {}),  # struct.error: SO_RCVTIMEO, if a read has to block
@@ -386,8 +378,7 @@ class Env:
     @staticmethod
     def tag() -> str:
         """A mark no other case's keys carry ("fuzz1-" is not in "fuzz11-"). Unique in the
-        session, so that no case meets what an earlier test left, such as a batch's grant
-        given back up to its window after the test."""
+        session, so that no case meets what an earlier test left."""
         return f"fuzz{next(_TAGS)}-"
 
     def client(self, label: str, want_async: bool) -> Any:
@@ -452,7 +443,7 @@ class Env:
             for task in tasks:
                 task.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
-            # as asyncio.run does: a batch's grant still parked is given back here
+            # as asyncio.run does
             await asyncio.get_running_loop().shutdown_asyncgens()
 
         self.loop.run_until_complete(shut())

@@ -45,14 +45,17 @@ def _shape(path: Path) -> list[str]:
 @pytest.mark.parametrize(
     ("sync", "asyncio", "only_one"),
     [
-        ("_io_sync.py", "_io_async.py", set()),
+        # sync only: the gates' thread locks made anew in a fork's child
+        ("_io_sync.py", "_io_async.py", {"_new_gates"}),
         # written once, in the sync hub: the rule for unused channels, the pub/sub verbs
         # (plain or sharded), which errors make a hub start over; asyncio only: the timer
-        # that ends a box's wait (asyncio.wait_for would drop a cancellation)
+        # that ends a box's wait (asyncio.wait_for would drop a cancellation). Sync only:
+        # new thread locks in a fork's child (a child does not run its parent's loop)
         (
             "_hub_sync.py",
             "_hub_async.py",
             {
+                "Hub._after_fork",
                 "forget_idle",
                 "Verbs",
                 "Verbs.new_id",
@@ -61,18 +64,20 @@ def _shape(path: Path) -> list[str]:
                 "_set_if_pending",
             },
         ),
-        # sync only: SO_RCVTIMEO's argument; asyncio only: connecting with the loop, a
-        # read's shared deadline timer, where a cancellation lands, closing at shutdown
+        # sync only: SO_RCVTIMEO's argument, new thread locks in a fork's child; asyncio
+        # only: connecting with the loop, a read's shared deadline timer, where a
+        # cancellation lands, closing at shutdown
         (
             "_conn_sync.py",
             "_conn_async.py",
             {
                 "_timeval",
+                "Pool._after_fork",
+                "_new_pools_lock",
                 "SocketConnection.more",
                 "SocketConnection.shut",
                 "ClassConnection.shut",
                 "Pool._closed_at_shutdown",
-                "Pool.at_shutdown",
                 "_connect",
                 "_cancel_due",
                 "_Watch",
@@ -99,14 +104,7 @@ def test_twins_have_the_same_names_in_the_same_order(
         # asyncio only: cleaning up shielded from a second cancellation; running a
         # coroutine under a lease that cancels it when lost (a thread cannot be cancelled)
         ("_fronts.py", "SyncFront", "AsyncFront", {"_abandon", "using"}),
-        # asyncio only: the batch timer and its release, which the loop must run, and
-        # giving a parked grant back when the loop stops (sync: the closer, at exit)
-        (
-            "_lock.py",
-            "Lock",
-            "AsyncLock",
-            {"_give_back_soon", "_close_later", "_give_back_parked"},
-        ),
+        ("_lock.py", "Lock", "AsyncLock", set()),
         ("_redlock.py", "_SyncNodes", "_AsyncNodes", set()),
         # asyncio only: cancelling the holder's task when the lease is lost
         ("_lease.py", "SyncLeaseBlock", "AsyncLeaseBlock", {"_mark_lost"}),

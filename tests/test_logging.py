@@ -1,8 +1,8 @@
 """What redlease logs on its failure paths, against a real server: a lease lost under
-its renewer, a release that finds the lease gone, a batch's grant found gone when it is
-given back. Each message names the lease by its token's first characters (as `redlease
-inspect` shows holders), never by the whole token, which would let whoever reads the log
-release or extend the lease; and every record comes from the `redlease.*` logger tree.
+its renewer, a release that finds the lease gone. Each message names the lease by its
+token's first characters (as `redlease inspect` shows holders), never by the whole token,
+which would let whoever reads the log release or extend the lease; and every record
+comes from the `redlease.*` logger tree.
 """
 
 from __future__ import annotations
@@ -57,7 +57,7 @@ def _never_whole(logs: Captured, token: str) -> None:
 
 
 def test_a_lease_lost_under_its_renewer(r: redis.Redis, name: str, logs: Captured) -> None:
-    lease = redlease.Lock(r, name, ttl=1.0, auto_renew=True, batch=1).acquire()
+    lease = redlease.Lock(r, name, ttl=1.0, auto_renew=True).acquire()
     r.delete(lock_key(name))
     wait_until(lambda: lease.lost)
     wait_until(lambda: bool(logs.about(lease.token)))
@@ -68,7 +68,7 @@ def test_a_lease_lost_under_its_renewer(r: redis.Redis, name: str, logs: Capture
 
 
 def test_a_release_that_finds_the_lease_gone(r: redis.Redis, name: str, logs: Captured) -> None:
-    lock = redlease.Lock(r, name, ttl=10.0, batch=1)
+    lock = redlease.Lock(r, name, ttl=10.0)
 
     def fail() -> None:
         raise RuntimeError("the block's own failure")
@@ -79,20 +79,4 @@ def test_a_release_that_finds_the_lease_gone(r: redis.Redis, name: str, logs: Ca
     messages = [rec.getMessage() for rec in logs.about(lease.token)]
     assert any("was lost:" in m for m in messages)  # found by the release
     assert any("before the block that held it failed" in m for m in messages)
-    _never_whole(logs, lease.token)
-
-
-def test_a_batch_grant_gone_when_given_back(r: redis.Redis, name: str, logs: Captured) -> None:
-    # The second grant is taken for the batch (its caller came straight back) and parked
-    # at its release; the window's end gives it back, and finds it gone.
-    lock = redlease.Lock(r, name, ttl=10.0, batch=3, batch_window=1.0)
-    lock.acquire().release()
-    lease = lock.acquire()
-    lease.release()
-    assert r.get(lock_key(name)) is not None  # parked, still held on the server
-    r.delete(lock_key(name))
-    wait_until(lambda: bool(logs.about(lease.token)))
-    [record] = logs.about(lease.token)
-    assert "its grant was lost on the server" in record.getMessage()
-    assert record.name == "redlease._lock"
     _never_whole(logs, lease.token)

@@ -1,6 +1,6 @@
 """Metrics through OpenTelemetry, read back with the SDK's in-memory reader against real
 servers: acquisitions, waits and holds of both twins, a timeout, a lost lease (and its
-failed renewal), names only when asked for, each primitive's kind, a batch's lent holds;
+failed renewal), names only when asked for, each primitive's kind;
 then a process without OpenTelemetry, where locks work and nothing is recorded.
 
 Durations reach the SDK later than they happen (``_metrics.Deferred``): the helpers below
@@ -120,7 +120,7 @@ HELD = 0.05
 
 
 def test_acquisitions_waits_and_holds(twin: Any, name: str, read: Read) -> None:
-    lock = twin.lock(name, ttl=10.0, batch=1)
+    lock = twin.lock(name, ttl=10.0)
     for _ in range(2):
         lease = lock.acquire(timeout=5.0)
         time.sleep(HELD)
@@ -136,7 +136,7 @@ def test_acquisitions_waits_and_holds(twin: Any, name: str, read: Read) -> None:
 
 
 def test_a_timeout_and_a_busy_try(twin: Any, name: str, read: Read) -> None:
-    lock = twin.lock(name, ttl=10.0, batch=1)
+    lock = twin.lock(name, ttl=10.0)
     holder = lock.acquire()
     with pytest.raises(redlease.AcquireTimeout):
         lock.acquire(timeout=HELD)
@@ -156,7 +156,7 @@ def test_a_lost_lease_and_its_failed_renewal(
 ) -> None:
     # (a lease of 5 s: its renewal, due long before it ends, is refused, and that is how
     # it is found lost; with 1 s a late renewer on a loaded machine found it run out)
-    lock = twin.lock(name, ttl=5.0, auto_renew=True, batch=1)
+    lock = twin.lock(name, ttl=5.0, auto_renew=True)
     lease = lock.acquire()
     r.delete(lock_key(name))  # gone under it: the next renewal is refused
     wait_until(lambda: lease.lost, 30)
@@ -171,7 +171,7 @@ def test_a_lost_lease_and_its_failed_renewal(
 
 
 def test_names_only_when_asked_for(r: redis.Redis, name: str, read: Read) -> None:
-    lock = redlease.Lock(r, name, batch=1)
+    lock = redlease.Lock(r, name)
     lock.acquire().release()
     sets = read.attribute_sets()
     assert sets
@@ -197,7 +197,7 @@ def test_configure_refuses_what_it_cannot_use() -> None:
 def test_switched_off_records_nothing(r: redis.Redis, name: str, read: Read) -> None:
     redlease.metrics.configure(enabled=False)
     assert not redlease.metrics.enabled()
-    redlease.Lock(r, name, batch=1).acquire().release()
+    redlease.Lock(r, name).acquire().release()
     assert read.points("redlease.lock.acquisitions") == []
 
 
@@ -205,7 +205,7 @@ def test_counters_only_by_default(r: redis.Redis, name: str, read: Read) -> None
     # The histograms cost the SDK a record per acquire and per release: asked for only.
     redlease.metrics.configure(meter_provider=read.provider)
     for _ in range(3):  # a lock object per call: the counts add up all the same
-        redlease.Lock(r, name, batch=1).acquire().release()
+        redlease.Lock(r, name).acquire().release()
     assert read.count("redlease.lock.acquisitions", kind="lock") == 3
     assert read.points("redlease.lock.wait.duration") == []
     assert read.points("redlease.lock.hold.duration") == []
@@ -240,21 +240,6 @@ def test_each_primitive_says_its_kind(
     assert holds == 1
 
 
-def test_a_batchs_lent_holds_are_acquisitions(r: redis.Redis, name: str, read: Read) -> None:
-    # A window far longer than the loop: the second grant is taken for the batch (its
-    # caller came straight back), and the next holds are lent from it.
-    lock = redlease.Lock(r, name, ttl=60.0, batch=3, batch_window=30.0)
-    tokens = []
-    for _ in range(4):
-        lease = lock.acquire()
-        tokens.append(lease.token)
-        lease.release()
-    assert tokens[1] == tokens[2] == tokens[3]  # lent, not granted anew
-    assert read.count("redlease.lock.acquisitions", kind="lock") == 4
-    holds, _ = read.histogram("redlease.lock.hold.duration", kind="lock")
-    assert holds == 4
-
-
 def test_without_opentelemetry_nothing_is_recorded(
     server: servers.ServerProcess, name: str
 ) -> None:
@@ -283,7 +268,7 @@ WAIT = "redlease.lock.wait.duration"
 
 
 def test_a_collection_takes_the_durations_waiting(r: redis.Redis, name: str, read: Read) -> None:
-    lock = redlease.Lock(r, name, batch=1)
+    lock = redlease.Lock(r, name)
     for _ in range(2):
         lock.acquire().release()
     # No flush: the collection's callback drains the queue. This SDK reads its storage
@@ -295,7 +280,7 @@ def test_a_collection_takes_the_durations_waiting(r: redis.Redis, name: str, rea
 
 
 def test_the_drainer_records_without_a_collection(r: redis.Redis, name: str, read: Read) -> None:
-    lock = redlease.Lock(r, name, batch=1)
+    lock = redlease.Lock(r, name)
     for _ in range(3):
         lock.acquire().release()
     # Nothing collects and nothing flushes: the redlease-metrics thread hands the
@@ -347,7 +332,7 @@ def test_a_forked_child_records_its_own_durations_only(
     recorded = Recorded(tmp_path / "records")
     redlease.metrics.configure(meter_provider=recorded, durations=True)  # type: ignore[arg-type]
     try:
-        lock = redlease.Lock(r, name, batch=1)
+        lock = redlease.Lock(r, name)
         for _ in range(3):
             lock.acquire().release()  # 6 durations, most likely still queued at the fork
         with warnings.catch_warnings():  # (3.12+: a fork with threads running warns)
@@ -357,8 +342,8 @@ def test_a_forked_child_records_its_own_durations_only(
             code = 1
             try:
                 client = redis.Redis(port=server.port)
-                redlease.Lock(client, name + ":child", batch=1).acquire().release()
-                redlease.Lock(client, name + ":child", batch=1).acquire().release()
+                redlease.Lock(client, name + ":child").acquire().release()
+                redlease.Lock(client, name + ":child").acquire().release()
                 # a drainer of its own (the parent's did not follow it)
                 wait_until(lambda: _metrics.deferred.pending() == 0)
                 redlease.metrics.flush()
@@ -388,7 +373,7 @@ from test_metrics import Recorded
 recorded = Recorded(Path({str(tmp_path / "records")!r}))
 atexit.register(lambda: print(sum(recorded.by_pid().values()) if recorded.path.exists() else 0))
 redlease.metrics.configure(meter_provider=recorded, durations=True)
-lock = redlease.Lock(redis.Redis(port={server.port}), {name!r}, batch=1)
+lock = redlease.Lock(redis.Redis(port={server.port}), {name!r})
 for _ in range(3):
     lock.acquire().release()
 """
@@ -400,7 +385,7 @@ def test_a_duration_keeps_the_callers_trace(r: redis.Redis, name: str, read: Rea
 
     tracer = TracerProvider().get_tracer("test")
     with tracer.start_as_current_span("job") as span:
-        redlease.Lock(r, name, batch=1).acquire().release()
+        redlease.Lock(r, name).acquire().release()
     trace_id = span.get_span_context().trace_id
     # Recorded later, by another thread: the exemplar (the SDK's default filter samples
     # the durations recorded under a sampled span) still names the caller's trace. (One
@@ -426,7 +411,7 @@ def test_a_full_queue_drops_and_says_so(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     monkeypatch.setattr(_metrics, "PENDING_LIMIT", 0)  # full from the start
-    lock = redlease.Lock(r, name, batch=1)
+    lock = redlease.Lock(r, name)
     with caplog.at_level("WARNING", logger="redlease"):
         for _ in range(2):
             lock.acquire().release()

@@ -463,7 +463,7 @@ async def test_an_acquire_whose_reply_is_lost_is_sent_again_and_finds_its_grant(
     with FaultProxy("127.0.0.1", own_server.port).start() as proxy:
         client = families.aclient(port=proxy.port)
         try:
-            lock = redlease.AsyncLock(client, name, ttl=10.0, batch=1)  # one fence a grant
+            lock = redlease.AsyncLock(client, name, ttl=10.0)
             first = await lock.acquire(timeout=2.0)  # scripts loaded
             await first.release()
             proxy.set_mode("drop_next_reply")

@@ -96,7 +96,7 @@ async def test_a_resp3_client_is_served_on_resp2_sockets(
     client = families.aclient(port=server.port, protocol=3, client_name="app")
     other = families.client(port=server.port)
     try:
-        lock = redlease.AsyncLock(client, name, ttl=5.0, batch=1)  # consecutive fences
+        lock = redlease.AsyncLock(client, name, ttl=5.0)
         async with lock as first:
             pass
         async with lock as second:
@@ -194,7 +194,7 @@ async def test_replies_polled_in_a_row_still_let_the_loop_turn(
             ticks += 1
 
     try:
-        lock = redlease.AsyncLock(client, name, ttl=5.0, batch=1)  # every cycle on the wire
+        lock = redlease.AsyncLock(client, name, ttl=5.0)
         async with lock:
             pass  # connection made, script loaded
         task = asyncio.create_task(ticker())

@@ -1,7 +1,7 @@
 """``ReadWriteLock`` and ``AsyncReadWriteLock`` on real servers: many readers or one
 writer; arrival order, so a waiting writer holds back later readers and is not starved;
-a writer's fence above every earlier lease's; a second hold by one holder refused (no
-upgrade that waits for itself); dead and cancelled holders; keys apart and with TTLs; and
+a writer's fence above every earlier lease's (nesting by one holder:
+test_rwlock_nesting); dead and cancelled holders; keys apart and with TTLs; and
 the invariant across processes sharing a resource."""
 
 from __future__ import annotations
@@ -10,7 +10,6 @@ import asyncio
 import json
 import subprocess
 import sys
-import threading
 import time
 from typing import Any
 
@@ -90,39 +89,6 @@ def test_readers_queued_together_are_let_in_together(twin: Any, r: redis.Redis, 
     assert r.zcard(keys_of(name).lock) == 2
     for lease in leases:
         lease.release()
-
-
-def test_a_holder_cannot_take_a_second_lease(r: redis.Redis, name: str) -> None:
-    rw = redlease.ReadWriteLock(r, name, ttl=30.0)
-    with rw.read:
-        with pytest.raises(redlease.LockError, match="release the read lease first"):
-            rw.write.acquire(timeout=1)  # an upgrade would wait for itself
-        with pytest.raises(redlease.LockError, match="read lease"):
-            rw.read.try_acquire()
-    with rw.write as lease, pytest.raises(redlease.LockError, match="write lease"):
-        rw.read.acquire(timeout=1)
-    assert lease.released
-    with rw.write:  # released: free to take again
-        pass
-    other: list[Any] = []
-    with rw.read:  # another thread is another holder
-        thread = threading.Thread(target=lambda: other.append(rw.read.try_acquire()))
-        thread.start()
-        thread.join(30)
-    assert other
-    assert other[0] is not None
-    other[0].release()
-
-
-async def test_a_task_cannot_take_a_second_lease(ar: aredis.Redis, name: str) -> None:
-    rw = redlease.AsyncReadWriteLock(ar, name, ttl=30.0)
-    async with rw.read:
-        with pytest.raises(redlease.LockError, match="release the read lease first"):
-            await rw.write.acquire(timeout=1)
-        other = await asyncio.create_task(rw.read.acquire(timeout=1))  # another task
-        await other.release()
-    async with rw.write:
-        pass
 
 
 def test_a_dead_writers_lease_runs_out(twin: Any, name: str) -> None:

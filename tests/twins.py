@@ -38,8 +38,7 @@ class Portal:
             for task in tasks:
                 task.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
-            # as asyncio.run does: a lock's batch grant still parked is given back here,
-            # and a give-back its timer started meanwhile is awaited
+            # as asyncio.run does
             await asyncio.get_running_loop().shutdown_asyncgens()
 
         self.call(shutdown)

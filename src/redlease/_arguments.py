@@ -78,36 +78,6 @@ def timeout(value: object, name: str = "timeout") -> float | None:
     return secs
 
 
-DEFAULT_BATCH = 8  # a fair lock's; an unfair one lends no batches
-# A grant takes ``batch`` fences at once: far more holds than any window serves, and a
-# bound that keeps fences exact (below 2**53, Lua's doubles) for billions of grants.
-MAX_BATCH = 1000
-
-
-def batch(value: object, fair: bool) -> int:
-    """How many holds in a row a batch allows: 1 (none) or more, for a fair lock only;
-    None: DEFAULT_BATCH for a fair lock, 1 otherwise."""
-    if value is None:
-        return DEFAULT_BATCH if fair else 1
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise InvalidArgument(f"batch must be an int, not {type(value).__name__}")
-    if value < 1:
-        raise InvalidArgument(f"batch must be at least 1, got {shown(value)}")
-    if value > MAX_BATCH:
-        raise InvalidArgument(f"batch must be at most {MAX_BATCH}, got {shown(value)}")
-    if value > 1 and not fair:
-        raise InvalidArgument("batch needs fair=True (an unfair lock keeps no queue order)")
-    return value
-
-
-def batch_window_ms(value: object, lease_ms: int) -> int:
-    """How long a batch may last: positive, at most the ttl; in whole milliseconds."""
-    ms = milliseconds(value, "batch_window")
-    if ms > lease_ms:
-        raise InvalidArgument(f"batch_window must not be longer than the ttl, got {shown(value)}")
-    return ms
-
-
 def replica_wait_ms(value: object, lease_ms: int) -> int:
     """How long a grant waits for its replicas (``WAIT``): by default a tenth of the
     ttl; shorter than the ttl, or an acknowledged grant would already have expired."""

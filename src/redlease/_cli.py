@@ -509,7 +509,7 @@ def _run(args: argparse.Namespace, cmd: list[str]) -> int:
             return sem.acquire, _release
         if len(clients) > 1:
             return Redlock(clients, args.name, auto_renew=True, **common).acquire, _release
-        return Lock(clients[0], args.name, auto_renew=True, batch=1, **common).acquire, _release
+        return Lock(clients[0], args.name, auto_renew=True, **common).acquire, _release
 
     try:
         return run_under(hold, cmd, options, what)

@@ -240,7 +240,7 @@ def _release_one(url: str, args: argparse.Namespace, token: str) -> bool:
         elif args.kind == "election":
             primitive = Election(client, args.name, prefix=args.prefix)
         else:
-            primitive = Lock(client, args.name, prefix=args.prefix, batch=1)
+            primitive = Lock(client, args.name, prefix=args.prefix)
         try:
             flow = _flows.release(primitive._spec, token, forced=True)
             primitive._io.run(flow, f"release {args.name!r}")

@@ -389,8 +389,6 @@ class Pool:
         self.opened = 0
         self._hub: Hub | None = None
         self._shutdown: AsyncGenerator[None, None] | None = None
-        # locks whose parked batch grants the loop's shutdown gives back (see at_shutdown)
-        self._parking: weakref.WeakSet[Any] = weakref.WeakSet()
         weakref.finalize(self, _close_all, self._idle, self._owing)
 
     async def _closed_at_shutdown(self) -> AsyncGenerator[None, None]:
@@ -400,20 +398,12 @@ class Pool:
         try:
             yield
         finally:
-            for lock in list(self._parking):
-                with contextlib.suppress(Exception):
-                    await lock._give_back_parked()
             idle, owing = list(self._idle), [conn for conn, _ in self._owing]
             self._idle.clear()
             self._owing.clear()
             for conn in idle + owing:
                 self._count -= 1
                 await conn.shut()
-
-    def at_shutdown(self, lock: Any) -> None:
-        """Have the loop's shutdown await ``lock._give_back_parked()``: a batch's grant
-        parked then goes back to the server rather than expiring with its ttl."""
-        self._parking.add(lock)
 
     @property
     def hub(self) -> Hub | None:

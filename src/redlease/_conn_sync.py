@@ -310,6 +310,14 @@ class Pool:
         self.opened = 0  # connections ever opened (for tests and benchmarks)
         self._hub: Hub | None = None
         weakref.finalize(self, _close_all, self._idle, self._owing)
+        _fork.renew_in_child(self)
+
+    def _after_fork(self) -> None:
+        # Another thread of the parent may have held the lock at the fork; the rest of
+        # the child's start (forgetting the parent's sockets) waits for its first take.
+        self._lock = threading.Lock()
+        self._freed = threading.Condition(self._lock)
+        self._waiting = 0  # (the parent's waiters are not here)
 
     @property
     def hub(self) -> Hub | None:
@@ -487,6 +495,15 @@ def _close_all(idle: list[Connection], owing: list[tuple[Connection, float]]) ->
 
 _POOLS: weakref.WeakKeyDictionary[Any, Pool] = weakref.WeakKeyDictionary()
 _POOLS_LOCK = threading.Lock()
+
+
+def _new_pools_lock() -> None:
+    # Another thread of the parent may have held it at the fork.
+    global _POOLS_LOCK
+    _POOLS_LOCK = threading.Lock()
+
+
+_fork.in_child(_new_pools_lock)
 
 
 def pool_for(client: Any, endpoint: Endpoint) -> Pool:

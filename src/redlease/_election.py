@@ -31,6 +31,7 @@ from datetime import timedelta
 from typing import Any
 
 from . import _arguments as args
+from . import _fork
 from ._errors import BackendError, LockLost
 from ._flows import (
     ELECTION,
@@ -107,7 +108,6 @@ class _ElectionConfig:
             prefix=prefix,
             replicas=replicas,
             replica_timeout=replica_timeout,
-            batch=1,
             kind=ELECTION,
             token_tail=who.encode().hex(),
         )
@@ -310,6 +310,14 @@ class Observation:
         self._last: Any = Observation  # (no leader seen yet: not even None)
         self._failures = 0
         self._closed = threading.Event()
+        _fork.renew_in_child(self)
+
+    def _after_fork(self) -> None:
+        # The event's lock may have been held by a thread of the parent (closing, or
+        # starting a wait) at the fork; whether it was closed carries over.
+        closed, self._closed = self._closed.is_set(), threading.Event()
+        if closed:
+            self._closed.set()
 
     def __iter__(self) -> Observation:
         return self

@@ -62,6 +62,12 @@ class Kind(enum.Enum):
     CLIENT = "client"
 
 
+# Calls redlease makes at once through one client it serves through the client's own
+# methods (the CLIENT kind: a Cluster's): each takes a connection of the application's
+# pool for its round trip, so thousands of callers must not make thousands at once.
+CLIENT_CALLS = 8
+
+
 @dataclass(frozen=True)
 class Endpoint:
     """One server as a client reaches it."""

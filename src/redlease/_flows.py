@@ -54,12 +54,21 @@ LATE_WAKE = 0.005
 # An op sent when a wait's deadline has (all but) passed may still take this long: the
 # last try, and the clean-up after a failed one.
 PAST_DEADLINE = 0.5
+# The one-time look at a server's settings (its eviction policy) before a lock's first
+# acquire: a server that cannot answer within this is not looked at (nothing is learnt).
+SETTINGS_WAIT = 0.25
+# A try (``try_acquire``) never waits for the lock, and against a server that is down or
+# hung it gives up within TRY_BOUND seconds, whatever the client's retry policy would do:
+# the settings look, its own ops, and the clean-up after a failed one (PAST_DEADLINE).
+TRY_BOUND = 2.0
+TRY_OPS = TRY_BOUND - SETTINGS_WAIT - PAST_DEADLINE
 # A wait with time left tries again after a failure that may pass, after a random delay
 # from a range growing from this base up to this cap.
 PASSING_RETRY_BASE = 0.05
 PASSING_RETRY_CAP = 1.0
-# How long a batch (``batch=`` > 1) lends its grant unless the lock says otherwise.
-DEFAULT_BATCH_WINDOW = 0.002
+# Fences a grant asks for: one. (The scripts can take several at once and report how
+# many they took; nothing asks for more since grants are no longer lent out in batches.)
+ONE_FENCE = "1"
 
 
 @dataclass(frozen=True)
@@ -88,6 +97,9 @@ class Call:
     args: tuple[str, ...]
     timeout: float  # seconds a reply is worth waiting for
     replicas: Replicas | None = None
+    # False: a connection failure is tried again once, at once, never after the client's
+    # retry policy's back-off (a try never waits: see TRY_BOUND)
+    patient: bool = True
 
 
 @dataclass(slots=True)
@@ -96,6 +108,7 @@ class Command:
 
     args: tuple[str, ...]
     timeout: float
+    patient: bool = True  # as Call's
 
 
 class Box(Protocol):
@@ -271,8 +284,6 @@ class LockSpec:
     clock: Clock
     reply_timeout: float  # a reply later than this is treated as lost
     replicas: Replicas | None = None
-    batch: int = 1  # holds one grant is lent for (see _batches.py)
-    batch_window: float = DEFAULT_BATCH_WINDOW  # seconds a grant is lent for
     kind: Kind = LOCK
     extra: tuple[str, ...] = ()  # the kind's last script arguments (a semaphore's limit)
     token_tail: str = ""  # ends every token (an election's candidate: its identity, hex)
@@ -288,8 +299,6 @@ class LockSpec:
         clock: Clock | None = None,
         replicas: object = 0,
         replica_timeout: object = None,
-        batch: object = None,
-        batch_window: object = DEFAULT_BATCH_WINDOW,
         kind: Kind = LOCK,
         extra: tuple[str, ...] = (),
         token_tail: str = "",
@@ -310,8 +319,6 @@ class LockSpec:
             reply_timeout=max(ttl_ms / 1000.0, MIN_REPLY_WAIT),
             # default wait for replicas: a tenth of the lease
             replicas=Replicas(count, wait_ms) if count else None,
-            batch=args.batch(batch, checked_fair),
-            batch_window=args.batch_window_ms(batch_window, ttl_ms) / 1000.0,
             kind=kind,
             extra=extra,
             token_tail=token_tail,
@@ -328,6 +335,7 @@ class LockSpec:
         keys: tuple[str, ...] | None = None,
         replicas: Replicas | None = None,
         timeout: float | None = None,
+        patient: bool = True,
     ) -> Call:
         return Call(
             script,
@@ -335,6 +343,7 @@ class LockSpec:
             argv,
             self.reply_timeout if timeout is None else timeout,
             replicas,
+            patient,
         )
 
     @staticmethod
@@ -374,13 +383,20 @@ class Acquisition:
     """
 
     def __init__(
-        self, spec: LockSpec, timeout: float | None, *, wait: bool, holds: int = 1
+        self,
+        spec: LockSpec,
+        timeout: float | None,
+        *,
+        wait: bool,
+        also: tuple[str, ...] = (),
     ) -> None:
         self.spec = spec
-        self.holds = holds  # fences a grant asks for: a batch's, or 1 (see _batches.py)
-        self.taken = 0  # fences the grant took: ``holds``, or fewer (see take_fences)
+        # the acquire script's last arguments, after the kind's (a read/write lock's: the
+        # token of the holder's lease of the other mode)
+        self.also = also
         self.token = new_token() + spec.token_tail
         self.deadline = Deadline.after(spec.clock, timeout)
+        self._tried_by = Deadline.after(spec.clock, TRY_OPS)
         self.wait = wait
         self.outstanding = False
         self.failures = 0  # tries that failed in a way that may pass
@@ -417,22 +433,24 @@ class Acquisition:
                     spec.fair_arg,
                     str(queue_ms),
                     spec.keys.bell_prefix,
-                    str(self.holds),
+                    ONE_FENCE,
                     hub,
                     *spec.extra,
+                    *self.also,
                     replicas=replicas,
                     timeout=self._bound(),
+                    patient=self.wait,
                 )
             except BackendError as failure:
                 yield from self._wait_out(failure)
                 continue
             reply, acked = spec.unpack(raw, replicas)
-            fence, pttl, server_us, taken = (as_int(x) for x in reply)
+            fence, pttl, server_us, _ = (as_int(x) for x in reply)
             if fence > 0:
                 spec.check_acked(acked, "acquire", replicas)
                 grant = Grant(
                     self.token,
-                    self.first_fence(fence, taken),
+                    fence,
                     valid_until(sent_at, pttl, spec.ttl),
                 )
                 if grant.valid_until > clock():
@@ -468,7 +486,7 @@ class Acquisition:
                     replicas,
                 )
                 if rung is not None:
-                    granted, granted_us, taken = (int(x) for x in as_text(rung).split(":"))
+                    granted, granted_us, _ = (int(x) for x in as_text(rung).split(":"))
                     if granted > 0:
                         spec.check_acked(acked, "acquire", replicas)
                         # Handed over by a release at server time granted_us; our acquire
@@ -477,7 +495,7 @@ class Acquisition:
                         start = sent_at + max(0, granted_us - server_us) / 1e6
                         grant = Grant(
                             self.token,
-                            self.first_fence(granted, taken),
+                            granted,
                             valid_until(start, spec.ttl_ms, spec.ttl),
                         )
                         if grant.valid_until > clock():
@@ -488,12 +506,6 @@ class Acquisition:
             if self.deadline.expired():
                 # Give up, but keep a lock granted in the last instant: it is ours.
                 return (yield from self.leave(keep=True))
-
-    def first_fence(self, top: int, taken: int) -> int:
-        """The first of the fences a grant took (``taken`` of them, ``top`` the highest);
-        ``taken`` is kept for the batch that may lend the rest."""
-        self.taken = taken
-        return top - taken + 1
 
     def _wait_out(self, failure: BackendError) -> Flow[None]:
         """A try failed on the server's side. A wait with time left on its deadline
@@ -517,10 +529,9 @@ class Acquisition:
         retries included: the lock's reply bound, cut to the time the deadline leaves
         (at least PAST_DEADLINE, for the last try and the clean-up after it), so that a
         server that is down or hung cannot stretch ``acquire(timeout=)``. A
-        ``try_acquire`` keeps the whole bound: its one attempt includes the client's
-        retries."""
-        left = self.deadline.left()
-        if left is None or not self.wait:
+        ``try_acquire`` has TRY_BOUND in all, the client's retries included."""
+        left = (self.deadline if self.wait else self._tried_by).left()
+        if left is None:
             return self.spec.reply_timeout
         return min(self.spec.reply_timeout, max(left, PAST_DEADLINE))
 
@@ -560,16 +571,15 @@ class Acquisition:
                     *spec.extra,
                     replicas=replicas,
                     timeout=self._bound(),
+                    patient=self.wait,
                 )
             ),
             replicas,
         )
-        fence, pttl, taken = (as_int(x) for x in reply)
+        fence, pttl, _ = (as_int(x) for x in reply)
         if fence > 0:
             spec.check_acked(acked, "acquire", replicas)
-            return Grant(
-                self.token, self.first_fence(fence, taken), valid_until(sent_at, pttl, spec.ttl)
-            )
+            return Grant(self.token, fence, valid_until(sent_at, pttl, spec.ttl))
         return None
 
     def abandon(self) -> Flow[None]:
@@ -642,7 +652,7 @@ def foreign_key(spec: LockSpec) -> Flow[LockError]:
 
 
 # The one-time check of a server a Lock (a Semaphore...) uses.
-EVICTION_POLICY = Command(("CONFIG", "GET", "maxmemory-policy"), MIN_REPLY_WAIT)
+EVICTION_POLICY = Command(("CONFIG", "GET", "maxmemory-policy"), SETTINGS_WAIT, patient=False)
 # The one-time check of each Redlock node: its eviction policy and its persistence. One
 # pattern, as Redis 6.2's CONFIG GET takes one: it matches maxmemory-policy, appendonly
 # and save, and a few other settings (max..., append...) that go unread.

@@ -2,7 +2,7 @@
 sees — ``acquire``, ``try_acquire``, ``with`` / ``async with`` — written once per twin.
 A lock class supplies its driver (``_io``), the attempt it makes (``_new_attempt``) and
 the lease it hands out (``_new_lease``); the front does the rest: checking the server
-once, cleaning up after an interrupted attempt, lending from a batch, starting renewal.
+once, cleaning up after an interrupted attempt, starting renewal.
 
 ``with lock as lease`` remembers the lease it opened in a context variable (per thread,
 per task), so nested and concurrent blocks each release their own.
@@ -33,9 +33,8 @@ from typing import Any, Generic, ParamSpec, Protocol, TypeVar
 
 from . import _arguments as args
 from . import _metrics, _renewal
-from ._batches import Lender
 from ._clients import refusal
-from ._errors import AcquireTimeout, InvalidArgument, LockLost
+from ._errors import AcquireTimeout, InvalidArgument, LockError, LockLost
 from ._flows import Grant
 from ._lease import (
     AsyncDriver,
@@ -53,9 +52,6 @@ Seconds = float | timedelta
 class Attempt(Protocol):
     """One caller's try to take a lock (``_flows.Acquisition``, ``_quorum``'s twin)."""
 
-    holds: int  # fences its grant asks for (a batch's, or 1)
-    taken: int  # fences the grant took (at most ``holds``)
-
     @property
     def outstanding(self) -> bool:
         """Whether ``abandon()`` is needed if the attempt is interrupted."""
@@ -66,15 +62,31 @@ class Attempt(Protocol):
 
 
 # Leases opened by `with lock` / `async with lock` in this context, innermost last, each
-# with the hold count it had when the block took it.
-_entered: ContextVar[tuple[tuple[object, Any, int], ...]] = ContextVar(
+# with the hold count it had when the block took it, and the holder (thread, or task)
+# that took it: a task started inside a block copies the context, not the holding.
+_entered: ContextVar[tuple[tuple[object, Any, int, object], ...]] = ContextVar(
     "redlease_entered", default=()
 )
 
 
-def _push(lock: object, lease: Any) -> None:
+def _push(lock: object, lease: Any, holder: object = None) -> None:
     """Note the lease (or a MultiLock's leases) a `with` block of ``lock`` took."""
-    _entered.set((*_entered.get(), (lock, lease, lease._holds)))
+    _entered.set((*_entered.get(), (lock, lease, lease._holds, holder)))
+
+
+def _refuse_nested(lock: _Front, holder: object) -> None:
+    """A `with` block of a lock that is not reentrant, inside a block of the same object
+    whose lease ``holder`` still holds, would wait for that lease (until its ttl runs out,
+    then take a lock its outer block believes it holds): refused at once, as
+    python-redis-lock refuses a second acquire of one lock object."""
+    for entered, lease, _, by in _entered.get():
+        if entered is lock and by is holder and not (lease.released or lease.lost):
+            raise LockError(
+                f"{lock._noun} {lock.name!r} is held already by an enclosing `with` block "
+                "of the same object in this thread (asyncio: task); a nested block would "
+                "wait for it until its ttl ran out. Make the lock with reentrant=True to "
+                "re-enter it, or release the outer lease first"
+            )
 
 
 def _pop(lock: object) -> Any:
@@ -207,8 +219,8 @@ class _Front:
 
     _auto_renew: bool
     _max_hold: float | None
-    _lender: Lender | None = None  # a Lock with batch > 1 lends its grants
     _holding: Holders | None = None  # reentrant: each holder's lease
+    _refuses_nesting = False  # a nested `with` by its holder is refused (a Lock's)
     _noun = "lock"  # what errors call it
     # What its metrics call it (``redlease.kind``, ``redlease.mode``), and the attribute
     # sets made for them (see ``_metrics.Labels``).
@@ -255,10 +267,9 @@ class _Front:
         return labels
 
     def _opened(self, lease: LeaseState, started: float) -> None:
-        """A lease handed out by an acquire that started at ``started``: lent from a
-        batch, granted by the server, or one name's of a multi-lock's single script (each
-        counts as an acquisition)."""
-        lease._lender = self._lender
+        """A lease handed out by an acquire that started at ``started``: granted by the
+        server, or one name's of a multi-lock's single script (each counts as an
+        acquisition)."""
         labels = self._metered()
         if labels is not None:
             lease._labels = labels
@@ -276,10 +287,6 @@ class SyncFront(_Front, Generic[SyncLeaseT]):
     _io: SyncDriver
 
     def _new_lease(self, grant: Grant) -> SyncLeaseT:
-        raise NotImplementedError
-
-    def _give_back(self, token: str) -> None:
-        """Release a batch's grant for real (only a lock that lends has this)."""
         raise NotImplementedError
 
     def acquire(self, timeout: Seconds | None = None) -> SyncLeaseT:
@@ -301,6 +308,9 @@ class SyncFront(_Front, Generic[SyncLeaseT]):
 
         Raises BackendError if the server fails (a Redlock: QuorumError if too few nodes
         answered), and LockLost if a ``reentrant`` holder's lease was lost meanwhile.
+        Against a server that is down or does not answer it raises within 2 seconds,
+        whatever the ttl and the client's retry policy (a connection failure is tried
+        again once, at once); with ``replicas=``, add the wait for them.
         """
         return self._acquire(0.0, wait=False)
 
@@ -318,17 +328,8 @@ class SyncFront(_Front, Generic[SyncLeaseT]):
 
     def _take(self, timeout: float | None, *, wait: bool) -> SyncLeaseT | None:
         started = _metrics.now()
-        lender = self._lender
-        if lender is not None:
-            lent, closed = lender.lend()
-            if closed is not None:
-                self._give_back(closed)
-            if lent is not None:
-                return self._watched(lent, started)
         self._io.check_server_once()
         attempt = self._new_attempt(timeout, wait=wait)
-        if lender is not None:
-            lender.asking(1)
         try:
             grant = self._io.run(attempt.run(), f"acquire {self.name!r}")
         except BaseException:
@@ -337,14 +338,9 @@ class SyncFront(_Front, Generic[SyncLeaseT]):
                 with contextlib.suppress(Exception):
                     self._io.run(attempt.abandon(), f"clean up {self.name!r}")
             raise
-        finally:
-            if lender is not None:
-                lender.asking(-1)
         if grant is None:
             self._not_granted(started, wait=wait)
             return None
-        if lender is not None:
-            lender.granted(grant, attempt.taken)
         return self._watched(grant, started)
 
     def _watched(self, grant: Grant, started: float) -> SyncLeaseT:
@@ -355,8 +351,11 @@ class SyncFront(_Front, Generic[SyncLeaseT]):
         return lease
 
     def __enter__(self) -> SyncLeaseT:
+        holder = threading.current_thread()
+        if self._refuses_nesting and self._holding is None:
+            _refuse_nested(self, holder)
         lease = self.acquire()
-        _push(self, lease)
+        _push(self, lease, holder)
         return lease
 
     def __exit__(
@@ -386,10 +385,6 @@ class AsyncFront(_Front, Generic[AsyncLeaseT]):
     def _new_lease(self, grant: Grant) -> AsyncLeaseT:
         raise NotImplementedError
 
-    async def _give_back(self, token: str) -> None:
-        """Release a batch's grant for real (only a lock that lends has this)."""
-        raise NotImplementedError
-
     async def acquire(self, timeout: Seconds | None = None) -> AsyncLeaseT:
         """Wait until the lock is ours and return the lease.
 
@@ -408,8 +403,7 @@ class AsyncFront(_Front, Generic[AsyncLeaseT]):
     async def try_acquire(self) -> AsyncLeaseT | None:
         """Take the lock if it is free right now; never waits. None if it is busy.
 
-        Raises BackendError if the server fails (a Redlock: QuorumError if too few nodes
-        answered), and LockLost if a ``reentrant`` holder's lease was lost meanwhile.
+        Raises as the sync ``try_acquire`` does, within the same bound.
         """
         return await self._acquire(0.0, wait=False)
 
@@ -427,31 +421,17 @@ class AsyncFront(_Front, Generic[AsyncLeaseT]):
 
     async def _take(self, timeout: float | None, *, wait: bool) -> AsyncLeaseT | None:
         started = _metrics.now()
-        lender = self._lender
-        if lender is not None:
-            lent, closed = lender.lend()
-            if closed is not None:
-                await _shielded(self._give_back(closed))
-            if lent is not None:
-                return self._watched(lent, started)
         await self._io.check_server_once()
         attempt = self._new_attempt(timeout, wait=wait)
-        if lender is not None:
-            lender.asking(1)
         try:
             grant = await self._io.run(attempt.run(), f"acquire {self.name!r}")
         except BaseException:
             if attempt.outstanding:
                 await self._abandon(attempt)
             raise
-        finally:
-            if lender is not None:
-                lender.asking(-1)
         if grant is None:
             self._not_granted(started, wait=wait)
             return None
-        if lender is not None:
-            lender.granted(grant, attempt.taken)
         return self._watched(grant, started)
 
     def _watched(self, grant: Grant, started: float) -> AsyncLeaseT:
@@ -474,8 +454,11 @@ class AsyncFront(_Front, Generic[AsyncLeaseT]):
             pass  # cancelled again while cleaning up; the clean-up itself ran to its end
 
     async def __aenter__(self) -> AsyncLeaseT:
+        holder = asyncio.current_task()
+        if self._refuses_nesting and self._holding is None:
+            _refuse_nested(self, holder)
         lease = await self.acquire()
-        _push(self, lease)
+        _push(self, lease, holder)
         return lease
 
     async def __aexit__(

@@ -75,7 +75,6 @@ class Hub:
         self._pool = pool  # its endpoint and connections' settings
         self.verbs = verbs
         self.loop: asyncio.AbstractEventLoop = pool.loop
-        self._lock = asyncio.Lock()
         self._generation = -1
         self._conn: Any = None
         self._start()
@@ -85,6 +84,9 @@ class Hub:
         copy of the parent's socket is closed here, leaving the parent's open)."""
         if self._conn is not None:
             self._conn.close()
+        # New in a child too: a task of the parent's loop may have held it at the fork,
+        # awaiting what only the parent's threads finish (an executor's lookup, say).
+        self._lock = asyncio.Lock()
         self.id = self.verbs.new_id()
         self.subscribed: set[str] = set()
         self.refused = False  # the server refused SUBSCRIBE: waiters use bells

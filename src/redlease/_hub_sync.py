@@ -139,6 +139,12 @@ class Hub:
         self._generation = -1
         self._conn: Any = None
         self._start()
+        _fork.renew_in_child(self)
+
+    def _after_fork(self) -> None:
+        # The parent's reader thread may have held the lock at the fork (listen starts
+        # the child's hub anew, under the lock).
+        self._lock = threading.Lock()
 
     def _start(self) -> None:
         """A new hub id and no connection: at creation, and in a forked child (whose

@@ -24,6 +24,7 @@ from . import _flows, _resp, _stale
 from ._backend_errors import backend_error, backend_failures
 from ._conn_async import Connection, Pool, _bounded, node_pool, pool_for
 from ._endpoint import (
+    CLIENT_CALLS,
     Kind,
     caught,
     endpoint_of,
@@ -47,6 +48,17 @@ NO_CLIENT_ID = -1
 
 # Clients (of the CLIENT kind) and pools already checked for a key-evicting policy.
 _CHECKED: weakref.WeakSet[Any] = weakref.WeakSet()
+
+# Each client of the CLIENT kind's gate: at most CLIENT_CALLS calls through it at once.
+_GATES: weakref.WeakKeyDictionary[Any, asyncio.Semaphore] = weakref.WeakKeyDictionary()
+
+
+def _gate(client: Any) -> asyncio.Semaphore:
+    """The gate of ``client`` (of the CLIENT kind; an asyncio client serves one loop)."""
+    gate = _GATES.get(client)
+    if gate is None:
+        gate = _GATES[client] = asyncio.Semaphore(CLIENT_CALLS)
+    return gate
 
 
 async def _reply(conn: Connection, op: Call | Command, timeout: float) -> Any:
@@ -139,7 +151,8 @@ class AsyncIO:
         _CHECKED.add(target)
         try:
             if pool is None:
-                reply = await self.client.config_get("maxmemory-policy")
+                async with _gate(self.client):
+                    reply = await self.client.config_get("maxmemory-policy")
             else:
                 reply = await self._command(_flows.EVICTION_POLICY)
         except Exception:
@@ -205,6 +218,7 @@ class AsyncIO:
         timeout: float,
         *,
         safe: bool,
+        patient: bool = True,
     ) -> T:
         """``work(conn, time_left)`` on one of redlease's connections, within ``timeout``.
 
@@ -212,7 +226,8 @@ class AsyncIO:
         without one, such as valkey-py's or redis-py 5's default: once), while time is
         left, if nothing was written yet or the work is ``safe`` to do twice (not after
         a timeout: the server may still be doing it). The first try is made outside the
-        policy (the hot path), so the first retry comes at once."""
+        policy (the hot path), so the first retry comes at once. Not ``patient`` (a try):
+        once more at once, never after the policy's back-off."""
         pool = self.pool
         assert pool is not None
         end = time.monotonic() + timeout
@@ -221,7 +236,7 @@ class AsyncIO:
         except _Final as final:
             raise final.error from final.error.__cause__
         except backend_failures() as first:
-            retry = pool.endpoint.retry
+            retry = pool.endpoint.retry if patient else None
             failed = [first]  # the last failure, if a retry finds no time left
 
         async def once() -> T:
@@ -274,12 +289,13 @@ class AsyncIO:
         pool = self.pool
         if pool is None:
             n = len(op.keys)
-            try:
-                return await self.client.evalsha(op.script.sha, n, *op.keys, *op.args)
-            except reply_errors() as exc:
-                if not is_noscript(exc):
-                    raise
-                return await self.client.eval(op.script.source, n, *op.keys, *op.args)
+            async with _gate(self.client):
+                try:
+                    return await self.client.evalsha(op.script.sha, n, *op.keys, *op.args)
+                except reply_errors() as exc:
+                    if not is_noscript(exc):
+                        raise
+                    return await self.client.eval(op.script.source, n, *op.keys, *op.args)
         wire = pool.wire
 
         async def call(conn: Connection, timeout: float) -> Any:
@@ -291,17 +307,19 @@ class AsyncIO:
 
         # WAIT counts the writes of its own connection: a replicated op is not sent again
         safe = bool(op.script.retry) and op.replicas is None
-        return await self._on_connection(call, op.timeout, safe=safe)
+        return await self._on_connection(call, op.timeout, safe=safe, patient=op.patient)
 
     async def _command(self, op: Command) -> Any:
         if self._pools is False:
-            return await self.client.execute_command(*op.args)
+            async with _gate(self.client):
+                return await self.client.execute_command(*op.args)
 
         async def command(conn: Connection, timeout: float) -> Any:
             await conn.send(_resp.command(op.args))
             return await conn.read(timeout)
 
-        return await self._on_connection(command, op.timeout, safe=True)  # reads only
+        # (reads only: safe to send again)
+        return await self._on_connection(command, op.timeout, safe=True, patient=op.patient)
 
     async def _listen(self, op: Listen) -> Box | None:
         hub = await self._hub_for(op.prefix)

@@ -20,10 +20,11 @@ import weakref
 from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
 
-from . import _flows, _resp, _stale
+from . import _flows, _fork, _resp, _stale
 from ._backend_errors import backend_error, backend_failures
 from ._conn_sync import Connection, Pool, _bounded, node_pool, pool_for
 from ._endpoint import (
+    CLIENT_CALLS,
     Kind,
     caught,
     endpoint_of,
@@ -47,6 +48,29 @@ NO_CLIENT_ID = -1
 
 # Clients (of the CLIENT kind) and pools already checked for a key-evicting policy.
 _CHECKED: weakref.WeakSet[Any] = weakref.WeakSet()
+
+# Each client of the CLIENT kind's gate: at most CLIENT_CALLS calls through it at once.
+_GATES: weakref.WeakKeyDictionary[Any, threading.BoundedSemaphore] = weakref.WeakKeyDictionary()
+_GATES_LOCK = threading.Lock()
+
+
+def _new_gates() -> None:
+    # A thread of the parent may have held a gate (or the lock) at the fork.
+    global _GATES_LOCK
+    _GATES_LOCK = threading.Lock()
+    _GATES.clear()
+
+
+_fork.in_child(_new_gates)
+
+
+def _gate(client: Any) -> threading.BoundedSemaphore:
+    """The gate of ``client`` (of the CLIENT kind)."""
+    gate = _GATES.get(client)
+    if gate is None:
+        with _GATES_LOCK:
+            gate = _GATES.setdefault(client, threading.BoundedSemaphore(CLIENT_CALLS))
+    return gate
 
 
 def _reply(conn: Connection, op: Call | Command, timeout: float) -> Any:
@@ -134,7 +158,8 @@ class SyncIO:
         _CHECKED.add(target)
         try:
             if self._pool is None:
-                reply = self.client.config_get("maxmemory-policy")
+                with _gate(self.client):
+                    reply = self.client.config_get("maxmemory-policy")
             else:
                 reply = self._command(_flows.EVICTION_POLICY)
         except Exception:
@@ -195,7 +220,12 @@ class SyncIO:
     # -- operations --------------------------------------------------------------------
 
     def _on_connection(
-        self, work: Callable[[Connection, float], T], timeout: float, *, safe: bool
+        self,
+        work: Callable[[Connection, float], T],
+        timeout: float,
+        *,
+        safe: bool,
+        patient: bool = True,
     ) -> T:
         """``work(conn, time_left)`` on one of redlease's connections, within ``timeout``.
 
@@ -203,7 +233,8 @@ class SyncIO:
         without one, such as valkey-py's or redis-py 5's default: once), while time is
         left, if nothing was written yet or the work is ``safe`` to do twice (not after
         a timeout: the server may still be doing it). The first try is made outside the
-        policy (the hot path), so the first retry comes at once."""
+        policy (the hot path), so the first retry comes at once. Not ``patient`` (a try):
+        once more at once, never after the policy's back-off."""
         pool = self.pool
         assert pool is not None
         end = time.monotonic() + timeout
@@ -212,7 +243,7 @@ class SyncIO:
         except _Final as final:
             raise final.error from final.error.__cause__
         except backend_failures() as first:
-            retry = pool.endpoint.retry
+            retry = pool.endpoint.retry if patient else None
             failed = [first]  # the last failure, if a retry finds no time left
 
         def once() -> T:
@@ -263,12 +294,13 @@ class SyncIO:
     def _call(self, op: Call) -> Any:
         if self._pool is None:
             n = len(op.keys)
-            try:
-                return self.client.evalsha(op.script.sha, n, *op.keys, *op.args)
-            except reply_errors() as exc:
-                if not is_noscript(exc):
-                    raise
-                return self.client.eval(op.script.source, n, *op.keys, *op.args)
+            with _gate(self.client):
+                try:
+                    return self.client.evalsha(op.script.sha, n, *op.keys, *op.args)
+                except reply_errors() as exc:
+                    if not is_noscript(exc):
+                        raise
+                    return self.client.eval(op.script.source, n, *op.keys, *op.args)
         wire = self._pool.wire
 
         def call(conn: Connection, timeout: float) -> Any:
@@ -280,17 +312,19 @@ class SyncIO:
 
         # WAIT counts the writes of its own connection: a replicated op is not sent again
         safe = bool(op.script.retry) and op.replicas is None
-        return self._on_connection(call, op.timeout, safe=safe)
+        return self._on_connection(call, op.timeout, safe=safe, patient=op.patient)
 
     def _command(self, op: Command) -> Any:
         if self._pool is None:
-            return self.client.execute_command(*op.args)
+            with _gate(self.client):
+                return self.client.execute_command(*op.args)
 
         def command(conn: Connection, timeout: float) -> Any:
             conn.send(_resp.command(op.args))
             return conn.read(timeout)
 
-        return self._on_connection(command, op.timeout, safe=True)  # reads only
+        # (reads only: safe to send again)
+        return self._on_connection(command, op.timeout, safe=True, patient=op.patient)
 
     def _listen(self, op: Listen) -> Box | None:
         hub = self._hub_for(op.prefix)

@@ -21,7 +21,6 @@ from . import _flows, _fork
 from ._errors import LockLost, QuorumError
 
 if TYPE_CHECKING:
-    from ._batches import Lender
     from ._io_async import AsyncIO
     from ._io_sync import SyncIO
     from ._metrics import Labels
@@ -101,7 +100,6 @@ class LeaseState:
         self._lost_reason: str | None = None
         # Set by the renewer that watches this lease: called once it is released or lost.
         self._unwatch: Callable[[], None] | None = None
-        self._lender: Lender | None = None  # the batch it was lent from, if any
         self._generation = _fork.generation  # a fork's child never holds it
         self._holds = 1  # acquisitions not yet released (a reentrant lock's nest them)
         # The table of leases by holder this one is in (reentrant, read/write), and its
@@ -235,16 +233,6 @@ class LeaseState:
         QuorumError: released all the same (what is left expires with the ttl)."""
         return _Ending(self, release=True)
 
-    def _parked(self) -> bool:
-        """Released by keeping its batch's grant for the lock's next hold (no I/O)."""
-        lender = self._lender
-        if lender is None or self._state != HELD:
-            return False
-        if not lender.park(self._token, self._fence, self._valid_until):
-            return False
-        self._mark_released()
-        return True
-
     def _stop_watching(self) -> None:
         unwatch, self._unwatch = self._unwatch, None
         if unwatch is not None:
@@ -301,6 +289,11 @@ class _Ending:
                 self.lease._leave_table()  # its holder has been told, here
         elif self.release and (exc_type is None or issubclass(exc_type, QuorumError)):
             self.lease._mark_released()
+        elif self.release:
+            # A release that failed (the server out of reach): the lease may still be
+            # held there until its ttl, but its holder has let go of it, so its next
+            # acquire is a new one, not a re-entry into a lease it no longer protects.
+            self.lease._leave_table()
 
 
 class Holders:
@@ -388,8 +381,7 @@ class SyncLeaseBlock(LeaseState):
 
         Raises LockLost if the lock had expired or been taken over before the release. A
         Redlock's: QuorumError if too few nodes answered (the lease counts as released:
-        what is left expires with the ttl). Within a batch, the grant may be kept for the
-        lock's next hold instead (see ``Lock``).
+        what is left expires with the ttl).
         """
         if self._state == RELEASED:
             return
@@ -397,8 +389,6 @@ class SyncLeaseBlock(LeaseState):
             self.check()  # a lease lost meanwhile says so at each release, as at the last
             return
         self._not_forked()
-        if self._parked():
-            return
         with self._releasing():
             self._io.run(self._release_flow(), "release")
 
@@ -454,8 +444,6 @@ class AsyncLeaseBlock(LeaseState):
             self.check()
             return
         self._not_forked()
-        if self._parked():
-            return
         with self._releasing():
             try:
                 await self._io.run(self._release_flow(), "release")

@@ -10,50 +10,31 @@ A lock object holds no ownership state: each acquisition returns its own lease, 
 from __future__ import annotations
 
 import asyncio
-import logging
 import threading
 from collections.abc import Callable
 from datetime import timedelta
 from typing import Any
 
 from . import _arguments as args
-from . import _batches, _flows, _inspect
-from ._batches import Lender
-from ._errors import InvalidArgument, LockLost
-from ._flows import DEFAULT_BATCH_WINDOW, Acquisition, Flow, Grant, LockSpec
+from . import _inspect
+from ._errors import InvalidArgument
+from ._flows import Acquisition, Flow, Grant, LockSpec
 from ._fronts import AsyncFront, SyncFront, check_client
 from ._inspect import LockInfo
 from ._io_async import AsyncIO
 from ._io_sync import SyncIO
 from ._keys import DEFAULT_PREFIX
-from ._lease import Acquired, AsyncLease, Holders, Lease, short_token
+from ._lease import Acquired, AsyncLease, Holders, Lease
 from ._timing import Clock
 
 Seconds = float | timedelta
 OnLost = Callable[[Any], object]
 
-log = logging.getLogger(__name__)
-
-
-def _given_back(name: str, token: str, failure: BaseException | None) -> None:
-    """How giving back a batch's grant ended (no caller waits for it: it is logged)."""
-    if isinstance(failure, LockLost):
-        log.warning(
-            "batch of lock %r (%s): its grant was lost on the server before it ended",
-            name,
-            short_token(token),
-        )
-    elif failure is not None:
-        log.warning(
-            "batch of lock %r (%s): giving its grant back failed (%s); it expires with its ttl",
-            name,
-            short_token(token),
-            failure,
-        )
-
 
 class _LockConfig:
     """Arguments shared by the twins, checked once."""
+
+    _refuses_nesting = True  # see _fronts._refuse_nested
 
     def __init__(
         self,
@@ -69,8 +50,6 @@ class _LockConfig:
         clock: Clock | None,
         replicas: object = 0,
         replica_timeout: object = None,
-        batch: object = None,
-        batch_window: object = DEFAULT_BATCH_WINDOW,
     ) -> None:
         self._spec = LockSpec.create(
             name,
@@ -80,8 +59,6 @@ class _LockConfig:
             clock=clock,
             replicas=replicas,
             replica_timeout=replica_timeout,
-            batch=batch,
-            batch_window=batch_window,
         )
         self._auto_renew, self._max_hold = args.renewal(auto_renew, max_hold, clock)
         self._on_lost: OnLost | None = args.callback(on_lost, "on_lost")  # type: ignore[assignment]
@@ -141,8 +118,7 @@ class OneServer(_Looked, SyncFront[Lease]):
         check_replicas(self._spec, self._io.direct)
 
     def _new_attempt(self, timeout: float | None, *, wait: bool) -> Acquisition:
-        holds = 1 if self._lender is None else self._lender.holds()
-        return Acquisition(self._spec, timeout, wait=wait, holds=holds)
+        return Acquisition(self._spec, timeout, wait=wait)
 
     def _new_lease(self, grant: Grant) -> Lease:
         lease = Lease(self._spec, grant, self._io, self._on_lost)
@@ -152,11 +128,8 @@ class OneServer(_Looked, SyncFront[Lease]):
     def locked(self) -> bool:
         """Whether anyone holds it now, as the server says (a semaphore: any permit; a
         read/write lock's side: any lease, read or write). One round trip. A snapshot:
-        to act on "free", take it (``try_acquire``), never test first. A lock that
-        lends its grants (``batch``; a fair lock's default) keeps a released grant for
-        its next hold up to ``batch_window`` (2 ms) before giving it back: it reads as
-        locked meanwhile, as it is on the server. Raises BackendError if the server
-        cannot answer."""
+        to act on "free", take it (``try_acquire``), never test first. Raises
+        BackendError if the server cannot answer."""
         return self._io.run(self._look(), f"inspect {self.name!r}").held
 
     def owned(self) -> bool:
@@ -190,8 +163,7 @@ class AsyncOneServer(_Looked, AsyncFront[AsyncLease]):
         check_replicas(self._spec, self._io.direct)
 
     def _new_attempt(self, timeout: float | None, *, wait: bool) -> Acquisition:
-        holds = 1 if self._lender is None else self._lender.holds()
-        return Acquisition(self._spec, timeout, wait=wait, holds=holds)
+        return Acquisition(self._spec, timeout, wait=wait)
 
     def _new_lease(self, grant: Grant) -> AsyncLease:
         lease = AsyncLease(self._spec, grant, self._io, self._on_lost)
@@ -241,11 +213,6 @@ class Lock(_LockConfig, OneServer):
     raises ``LockLost`` (once; the next acquire takes the lock anew). A lease handed to
     another thread still counts as its acquirer's.
 
-    ``batch=n`` (fair only) lends each grant to this object's callers for up to ``n``
-    holds within ``batch_window`` seconds: a hold's release keeps the grant and the next
-    acquire takes it without a round trip, with a new lease and fence; then it goes to the
-    next waiter (see the README's ``batch`` option).
-
     Raises InvalidArgument, naming the argument, for an argument out of its range or a
     client it cannot serve.
     """
@@ -267,8 +234,6 @@ class Lock(_LockConfig, OneServer):
         clock: Clock | None = None,
         replicas: int = 0,
         replica_timeout: Seconds | None = None,
-        batch: int | None = None,
-        batch_window: Seconds = DEFAULT_BATCH_WINDOW,
     ) -> None:
         check_client(client, want_async=False)
         super().__init__(
@@ -283,20 +248,8 @@ class Lock(_LockConfig, OneServer):
             clock=clock,
             replicas=replicas,
             replica_timeout=replica_timeout,
-            batch=batch,
-            batch_window=batch_window,
         )
         self._serve(client)
-        if self._spec.batch > 1:
-            self._lender = Lender(self._spec, _batches.CLOSER.schedule, self._give_back)
-
-    def _give_back(self, token: str) -> None:
-        failure: BaseException | None = None
-        try:
-            self._io.run(_flows.release(self._spec, token), f"release {self.name!r}")
-        except Exception as exc:
-            failure = exc
-        _given_back(self.name, token, failure)
 
 
 class AsyncLock(_LockConfig, AsyncOneServer):
@@ -328,8 +281,6 @@ class AsyncLock(_LockConfig, AsyncOneServer):
         clock: Clock | None = None,
         replicas: int = 0,
         replica_timeout: Seconds | None = None,
-        batch: int | None = None,
-        batch_window: Seconds = DEFAULT_BATCH_WINDOW,
     ) -> None:
         check_client(client, want_async=True)
         super().__init__(
@@ -344,42 +295,6 @@ class AsyncLock(_LockConfig, AsyncOneServer):
             clock=clock,
             replicas=replicas,
             replica_timeout=replica_timeout,
-            batch=batch,
-            batch_window=batch_window,
         )
         self._serve(client)
         self._cancel_on_lost = args.flag(cancel_on_lost, "cancel_on_lost")
-        self._giving_back: set[asyncio.Task[None]] = set()
-        if self._spec.batch > 1:
-            self._lender = Lender(self._spec, self._close_later, self._give_back_soon)
-
-    async def _give_back(self, token: str) -> None:
-        failure: BaseException | None = None
-        try:
-            await self._io.run(_flows.release(self._spec, token), f"release {self.name!r}")
-        except Exception as exc:
-            failure = exc
-        _given_back(self.name, token, failure)
-
-    def _close_later(self, delay: float, close: Callable[[], None]) -> None:
-        """The batch timer, in the running loop; the loop's shutdown gives the grant
-        back if the timer has not run by then."""
-        pool = self._io.pool
-        if pool is not None:
-            pool.at_shutdown(self)
-        _batches.in_loop(delay, close)
-
-    async def _give_back_parked(self) -> None:
-        """Give back a batch's grant parked now, and finish those being given back (the
-        loop is stopping)."""
-        token = None if self._lender is None else self._lender.take_parked()
-        if token is not None:
-            await self._give_back(token)
-        if self._giving_back:
-            await asyncio.gather(*self._giving_back, return_exceptions=True)
-
-    def _give_back_soon(self, token: str) -> None:
-        """The batch timer's release (it runs in the loop, which has to do the I/O)."""
-        task = asyncio.get_running_loop().create_task(self._give_back(token))
-        self._giving_back.add(task)
-        task.add_done_callback(self._giving_back.discard)

@@ -38,6 +38,7 @@ from collections import deque
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+from . import _fork
 from ._errors import InvalidArgument
 
 if TYPE_CHECKING:
@@ -220,7 +221,22 @@ def flush() -> None:
     deferred.drain()
 
 
-Cell = list[int]  # one count, changed under Instruments.counting
+Cell = list[int]  # one count, changed under Counts.lock
+
+
+class Counts:
+    """The acquisitions counted, by attribute set: one per meter, shared by the
+    ``Instruments`` of every configuration made from it (copies)."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()  # guards the cells
+        self.cells: dict[tuple[tuple[str, str], ...], Cell] = {}
+        _fork.renew_in_child(self)
+
+    def _after_fork(self) -> None:
+        # A thread of the parent may have been counting at the fork. (Here, not on each
+        # Instruments: its copies must go on sharing one lock.)
+        self.lock = threading.Lock()
 
 
 class Instruments:
@@ -234,8 +250,7 @@ class Instruments:
         # counter): a synchronous add costs the SDK as much as a histogram record, several
         # microseconds, once per acquire. The rarer events stay synchronous, so that an
         # SDK with exemplars links a lost lease to the trace that held it.
-        self.counting = threading.Lock()
-        self._acquisitions: dict[tuple[tuple[str, str], ...], Cell] = {}
+        self.counts = Counts()
         self._observation = observation
         self.made: dict[tuple[str, str | None], Labels] = {}  # (set per configuration)
         self.wait: Histogram = meter.create_histogram(
@@ -254,7 +269,7 @@ class Instruments:
             "redlease.lock.acquisitions",
             callbacks=[self._observe_acquisitions],
             unit="{acquisition}",
-            description="Leases handed out (a batch's lent holds included)",
+            description="Leases handed out",
         )
         self.timeouts: Counter = meter.create_counter(
             "redlease.lock.timeouts",
@@ -286,16 +301,17 @@ class Instruments:
         """The count of acquisitions with these attributes (one per attribute set, shared
         by every primitive that has them: a lock object made per call still adds up)."""
         key = tuple(sorted(attributes.items()))
-        with self.counting:
-            return self._acquisitions.setdefault(key, [0])
+        counts = self.counts
+        with counts.lock:
+            return counts.cells.setdefault(key, [0])
 
     def _observe_acquisitions(self, options: Any) -> list[Any]:
         # Each collection drains the durations waiting, so an export has them (see
         # Deferred). Waiting for a drain under way is bounded: a collection is no place
         # to wait long, and what it leaves is in the next one.
         deferred.drain(wait=1.0)
-        with self.counting:
-            counts = [(dict(key), cell[0]) for key, cell in self._acquisitions.items()]
+        with self.counts.lock:
+            counts = [(dict(key), cell[0]) for key, cell in self.counts.cells.items()]
         return [self._observation(count, attributes) for attributes, count in counts]
 
 
@@ -332,7 +348,7 @@ class Labels:
         """An acquire returned a lease; when it did (the hold starts there)."""
         at = now()
         of = self.of
-        with of.counting:
+        with of.counts.lock:
             self.acquisitions[0] += 1
         if of.durations:
             deferred.record(of.wait, at - started, self.acquired, of.context())
@@ -372,6 +388,15 @@ _ready = False
 _global_made: Instruments | None = None
 _made_from: weakref.WeakKeyDictionary[Any, Instruments] = weakref.WeakKeyDictionary()
 _setting = threading.Lock()
+
+
+def _new_setting_lock() -> None:
+    # Another thread of the parent may have been configuring at the fork.
+    global _setting
+    _setting = threading.Lock()
+
+
+_fork.in_child(_new_setting_lock)
 
 
 def instruments() -> Instruments | None:

@@ -234,7 +234,6 @@ class MultiLock(_MultiConfig):
             "max_hold": max_hold,
             "prefix": prefix,
             "clock": clock,
-            "batch": 1,
         }
         locks = {n: Lock(client, n, ttl, **options) for n in self._names}
         self._locks: list[Lock] = self._ordered(locks)
@@ -367,7 +366,6 @@ class AsyncMultiLock(_MultiConfig):
             "cancel_on_lost": cancel_on_lost,
             "prefix": prefix,
             "clock": clock,
-            "batch": 1,
         }
         locks = {n: AsyncLock(client, n, ttl, **options) for n in self._names}
         self._locks: list[AsyncLock] = self._ordered(locks)

@@ -289,8 +289,6 @@ class QuorumAcquisition:
     ``outstanding`` tells the driver whether ``abandon()`` is needed if the attempt is
     interrupted: true from a send until the release that follows a failed round."""
 
-    holds = taken = 1  # a Redlock lends no batches
-
     def __init__(
         self,
         spec: QuorumSpec,

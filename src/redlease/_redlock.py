@@ -289,6 +289,8 @@ MIN_TOLERANT_NODES = 3
 class _RedlockConfig:
     """Arguments shared by the twins, checked once."""
 
+    _refuses_nesting = True  # see _fronts._refuse_nested
+
     _metric_kind = "redlock"
     # The quorum rules. Only the fault harness's deliberately broken Redlocks (a subclass
     # each: redlease.tools.chaos.unsafe) change them; no argument does.

@@ -5,10 +5,19 @@ leases are shared holds, a write lease an exclusive one, all served in arrival o
 a waiting writer holds back the readers that come after it and is never starved. One
 fence counter serves both sides: a writer's fence is greater than every earlier lease's.
 
-A holder (thread, or asyncio task) that holds a lease of a read/write lock object and
-asks that object for another is refused with ``LockError``: an upgrade (read, then
-write) would wait for its own read lease forever, a read under its own write lease too,
-and a second read could wait behind a writer that waits for the first.
+A holder (thread, or asyncio task) that asks a read/write lock object for a lease while
+it holds one of that object is served at once, as Redisson's, kazoo's and aiorwlock's
+read/write locks serve it, never by waiting for itself:
+
+* the same mode again (a read inside its read, a write inside its write): the lease it
+  holds, one hold more (``hold_count``); only the outermost release releases it. A read
+  inside a read is never held up by a writer queued behind the first;
+* a read inside its write (a downgrade): a read lease of its own, granted at once next
+  to the write; once the write is released the holder still reads, and other readers
+  may enter;
+* a write inside its read (an upgrade): granted at once if its read is the only lease
+  held; otherwise ``acquire`` raises ``LockError`` (waiting for the other readers could
+  deadlock with another holder upgrading the same way) and ``try_acquire`` returns None.
 """
 
 from __future__ import annotations
@@ -20,7 +29,7 @@ from typing import Any
 
 from . import _arguments as args
 from ._errors import LockError
-from ._flows import READ_WRITE, LockSpec
+from ._flows import READ_WRITE, Acquisition, LockSpec
 from ._fronts import check_client
 from ._io_async import AsyncIO
 from ._io_sync import SyncIO
@@ -61,7 +70,6 @@ class _ReadWriteConfig:
                 clock=clock,
                 replicas=replicas,
                 replica_timeout=replica_timeout,
-                batch=1,
                 kind=READ_WRITE,
                 extra=(str(READERS), mode),
             )
@@ -69,7 +77,7 @@ class _ReadWriteConfig:
         }
         self._auto_renew, self._max_hold = args.renewal(auto_renew, max_hold, clock)
         self._on_lost: OnLost | None = args.callback(on_lost, "on_lost")  # type: ignore[assignment]
-        self._holding = Holders()  # each holder's lease of ours
+        self._tables = {mode: Holders() for mode in (READ, WRITE)}  # each holder's lease
 
     @property
     def name(self) -> str:
@@ -81,23 +89,6 @@ class _ReadWriteConfig:
         """The lease length, in seconds."""
         return self._specs[READ].ttl
 
-    def _refuse_a_second(self, holder: object, mode: str) -> None:
-        lease = self._holding.held(holder)
-        if lease is None:
-            return
-        if lease.lost:  # no longer keeps anyone out
-            self._holding.left(holder, lease)
-            return
-        held = _SIDES[lease._spec.extra[-1]]
-        raise LockError(
-            f"read/write lock {self.name!r}: this holder holds its {held} lease already; "
-            f"a {_SIDES[mode]} acquire could wait for that lease forever (upgrades and "
-            f"nested holds are not supported): release the {held} lease first"
-        )
-
-    def _note(self, holder: object, lease: LeaseState) -> None:
-        self._holding.hold(holder, lease)
-
     def __repr__(self) -> str:
         return f"<{type(self).__name__} {self.name!r} ttl={self.ttl}s>"
 
@@ -107,9 +98,15 @@ class _Side:
 
     _metric_mode: str | None
 
+    _spec: LockSpec
+    _noun: str
+    _holding: Holders | None
+
     def _join(self, rw: _ReadWriteConfig, mode: str) -> None:
         self._rw, self._mode = rw, mode
         self._spec = rw._specs[mode]
+        self._holding = rw._tables[mode]  # the same mode again: one hold more (_fronts)
+        self._other = rw._tables[WRITE if mode == READ else READ]
         self._auto_renew, self._max_hold = rw._auto_renew, rw._max_hold
         self._on_lost = rw._on_lost
         self._noun = f"{_SIDES[mode]} side of read/write lock"
@@ -125,6 +122,30 @@ class _Side:
         """The lease length, in seconds."""
         return self._spec.ttl
 
+    def _other_lease(self, holder: object) -> LeaseState | None:
+        """The lease of the other mode ``holder`` holds, if it still does."""
+        lease = self._other.held(holder)
+        return None if lease is None or lease.lost else lease
+
+    def _attempt_by(self, holder: object, timeout: float | None, wait: bool) -> Acquisition:
+        other = self._other_lease(holder)
+        if other is None:
+            return Acquisition(self._spec, timeout, wait=wait)
+        # a downgrade, or an upgrade, which is granted at once or not at all (never queued)
+        waits = wait and self._mode == READ
+        return Acquisition(self._spec, timeout, wait=waits, also=(other.token,))
+
+    def _refused(self, holder: object, lease: LeaseState | None, wait: bool) -> None:
+        """An upgrade the server refused (other readers hold it) raises for ``acquire``;
+        ``try_acquire`` returns None."""
+        if lease is None and wait and self._mode == WRITE and self._other_lease(holder):
+            raise LockError(
+                f"read/write lock {self.name!r}: this holder's read lease is not the only "
+                "one held, so it cannot be upgraded to a write lease at once, and waiting "
+                "for the other readers could deadlock with one of them upgrading too: "
+                "release the read lease first"
+            )
+
     def __repr__(self) -> str:
         return f"<{_SIDES[self._mode]} side of {self._rw!r}>"
 
@@ -134,12 +155,12 @@ class _SyncSide(_Side, OneServer):
         self._join(rw, mode)
         self._io = io
 
+    def _new_attempt(self, timeout: float | None, *, wait: bool) -> Acquisition:
+        return self._attempt_by(threading.current_thread(), timeout, wait)
+
     def _acquire(self, timeout: float | None, *, wait: bool) -> Lease | None:
-        holder = threading.current_thread()
-        self._rw._refuse_a_second(holder, self._mode)
         lease = super()._acquire(timeout, wait=wait)
-        if lease is not None:
-            self._rw._note(holder, lease)
+        self._refused(threading.current_thread(), lease, wait)
         return lease
 
 
@@ -149,12 +170,12 @@ class _AsyncSide(_Side, AsyncOneServer):
         self._io = io
         self._cancel_on_lost = cancel
 
+    def _new_attempt(self, timeout: float | None, *, wait: bool) -> Acquisition:
+        return self._attempt_by(asyncio.current_task(), timeout, wait)
+
     async def _acquire(self, timeout: float | None, *, wait: bool) -> AsyncLease | None:
-        holder = asyncio.current_task()
-        self._rw._refuse_a_second(holder, self._mode)
         lease = await super()._acquire(timeout, wait=wait)
-        if lease is not None:
-            self._rw._note(holder, lease)
+        self._refused(asyncio.current_task(), lease, wait)
         return lease
 
 
@@ -167,10 +188,12 @@ class ReadWriteLock(_ReadWriteConfig):
     order: readers that come after a waiting writer wait behind it. A write lease's
     fence is greater than every lease's before it, read or write.
 
-    A thread that holds a lease of this object and acquires another from it gets
-    ``LockError`` (an upgrade from read to write, or any second hold, could wait for
-    itself): release first. ``auto_renew``, ``on_lost``, ``max_hold``, ``prefix``,
-    ``clock``, ``replicas`` and ``replica_timeout`` work as for ``Lock``.
+    A thread that holds a lease of this object and acquires again is served at once:
+    the same mode gives its lease one hold more, a read inside its write is a downgrade,
+    a write inside its read an upgrade if its read is the only lease held (otherwise
+    ``LockError``; ``try_acquire`` returns None). See the module's notes.
+    ``auto_renew``, ``on_lost``, ``max_hold``, ``prefix``, ``clock``, ``replicas`` and
+    ``replica_timeout`` work as for ``Lock``.
     """
 
     def __init__(
@@ -206,8 +229,8 @@ class ReadWriteLock(_ReadWriteConfig):
 
 
 class AsyncReadWriteLock(_ReadWriteConfig):
-    """Many readers or one writer (asyncio twin of ``ReadWriteLock``); the holder that
-    may not acquire twice is the task. ``cancel_on_lost`` as for ``AsyncLock``."""
+    """Many readers or one writer (asyncio twin of ``ReadWriteLock``); the holder whose
+    leases nest is the task. ``cancel_on_lost`` as for ``AsyncLock``."""
 
     def __init__(
         self,

@@ -448,7 +448,10 @@ SHARED_ACQUIRE = Script(
     + _SHARED_HELPERS
     + """
 -- KEYS and ARGV[1..7] as the lock's acquire (ARGV[3], fair, is always '1'; ARGV[6],
--- the fences a grant takes, always '1'); ARGV[8] limit  ARGV[9] mode ('r' or 'w').
+-- the fences a grant takes, always '1'); ARGV[8] limit  ARGV[9] mode ('r' or 'w')
+-- ARGV[10] (optional; a read/write lock's) the token of the caller's own lease of the
+-- other mode: a read under the caller's write lease (a downgrade) is granted at once,
+-- and so is a write over the caller's read lease if that is the only hold (an upgrade).
 -- Reply {fence, pttl, server_us, taken} as the lock's; when we must wait, pttl is the
 -- ms left of the hold that runs out first.
 local holders, fence, queue, waiters, fences = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
@@ -458,6 +461,17 @@ local now = now_us()
 held_now(holders, fences, now)
 local held = ours(holders, fences, token, now)
 local server_us = 0  -- (a grant found: it was made before this call)
+local mine = ARGV[10]
+if not held and mine and mine ~= '' and redis.call('ZSCORE', holders, mine) then
+  local writer = redis.call('HGET', fences, '@writer')
+  if (mode == 'r' and writer == mine)
+      or (mode == 'w' and not writer and redis.call('ZCARD', holders) == 1) then
+    forget(queue, waiters, token)
+    redis.call('DEL', bell)
+    local top, taken = grant(holders, fences, fence, token, ttl, now, mode)
+    return {top, tonumber(ttl), now, taken}
+  end
+end
 if not held then
   -- the waiters before us first, in order, as many as fit
   hand_on(holders, fences, fence, queue, waiters, ARGV[5], now, token)

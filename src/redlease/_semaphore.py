@@ -55,7 +55,6 @@ class _SemaphoreConfig:
             clock=clock,
             replicas=replicas,
             replica_timeout=replica_timeout,
-            batch=1,
             kind=SEMAPHORE,
             extra=(str(checked), "r"),
         )

@@ -25,6 +25,7 @@ import warnings
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
+from .. import _fork
 from .._errors import RedleaseWarning
 from . import coredis_py, redis_py, valkey_py
 from .family import Errors, Family
@@ -105,6 +106,15 @@ _loading = threading.RLock()
 _tried: dict[str, Family | None] = {}  # by package: its family, None if not installed
 _families: tuple[Family, ...] = ()  # loaded, in _FILES' order
 _caught = Caught()
+
+
+def _new_loading_lock() -> None:
+    # Another thread of the parent may have been loading (importing) a family at the fork.
+    global _loading
+    _loading = threading.RLock()
+
+
+_fork.in_child(_new_loading_lock)
 
 
 def families() -> tuple[Family, ...]:
