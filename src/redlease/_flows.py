@@ -34,6 +34,7 @@ from ._scripts import (
 from ._timing import (
     MONOTONIC,
     QUEUE_ENTRY_SLACK,
+    UNFAIR_WOKEN,
     UNKNOWN_HOLDER_RECHECK,
     Clock,
     Deadline,
@@ -400,6 +401,7 @@ class Acquisition:
         self.wait = wait
         self.outstanding = False
         self.failures = 0  # tries that failed in a way that may pass
+        self.woken = False  # rung to compete (an unfair lock's): see UNFAIR_WOKEN
 
     def run(self) -> Flow[Grant | None]:
         spec, clock = self.spec, self.spec.clock
@@ -470,6 +472,8 @@ class Acquisition:
             wait_for = horizon - (clock() - sent_at)
             if pttl >= 0:
                 wait_for = min(wait_for, pttl / 1000.0 + EXPIRY_NUDGE)
+            if self.woken:  # lost the race it was woken for: try again once, a bit later
+                wait_for, self.woken = min(wait_for, UNFAIR_WOKEN), False
             if wait_for > 0:
                 wait_for = max(wait_for, MIN_WAIT)
                 replicas = self._replicas()
@@ -503,6 +507,7 @@ class Acquisition:
                         if (yield from self._gave_back_too_late()):
                             continue
                         return None
+                    self.woken = not spec.fair
             if self.deadline.expired():
                 # Give up, but keep a lock granted in the last instant: it is ours.
                 return (yield from self.leave(keep=True))

@@ -6,12 +6,13 @@ touches a single slot:
                        clock in microseconds; kept twice the lease and a margin past the
                        last grant (see the scripts' take_fences and docs/design.md)
     P{N}:queue         waiters in arrival order (list of tokens), with a TTL
-    P{N}:waiters       waiter token -> "deadline_us:ttl_ms:holds" (hash), with a TTL
+    P{N}:waiters       waiter token -> "deadline_us:ttl_ms:since_us[:hub]" (hash), with a TTL
     P{N}:bell:<token>  a waiter's doorbell list, pushed by the release script, with a TTL
     P{N}:bell:@<hub>   not a key: the pub/sub channel on which the waiters of one
                        process's hub (its shared wait connection) are rung
     P{N}:released      the token of the last release, for a retried release to find,
                        with a TTL (the release's reply bound)
+    P{N}:woken         an unfair lock's waiter woken to compete, for 5 ms (UNFAIR_WOKEN)
 
 An election named N keeps a lock's keys under ``P{N}:elect`` (``P{N}:elect``,
 ``P{N}:elect:fence``...; the term is the fence), and ``P{N}:elect:observers``, observer

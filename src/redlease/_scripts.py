@@ -5,9 +5,9 @@ SCRIPT FLUSH, a replica promoted), as EVAL, which also caches them again. Nothin
 remembered per client or per class, so any client works with any lock.
 
 Shared by the lock scripts (KEYS[1..4] = lock, fence, queue, waiters; see _keys.py):
-  * a waiter entry is "deadline_us:ttl_ms:holds[:hub]" in the waiters hash, in arrival
-    order in queue; an entry past its deadline belongs to a waiter that gave up or died
-    and is skipped;
+  * a waiter entry is "deadline_us:ttl_ms:since_us[:hub]" in the waiters hash, in
+    arrival order in queue (since: when it first queued, kept across its tries); an entry
+    past its deadline belongs to a waiter that gave up or died and is skipped;
   * a waiter is rung with "fence:server_us:taken": a fence > 0 means the lock was granted
     to that waiter at server time server_us, with taken fences; fence 0 is a plain
     wake-up. A waiter with a hub (its process's shared wait connection, see
@@ -33,6 +33,7 @@ import hashlib
 from dataclasses import dataclass, field
 
 from ._keys import FENCE_LEAD_US, FENCE_LIMIT, FENCE_MARGIN_MS
+from ._timing import UNFAIR_STARVING, UNFAIR_WOKEN
 
 
 @dataclass(frozen=True)
@@ -92,7 +93,7 @@ end
 local function entry_deadline(entry) return tonumber(string.match(entry, '^(%d+)')) end
 local function entry_ttl(entry) return string.match(entry, '^%d+:(%d+)') end
 
-local function entry_holds(entry) return string.match(entry, '^%d+:%d+:(%d+)') or '1' end
+local function entry_since(entry) return tonumber(string.match(entry, '^%d+:%d+:(%d+)')) end
 local function entry_hub(entry) return string.match(entry, '^%d+:%d+:%d+:(s?%x+)$') end
 
 -- whether a waiter's entry is still within its deadline at server time NOW (us): the one
@@ -138,29 +139,50 @@ end
 """
 
 # The lock's own: handing a free lock on, and finding the fence of a grant we hold.
-_LOCK_HELPERS = """
+_LOCK_HELPERS = (
+    """
 -- the lock is free: fair mode grants it to the first live waiter (no one can barge in
--- between), with the fences it asked for; otherwise that waiter is rung and competes
--- again. A waiter that cannot hear its ring is dropped (its grant, if any, undone: the
--- fences it took are skipped) and the next one served.
+-- between). Unfair mode rings that waiter to compete, staying first in line, unless a
+-- waiter rung before has not had its turn yet (the lock's woken mark, for WOKEN ms); a
+-- first waiter queued STARVING us ago is granted the lock as in fair mode (see
+-- UNFAIR_STARVING). A waiter that cannot hear its ring is dropped (its grant, if any,
+-- undone: the fence it took is skipped) and the next one served.
 local function hand_on(lock, fence, queue, waiters, bells, fair)
   local now = now_us()
+  local woken = lock .. ':woken'
   while true do
     local w, entry = live_head(queue, waiters, now)
     if not w then return end
-    redis.call('LPOP', queue)
-    redis.call('HDEL', waiters, w)
     local ttl = entry_ttl(entry)
+    local grant = fair == '1' or now - entry_since(entry) >= @STARVING@
+    if not grant and not redis.call('SET', woken, w, 'PX', @WOKEN@, 'NX') then return end
     local granted, taken = 0, 0
-    if fair == '1' then
+    if grant then
+      redis.call('LPOP', queue)
+      redis.call('HDEL', waiters, w)
       redis.call('SET', lock, w, 'PX', ttl)
-      granted, taken = take_fences(fence, entry_holds(entry), ttl, 0, false)
+      granted, taken = take_fences(fence, 1, ttl, 0, false)
     end
     if ring(bells, w, entry_hub(entry), granted, taken, now, ttl) then return end
-    if fair == '1' then redis.call('DEL', lock) end
+    if grant then
+      redis.call('DEL', lock)
+    else
+      redis.call('LPOP', queue)
+      redis.call('HDEL', waiters, w)
+      redis.call('DEL', woken)
+    end
   end
 end
 
+-- an unfair lock's woken mark goes once the waiter it names is served or gone
+local function unmark(lock, token)
+  local woken = lock .. ':woken'
+  if redis.call('GET', woken) == token then redis.call('DEL', woken) end
+end
+""".replace("@STARVING@", str(round(UNFAIR_STARVING * 1e6))).replace(
+        "@WOKEN@", str(round(UNFAIR_WOKEN * 1000))
+    )
+    + """
 -- the highest fence of a grant we hold, and how many it took: from our bell if it was
 -- handed to us, else the counter (and 1: only the highest is surely ours)
 local function held_fence(fence, bell)
@@ -173,6 +195,7 @@ local function held_fence(fence, bell)
   return tonumber(redis.call('GET', fence)), 1
 end
 """
+)
 
 ACQUIRE = Script(
     "acquire",
@@ -180,7 +203,7 @@ ACQUIRE = Script(
 -- KEYS[1] lock  KEYS[2] fence  KEYS[3] queue  KEYS[4] waiters
 -- ARGV[1] token  ARGV[2] ttl ms  ARGV[3] fair ('1'/'0')
 -- ARGV[4] queue-entry lifetime ms ('0': do not queue)  ARGV[5] bell key prefix
--- ARGV[6] fences a grant takes (the lock's batch)
+-- ARGV[6] fences a grant takes (always 1)
 -- ARGV[7] the waiter's hub ('': rung on its bell)
 -- Reply {fence, pttl, server_us, taken}. fence > 0: acquired, the highest fence taken,
 -- and taken of them; pttl = ms of validity left. fence = 0: held by another, pttl = its
@@ -188,10 +211,19 @@ ACQUIRE = Script(
 """
     + _FENCES
     + """
--- Fast path first, before the other helpers are defined: nobody queued, so nobody can
--- have been granted or promised the lock.
-if redis.call('EXISTS', KEYS[3]) == 0
+-- Fast path first, before the other helpers are defined: the lock is free and either
+-- nobody is queued (so nobody can have been granted or promised it) or it is unfair (a
+-- free lock is anyone's; a queued caller that takes it leaves the queue, and its woken
+-- mark goes).
+if (ARGV[3] == '0' or redis.call('EXISTS', KEYS[3]) == 0)
     and redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then
+  if ARGV[3] == '0' and redis.call('HDEL', KEYS[4], ARGV[1]) == 1 then
+    redis.call('LREM', KEYS[3], 1, ARGV[1])
+    redis.call('DEL', ARGV[5] .. ARGV[1])
+    if redis.call('GET', KEYS[1] .. ':woken') == ARGV[1] then
+      redis.call('DEL', KEYS[1] .. ':woken')
+    end
+  end
   local top, taken = take_fences(KEYS[2], ARGV[6], ARGV[2], 0, false)
   return {top, tonumber(ARGV[2]), 0, taken}
 end
@@ -204,6 +236,7 @@ local token, fair, bell = ARGV[1], ARGV[3], ARGV[5] .. ARGV[1]
 local holder = redis.call('GET', lock)
 if holder == token then
   -- granted to us while we were away, or a retried call whose first reply was lost
+  if fair == '0' then unmark(lock, token) end
   forget(queue, waiters, token)
   local f, taken = held_fence(fence, bell)
   return {f, redis.call('PTTL', lock), 0, taken}
@@ -225,6 +258,7 @@ if not holder and fair == '1' then
 end
 if not holder then
   redis.call('SET', lock, token, 'PX', ARGV[2])
+  if fair == '0' then unmark(lock, token) end
   forget(queue, waiters, token)
   redis.call('DEL', bell)
   local top, taken = take_fences(fence, ARGV[6], ARGV[2], 0, false)
@@ -232,7 +266,9 @@ if not holder then
 end
 if ARGV[4] ~= '0' then
   local life = tonumber(ARGV[4])
-  local entry = string.format('%d:%s:%s', now + life * 1000, ARGV[2], ARGV[6])
+  local was = redis.call('HGET', waiters, token)
+  local since = was and entry_since(was) or now
+  local entry = string.format('%d:%s:%d', now + life * 1000, ARGV[2], since)
   if ARGV[7] ~= '' then entry = entry .. ':' .. ARGV[7] end
   if redis.call('HSET', waiters, token, entry) == 1 then redis.call('RPUSH', queue, token) end
   keep_for(queue, life)
@@ -261,6 +297,8 @@ end
 redis.call('DEL', KEYS[1])
 redis.call('SET', mark, ARGV[1], 'PX', ARGV[4])
 if redis.call('EXISTS', KEYS[3]) == 0 then return 1 end
+-- unfair: a waiter woken to compete has not had its turn yet; nobody else is woken
+if ARGV[2] == '0' and redis.call('EXISTS', KEYS[1] .. ':woken') == 1 then return 1 end
 """
     + _FENCES
     + _HELPERS
@@ -300,6 +338,7 @@ LEAVE = Script(
 local lock, fence, queue, waiters = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
 local token, bell = ARGV[1], ARGV[3] .. ARGV[1]
 forget(queue, waiters, token)
+if ARGV[2] == '0' then unmark(lock, token) end
 local holder = redis.call('GET', lock)
 if holder == token then
   local f, taken = held_fence(fence, bell)

@@ -27,6 +27,16 @@ QUEUE_ENTRY_SLACK = 1.0
 # A waiter whose holder's lock has no readable TTL re-checks at least this often.
 UNKNOWN_HOLDER_RECHECK = 1.0
 
+# An unfair lock (fair=False) lets a caller barge in on its released lock, and wakes its
+# first waiter to compete: one waiter at a time, marked woken for UNFAIR_WOKEN seconds,
+# during which releases wake nobody else and the woken waiter, if it lost the race, tries
+# again once UNFAIR_WOKEN later (so a lock its barging holder left free is found). A
+# waiter that has been queued UNFAIR_STARVING seconds is handed the lock by the next
+# release instead, as a fair lock would (after Go's sync.Mutex "starvation mode"): no
+# waiter of an unfair lock waits much longer than that behind a stream of bargers.
+UNFAIR_WOKEN = 0.005
+UNFAIR_STARVING = 0.1
+
 
 def drift(ttl: float) -> float:
     return ttl * DRIFT_FACTOR + DRIFT_FLOOR
