@@ -9,7 +9,9 @@ cluster; a pool capped well below 300 is never exhausted; all finish."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import threading
+import time
 from typing import Any
 
 import pytest
@@ -116,3 +118,38 @@ def test_300_threads_on_100_names_over_3_masters(
         admin.close()
     assert done == ["acquired"] * CALLERS
     assert max(most) <= CLIENT_CALLS + OWN, f"the client's connections per node: {most}"
+
+
+@pytest.mark.timeout(120)
+def test_calls_hung_on_one_node_do_not_hold_up_the_others_past_their_bound(
+    cluster: list[servers.ServerProcess], family: ClientFamily
+) -> None:
+    app = family.cluster(cluster[0].port)
+    port_of = {}  # the node serving each candidate name, by port
+    for i in range(200):
+        port_of[f"n{i}"] = app.get_node_from_key(lock_key(f"n{i}")).port
+    stuck_port = cluster[0].port
+    stuck = next(n for n, p in port_of.items() if p == stuck_port)
+    healthy = next(n for n, p in port_of.items() if p != stuck_port)
+    cluster[0].pause()
+    hung = [threading.Thread(target=_try, args=(app, stuck), daemon=True) for _ in range(12)]
+    try:
+        for thread in hung:
+            thread.start()
+        time.sleep(0.5)  # every call slot of the client is taken by a hung call now
+        started = time.monotonic()
+        with pytest.raises(redlease.BackendError):
+            redlease.Lock(app, healthy, ttl=1.0).try_acquire()
+        assert time.monotonic() - started < 10  # given up on, not held up for good
+    finally:
+        cluster[0].resume()
+        for thread in hung:
+            thread.join(30)
+        app.close()
+
+
+def _try(client: Any, name: str) -> None:
+    with contextlib.suppress(redlease.LockError):
+        lease = redlease.Lock(client, name, ttl=1.0).try_acquire()
+        if lease is not None:
+            lease.release()

@@ -19,8 +19,9 @@ import redis
 import redis.asyncio as aredis
 
 import redlease
+from redlease._keys import LockKeys
 from redlease.tools import servers
-from waiting_helpers import lock_key
+from waiting_helpers import lock_key, wait_until
 
 NODE_DBS = (1, 2, 3)  # a Redlock's nodes: databases of the one server (distinct nodes)
 
@@ -220,4 +221,24 @@ def test_a_release_that_failed_lets_go_and_can_be_sent_again(server_kind: str, n
         again = lock.acquire(timeout=1)
         assert again.fence > lease.fence
         again.release()
+        client.close()
+
+
+def test_a_renewed_lease_whose_release_failed_is_no_longer_renewed(
+    server_kind: str, name: str
+) -> None:
+    """Its holder let go of it: the renewer stops, and what the server kept expires with
+    the ttl instead of being renewed for good."""
+    durable = ["--appendonly", "yes", "--appendfsync", "always"]
+    with servers.ServerProcess(servers.find_binary(server_kind), extra_args=durable) as own:
+        client = redis.Redis(port=own.port)
+        lock = redlease.Lock(client, name, ttl=5.0, reentrant=True, auto_renew=True)
+        lease = lock.acquire(timeout=1)
+        own.kill()
+        with pytest.raises(redlease.BackendError):
+            lease.release()
+        own.restart()
+        key = LockKeys.for_name(name).lock
+        assert client.exists(key) == 1  # kept by the server ...
+        wait_until(lambda: client.exists(key) == 0, timeout=20)  # ... until its ttl
         client.close()

@@ -63,3 +63,26 @@ async def test_an_async_starving_waiter_is_handed_the_lock(ar: aredis.Redis, nam
     assert await lock.try_acquire() is None
     lease = await asyncio.wait_for(waiting, 30)
     await lease.release()
+
+
+def test_a_waiter_that_lost_to_a_barger_stays_first_in_line(r: redis.Redis, name: str) -> None:
+    lock = redlease.Lock(r, name, ttl=30.0, fair=False)
+    holder = lock.acquire()
+    order: list[int] = []
+
+    def waiter(i: int) -> None:
+        with lock.acquire(timeout=30):
+            order.append(i)
+
+    first, _ = in_thread(lambda: waiter(1))
+    wait_until(lambda: queued(r, name) == 1)
+    second, _ = in_thread(lambda: waiter(2))
+    wait_until(lambda: queued(r, name) == 2)
+    holder.release()
+    barged = lock.try_acquire()  # straight back: usually ahead of the woken first waiter
+    time.sleep(0.05)  # the first waiter, woken, lost the race (if the barger won it)
+    if barged is not None:
+        barged.release()
+    first.join(30)
+    second.join(30)
+    assert order == [1, 2]  # the first waiter was not sent to the back of the line

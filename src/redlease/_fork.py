@@ -16,10 +16,13 @@ taking such a lock is too late.
 
 from __future__ import annotations
 
+import logging
 import os
 import weakref
 from collections.abc import Callable
 from typing import Protocol
+
+log = logging.getLogger(__name__)
 
 generation = 0  # how many forks lie between the first process and this one
 
@@ -49,10 +52,11 @@ def _after_fork_in_child() -> None:
     global generation
     generation += 1
     # The locks first: the callbacks may take some.
-    for owner in list(_OWNERS):
-        owner._after_fork()
-    for callback in _CALLBACKS:
-        callback()
+    for fresh in [owner._after_fork for owner in list(_OWNERS)] + _CALLBACKS:
+        try:
+            fresh()
+        except Exception:  # one that fails must not leave the others' locks held
+            log.exception("making a lock anew in a forked child failed")
 
 
 if hasattr(os, "register_at_fork"):  # not on Windows, where there is no fork

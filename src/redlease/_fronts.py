@@ -310,7 +310,8 @@ class SyncFront(_Front, Generic[SyncLeaseT]):
         answered), and LockLost if a ``reentrant`` holder's lease was lost meanwhile.
         Against a server that is down or does not answer it raises within 2 seconds,
         whatever the ttl and the client's retry policy (a connection failure is tried
-        again once, at once); with ``replicas=``, add the wait for them.
+        again once, at once); with ``replicas=``, add the wait for them. A Cluster
+        client's calls keep its own timeouts and retries.
         """
         return self._acquire(0.0, wait=False)
 

@@ -14,18 +14,20 @@ operation's bound.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 import warnings
 import weakref
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from typing import Any, TypeVar
 
-from . import _flows, _resp, _stale
+from . import _flows, _fork, _resp, _stale
 from ._backend_errors import backend_error, backend_failures
 from ._conn_async import Connection, Pool, _bounded, node_pool, pool_for
 from ._endpoint import (
     CLIENT_CALLS,
     Kind,
+    ReplyTimedOut,
     caught,
     endpoint_of,
     is_noscript,
@@ -49,16 +51,34 @@ NO_CLIENT_ID = -1
 # Clients (of the CLIENT kind) and pools already checked for a key-evicting policy.
 _CHECKED: weakref.WeakSet[Any] = weakref.WeakSet()
 
-# Each client of the CLIENT kind's gate: at most CLIENT_CALLS calls through it at once.
-_GATES: weakref.WeakKeyDictionary[Any, asyncio.Semaphore] = weakref.WeakKeyDictionary()
+# Each client of the CLIENT kind's gate, per event loop: at most CLIENT_CALLS calls
+# through it at once.
+_GATES: weakref.WeakKeyDictionary[Any, dict[asyncio.AbstractEventLoop, asyncio.Semaphore]] = (
+    weakref.WeakKeyDictionary()
+)
+_fork.in_child(_GATES.clear)  # (the parent's loops are not the child's)
 
 
-def _gate(client: Any) -> asyncio.Semaphore:
-    """The gate of ``client`` (of the CLIENT kind; an asyncio client serves one loop)."""
-    gate = _GATES.get(client)
+@contextlib.asynccontextmanager
+async def _gate(client: Any, timeout: float) -> AsyncIterator[None]:
+    """A call through ``client`` (of the CLIENT kind), once one of its CLIENT_CALLS is
+    free; ReplyTimedOut if none is within ``timeout`` (its calls hang: a node down)."""
+    loop = asyncio.get_running_loop()
+    gates = _GATES.get(client)
+    if gates is None:
+        gates = _GATES[client] = {}
+    gate = gates.get(loop)
     if gate is None:
-        gate = _GATES[client] = asyncio.Semaphore(CLIENT_CALLS)
-    return gate
+        gate = gates[loop] = asyncio.Semaphore(CLIENT_CALLS)
+    try:
+        await asyncio.wait_for(gate.acquire(), timeout)
+    except asyncio.TimeoutError:
+        msg = f"{CLIENT_CALLS} calls through the client under way for {timeout}s"
+        raise ReplyTimedOut(msg) from None
+    try:
+        yield
+    finally:
+        gate.release()
 
 
 async def _reply(conn: Connection, op: Call | Command, timeout: float) -> Any:
@@ -151,7 +171,7 @@ class AsyncIO:
         _CHECKED.add(target)
         try:
             if pool is None:
-                async with _gate(self.client):
+                async with _gate(self.client, _flows.SETTINGS_WAIT):
                     reply = await self.client.config_get("maxmemory-policy")
             else:
                 reply = await self._command(_flows.EVICTION_POLICY)
@@ -289,7 +309,7 @@ class AsyncIO:
         pool = self.pool
         if pool is None:
             n = len(op.keys)
-            async with _gate(self.client):
+            async with _gate(self.client, op.timeout):
                 try:
                     return await self.client.evalsha(op.script.sha, n, *op.keys, *op.args)
                 except reply_errors() as exc:
@@ -311,7 +331,7 @@ class AsyncIO:
 
     async def _command(self, op: Command) -> Any:
         if self._pools is False:
-            async with _gate(self.client):
+            async with _gate(self.client, op.timeout):
                 return await self.client.execute_command(*op.args)
 
         async def command(conn: Connection, timeout: float) -> Any:

@@ -12,12 +12,13 @@ a second run is harmless (``Script.retry``); never past the operation's bound.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import threading
 import time
 import warnings
 import weakref
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any, TypeVar
 
 from . import _flows, _fork, _resp, _stale
@@ -26,6 +27,7 @@ from ._conn_sync import Connection, Pool, _bounded, node_pool, pool_for
 from ._endpoint import (
     CLIENT_CALLS,
     Kind,
+    ReplyTimedOut,
     caught,
     endpoint_of,
     is_noscript,
@@ -64,13 +66,20 @@ def _new_gates() -> None:
 _fork.in_child(_new_gates)
 
 
-def _gate(client: Any) -> threading.BoundedSemaphore:
-    """The gate of ``client`` (of the CLIENT kind)."""
+@contextlib.contextmanager
+def _gate(client: Any, timeout: float) -> Iterator[None]:
+    """A call through ``client`` (of the CLIENT kind), once one of its CLIENT_CALLS is
+    free; ReplyTimedOut if none is within ``timeout`` (its calls hang: a node down)."""
     gate = _GATES.get(client)
     if gate is None:
         with _GATES_LOCK:
             gate = _GATES.setdefault(client, threading.BoundedSemaphore(CLIENT_CALLS))
-    return gate
+    if not gate.acquire(timeout=timeout):
+        raise ReplyTimedOut(f"{CLIENT_CALLS} calls through the client under way for {timeout}s")
+    try:
+        yield
+    finally:
+        gate.release()
 
 
 def _reply(conn: Connection, op: Call | Command, timeout: float) -> Any:
@@ -158,7 +167,7 @@ class SyncIO:
         _CHECKED.add(target)
         try:
             if self._pool is None:
-                with _gate(self.client):
+                with _gate(self.client, _flows.SETTINGS_WAIT):
                     reply = self.client.config_get("maxmemory-policy")
             else:
                 reply = self._command(_flows.EVICTION_POLICY)
@@ -294,7 +303,7 @@ class SyncIO:
     def _call(self, op: Call) -> Any:
         if self._pool is None:
             n = len(op.keys)
-            with _gate(self.client):
+            with _gate(self.client, op.timeout):
                 try:
                     return self.client.evalsha(op.script.sha, n, *op.keys, *op.args)
                 except reply_errors() as exc:
@@ -316,7 +325,7 @@ class SyncIO:
 
     def _command(self, op: Command) -> Any:
         if self._pool is None:
-            with _gate(self.client):
+            with _gate(self.client, op.timeout):
                 return self.client.execute_command(*op.args)
 
         def command(conn: Connection, timeout: float) -> Any:

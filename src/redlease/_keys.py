@@ -49,7 +49,7 @@ from ._timing import QUEUE_ENTRY_SLACK, UNKNOWN_HOLDER_RECHECK
 # far it runs ahead of the server's clock (see FENCE_LEAD_US and the scripts' take_fences).
 FENCE_MARGIN_MS = 1000
 # How far a counter may run ahead of its server's clock, in microseconds: a grant that
-# would take it further takes fewer fences (a batch then lends fewer holds).
+# would take it further takes fewer fences (a grant asks for one).
 FENCE_LEAD_US = 1000
 # Fences are exact integers in Lua's doubles (and in JavaScript) only below this.
 FENCE_LIMIT = 2**53

@@ -291,8 +291,11 @@ class _Ending:
             self.lease._mark_released()
         elif self.release:
             # A release that failed (the server out of reach): the lease may still be
-            # held there until its ttl, but its holder has let go of it, so its next
-            # acquire is a new one, not a re-entry into a lease it no longer protects.
+            # held there, but its holder has let go of it. Its renewal stops, so that
+            # it expires with its ttl if a release sent again does not reach the server
+            # either, and its holder's next acquire is a new one, not a re-entry into a
+            # lease it no longer protects.
+            self.lease._stop_watching()
             self.lease._leave_table()
 
 

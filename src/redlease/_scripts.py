@@ -18,11 +18,9 @@ Shared by the lock scripts (KEYS[1..4] = lock, fence, queue, waiters; see _keys.
     listens on another server, which must not hear of a grant): the waiter is dropped
     and the next one served, at once.
     A waiter without a hub has a doorbell list (bell prefix .. token), pushed;
-  * a grant takes fences from the name's counter (take_fences below): ``holds`` of them
-    at once for a lock made with ``batch=n``, which lends one grant to its callers up to
-    n times (see _batches.py), each with its own fence, and whoever is granted the lock
-    next gets a greater one. Replies and rings carry the highest fence taken and how
-    many were taken (fewer than asked when the counter has run ahead of the clock).
+  * a grant takes a fence from the name's counter (take_fences below), greater than
+    every one before. (take_fences can take several at once, and replies and rings
+    carry how many were taken; every grant asks for one.)
 The bell keys are built inside the scripts from a prefix that carries the lock's hash
 tag, so they are in the same slot as KEYS[1] (Cluster runs them on the right node).
 """
@@ -220,9 +218,9 @@ if (ARGV[3] == '0' or redis.call('EXISTS', KEYS[3]) == 0)
   if ARGV[3] == '0' and redis.call('HDEL', KEYS[4], ARGV[1]) == 1 then
     redis.call('LREM', KEYS[3], 1, ARGV[1])
     redis.call('DEL', ARGV[5] .. ARGV[1])
-    if redis.call('GET', KEYS[1] .. ':woken') == ARGV[1] then
-      redis.call('DEL', KEYS[1] .. ':woken')
-    end
+  end
+  if ARGV[3] == '0' and redis.call('GET', KEYS[1] .. ':woken') == ARGV[1] then
+    redis.call('DEL', KEYS[1] .. ':woken')
   end
   local top, taken = take_fences(KEYS[2], ARGV[6], ARGV[2], 0, false)
   return {top, tonumber(ARGV[2]), 0, taken}
@@ -297,8 +295,12 @@ end
 redis.call('DEL', KEYS[1])
 redis.call('SET', mark, ARGV[1], 'PX', ARGV[4])
 if redis.call('EXISTS', KEYS[3]) == 0 then return 1 end
--- unfair: a waiter woken to compete has not had its turn yet; nobody else is woken
-if ARGV[2] == '0' and redis.call('EXISTS', KEYS[1] .. ':woken') == 1 then return 1 end
+-- unfair: a waiter woken to compete has not had its turn yet (and is still queued);
+-- nobody else is woken
+if ARGV[2] == '0' then
+  local woken = redis.call('GET', KEYS[1] .. ':woken')
+  if woken and redis.call('HEXISTS', KEYS[4], woken) == 1 then return 1 end
+end
 """
     + _FENCES
     + _HELPERS
@@ -502,7 +504,7 @@ local held = ours(holders, fences, token, now)
 local server_us = 0  -- (a grant found: it was made before this call)
 local mine = ARGV[10]
 if not held and mine and mine ~= '' and redis.call('ZSCORE', holders, mine) then
-  local writer = redis.call('HGET', fences, '@writer')
+  local writer = writer_holds(holders, fences) and redis.call('HGET', fences, '@writer')
   if (mode == 'r' and writer == mine)
       or (mode == 'w' and not writer and redis.call('ZCARD', holders) == 1) then
     forget(queue, waiters, token)
