@@ -299,7 +299,7 @@ if redis.call('EXISTS', KEYS[3]) == 0 then return 1 end
 -- nobody else is woken
 if ARGV[2] == '0' then
   local woken = redis.call('GET', KEYS[1] .. ':woken')
-  if woken and redis.call('HEXISTS', KEYS[4], woken) == 1 then return 1 end
+  if woken and redis.call('HGET', KEYS[4], woken) then return 1 end
 end
 """
     + _FENCES
