@@ -6,7 +6,8 @@ remembered per client or per class, so any client works with any lock.
 
 Shared by the lock scripts (KEYS[1..4] = lock, fence, queue, waiters; see _keys.py):
   * a waiter entry is "deadline_us:ttl_ms:since_us[:hub]" in the waiters hash, in
-    arrival order in queue (since: when it first queued, kept across its tries); an entry
+    arrival order in queue (since: when it first queued, kept across its tries by an
+    unfair lock, the only one that reads it); an entry
     past its deadline belongs to a waiter that gave up or died and is skipped;
   * a waiter is rung with "fence:server_us:taken": a fence > 0 means the lock was granted
     to that waiter at server time server_us, with taken fences; fence 0 is a plain
@@ -58,9 +59,12 @@ _FENCES = (
 -- takes fewer fences, at least one) and expires only once the clock has passed it, so
 -- one lost with the server's data, expired, or (not dense) left behind on a replica
 -- promoted in a failover, still leads to greater fences. See docs/design.md, "Fences".
-local function take_fences(f, n, ttl, floor, dense)
-  local t = redis.call('TIME')
-  local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
+-- now: the server's time in us if the caller has read it in this run (else read here).
+local function take_fences(f, n, ttl, floor, dense, now)
+  if not now then
+    local t = redis.call('TIME')
+    now = tonumber(t[1]) * 1000000 + tonumber(t[2])
+  end
   local last = tonumber(redis.call('GET', f))
   local base = math.max(dense and last or math.max(last or 0, now), floor)
   local taken = math.min(tonumber(n), math.max(1, now + @LEAD@ - base))
@@ -83,9 +87,11 @@ local function now_us()
   return tonumber(t[1]) * 1000000 + tonumber(t[2])
 end
 
--- every key we write keeps a TTL: extend KEY to at least MS milliseconds
-local function keep_for(key, ms)
-  if redis.call('PTTL', key) < ms then redis.call('PEXPIRE', key, ms) end
+-- every key we write keeps a TTL: extend KEY to at least MS milliseconds; by HEADROOM
+-- more when it must be extended, so that callers asking for about the same time one
+-- after another (a queue's waiters) read its TTL without setting it each time
+local function keep_for(key, ms, headroom)
+  if redis.call('PTTL', key) < ms then redis.call('PEXPIRE', key, ms + (headroom or 0)) end
 end
 
 local function entry_deadline(entry) return tonumber(string.match(entry, '^(%d+)')) end
@@ -98,14 +104,18 @@ local function entry_hub(entry) return string.match(entry, '^%d+:%d+:%d+:(s?%x+)
 -- rule for which waiters count (live_head below, and INSPECT's report)
 local function entry_live(entry, now) return entry_deadline(entry) >= now end
 
--- the first waiter still within its deadline (dead ones are dropped); nil if none
-local function live_head(queue, waiters, now)
+-- the first waiter still within its deadline (dead ones are dropped), its entry, and the
+-- server time NOW (us; read here if nil and there is a waiter to judge); nil if none.
+-- With POP the live one found is taken out of the queue too (its hash entry stays).
+local function live_head(queue, waiters, now, pop)
   while true do
-    local w = redis.call('LINDEX', queue, 0)
-    if not w then return nil, nil end
+    local w
+    if pop then w = redis.call('LPOP', queue) else w = redis.call('LINDEX', queue, 0) end
+    if not w then return nil, nil, now end
+    now = now or now_us()
     local entry = redis.call('HGET', waiters, w)
-    if entry and entry_live(entry, now) then return w, entry end
-    redis.call('LPOP', queue)
+    if entry and entry_live(entry, now) then return w, entry, now end
+    if not pop then redis.call('LPOP', queue) end
     redis.call('HDEL', waiters, w)
   end
 end
@@ -144,24 +154,27 @@ _LOCK_HELPERS = (
 -- waiter rung before has not had its turn yet (the lock's woken mark, for WOKEN ms); a
 -- first waiter queued STARVING us ago is granted the lock as in fair mode (see
 -- UNFAIR_STARVING). A waiter that cannot hear its ring is dropped (its grant, if any,
--- undone: the fence it took is skipped) and the next one served.
-local function hand_on(lock, fence, queue, waiters, bells, fair)
-  local now = now_us()
+-- undone: the fence it took is skipped) and the next one served. The lock may still hold
+-- the releasing caller's token: a grant overwrites it. Returns whether the lock was
+-- granted (else the caller deletes what it released). now: as for live_head.
+local function hand_on(lock, fence, queue, waiters, bells, fair, now)
   local woken = lock .. ':woken'
+  local pop = fair == '1'
   while true do
-    local w, entry = live_head(queue, waiters, now)
-    if not w then return end
+    local w, entry
+    w, entry, now = live_head(queue, waiters, now, pop)
+    if not w then return false end
     local ttl = entry_ttl(entry)
-    local grant = fair == '1' or now - entry_since(entry) >= @STARVING@
-    if not grant and not redis.call('SET', woken, w, 'PX', @WOKEN@, 'NX') then return end
+    local grant = pop or now - entry_since(entry) >= @STARVING@
+    if not grant and not redis.call('SET', woken, w, 'PX', @WOKEN@, 'NX') then return false end
     local granted, taken = 0, 0
     if grant then
-      redis.call('LPOP', queue)
+      if not pop then redis.call('LPOP', queue) end
       redis.call('HDEL', waiters, w)
       redis.call('SET', lock, w, 'PX', ttl)
-      granted, taken = take_fences(fence, 1, ttl, 0, false)
+      granted, taken = take_fences(fence, 1, ttl, 0, false, now)
     end
-    if ring(bells, w, entry_hub(entry), granted, taken, now, ttl) then return end
+    if ring(bells, w, entry_hub(entry), granted, taken, now, ttl) then return grant end
     if grant then
       redis.call('DEL', lock)
     else
@@ -215,12 +228,13 @@ ACQUIRE = Script(
 -- mark goes).
 if (ARGV[3] == '0' or redis.call('EXISTS', KEYS[3]) == 0)
     and redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then
+  -- (a woken mark names a queued waiter only: the caller's, if it was queued)
   if ARGV[3] == '0' and redis.call('HDEL', KEYS[4], ARGV[1]) == 1 then
     redis.call('LREM', KEYS[3], 1, ARGV[1])
     redis.call('DEL', ARGV[5] .. ARGV[1])
-  end
-  if ARGV[3] == '0' and redis.call('GET', KEYS[1] .. ':woken') == ARGV[1] then
-    redis.call('DEL', KEYS[1] .. ':woken')
+    if redis.call('GET', KEYS[1] .. ':woken') == ARGV[1] then
+      redis.call('DEL', KEYS[1] .. ':woken')
+    end
   end
   local top, taken = take_fences(KEYS[2], ARGV[6], ARGV[2], 0, false)
   return {top, tonumber(ARGV[2]), 0, taken}
@@ -245,7 +259,7 @@ if not holder and fair == '1' then
   if first ~= nil and first ~= token then
     -- the free lock belongs to the first waiter that can hear it, not to us, unless
     -- every waiter before us is gone
-    hand_on(lock, fence, queue, waiters, ARGV[5], fair)
+    hand_on(lock, fence, queue, waiters, ARGV[5], fair, now)
     holder = redis.call('GET', lock)
     if holder == token then
       forget(queue, waiters, token)
@@ -259,18 +273,34 @@ if not holder then
   if fair == '0' then unmark(lock, token) end
   forget(queue, waiters, token)
   redis.call('DEL', bell)
-  local top, taken = take_fences(fence, ARGV[6], ARGV[2], 0, false)
+  local top, taken = take_fences(fence, ARGV[6], ARGV[2], 0, false, now)
   return {top, tonumber(ARGV[2]), now, taken}
 end
 if ARGV[4] ~= '0' then
   local life = tonumber(ARGV[4])
-  local was = redis.call('HGET', waiters, token)
-  local since = was and entry_since(was) or now
+  -- a first try queues at the back; a later one keeps its place, and (only an unfair
+  -- lock reads it) its since
+  local since = now
+  if fair == '0' then
+    local was = redis.call('HGET', waiters, token)
+    if was then since = entry_since(was) end
+  end
   local entry = string.format('%d:%s:%d', now + life * 1000, ARGV[2], since)
   if ARGV[7] ~= '' then entry = entry .. ':' .. ARGV[7] end
-  if redis.call('HSET', waiters, token, entry) == 1 then redis.call('RPUSH', queue, token) end
-  keep_for(queue, life)
-  keep_for(waiters, life)
+  local created = false
+  if redis.call('HSET', waiters, token, entry) == 1 then
+    created = redis.call('RPUSH', queue, token) == 1
+  end
+  -- the queue and the waiters hash get their TTLs together (so one PTTL reads both),
+  -- at least every live entry's; extended with headroom, so the waiters that follow
+  -- mostly just read it
+  local left = redis.call('PTTL', waiters)
+  if left < life then
+    redis.call('PEXPIRE', waiters, 2 * life)
+    redis.call('PEXPIRE', queue, 2 * life)
+  elseif created then
+    redis.call('PEXPIRE', queue, left)
+  end
 end
 return {0, redis.call('PTTL', lock), now, 0}
 """,
@@ -292,21 +322,33 @@ if redis.call('GET', KEYS[1]) ~= ARGV[1] then
   if redis.call('GET', mark) == ARGV[1] then return 1 end
   return 0
 end
-redis.call('DEL', KEYS[1])
 redis.call('SET', mark, ARGV[1], 'PX', ARGV[4])
-if redis.call('EXISTS', KEYS[3]) == 0 then return 1 end
 -- unfair: a waiter woken to compete has not had its turn yet (and is still queued);
--- nobody else is woken
+-- nobody else is woken. A mark whose waiter is gone is void. (Fair: hand_on's LPOP
+-- finds an empty queue.)
 if ARGV[2] == '0' then
+  if redis.call('EXISTS', KEYS[3]) == 0 then
+    redis.call('DEL', KEYS[1])
+    return 1
+  end
   local woken = redis.call('GET', KEYS[1] .. ':woken')
-  if woken and redis.call('HGET', KEYS[4], woken) then return 1 end
+  if woken then
+    if redis.call('HGET', KEYS[4], woken) then
+      redis.call('DEL', KEYS[1])
+      return 1
+    end
+    redis.call('DEL', KEYS[1] .. ':woken')
+  end
 end
 """
     + _FENCES
     + _HELPERS
     + _LOCK_HELPERS
     + """
-hand_on(KEYS[1], KEYS[2], KEYS[3], KEYS[4], ARGV[3], ARGV[2])
+-- the lock still holds our token: hand it on, or delete it
+if not hand_on(KEYS[1], KEYS[2], KEYS[3], KEYS[4], ARGV[3], ARGV[2]) then
+  redis.call('DEL', KEYS[1])
+end
 return 1
 """,
     retry="a second run finds the mark the first one left and reports the release",
@@ -440,7 +482,7 @@ end
 local function grant(holders, fences, fence, w, ttl, now, mode)
   redis.call('ZADD', holders, now_ms(now) + tonumber(ttl), w)
   keep_for(holders, tonumber(ttl))
-  local top, taken = take_fences(fence, 1, ttl, 0, false)
+  local top, taken = take_fences(fence, 1, ttl, 0, false, now)
   redis.call('HSET', fences, w, string.format('%d', top))
   if mode == 'w' then redis.call('HSET', fences, '@writer', w) end
   keep_for(fences, tonumber(ttl))
@@ -536,8 +578,8 @@ if ARGV[4] ~= '0' then
   local entry = string.format('%d:%s:%d:%s', now + life * 1000, ttl, limit, mode)
   if ARGV[7] ~= '' then entry = entry .. ':' .. ARGV[7] end
   if redis.call('HSET', waiters, token, entry) == 1 then redis.call('RPUSH', queue, token) end
-  keep_for(queue, life)
-  keep_for(waiters, life)
+  keep_for(queue, life, life)
+  keep_for(waiters, life, life)
 end
 local soonest = redis.call('ZRANGE', holders, 0, 0, 'WITHSCORES')
 local left = soonest[2] and math.max(0, tonumber(soonest[2]) - now_ms(now)) or -2

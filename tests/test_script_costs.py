@@ -1,0 +1,77 @@
+"""What a lock cycle costs the server, counted (``INFO commandstats``, commands run inside
+scripts included): a handed-over section is the figure the contention benchmark reports
+per critical section, and these counts pin it, so a script that grows shows up here, not
+only in a benchmark run. The waiting keys keep one TTL that covers every live waiter."""
+
+from __future__ import annotations
+
+import redis
+
+import redlease
+from waiting_helpers import in_thread, lock_key, queued, wait_until
+
+# Not the lock's work: the test's own reads, and the hub's set-up.
+_NOT_COUNTED = {"info", "llen", "subscribe", "ping", "config|get", "client|setinfo"}
+
+
+def _calls(r: redis.Redis) -> dict[str, int]:
+    stats = r.info("commandstats")
+    return {k.removeprefix("cmdstat_"): int(v["calls"]) for k, v in stats.items()}
+
+
+def _spent(r: redis.Redis, before: dict[str, int]) -> int:
+    after = _calls(r)
+    return sum(n - before.get(k, 0) for k, n in after.items() if k not in _NOT_COUNTED)
+
+
+def _handed_over(r: redis.Redis, lock: redlease.Lock, name: str) -> int:
+    """Commands for: a waiter queues, the holder's release hands the lock to it, and the
+    waiter releases it (nobody waiting then)."""
+    holder = lock.acquire()
+    before = _calls(r)
+    waiter, got = in_thread(lambda: lock.acquire(timeout=30))
+    wait_until(lambda: queued(r, name) == 1)
+    holder.release()
+    waiter.join(30)
+    assert isinstance(got[0], redlease.Lease)
+    got[0].release()
+    return _spent(r, before)
+
+
+def test_a_fair_hand_over_costs_at_most_its_budget(r: redis.Redis, name: str) -> None:
+    lock = redlease.Lock(r, name, ttl=30.0)
+    _handed_over(r, lock, name)  # scripts loaded, the hub subscribed
+    # the waiter's acquire 11 (a free-lock try first: the queue is empty; a queue made
+    # afresh: its TTLs set), the release that hands the lock over 12, the waiter's
+    # release with nobody waiting 5 (34 before the scripts were trimmed)
+    assert _handed_over(r, lock, name) <= 28
+
+
+def test_an_uncontended_cycle_costs_at_most_its_budget(r: redis.Redis, name: str) -> None:
+    for fair in (True, False):
+        lock = redlease.Lock(r, f"{name}:{fair}", ttl=30.0, fair=fair)
+        lock.acquire().release()
+        before = _calls(r)
+        lock.acquire().release()
+        assert _spent(r, before) <= 11  # acquire 6, release 5 (12 before)
+
+
+def test_the_waiting_keys_keep_a_ttl_covering_the_longest_waiter(r: redis.Redis, name: str) -> None:
+    lock = redlease.Lock(r, name, ttl=30.0)
+    holder = lock.acquire()
+    long_wait, long_got = in_thread(lambda: lock.acquire(timeout=25))
+    wait_until(lambda: queued(r, name) == 1)
+    short_wait, short_got = in_thread(lambda: lock.acquire(timeout=1))
+    wait_until(lambda: queued(r, name) == 2)
+    queue, waiters = lock_key(name) + ":queue", lock_key(name) + ":waiters"
+    for key in (queue, waiters):
+        assert r.pttl(key) > 24_000, key  # the first waiter's 25 s, not the second's 1 s
+    short_wait.join(30)
+    assert isinstance(short_got[0], redlease.AcquireTimeout)
+    for key in (queue, waiters):
+        assert r.pttl(key) > 20_000, key
+    holder.release()
+    long_wait.join(30)
+    assert isinstance(long_got[0], redlease.Lease)
+    long_got[0].release()
+    assert r.exists(queue, waiters) == 0
