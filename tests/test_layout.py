@@ -1,12 +1,15 @@
 """The shape of the code: every module on the design page's map, the sync and asyncio
-twins with the same names in the same order, and no private attribute of another library
-touched anywhere in ``src/``."""
+twins with the same names in the same order (those generated from their asyncio source
+by ``scripts/unasync.py`` are checked by running it), and no private attribute of another
+library touched anywhere in ``src/``."""
 
 from __future__ import annotations
 
 import ast
 import io
 import re
+import subprocess
+import sys
 import tokenize
 from pathlib import Path
 
@@ -14,6 +17,16 @@ import pytest
 
 SRC = Path(__file__).resolve().parents[1] / "src" / "redlease"
 DESIGN = Path(__file__).resolve().parents[1] / "docs" / "design.md"
+
+
+def test_the_generated_twins_match_their_asyncio_sources() -> None:
+    done = subprocess.run(
+        [sys.executable, str(SRC.parents[1] / "scripts" / "unasync.py"), "--check"],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
 
 
 def test_the_module_map_names_every_module() -> None:
@@ -46,7 +59,7 @@ def _shape(path: Path) -> list[str]:
     ("sync", "asyncio", "only_one"),
     [
         # sync only: the gates' thread locks made anew in a fork's child
-        ("_io_sync.py", "_io_async.py", {"_new_gates"}),
+        ("_backend_sync.py", "_backend_async.py", {"_new_gates"}),
         # written once, in the sync hub: the rule for unused channels, the pub/sub verbs
         # (plain or sharded), which errors make a hub start over; asyncio only: the timer
         # that ends a box's wait (asyncio.wait_for would drop a cancellation). Sync only:
@@ -162,8 +175,8 @@ _CODE = {path: _code_lines(path) for path in sorted(SRC.rglob("*.py"))}
 _SHAPES = {
     name: _shape(SRC / name)
     for name in (
-        "_io_sync.py",
-        "_io_async.py",
+        "_backend_sync.py",
+        "_backend_async.py",
         "_conn_sync.py",
         "_conn_async.py",
         "_hub_sync.py",

@@ -27,30 +27,17 @@ import weakref
 from collections.abc import AsyncGenerator
 from typing import Any
 
-from . import _fork, _resp, _spin, _stale
+from . import _backend_async, _fork, _resp, _spin, _stale
 from ._conn_sync import MAX_CONNECTIONS, MAX_IDLE, OWED_REPLY_LIMIT, RESERVED
 from ._endpoint import ConnectionFailed, Endpoint, Kind, ReplyTimedOut, bounded, node_endpoint
 from ._hub_async import Hub
 from ._hub_sync import PLAIN, SHARDED, Verbs
-
-if sys.version_info >= (3, 11, 3):  # earlier 3.11 releases mishandle nested cancellation
-    from asyncio import timeout as _deadline  # type: ignore[attr-defined,unused-ignore]
-else:  # a dependency of redis-py on these versions
-    from async_timeout import timeout as _deadline
 
 NOT_ENOUGH = _resp.NOT_ENOUGH
 _MIN_WAIT = 0.001
 # The event loop looks at I/O and timers only between turns, and a read answered by
 # polling takes none: after this long without one, a read lets the loop take a turn.
 TURN_EVERY = 1e-3
-
-
-async def _bounded(reading: Any, timeout: float) -> Any:
-    try:
-        async with _deadline(timeout):
-            return await reading
-    except asyncio.TimeoutError:
-        raise ReplyTimedOut(f"no reply within {timeout:.3f}s") from None
 
 
 class SocketConnection:
@@ -91,7 +78,7 @@ class SocketConnection:
         bound = timeout if limit is None else min(limit, timeout)
         loop = pool.loop
         try:
-            async with _deadline(bound):
+            async with _backend_async.deadline(bound):
                 sock = await _connect(loop, endpoint)
         except asyncio.TimeoutError as exc:
             raise ReplyTimedOut(f"no connection to {endpoint.label} within {bound:.3f}s") from exc
@@ -280,7 +267,7 @@ class _Watch:
 
     async def read(self, conn: SocketConnection, timeout: float) -> Any:
         if not _LAZY_DEADLINES:
-            return await _bounded(conn.more(), timeout)
+            return await _backend_async.bounded(conn.more, timeout)
         loop = conn.loop
         task = asyncio.current_task()
         assert task is not None
@@ -334,7 +321,7 @@ class ClassConnection:
         conn = endpoint.connection_class(**bounded(endpoint.class_settings, timeout))
         try:
             # the class's own connect (Sentinel discovery happens here), bounded as a whole
-            await _bounded(conn.connect(), timeout)
+            await _backend_async.bounded(conn.connect, timeout)
         except BaseException:
             with contextlib.suppress(BaseException):
                 await conn.disconnect(nowait=True)
@@ -348,7 +335,7 @@ class ClassConnection:
         await self.conn.send_packed_command([data], check_health=False)
 
     async def read(self, timeout: float, spin: bool = True) -> Any:
-        return await _bounded(self.conn.read_response(), timeout)
+        return await _backend_async.bounded(self.conn.read_response, timeout)
 
     def drop_arrived(self) -> Exception | None:
         return None
@@ -404,6 +391,10 @@ class Pool:
             for conn in idle + owing:
                 self._count -= 1
                 await conn.shut()
+
+    def current(self) -> bool:
+        """Whether this pool is the running loop's (each loop has its own)."""
+        return self.loop is asyncio.get_running_loop()
 
     @property
     def hub(self) -> Hub | None:

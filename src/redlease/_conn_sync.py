@@ -24,7 +24,6 @@ import struct
 import threading
 import time
 import weakref
-from collections.abc import Callable
 from typing import Any
 
 from . import _fork, _resp, _spin, _stale
@@ -46,36 +45,6 @@ def _timeval(seconds: float) -> bytes:
     # 0 would mean "no limit" to the kernel: the shortest bound is 1 ms
     whole, fraction = divmod(max(seconds, 0.001), 1.0)
     return struct.pack("ll", int(whole), int(fraction * 1e6))
-
-
-def _bounded(call: Callable[[], Any], timeout: float, late: list[threading.Thread]) -> Any:
-    """``call()`` (a client's own method, with no bound of ours) given up on after
-    ``timeout``: it runs on in a daemon thread of its own, its outcome unseen, as a reply
-    that comes too late is on a connection of ours. ``late`` keeps such a call of the same
-    client while it runs: until it returns, the client counts as not answering, so a hung
-    server costs one thread, not one per round."""
-    if late:
-        if late[0].is_alive():
-            raise ReplyTimedOut("its previous call, given up on, has not returned yet")
-        late.clear()
-    outcome: list[tuple[bool, Any]] = []
-
-    def run() -> None:
-        try:
-            outcome.append((True, call()))
-        except BaseException as exc:  # handed to the caller below
-            outcome.append((False, exc))
-
-    thread = threading.Thread(target=run, name="redlease-bounded-call", daemon=True)
-    thread.start()
-    thread.join(timeout)
-    if not outcome:
-        late.append(thread)
-        raise ReplyTimedOut(f"no reply within {timeout:.3f}s")
-    done, value = outcome[0]
-    if done:
-        return value
-    raise value
 
 
 class SocketConnection:
@@ -318,6 +287,10 @@ class Pool:
         self._lock = threading.Lock()
         self._freed = threading.Condition(self._lock)
         self._waiting = 0  # (the parent's waiters are not here)
+
+    def current(self) -> bool:
+        """Always: one pool serves every thread (after a fork, it starts over by itself)."""
+        return True
 
     @property
     def hub(self) -> Hub | None:

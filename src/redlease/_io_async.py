@@ -1,33 +1,32 @@
-"""The asyncio driver: carries the core's operations to a server.
+"""The driver: carries the core's operations to a server.
 
-Twin of ``_io_sync.py``: same names, same order; any difference is I/O only.
+The asyncio flavour is this source; ``scripts/unasync.py`` generates the blocking one
+(``_io_sync``) from it. What differs beyond ``async``/``await`` is in ``_backend_async``.
 
 A client redlease knows (``_endpoint``) is served on redlease's own connections
-(``_conn_async``, a pool per event loop); anything else (``RedisCluster``, other
-client types) through the client's public methods, which route each script to the node
-owning the lock's hash slot. Connection failures follow the client's own retry policy,
-as its commands do, but only where sending again is safe: a command that never left, or
-a script that says why a second run is harmless (``Script.retry``); never past the
-operation's bound.
+(``_conn_async``: a pool per server, and under asyncio per event loop); anything else
+(``RedisCluster``, other client types) through the client's public methods, which route
+each script to the node owning the lock's hash slot. Connection failures follow the
+client's own retry policy, as its commands do, but only where sending again is safe: a
+command that never left, or a script that says why a second run is harmless
+(``Script.retry``); never past the operation's bound.
 """
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
+import functools
 import time
 import warnings
 import weakref
-from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, TypeVar
 
-from . import _flows, _fork, _resp, _stale
+from . import _flows, _resp, _stale
+from ._backend_async import ASYNC, bounded, gate, meet_cluster, sleep
 from ._backend_errors import backend_error, backend_failures
-from ._conn_async import Connection, Pool, _bounded, node_pool, pool_for
+from ._conn_async import Connection, Pool, node_pool, pool_for
 from ._endpoint import (
-    CLIENT_CALLS,
     Kind,
-    ReplyTimedOut,
     caught,
     endpoint_of,
     is_noscript,
@@ -51,35 +50,6 @@ NO_CLIENT_ID = -1
 # Clients (of the CLIENT kind) and pools already checked for a key-evicting policy.
 _CHECKED: weakref.WeakSet[Any] = weakref.WeakSet()
 
-# Each client of the CLIENT kind's gate, per event loop: at most CLIENT_CALLS calls
-# through it at once.
-_GATES: weakref.WeakKeyDictionary[Any, dict[asyncio.AbstractEventLoop, asyncio.Semaphore]] = (
-    weakref.WeakKeyDictionary()
-)
-_fork.in_child(_GATES.clear)  # (the parent's loops are not the child's)
-
-
-@contextlib.asynccontextmanager
-async def _gate(client: Any, timeout: float) -> AsyncIterator[None]:
-    """A call through ``client`` (of the CLIENT kind), once one of its CLIENT_CALLS is
-    free; ReplyTimedOut if none is within ``timeout`` (its calls hang: a node down)."""
-    loop = asyncio.get_running_loop()
-    gates = _GATES.get(client)
-    if gates is None:
-        gates = _GATES[client] = {}
-    gate = gates.get(loop)
-    if gate is None:
-        gate = gates[loop] = asyncio.Semaphore(CLIENT_CALLS)
-    try:
-        await asyncio.wait_for(gate.acquire(), timeout)
-    except asyncio.TimeoutError:
-        msg = f"{CLIENT_CALLS} calls through the client under way for {timeout}s"
-        raise ReplyTimedOut(msg) from None
-    try:
-        yield
-    finally:
-        gate.release()
-
 
 async def _reply(conn: Connection, op: Call | Command, timeout: float) -> Any:
     """The reply to ``op``, just written on ``conn``; a script the server has lost is
@@ -101,14 +71,15 @@ async def _replicas_acked(conn: Connection, replicas: Replicas, timeout: float) 
 
 
 class AsyncIO:
-    """Runs flows against one asyncio client."""
+    """Runs flows against one client."""
 
     def __init__(self, client: Any) -> None:
         self.client = client
-        self.endpoint = endpoint_of(client, asyncio=True)
+        self.endpoint = endpoint_of(client, asyncio=ASYNC)
         self._pools = self.endpoint.kind is not Kind.CLIENT
-        self._pool: Pool | None = None  # the running loop's, found at first use
+        self._pool: Pool | None = None  # found at first use (asyncio: the running loop's)
         self._checked = False  # this driver has looked (see check_server_once)
+        self.late: list[Any] = []  # a fan-out's call given up on (see ``bounded``)
         # A Cluster client: waiters listen through the hub of the node serving their lock
         self.cluster = self.endpoint.kind is Kind.CLIENT and hasattr(client, "get_node_from_key")
 
@@ -119,10 +90,9 @@ class AsyncIO:
 
     @property
     def pool(self) -> Pool | None:
-        """redlease's connections to this client's server for the running loop (None:
-        the client's methods)."""
+        """redlease's connections to this client's server (None: the client's methods)."""
         pool = self._pool
-        if pool is None or pool.loop is not asyncio.get_running_loop():
+        if pool is None or not pool.current():
             if not self._pools:
                 return None
             pool = self._pool = pool_for(self.client, self.endpoint)
@@ -155,7 +125,7 @@ class AsyncIO:
         if isinstance(op, Listen):
             return await self._listen(op)
         if isinstance(op, Sleep):
-            await asyncio.sleep(op.seconds)
+            await sleep(op.seconds)
             return None
         return await self._command(op)
 
@@ -171,7 +141,7 @@ class AsyncIO:
         _CHECKED.add(target)
         try:
             if pool is None:
-                async with _gate(self.client, _flows.SETTINGS_WAIT):
+                async with gate(self.client, _flows.SETTINGS_WAIT):
                     reply = await self.client.config_get("maxmemory-policy")
             else:
                 reply = await self._command(_flows.EVICTION_POLICY)
@@ -309,7 +279,7 @@ class AsyncIO:
         pool = self.pool
         if pool is None:
             n = len(op.keys)
-            async with _gate(self.client, op.timeout):
+            async with gate(self.client, op.timeout):
                 try:
                     return await self.client.evalsha(op.script.sha, n, *op.keys, *op.args)
                 except reply_errors() as exc:
@@ -330,8 +300,8 @@ class AsyncIO:
         return await self._on_connection(call, op.timeout, safe=safe, patient=op.patient)
 
     async def _command(self, op: Command) -> Any:
-        if self._pools is False:
-            async with _gate(self.client, op.timeout):
+        if not self._pools:
+            async with gate(self.client, op.timeout):
                 return await self.client.execute_command(*op.args)
 
         async def command(conn: Connection, timeout: float) -> Any:
@@ -362,7 +332,7 @@ class AsyncIO:
             node = node_of(self.client, prefix)
             if node is None:  # a client that has not met its cluster yet (idempotent)
                 try:
-                    await self.client.initialize()
+                    await meet_cluster(self.client)
                 except backend_failures():
                     return None  # unreachable for now: this wait's tries will say
                 node = node_of(self.client, prefix)
@@ -498,8 +468,8 @@ async def fan_out(
     Once ``enough`` replies satisfy ``yes`` (see ``_quorum.Fanout``), the replies still
     due on socket connections are left to their next read, and their results are UNREAD.
     Nothing is sent twice here: a node that failed is a "no" for this round. A node
-    reached through its client's own methods is called with a deadline (``_bounded``), also
-    given up on after ``timeout``."""
+    reached through its client's own methods is called under ``bounded``, also given up on
+    after ``timeout``."""
     clock = time.monotonic
     packed: dict[int, bytes] = {}  # the op's bytes, packed once for all nodes
     results: list[Any] = [None] * len(nodes)
@@ -511,7 +481,7 @@ async def fan_out(
             due = clock() + timeout
             if pool is None:  # the client's own call, one node at a time
                 try:
-                    results[at] = await _bounded(io.execute(op), timeout)
+                    results[at] = await bounded(functools.partial(io.execute, op), timeout, io.late)
                 except backend_failures() as exc:
                     results[at] = backend_error(exc, action)
                 continue

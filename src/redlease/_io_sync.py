@@ -1,33 +1,34 @@
-"""The blocking driver: carries the core's operations to a server.
+# Generated from _io_async.py by scripts/unasync.py: edit that file, then run
+# `python scripts/unasync.py` (the tests run it with --check).
+"""The driver: carries the core's operations to a server.
 
-Twin of ``_io_async.py``: same names, same order; any difference is I/O only.
+The asyncio flavour is this source; ``scripts/unasync.py`` generates the blocking one
+(``_io_sync``) from it. What differs beyond ``async``/``await`` is in ``_backend_sync``.
 
 A client redlease knows (``_endpoint``) is served on redlease's own connections
-(``_conn_sync``); anything else (``RedisCluster``, other client types) through the
-client's public methods, which route each script to the node owning the lock's hash
-slot. Connection failures follow the client's own retry policy, as its commands do, but
-only where sending again is safe: a command that never left, or a script that says why
-a second run is harmless (``Script.retry``); never past the operation's bound.
+(``_conn_sync``: a pool per server, and under asyncio per event loop); anything else
+(``RedisCluster``, other client types) through the client's public methods, which route
+each script to the node owning the lock's hash slot. Connection failures follow the
+client's own retry policy, as its commands do, but only where sending again is safe: a
+command that never left, or a script that says why a second run is harmless
+(``Script.retry``); never past the operation's bound.
 """
 
 from __future__ import annotations
 
-import contextlib
 import functools
-import threading
 import time
 import warnings
 import weakref
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
 
-from . import _flows, _fork, _resp, _stale
+from . import _flows, _resp, _stale
 from ._backend_errors import backend_error, backend_failures
-from ._conn_sync import Connection, Pool, _bounded, node_pool, pool_for
+from ._backend_sync import ASYNC, bounded, gate, meet_cluster, sleep
+from ._conn_sync import Connection, Pool, node_pool, pool_for
 from ._endpoint import (
-    CLIENT_CALLS,
     Kind,
-    ReplyTimedOut,
     caught,
     endpoint_of,
     is_noscript,
@@ -51,36 +52,6 @@ NO_CLIENT_ID = -1
 # Clients (of the CLIENT kind) and pools already checked for a key-evicting policy.
 _CHECKED: weakref.WeakSet[Any] = weakref.WeakSet()
 
-# Each client of the CLIENT kind's gate: at most CLIENT_CALLS calls through it at once.
-_GATES: weakref.WeakKeyDictionary[Any, threading.BoundedSemaphore] = weakref.WeakKeyDictionary()
-_GATES_LOCK = threading.Lock()
-
-
-def _new_gates() -> None:
-    # A thread of the parent may have held a gate (or the lock) at the fork.
-    global _GATES_LOCK
-    _GATES_LOCK = threading.Lock()
-    _GATES.clear()
-
-
-_fork.in_child(_new_gates)
-
-
-@contextlib.contextmanager
-def _gate(client: Any, timeout: float) -> Iterator[None]:
-    """A call through ``client`` (of the CLIENT kind), once one of its CLIENT_CALLS is
-    free; ReplyTimedOut if none is within ``timeout`` (its calls hang: a node down)."""
-    gate = _GATES.get(client)
-    if gate is None:
-        with _GATES_LOCK:
-            gate = _GATES.setdefault(client, threading.BoundedSemaphore(CLIENT_CALLS))
-    if not gate.acquire(timeout=timeout):
-        raise ReplyTimedOut(f"{CLIENT_CALLS} calls through the client under way for {timeout}s")
-    try:
-        yield
-    finally:
-        gate.release()
-
 
 def _reply(conn: Connection, op: Call | Command, timeout: float) -> Any:
     """The reply to ``op``, just written on ``conn``; a script the server has lost is
@@ -102,28 +73,32 @@ def _replicas_acked(conn: Connection, replicas: Replicas, timeout: float) -> int
 
 
 class SyncIO:
-    """Runs flows against one sync client."""
+    """Runs flows against one client."""
 
     def __init__(self, client: Any) -> None:
         self.client = client
-        self.endpoint = endpoint_of(client, asyncio=False)
-        self._pool: Pool | None = None
+        self.endpoint = endpoint_of(client, asyncio=ASYNC)
+        self._pools = self.endpoint.kind is not Kind.CLIENT
+        self._pool: Pool | None = None  # found at first use (asyncio: the running loop's)
         self._checked = False  # this driver has looked (see check_server_once)
-        self.late: list[threading.Thread] = []  # a fan-out's call given up on (_bounded)
+        self.late: list[Any] = []  # a fan-out's call given up on (see ``bounded``)
         # A Cluster client: waiters listen through the hub of the node serving their lock
         self.cluster = self.endpoint.kind is Kind.CLIENT and hasattr(client, "get_node_from_key")
-        if self.endpoint.kind is not Kind.CLIENT:
-            self._pool = pool_for(client, self.endpoint)
 
     @property
     def direct(self) -> bool:
         """True when commands go on redlease's own connections (not the client's methods)."""
-        return self._pool is not None
+        return self._pools
 
     @property
     def pool(self) -> Pool | None:
         """redlease's connections to this client's server (None: the client's methods)."""
-        return self._pool
+        pool = self._pool
+        if pool is None or not pool.current():
+            if not self._pools:
+                return None
+            pool = self._pool = pool_for(self.client, self.endpoint)
+        return pool
 
     def describe(self) -> str:
         return self.endpoint.label
@@ -152,7 +127,7 @@ class SyncIO:
         if isinstance(op, Listen):
             return self._listen(op)
         if isinstance(op, Sleep):
-            time.sleep(op.seconds)
+            sleep(op.seconds)
             return None
         return self._command(op)
 
@@ -161,13 +136,14 @@ class SyncIO:
         if self._checked:
             return
         self._checked = True
-        target = self._pool if self._pool is not None else self.client
+        pool = self.pool
+        target = pool if pool is not None else self.client
         if target in _CHECKED:
             return
         _CHECKED.add(target)
         try:
-            if self._pool is None:
-                with _gate(self.client, _flows.SETTINGS_WAIT):
+            if pool is None:
+                with gate(self.client, _flows.SETTINGS_WAIT):
                     reply = self.client.config_get("maxmemory-policy")
             else:
                 reply = self._command(_flows.EVICTION_POLICY)
@@ -182,7 +158,7 @@ class SyncIO:
         all. Each result is the reply, or the BackendError for that op. With replicas=,
         one op at a time: only ``execute`` follows an EXTEND with its ``WAIT`` on the
         connection that wrote it."""
-        pool = self._pool
+        pool = self.pool
         if pool is None or any(op.replicas is not None for op in ops):
             replies: list[Any] = []
             for op in ops:
@@ -268,7 +244,8 @@ class SyncIO:
         try:
             if retry is None:  # a client without a policy: one more try, at once
                 return once()
-            return retry.call_with_retry(once, _ignore)  # type: ignore[no-any-return]
+            retried: T = retry.call_with_retry(once, _ignore)
+            return retried
         except _Final as final:
             raise final.error from final.error.__cause__
 
@@ -301,16 +278,17 @@ class SyncIO:
         return result
 
     def _call(self, op: Call) -> Any:
-        if self._pool is None:
+        pool = self.pool
+        if pool is None:
             n = len(op.keys)
-            with _gate(self.client, op.timeout):
+            with gate(self.client, op.timeout):
                 try:
                     return self.client.evalsha(op.script.sha, n, *op.keys, *op.args)
                 except reply_errors() as exc:
                     if not is_noscript(exc):
                         raise
                     return self.client.eval(op.script.source, n, *op.keys, *op.args)
-        wire = self._pool.wire
+        wire = pool.wire
 
         def call(conn: Connection, timeout: float) -> Any:
             conn.send(wire(op))
@@ -324,8 +302,8 @@ class SyncIO:
         return self._on_connection(call, op.timeout, safe=safe, patient=op.patient)
 
     def _command(self, op: Command) -> Any:
-        if self._pool is None:
-            with _gate(self.client, op.timeout):
+        if not self._pools:
+            with gate(self.client, op.timeout):
                 return self.client.execute_command(*op.args)
 
         def command(conn: Connection, timeout: float) -> Any:
@@ -351,9 +329,15 @@ class SyncIO:
     def _hub_for(self, prefix: str) -> Hub | None:
         """The hub a waiter on the lock of bell ``prefix`` listens through: its server's,
         or on a Cluster that of the node serving the lock's slot; None: bells."""
-        pool = self._pool
+        pool = self.pool
         if pool is None and self.cluster:
             node = node_of(self.client, prefix)
+            if node is None:  # a client that has not met its cluster yet (idempotent)
+                try:
+                    meet_cluster(self.client)
+                except backend_failures():
+                    return None  # unreachable for now: this wait's tries will say
+                node = node_of(self.client, prefix)
             pool = None if node is None else node_pool(self.client, node)
         return None if pool is None else pool.hub
 
@@ -362,10 +346,10 @@ class SyncIO:
             return op.box.wait(op.give_up)
         # A blocked waiter occupies one of redlease's connections, never one of the
         # client's pool, so waiting cannot starve the application.
-        if self._pool is None:
+        pool = self.pool
+        if pool is None:
             reply = self.client.blpop([op.key], op.timeout)
             return None if reply is None else reply[1]
-        pool = self._pool
         nothing = None if op.replicas is None else (None, 0)
         conn = pool.take(op.connect_timeout, blocking=True)
         if conn is None:  # every connection a wait may hold is busy: try again later
@@ -486,8 +470,8 @@ def fan_out(
     Once ``enough`` replies satisfy ``yes`` (see ``_quorum.Fanout``), the replies still
     due on socket connections are left to their next read, and their results are UNREAD.
     Nothing is sent twice here: a node that failed is a "no" for this round. A node
-    reached through its client's own methods is called in a thread of its own (``_bounded``), also
-    given up on after ``timeout``."""
+    reached through its client's own methods is called under ``bounded``, also given up on
+    after ``timeout``."""
     clock = time.monotonic
     packed: dict[int, bytes] = {}  # the op's bytes, packed once for all nodes
     results: list[Any] = [None] * len(nodes)
@@ -499,7 +483,7 @@ def fan_out(
             due = clock() + timeout
             if pool is None:  # the client's own call, one node at a time
                 try:
-                    results[at] = _bounded(functools.partial(io.execute, op), timeout, io.late)
+                    results[at] = bounded(functools.partial(io.execute, op), timeout, io.late)
                 except backend_failures() as exc:
                     results[at] = backend_error(exc, action)
                 continue

@@ -1,0 +1,118 @@
+"""Generate the blocking twins from their asyncio sources, by words alone.
+
+    python scripts/unasync.py          write every generated file
+    python scripts/unasync.py --check  exit 1, naming the files, if any differs
+
+Each pair in FILES is written once, as asyncio code; its blocking twin is that code with
+``async``/``await`` taken out and the names in SUBSTITUTIONS swapped, line by line. What
+differs beyond that (threads or tasks, locks, sleeping, bounding a call) lives in the two
+backend modules, ``_backend_async`` and ``_backend_sync``, under the same names, so the
+generated code imports the blocking one. The test suite runs ``--check``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+PACKAGE = ROOT / "src" / "redlease"
+
+# (asyncio source, blocking twin), relative to the package
+FILES = [
+    ("_io_async.py", "_io_sync.py"),
+]
+
+# Whole words (or the exact text, for the ones starting with punctuation), in order.
+SUBSTITUTIONS = [
+    ("async def", "def"),
+    ("async with", "with"),
+    ("async for", "for"),
+    ("await ", ""),
+    ("asynccontextmanager", "contextmanager"),
+    ("AsyncIterator", "Iterator"),
+    ("AsyncGenerator", "Generator"),
+    ("StopAsyncIteration", "StopIteration"),
+    ("__aenter__", "__enter__"),
+    ("__aexit__", "__exit__"),
+    ("__anext__", "__next__"),
+    ("_backend_async", "_backend_sync"),
+    ("_conn_async", "_conn_sync"),
+    ("_hub_async", "_hub_sync"),
+    ("_io_async", "_io_sync"),
+    ("AsyncIO", "SyncIO"),
+]
+
+_PATTERNS = [(re.compile(r"(?<!\w)" + re.escape(old) + r"\b"), new) for old, new in SUBSTITUTIONS]
+# Awaitable[X] is X; an import of Awaitable goes
+_AWAITABLE = re.compile(r"\bAwaitable\[(\w+)\]")
+_AWAITABLE_IMPORT = re.compile(r"\bAwaitable, ")
+
+
+def header(source: str) -> str:
+    return (
+        f"# Generated from {source} by scripts/unasync.py: edit that file, then run\n"
+        "# `python scripts/unasync.py` (the tests run it with --check).\n"
+    )
+
+
+def unasync_line(line: str) -> str:
+    for pattern, new in _PATTERNS:
+        line = pattern.sub(new, line)
+    line = _AWAITABLE.sub(r"\1", line)
+    if line.startswith(("from collections.abc import", "from typing import")):
+        line = _AWAITABLE_IMPORT.sub("", line)
+    return line
+
+
+def _ruff(args: list[str], text: str, target: str) -> str:
+    done = subprocess.run(
+        [sys.executable, "-m", "ruff", *args, "--stdin-filename", str(PACKAGE / target), "-"],
+        input=text,
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        check=False,
+    )
+    if done.returncode != 0:
+        raise SystemExit(f"ruff {args[0]} failed on the generated {target}:\n{done.stderr}")
+    return done.stdout
+
+
+def generate(source: str, target: str) -> str:
+    text = (PACKAGE / source).read_text()
+    text = header(source) + "".join(unasync_line(line) for line in text.splitlines(True))
+    text = _ruff(["check", "--select", "I", "--fix", "--quiet"], text, target)
+    return _ruff(["format", "--quiet"], text, target)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--check", action="store_true", help="only check; write nothing")
+    args = parser.parse_args(argv)
+    stale = []
+    for source, target in FILES:
+        wanted = generate(source, target)
+        path = PACKAGE / target
+        if path.exists() and path.read_text() == wanted:
+            continue
+        if args.check:
+            stale.append(target)
+        else:
+            path.write_text(wanted)
+            print(f"wrote {path.relative_to(ROOT)}")
+    if stale:
+        print(
+            "out of date with their asyncio sources (run `python scripts/unasync.py`): "
+            + ", ".join(stale),
+            file=sys.stderr,
+        )
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
