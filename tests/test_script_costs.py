@@ -75,3 +75,16 @@ def test_the_waiting_keys_keep_a_ttl_covering_the_longest_waiter(r: redis.Redis,
     assert isinstance(long_got[0], redlease.Lease)
     long_got[0].release()
     assert r.exists(queue, waiters) == 0
+
+
+def test_a_shared_hold_cycle_costs_at_most_its_budget(r: redis.Redis, name: str) -> None:
+    rw = redlease.ReadWriteLock(r, f"{name}:rw", ttl=30.0)
+    for side, budget in (
+        (redlease.Semaphore(r, f"{name}:sem", limit=4, ttl=30.0), 24),
+        (rw.read, 24),
+        (rw.write, 25),  # (and its writer mark, set and dropped)
+    ):
+        side.acquire().release()
+        before = _calls(r)
+        side.acquire().release()
+        assert _spent(r, before) <= budget  # acquire 14, release 10 (32 before)

@@ -120,8 +120,11 @@ local function live_head(queue, waiters, now, pop)
   end
 end
 
+-- take token out of the queue; whether it was queued
 local function forget(queue, waiters, token)
-  if redis.call('HDEL', waiters, token) == 1 then redis.call('LREM', queue, 1, token) end
+  if redis.call('HDEL', waiters, token) == 0 then return false end
+  redis.call('LREM', queue, 1, token)
+  return true
 end
 
 -- false when the waiter cannot hear it (its hub does not listen here: its process is
@@ -453,14 +456,13 @@ local function entry_limit(entry) return tonumber(string.match(entry, '^%d+:%d+:
 local function entry_mode(entry) return string.match(entry, '^%d+:%d+:%d+:(%a)') end
 local function shared_hub(entry) return string.match(entry, '^%d+:%d+:%d+:%a:(s?%x+)$') end
 
--- drop the holds that ran out (and their fences); the number still held
+-- drop the holds that ran out (and their fences)
 local function held_now(holders, fences, now)
   local gone = redis.call('ZRANGEBYSCORE', holders, '-inf', now_ms(now))
   for i = 1, #gone, 500 do
     redis.call('HDEL', fences, unpack(gone, i, math.min(i + 499, #gone)))
   end
   if #gone > 0 then redis.call('ZREMRANGEBYSCORE', holders, '-inf', now_ms(now)) end
-  return redis.call('ZCARD', holders)
 end
 
 local function writer_holds(holders, fences)
@@ -471,21 +473,28 @@ local function writer_holds(holders, fences)
   return false
 end
 
--- whether a hold of mode (under limit) may be granted now
+-- whether a hold of mode (under limit) may be granted now, and how many are held
 local function fits(holders, fences, limit, mode)
   local count = redis.call('ZCARD', holders)
-  if mode == 'w' then return count == 0 end
-  return count < limit and not writer_holds(holders, fences)
+  if mode == 'w' then return count == 0, count end
+  return count < limit and not writer_holds(holders, fences), count
 end
 
--- a hold for w, for ttl ms from now, with the next fence
-local function grant(holders, fences, fence, w, ttl, now, mode)
-  redis.call('ZADD', holders, now_ms(now) + tonumber(ttl), w)
-  keep_for(holders, tonumber(ttl))
+-- a hold for w, for ttl ms from now, with the next fence. first: nothing else is held
+-- (so no TTL of the holders' keys need be kept: they are set, not read)
+local function grant(holders, fences, fence, w, ttl, now, mode, first)
+  local ms = tonumber(ttl)
+  redis.call('ZADD', holders, now_ms(now) + ms, w)
   local top, taken = take_fences(fence, 1, ttl, 0, false, now)
   redis.call('HSET', fences, w, string.format('%d', top))
   if mode == 'w' then redis.call('HSET', fences, '@writer', w) end
-  keep_for(fences, tonumber(ttl))
+  if first then
+    redis.call('PEXPIRE', holders, 2 * ms)
+    redis.call('PEXPIRE', fences, 2 * ms)
+  else
+    keep_for(holders, ms, ms)
+    keep_for(fences, ms, ms)
+  end
   return top, taken
 end
 
@@ -500,17 +509,22 @@ end
 -- grant holds to the first live waiters, in order, while the next one fits; a waiter
 -- that cannot hear its ring is dropped (its hold undone). The caller, if it is one of
 -- them, is not rung: it is here (its hub may not listen just now), and finds its hold.
+-- Returns whether the caller was granted one, and the live waiter left first (nil: none).
 local function hand_on(holders, fences, fence, queue, waiters, bells, now, caller)
+  local got = false
   while true do
     local w, entry = live_head(queue, waiters, now)
-    if not w then return end
+    if not w then return got, nil end
     local mode = entry_mode(entry)
-    if not fits(holders, fences, entry_limit(entry), mode) then return end
+    local ok, count = fits(holders, fences, entry_limit(entry), mode)
+    if not ok then return got, w end
     redis.call('LPOP', queue)
     redis.call('HDEL', waiters, w)
     local ttl = entry_ttl(entry)
-    local top, taken = grant(holders, fences, fence, w, ttl, now, mode)
-    if w ~= caller and not ring(bells, w, shared_hub(entry), top, taken, now, ttl) then
+    local top, taken = grant(holders, fences, fence, w, ttl, now, mode, count == 0)
+    if w == caller then
+      got = true
+    elseif not ring(bells, w, shared_hub(entry), top, taken, now, ttl) then
       drop(holders, fences, w)
     end
   end
@@ -555,10 +569,12 @@ if not held and mine and mine ~= '' and redis.call('ZSCORE', holders, mine) then
     return {top, tonumber(ttl), now, taken}
   end
 end
+local first  -- the first live waiter after those served (nil: none)
 if not held then
   -- the waiters before us first, in order, as many as fit
-  hand_on(holders, fences, fence, queue, waiters, ARGV[5], now, token)
-  held, server_us = ours(holders, fences, token, now), now
+  local got
+  got, first = hand_on(holders, fences, fence, queue, waiters, ARGV[5], now, token)
+  if got then held, server_us = ours(holders, fences, token, now), now end
 end
 if held then
   -- granted to us while we were away or just now, or a retried call whose reply was lost
@@ -566,11 +582,12 @@ if held then
   redis.call('DEL', bell)
   return {held[1], held[2], server_us, 1}
 end
-local first = live_head(queue, waiters, now)
-if (not first or first == token) and fits(holders, fences, limit, mode) then
-  forget(queue, waiters, token)
-  redis.call('DEL', bell)
-  local top, taken = grant(holders, fences, fence, token, ttl, now, mode)
+local ok, count = false, 1
+if not first or first == token then ok, count = fits(holders, fences, limit, mode) end
+if ok then
+  -- (a bell is only ever rung for a queued waiter)
+  if forget(queue, waiters, token) then redis.call('DEL', bell) end
+  local top, taken = grant(holders, fences, fence, token, ttl, now, mode, count == 0)
   return {top, tonumber(ttl), now, taken}
 end
 if ARGV[4] ~= '0' then
@@ -610,7 +627,7 @@ if not drop(holders, fences, ARGV[1]) then
 end
 redis.call('ZREMRANGEBYSCORE', marks, '-inf', now_ms(now))
 redis.call('ZADD', marks, now_ms(now) + tonumber(ARGV[4]), ARGV[1])
-keep_for(marks, tonumber(ARGV[4]))
+keep_for(marks, tonumber(ARGV[4]), tonumber(ARGV[4]))
 hand_on(holders, fences, fence, queue, waiters, ARGV[3], now)
 return 1
 """,
