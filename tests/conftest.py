@@ -21,6 +21,7 @@ import redis.asyncio as aredis
 
 import families
 from families import FAMILIES, HOME, ClientFamily
+from redlease import _errors
 from redlease.tools import servers
 from waiting_helpers import wait_until
 
@@ -68,6 +69,13 @@ def _the_tests_family(request: pytest.FixtureRequest) -> None:
         families.use(FAMILIES[HOME[request.getfixturevalue("server_kind")]])
     else:
         families.use(FAMILIES["redis-py"])
+
+
+@pytest.fixture(autouse=True)
+def _warnings_said_afresh() -> None:
+    """Each test starts as a fresh process would: warnings given once per process (per
+    server) may be given again (a later test's server may reuse a port)."""
+    _errors._SAID.clear()
 
 
 @pytest.fixture

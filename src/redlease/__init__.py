@@ -30,6 +30,7 @@ from ._semaphore import AsyncSemaphore, Semaphore
 
 __version__ = "0.1.0"
 
+
 # A library's loggers print nothing of their own accord: the application configures
 # logging (the "redlease" tree) if it wants to see them.
 logging.getLogger(__name__).addHandler(logging.NullHandler())
@@ -69,3 +70,11 @@ __all__ = [
     "aread_info",
     "read_info",
 ]
+
+# Tracebacks, reprs and logs name each public class and function as it is imported
+# (redlease.LockLost), not by the private module that defines it.
+for _name in __all__:
+    _public = globals()[_name]
+    if callable(_public):
+        _public.__module__ = __name__
+del _name, _public

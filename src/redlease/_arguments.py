@@ -19,6 +19,8 @@ MIN_TTL_MS = next(ms for ms in range(MIN_MS, 1000) if longest_validity(ms / 1000
 def shown(value: object) -> str:
     """``value`` for an error message: its repr, cut short (and never failing: an int of
     over 4,300 digits has no repr)."""
+    if isinstance(value, timedelta):  # its repr reads -5 s as "days=-1, seconds=86395"
+        return f"{value.total_seconds():g} s (a timedelta)"
     try:
         text = repr(value)
     except ValueError:

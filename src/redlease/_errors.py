@@ -12,6 +12,10 @@ Contention in ``try_acquire`` is not an error: it returns ``None``.
 
 from __future__ import annotations
 
+import inspect
+import os
+import threading
+import warnings
 from collections.abc import Mapping
 
 
@@ -57,3 +61,26 @@ class InvalidArgument(LockError, ValueError, TypeError):
 
 class RedleaseWarning(UserWarning):
     """A configuration that weakens the guarantees (for example a key-evicting server)."""
+
+
+_HOME = os.path.dirname(os.path.abspath(__file__))  # the package's own files
+_SAID: set[str] = set()  # what warn(once=...) has said in this process
+_SAYING = threading.Lock()
+
+
+def warn(message: str, *, once: str | None = None) -> None:
+    """A RedleaseWarning that points at the caller's own line (the first one outside
+    redlease, as deep as it is); with ``once`` (say, a server and what is said of it),
+    given at most once per process for that key."""
+    if once is not None:
+        with _SAYING:
+            if once in _SAID:
+                return
+            _SAID.add(once)
+    level = 1
+    frame = inspect.currentframe()
+    while frame is not None and frame.f_code.co_filename.startswith(_HOME):
+        frame = frame.f_back
+        level += 1
+    del frame
+    warnings.warn(message, RedleaseWarning, stacklevel=level)

@@ -45,6 +45,7 @@ from ._lease import (
     SyncLeaseBlock,
     _shielded,
 )
+from ._misuse import AsyncOnly
 
 Seconds = float | timedelta
 
@@ -376,7 +377,7 @@ class SyncFront(_Front, Generic[SyncLeaseT]):
         return decorate(self, fn)
 
 
-class AsyncFront(_Front, Generic[AsyncLeaseT]):
+class AsyncFront(_Front, AsyncOnly, Generic[AsyncLeaseT]):
     """The asyncio twin of ``SyncFront``, once for ``AsyncLock`` and ``AsyncRedlock``;
     also ``cancel_on_lost``."""
 

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import functools
 import time
-import warnings
 import weakref
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, TypeVar
@@ -36,7 +35,7 @@ from ._endpoint import (
     reloading,
     reply_errors,
 )
-from ._errors import RedleaseWarning
+from ._errors import warn
 from ._flows import LATE_WAKE, Call, Command, Flow, Listen, Op, Replicas, Sleep, Wait
 from ._hub_async import Box, Hub
 from ._quorum import MIN_READ_WAIT, UNREAD, Unsent, said_yes
@@ -149,7 +148,8 @@ class AsyncIO:
             return  # CONFIG may be renamed, denied by ACL, or not routable: nothing to learn
         message = _flows.settings_warning(reply)
         if message:
-            warnings.warn(f"{self.describe()}: {message}", RedleaseWarning, stacklevel=4)
+            said = f"{self.describe()}: {message}"
+            warn(said, once=said)
 
     async def execute_many(self, ops: Sequence[Call]) -> list[Any]:
         """The renewer's seam: ``ops`` pipelined on one connection, one round trip for

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import functools
 import time
-import warnings
 import weakref
 from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
@@ -38,7 +37,7 @@ from ._endpoint import (
     reloading,
     reply_errors,
 )
-from ._errors import RedleaseWarning
+from ._errors import warn
 from ._flows import LATE_WAKE, Call, Command, Flow, Listen, Op, Replicas, Sleep, Wait
 from ._hub_sync import Box, Hub
 from ._quorum import MIN_READ_WAIT, UNREAD, Unsent, said_yes
@@ -151,7 +150,8 @@ class SyncIO:
             return  # CONFIG may be renamed, denied by ACL, or not routable: nothing to learn
         message = _flows.settings_warning(reply)
         if message:
-            warnings.warn(f"{self.describe()}: {message}", RedleaseWarning, stacklevel=4)
+            said = f"{self.describe()}: {message}"
+            warn(said, once=said)
 
     def execute_many(self, ops: Sequence[Call]) -> list[Any]:
         """The renewer's seam: ``ops`` pipelined on one connection, one round trip for

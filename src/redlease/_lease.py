@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 from . import _arguments as args
 from . import _flows, _fork
 from ._errors import LockLost, QuorumError
+from ._misuse import AsyncOnly
 
 if TYPE_CHECKING:
     from ._io_async import AsyncIO
@@ -410,7 +411,7 @@ class SyncLeaseBlock(LeaseState):
             _lost_at_block_end(self, lost, exc)
 
 
-class AsyncLeaseBlock(LeaseState):
+class AsyncLeaseBlock(LeaseState, AsyncOnly):
     """What every asyncio lease shares: ``extend`` (as for ``SyncLeaseBlock``), ``async
     with lease:``, and the task to cancel when the lease is lost (``cancel_on_lost``)."""
 

@@ -34,6 +34,7 @@ from ._fronts import P, R, _pop, _push, check_client, decorate, decorate_async
 from ._keys import DEFAULT_PREFIX
 from ._lease import AsyncLease, Lease, _shielded
 from ._lock import AsyncLock, Lock, OnLost
+from ._misuse import AsyncOnly
 from ._scripts import MULTI_ACQUIRE
 from ._timing import Clock, Deadline, valid_until
 
@@ -145,7 +146,7 @@ class MultiLease(MultiLeaseState):
                 raise
 
 
-class AsyncMultiLease(MultiLeaseState):
+class AsyncMultiLease(MultiLeaseState, AsyncOnly):
     """The leases of an ``AsyncMultiLock``: the asyncio twin of ``MultiLease``."""
 
     async def extend(self, ttl: float | None = None) -> None:
@@ -340,7 +341,7 @@ class MultiLock(_MultiConfig):
         return decorate(self, fn)
 
 
-class AsyncMultiLock(_MultiConfig):
+class AsyncMultiLock(_MultiConfig, AsyncOnly):
     """Several lock names held together, all or none (asyncio twin of ``MultiLock``).
     Cancelling an acquire at any point leaves none of the names held."""
 

@@ -31,7 +31,6 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import time
-import warnings
 from collections.abc import Callable, Sequence
 from datetime import timedelta
 from typing import Any, TypeVar
@@ -40,7 +39,7 @@ from . import _arguments as args
 from . import _flows, _io_async, _io_sync, _quorum
 from ._errors import (
     InvalidArgument,
-    RedleaseWarning,
+    warn,
 )
 from ._flows import Call, Command, Grant, LockSpec, Sleep
 from ._fronts import AsyncFront, SyncFront, check_served, is_async_client
@@ -245,7 +244,8 @@ def _warn_evicting(spec: QuorumSpec, nodes: Sequence[int], replies: Sequence[Any
             continue  # CONFIG may be renamed or denied, or the node is down: nothing to learn
         message = _flows.settings_warning(reply)
         if message:
-            warnings.warn(f"{spec.nodes[i]}: {message}", RedleaseWarning, stacklevel=5)
+            said = f"{spec.nodes[i]}: {message}"
+            warn(said, once=said)
 
 
 # -- leases -------------------------------------------------------------------------------
@@ -316,11 +316,9 @@ class _RedlockConfig:
         if len(names) < MIN_TOLERANT_NODES:
             # Allowed (tests, a first step to more nodes) but worth saying: with one or
             # two nodes, every node must answer, so one node down stops every acquire.
-            warnings.warn(
+            warn(
                 f"Redlock over {len(names)} node(s) tolerates no node failure: use at "
-                f"least {MIN_TOLERANT_NODES} independent masters (or Lock for one server)",
-                RedleaseWarning,
-                stacklevel=3,
+                f"least {MIN_TOLERANT_NODES} independent masters (or Lock for one server)"
             )
         self._auto_renew, self._max_hold = args.renewal(auto_renew, max_hold, clock)
         self._on_lost: OnLost | None = args.callback(on_lost, "on_lost")  # type: ignore[assignment]

@@ -21,12 +21,11 @@ from __future__ import annotations
 
 import sys
 import threading
-import warnings
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
 from .. import _fork
-from .._errors import RedleaseWarning
+from .._errors import warn
 from . import coredis_py, redis_py, valkey_py
 from .family import Errors, Family
 
@@ -150,11 +149,9 @@ def _load(file: _File) -> Family | None:
                         raise
                     # A version or fork it cannot serve: said once, and its clients are
                     # refused as unknown (raising here would replace the error being caught).
-                    warnings.warn(
+                    warn(
                         f"redlease cannot serve {each.PACKAGE} as installed: "
-                        f"{type(exc).__name__}: {exc}",
-                        RedleaseWarning,
-                        stacklevel=2,
+                        f"{type(exc).__name__}: {exc}"
                     )
                     tried[each.PACKAGE] = None
         loaded = tuple(
