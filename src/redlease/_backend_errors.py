@@ -29,7 +29,22 @@ _CODES = {
     "NOAUTH": _NO_AUTH,
     "WRONGPASS": "authentication failed: wrong username or password, or the user is disabled",
     "MASTERDOWN": "the replica lost its master and refuses commands",
+    "WRONGTYPE": (
+        "a key under redlease's prefix holds a value of another type: something else "
+        "writes under that prefix (give redlease a prefix of its own, or remove that key)"
+    ),
 }
+
+# Refusals a client library may report in its own words (redis-py's AuthenticationError
+# is a ConnectionError, though the server was reached): the text, and what it means.
+_SAID = (
+    ("invalid username-password pair", _CODES["WRONGPASS"]),
+    ("HELLO must be called with the client already authenticated", _NO_AUTH),
+    (
+        "DB index is out of range",
+        "the server has no database of that number (see its `databases` setting)",
+    ),
+)
 
 
 def describe(exc: BaseException) -> str:
@@ -67,6 +82,9 @@ def _told(exc: BaseException) -> str | None:
     """What the error's text tells exactly: which permission the user lacks, or that
     the client must authenticate; None if it tells neither."""
     text = str(exc)
+    for said, meaning in _SAID:
+        if said in text:
+            return meaning
     if "Protocol error: unauthenticated" in text or text.startswith(
         ("NOAUTH", "Authentication required")
     ):
@@ -108,6 +126,8 @@ def passing(error: BaseException) -> bool:
     reached, did not answer in time, or answered "not now". A wait with time left tries
     again after such a failure rather than giving up."""
     cause = error.__cause__ if isinstance(error, BackendError) else error
+    if cause is not None and _told(cause) is not None:
+        return False  # a refusal its text names (authentication, permissions): it stays
     errors = caught()
     if isinstance(cause, (*errors.connection, *errors.timeout, *errors.loading, OSError)):
         return True

@@ -20,10 +20,12 @@ import re
 import signal
 import sys
 import threading
+import urllib.parse
 from collections.abc import Sequence
 from typing import Any
 
 from ._cli_run import EXIT_CONFLICT, EXIT_LOST
+from ._errors import LockError
 from ._keys import DEFAULT_PREFIX
 
 DEFAULT_URL = "redis://127.0.0.1:6379/0"
@@ -296,6 +298,15 @@ def _urls(args: argparse.Namespace) -> list[str]:
     return [u for u in re.split(r"[,\s]+", env) if u] or [DEFAULT_URL]
 
 
+def _where(urls: list[str]) -> str:
+    """The servers of ``urls`` for a message: host:port, never a password."""
+    places = []
+    for url in urls:
+        parsed = urllib.parse.urlsplit(url)
+        places.append(parsed.netloc.rpartition("@")[2] or parsed.path or url)
+    return ", ".join(places)
+
+
 def _add_prefix(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--prefix",
@@ -354,7 +365,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"redlease: {exc}", file=sys.stderr)
         return exc.code
     except _connection_errors() as exc:
-        print(f"redlease: cannot reach the server: {exc}", file=sys.stderr)
+        print(f"redlease: {_failure(exc)}", file=sys.stderr)
+        return EXIT_USAGE
+    except LockError as exc:  # said in a lock's terms (a key of another type...)
+        print(f"redlease: {exc} (on {_where(_urls(args))})", file=sys.stderr)
         return EXIT_USAGE
     except KeyboardInterrupt:
         print("\nredlease: interrupted", file=sys.stderr)
@@ -418,7 +432,7 @@ def _demo(args: argparse.Namespace) -> int:
             f"of a running server ({exc})"
         ) from None
     except _connection_errors() as exc:
-        raise CliError(f"cannot reach the server: {exc}") from None
+        raise CliError(_failure(exc)) from None
     finally:
         if previous is not None:
             signal.signal(signal.SIGTERM, previous)
@@ -440,6 +454,18 @@ def _exit_on_sigterm() -> Any:
         raise KeyboardInterrupt
 
     return signal.signal(signal.SIGTERM, stop)
+
+
+def _failure(exc: BaseException) -> str:
+    """One line on a server failure: "cannot reach the server" only when it was not
+    reached or did not answer; a refusal (authentication, a database out of range, a
+    key of another type) says what the server said, in the words of _backend_errors."""
+    from ._backend_errors import passing
+    from ._errors import BackendError
+
+    if isinstance(exc, BackendError):
+        return f"cannot reach the server: {exc}" if passing(exc) else str(exc)
+    return f"cannot reach the server: {exc}"
 
 
 def _connection_errors() -> tuple[type[BaseException], ...]:

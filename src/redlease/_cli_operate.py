@@ -137,6 +137,8 @@ def held_names(
 
 def listing(args: argparse.Namespace, urls: list[str], out: TextIO) -> int:
     from ._arguments import key_prefix
+    from ._backend_errors import backend_error, backend_failures
+    from ._endpoint import endpoint_of
     from ._errors import InvalidArgument
 
     try:
@@ -148,7 +150,12 @@ def listing(args: argparse.Namespace, urls: list[str], out: TextIO) -> int:
     for url in urls:
         client = make_client(url)
         try:
-            for kind, name in held_names(client, args.prefix, args.pattern, kinds):
+            try:
+                found = held_names(client, args.prefix, args.pattern, kinds)
+            except backend_failures() as exc:  # (the client's own errors, from SCAN)
+                label = endpoint_of(client, asyncio=False).label
+                raise backend_error(exc, "list", server=label) from exc
+            for kind, name in found:
                 info = read_info(client, name, kind=kind, prefix=args.prefix)
                 if info.held:  # (released between the SCAN and the read: not listed)
                     rows.append((url, info))

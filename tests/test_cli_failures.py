@@ -1,0 +1,74 @@
+"""Every CLI failure names what happened and where, in one line (issue 32, item 1): a
+server out of reach says so; a server that was reached and refused (a wrong or missing
+password, a database it does not have, a key of another type under the prefix) says
+what it refused, never "cannot reach". Each subcommand goes the same way, through a
+subprocess against a real server; none prints a traceback."""
+
+from __future__ import annotations
+
+import socket
+from collections.abc import Iterator
+
+import pytest
+import redis
+
+from cli_helpers import finish, start
+from redlease.tools import servers
+
+COMMANDS = (
+    ("list",),
+    ("inspect", "wh"),
+    ("release", "wh", "--force", "--yes"),
+    ("run", "wh", "-n"),
+)
+
+
+@pytest.fixture
+def guarded(binary: servers.ServerBinary) -> Iterator[int]:
+    """A server with a password ("pw"), and a hash where the lock 'wh' would be."""
+    with servers.ServerProcess(binary) as proc:
+        client = redis.Redis(port=proc.port)
+        client.hset("redlease:{wh}", "field", "value")
+        client.pexpire("redlease:{wh}", 60_000)
+        client.config_set("requirepass", "pw")
+        client.close()
+        yield proc.port
+
+
+def _one_line(argv: tuple[str, ...], url: str) -> str:
+    extra = ["--", "true"] if argv[0] == "run" else []
+    code, out, err = finish(start([*argv, "--redis", url, *extra]))
+    assert code == 2, (argv, out, err)
+    assert "Traceback" not in err, err
+    (line,) = [x for x in err.splitlines() if x.startswith("redlease:")]
+    return line
+
+
+@pytest.mark.parametrize(
+    ("url", "meaning"),
+    [
+        ("redis://:wrong@127.0.0.1:{port}", "authentication failed: wrong username or password"),
+        ("redis://127.0.0.1:{port}", "authentication required"),
+        ("redis://:pw@127.0.0.1:{port}/99", "no database of that number"),
+        ("redis://:pw@127.0.0.1:{port}", "holds a"),  # (a hash; a value of another type)
+    ],
+    ids=["wrong-password", "no-password", "no-such-database", "wrong-type"],
+)
+def test_a_refusal_says_what_was_refused(guarded: int, url: str, meaning: str) -> None:
+    for argv in COMMANDS:
+        if meaning.startswith("holds") and argv[0] == "list":
+            continue  # (list skips keys that are not a lock's: nothing to refuse)
+        line = _one_line(argv, url.format(port=guarded))
+        assert meaning in line, (argv, line)
+        assert "cannot reach" not in line, (argv, line)
+        assert f"127.0.0.1:{guarded}" in line, (argv, line)
+
+
+def test_a_server_out_of_reach_says_so_and_where() -> None:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]  # closed again: nobody listens there
+    for argv in COMMANDS:
+        line = _one_line(argv, f"redis://127.0.0.1:{port}")
+        assert line.startswith("redlease: cannot reach the server"), (argv, line)
+        assert f"127.0.0.1:{port}" in line, (argv, line)
