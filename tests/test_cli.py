@@ -85,7 +85,13 @@ def test_run_usage_errors(capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(SystemExit) as exited:
         main(["run", "job", "make"])
     assert exited.value.code == 2
-    assert "put -- before the command" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert "redlease run: error: put -- before the command" in err
+    assert err.startswith("usage: redlease run NAME")  # run's usage, not the top level's
+    for mistaken in (["run", "job"], ["list", "--bogus"], ["inspect", "x", "--bogus"]):
+        with pytest.raises(SystemExit):
+            main(mistaken)
+        assert capsys.readouterr().err.startswith(f"usage: redlease {mistaken[0]}"), mistaken
     with pytest.raises(SystemExit):
         main(["run", "job", "--ttl", "-1", "--", "true"])
     assert "--ttl: not a duration: '-1'" in capsys.readouterr().err

@@ -121,8 +121,11 @@ def test_list_scans_the_prefix_for_what_is_held(
     assert [line.split("\t")[:2] for line in out.splitlines()[1:]] == [["semaphore", name + ":sem"]]
     for lease in (*locks, *permits):
         lease.release()
-    code, out, _ = cli("list", name + ":*", url=server.url)
-    assert (code, out) == (1, "")  # nothing held
+    code, out, err = cli("list", name + ":*", url=server.url)
+    assert (code, out) == (1, "")  # nothing held: said on stderr, stdout stays empty
+    assert err == f"redlease: no lock held under the prefix 'redlease:' matching '{name}:*'\n"
+    code, out, err = cli("list", name + ":*", "--kind", "semaphore", "--json", url=server.url)
+    assert (code, out.strip(), err) == (1, "[]", "")  # JSON: an empty list, nothing else
 
 
 def test_release_force_frees_a_dead_jobs_lock_for_the_next_waiter(

@@ -277,6 +277,9 @@ def build_parser() -> argparse.ArgumentParser:
         help="the fault-injection harness (arguments are passed on)",
         add_help=False,
     )
+    # each subcommand's parser, so that its mistakes are shown with its own usage
+    parsers = {"demo": demo, "run": run, "inspect": inspect, "status": inspect}
+    parser.set_defaults(parsers={**parsers, "list": listing, "release": release})
     return parser
 
 
@@ -342,16 +345,17 @@ def main(argv: Sequence[str] | None = None) -> int:
         args_in, cmd = args_in[:cut], args_in[cut + 1 :]
     parser = build_parser()
     args, extra = parser.parse_known_args(args_in)
+    usage = args.parsers.get(args.command, parser)  # (the subcommand's, if it has one)
     if extra:
         if args.command == "run" and not cmd and not extra[0].startswith("-"):
-            parser.error(f"run: put -- before the command: redlease run NAME -- {extra[0]} ...")
-        parser.error(f"unrecognized arguments: {' '.join(extra)}")
+            usage.error(f"put -- before the command: redlease run NAME -- {extra[0]} ...")
+        usage.error(f"unrecognized arguments: {' '.join(extra)}")
     try:
         if args.command == "demo":
             return _demo(args)
         if args.command == "run":
             if not cmd:
-                parser.error("run: give the command after --, e.g. redlease run NAME -- make")
+                usage.error("give the command after --, e.g. redlease run NAME -- make")
             return _run(args, cmd)
         from . import _cli_operate as _operate
 

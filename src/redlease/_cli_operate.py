@@ -174,6 +174,12 @@ def listing(args: argparse.Namespace, urls: list[str], out: TextIO) -> int:
             line = f"{info.kind}\t{info.name}\t{left}\t{fence}\t{info.live_waiters}\t"
             line += ",".join(short(h.token) for h in info.holders)
             out.write((f"{url}\t" if several else "") + line + "\n")
+    else:  # (said on stderr: stdout stays empty for scripts that read the table)
+        what = "lock" if args.kind == "all" else args.kind
+        print(
+            f"redlease: no {what} held under the prefix {args.prefix!r} matching {args.pattern!r}",
+            file=sys.stderr,
+        )
     return 0 if rows else EXIT_FREE
 
 
