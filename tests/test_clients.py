@@ -321,6 +321,10 @@ def test_a_subclass_of_a_family_client_takes_the_same_path(
         client.close()
 
 
+def _before_7(client: Any) -> bool:
+    return int(str(client.info("server")["redis_version"]).split(".")[0]) < 7
+
+
 def test_an_error_reply_is_not_sent_again(
     family: ClientFamily,
     master_and_replica: tuple[servers.ServerProcess, servers.ServerProcess],
@@ -336,6 +340,7 @@ def test_an_error_reply_is_not_sent_again(
             redlease.Lock(client, name).try_acquire()
         # the acquire script's SET, refused as many times as the script was sent
         refused = client.info("commandstats").get("cmdstat_set", {})
-        assert refused.get("rejected_calls", 0) + refused.get("failed_calls", 0) == 1
+        if refused or not _before_7(client):  # (Redis 6.2 counts no refused calls)
+            assert refused.get("rejected_calls", 0) + refused.get("failed_calls", 0) == 1
     finally:
         client.close()

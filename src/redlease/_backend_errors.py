@@ -7,7 +7,7 @@ import re
 from . import _acl
 from ._clients import caught
 from ._errors import BackendError
-from ._resp import ReplyError
+from ._resp import ReplyError, reply_code
 
 _READ_ONLY = (
     "the server is a read-only replica: point redlease at the master (with Sentinel, "
@@ -54,6 +54,8 @@ def describe(exc: BaseException) -> str:
     if isinstance(exc, ReplyError):
         return _CODES.get(exc.code, "the server returned an error")
     errors = caught()
+    if isinstance(exc, errors.response) and reply_code(str(exc)) in _CODES:
+        return _CODES[reply_code(str(exc))]  # (a client's error class for it, or none)
     if isinstance(exc, errors.readonly):
         return _READ_ONLY
     if isinstance(exc, errors.oom) or str(exc).startswith("OOM"):
@@ -141,7 +143,7 @@ def error_code(error: BaseException) -> str:
     if isinstance(cause, ReplyError):
         return cause.code
     if isinstance(cause, caught().response):
-        return str(cause).split(" ", 1)[0]
+        return reply_code(str(cause))
     return ""
 
 

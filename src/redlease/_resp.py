@@ -10,6 +10,7 @@ all redlease's own connections speak). Either returns an error reply as a
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 from typing import Any
 
@@ -18,13 +19,27 @@ from ._flows import Call, Command
 NOT_ENOUGH: Any = object()  # what a reader's gets() returns until a whole reply is in
 
 
+# Redis before 7.0 wraps an error raised inside a script: "ERR Error running script (call
+# to f_<sha>): @user_script:42: @user_script: 42: -READONLY You can't write..." or
+# "...: @user_script:102: WRONGTYPE Operation...". The code that counts is the inner one.
+_IN_SCRIPT = re.compile(r"^ERR Error running script .*@user_script: ?\d+: -?([A-Z]+)\b")
+
+
+def reply_code(text: str) -> str:
+    """The code of an error reply's text: its first word (NOSCRIPT, READONLY...), or for
+    an error a script met on Redis 6.2, the code inside."""
+    inner = _IN_SCRIPT.match(text)
+    if inner is not None:
+        return inner.group(1)
+    return text.split(" ", 1)[0] if text else ""
+
+
 class ReplyError(Exception):
-    """An error reply from the server; ``code`` is its first word (NOSCRIPT, READONLY...)."""
+    """An error reply from the server; ``code`` as ``reply_code`` reads it."""
 
     @property
     def code(self) -> str:
-        text = str(self)
-        return text.split(" ", 1)[0] if text else ""
+        return reply_code(str(self))
 
 
 Pack = Callable[[tuple[str, ...]], bytes]
