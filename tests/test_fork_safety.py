@@ -12,6 +12,7 @@ each taking and releasing locks of its own (the issue's report: 4 children in 16
 from __future__ import annotations
 
 import contextlib
+import inspect
 import json
 import os
 import subprocess
@@ -42,7 +43,7 @@ def _fork() -> int:
         return os.fork()
 
 
-def _exit_code(pid: int, limit: float = CHILD_LIMIT) -> int | None:
+def _exit_code(pid: int, limit: float) -> int | None:
     """The child's exit code, or None if it was still running after ``limit`` s (it is
     killed then)."""
     ends = time.monotonic() + limit
@@ -88,7 +89,7 @@ def _in_child(action: Callable[[], object]) -> int | None:
             code = 0
         finally:
             os._exit(code)
-    return _exit_code(pid)
+    return _exit_code(pid, CHILD_LIMIT)
 
 
 # Each site: the lock a thread of the parent holds at the fork, and what the child does
@@ -309,18 +310,6 @@ _PARENT = textwrap.dedent("""
         await lease.release()
         await aclient.aclose()
 
-    def wait(pid):
-        ends = time.monotonic() + limit
-        while True:
-            done, status = os.waitpid(pid, os.WNOHANG)
-            if done:
-                return os.waitstatus_to_exitcode(status)
-            if time.monotonic() > ends:
-                os.kill(pid, 9)
-                os.waitpid(pid, 0)
-                return None
-            time.sleep(0.002)
-
     ok, hung, failed = 0, [], []
     for i in range(forks):
         made = redlease.Lock(client, f"child:{i}:made", ttl=5.0)
@@ -339,7 +328,7 @@ _PARENT = textwrap.dedent("""
         # The parent's threads end the cycle they are in (after the fork: that changes
         # nothing the child has), and start again once it is gone, before the next fork.
         running.clear()
-        code = wait(pid)
+        code = _exit_code(pid, limit)
         running.set()
         time.sleep(0.02)  # every thread back in its loop
         if code == 0:
@@ -361,6 +350,8 @@ _PARENT = textwrap.dedent("""
     sys.stdout.flush()
     os._exit(0)
 """)
+# (the child's end is read as the tests here read it: the same function, prepended)
+_PARENT = "import os, time\n" + inspect.getsource(_exit_code) + _PARENT
 
 
 def _run_busy_parent(port: int, family: ClientFamily, forks: int) -> dict[str, Any]:

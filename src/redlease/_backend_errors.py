@@ -54,8 +54,8 @@ def describe(exc: BaseException) -> str:
     if isinstance(exc, ReplyError):
         return _CODES.get(exc.code, "the server returned an error")
     errors = caught()
-    if isinstance(exc, errors.response) and reply_code(str(exc)) in _CODES:
-        return _CODES[reply_code(str(exc))]  # (a client's error class for it, or none)
+    if isinstance(exc, errors.response) and (code := reply_code(str(exc))) in _CODES:
+        return _CODES[code]  # (a client's error class for it, or none)
     if isinstance(exc, errors.readonly):
         return _READ_ONLY
     if isinstance(exc, errors.oom) or str(exc).startswith("OOM"):
