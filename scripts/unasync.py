@@ -8,6 +8,15 @@ Each pair in FILES is written once, as asyncio code; its blocking twin is that c
 differs beyond that (threads or tasks, locks, sleeping, bounding a call) lives in the two
 backend modules, ``_backend_async`` and ``_backend_sync``, under the same names, so the
 generated code imports the blocking one. The test suite runs ``--check``.
+
+Code only the asyncio side has (running a coroutine under a lease, cancelling a task when
+its lease is lost) is marked in its source, and left out of the twin:
+
+    self._cancel_on_lost = flag  # unasync: async only       (this line)
+
+    # unasync: async only                                    (these lines, markers too)
+    async def using(...): ...
+    # unasync: end
 """
 
 from __future__ import annotations
@@ -24,6 +33,10 @@ PACKAGE = ROOT / "src" / "redlease"
 # (asyncio source, blocking twin), relative to the package
 FILES = [
     ("_io_async.py", "_io_sync.py"),
+    ("_lease_async.py", "_lease_sync.py"),
+    ("_front_async.py", "_front_sync.py"),
+    ("_lock_async.py", "_lock_sync.py"),
+    ("_semaphore_async.py", "_semaphore_sync.py"),
 ]
 
 # Whole words (or the exact text, for the ones starting with punctuation), in order.
@@ -39,16 +52,27 @@ SUBSTITUTIONS = [
     ("__aenter__", "__enter__"),
     ("__aexit__", "__exit__"),
     ("__anext__", "__next__"),
-    ("_backend_async", "_backend_sync"),
-    ("_conn_async", "_conn_sync"),
-    ("_hub_async", "_hub_sync"),
-    ("_io_async", "_io_sync"),
+    ("watch_async", "watch"),
+    ("decorate_async", "decorate"),
+    (", AsyncOnly", ""),
     ("AsyncIO", "SyncIO"),
+    ("AsyncDriver", "SyncDriver"),
+    ("AsyncLeaseBlock", "SyncLeaseBlock"),
+    ("AsyncFront", "SyncFront"),
 ]
+# Then: a module ``_x_async`` is ``_x_sync``; any other ``AsyncX`` is ``X``.
+_MODULE = re.compile(r"\b(_\w+)_async\b")
+_CLASS = re.compile(r"\bAsync([A-Z]\w*)")
 
-_PATTERNS = [(re.compile(r"(?<!\w)" + re.escape(old) + r"\b"), new) for old, new in SUBSTITUTIONS]
-# Awaitable[X] is X; an import of Awaitable goes
-_AWAITABLE = re.compile(r"\bAwaitable\[(\w+)\]")
+ASYNC_ONLY = "# unasync: async only"
+END = "# unasync: end"
+
+_PATTERNS = [
+    (re.compile((r"(?<!\w)" if old[0].isalnum() else "") + re.escape(old) + r"\b"), new)
+    for old, new in SUBSTITUTIONS
+]
+# Awaitable[X] and Coroutine[Any, Any, X] are X; an import of Awaitable goes
+_AWAITABLE = re.compile(r"\b(?:Awaitable\[|Coroutine\[Any, Any, )(\w+)\]")
 _AWAITABLE_IMPORT = re.compile(r"\bAwaitable, ")
 
 
@@ -62,6 +86,8 @@ def header(source: str) -> str:
 def unasync_line(line: str) -> str:
     for pattern, new in _PATTERNS:
         line = pattern.sub(new, line)
+    line = _MODULE.sub(r"\1_sync", line)
+    line = _CLASS.sub(r"\1", line)
     line = _AWAITABLE.sub(r"\1", line)
     if line.startswith(("from collections.abc import", "from typing import")):
         line = _AWAITABLE_IMPORT.sub("", line)
@@ -82,10 +108,30 @@ def _ruff(args: list[str], text: str, target: str) -> str:
     return done.stdout
 
 
+def both_sides(lines: list[str], source: str) -> list[str]:
+    """The lines without those marked asyncio only."""
+    kept, inside = [], 0
+    for number, line in enumerate(lines, start=1):
+        mark = line.strip()
+        if mark == ASYNC_ONLY:
+            if inside:
+                raise SystemExit(f"{source}:{number}: async-only block inside another")
+            inside = number
+        elif mark == END:
+            if not inside:
+                raise SystemExit(f"{source}:{number}: {END!r} without {ASYNC_ONLY!r}")
+            inside = 0
+        elif not inside and not line.rstrip().endswith(ASYNC_ONLY):
+            kept.append(line)
+    if inside:
+        raise SystemExit(f"{source}:{inside}: async-only block never ends")
+    return kept
+
+
 def generate(source: str, target: str) -> str:
-    text = (PACKAGE / source).read_text()
-    text = header(source) + "".join(unasync_line(line) for line in text.splitlines(True))
-    text = _ruff(["check", "--select", "I", "--fix", "--quiet"], text, target)
+    lines = both_sides((PACKAGE / source).read_text().splitlines(True), source)
+    text = header(source) + "".join(unasync_line(line) for line in lines)
+    text = _ruff(["check", "--select", "I,F401", "--fix", "--quiet"], text, target)
     return _ruff(["format", "--quiet"], text, target)
 
 

@@ -21,12 +21,15 @@ from ._errors import (
     RedleaseWarning,
 )
 from ._inspect import Holder, LockInfo, Waiter, aread_info, read_info
-from ._lease import AsyncLease, Lease
-from ._lock import AsyncLock, Lock
+from ._lease_async import AsyncLease
+from ._lease_sync import Lease
+from ._lock_async import AsyncLock
+from ._lock_sync import Lock
 from ._multilock import AsyncMultiLease, AsyncMultiLock, MultiLease, MultiLock
 from ._redlock import AsyncRedlock, AsyncRedlockLease, Redlock, RedlockLease
 from ._rwlock import AsyncReadWriteLock, ReadWriteLock
-from ._semaphore import AsyncSemaphore, Semaphore
+from ._semaphore_async import AsyncSemaphore
+from ._semaphore_sync import Semaphore
 
 __version__ = "0.1.0"
 

@@ -3,8 +3,9 @@
 The asyncio modules are the source of the blocking ones, which ``scripts/unasync.py``
 generates from them by words alone (``async``/``await`` dropped, ``_async`` names made
 ``_sync``). Whatever more differs between tasks and threads lives here, under the same
-names in both backends: how to sleep, how a call through a client's own methods is bounded
-and gated, and what a Cluster client must do before its nodes are known.
+names in both backends: who holds (a task), how to sleep, how a call through a client's own
+methods is bounded and gated, what a Cluster client must do before its nodes are known, and
+what cancellation is and how a release or clean-up is kept from being cut in half by it.
 """
 
 from __future__ import annotations
@@ -31,6 +32,24 @@ T = TypeVar("T")
 ASYNC = True  # the flavour: what a client family is asked for
 
 sleep = asyncio.sleep
+
+current_holder = asyncio.current_task  # what a lease is acquired by (None outside a task)
+
+Cancelled = asyncio.CancelledError
+
+
+async def shielded(work: Awaitable[T]) -> T:
+    """Await ``work`` to its end even if the caller is cancelled meanwhile (the
+    cancellation is re-raised once it has finished): a release or a clean-up must never be
+    cut in half, or a lock would stay behind that nobody knows about."""
+    task = asyncio.ensure_future(work)
+    try:
+        return await asyncio.shield(task)
+    except asyncio.CancelledError:
+        if not task.done():
+            with contextlib.suppress(BaseException):
+                await task  # cancelled again: finish anyway, then propagate
+        raise
 
 
 async def bounded(

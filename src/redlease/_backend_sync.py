@@ -19,6 +19,17 @@ ASYNC = False  # the flavour: what a client family is asked for
 
 sleep = time.sleep
 
+current_holder = threading.current_thread  # what a lease is acquired by
+
+
+class Cancelled(BaseException):
+    """Never raised: a blocking call is not cancelled (a thread cannot be)."""
+
+
+def shielded(done: T) -> T:
+    """A blocking call cannot be cut in half by a cancellation: its result, as it is."""
+    return done
+
 
 def bounded(call: Callable[[], T], timeout: float, late: list[Any] | None = None) -> T:
     """``call()`` (a client's own method, with no bound of ours) given up on after

@@ -32,6 +32,7 @@ from typing import Any
 
 from . import _arguments as args
 from . import _fork
+from ._backend_async import shielded
 from ._errors import BackendError, LockLost
 from ._flows import (
     ELECTION,
@@ -52,8 +53,11 @@ from ._fronts import check_client
 from ._io_async import AsyncIO
 from ._io_sync import SyncIO
 from ._keys import DEFAULT_PREFIX
-from ._lease import AsyncLease, Lease, _shielded
-from ._lock import AsyncOneServer, OneServer, OnLost, check_replicas
+from ._lease_async import AsyncLease
+from ._lease_sync import Lease
+from ._lock import OnLost, check_replicas
+from ._lock_async import AsyncOneServer
+from ._lock_sync import OneServer
 from ._scripts import ELECTION_ANNOUNCE, ELECTION_WATCH
 from ._timing import QUEUE_ENTRY_SLACK
 
@@ -400,7 +404,7 @@ class AsyncElection(_ElectionConfig):
         try:
             await self._tell("elected")
         except BaseException:  # cancelled before the caller had the lease: hand it on
-            await _shielded(self.resign())
+            await shielded(self.resign())
             raise
         return lease
 

@@ -1,8 +1,7 @@
-"""The fronts: what a caller of ``Lock``, ``AsyncLock``, ``Redlock`` and ``AsyncRedlock``
-sees — ``acquire``, ``try_acquire``, ``with`` / ``async with`` — written once per twin.
-A lock class supplies its driver (``_io``), the attempt it makes (``_new_attempt``) and
-the lease it hands out (``_new_lease``); the front does the rest: checking the server
-once, cleaning up after an interrupted attempt, starting renewal.
+"""What every lock's front shares that needs no I/O: the `with` blocks open in this
+context, refusing a nested block that would wait for itself, reentrant holds, metrics, the
+decorators, and the checks of the client a lock is given. The fronts themselves (``acquire``,
+``try_acquire``, ``with``) are in ``_front_async`` (and its generated twin).
 
 ``with lock as lease`` remembers the lease it opened in a context variable (per thread,
 per task), so nested and concurrent blocks each release their own.
@@ -10,42 +9,26 @@ per task), so nested and concurrent blocks each release their own.
 A ``reentrant`` lock keeps a table of the leases it handed out by holder (the thread, or
 the asyncio task, that acquired): an acquire by a holder returns its lease again, one
 hold more (``hold_count``), and only the release of the last hold goes to the server.
-
-A front is also a decorator (``decorate``, ``decorate_async``: ``@lock`` runs each call
-under ``with lock``), and the asyncio front runs a coroutine under a lease that cancels
-it if the lease is lost (``using``, after node-redlock's ``using(resources, duration,
-routine(signal))``).
 """
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import functools
 import inspect
-import threading
 from collections.abc import Awaitable, Callable, Coroutine, Generator
 from contextlib import AbstractAsyncContextManager, AbstractContextManager
 from contextvars import ContextVar
 from datetime import timedelta
-from types import TracebackType
-from typing import Any, Generic, ParamSpec, Protocol, TypeVar
+from typing import Any, ParamSpec, Protocol, TypeVar
 
-from . import _arguments as args
-from . import _metrics, _renewal
+from . import _metrics
 from ._clients import refusal
-from ._errors import AcquireTimeout, InvalidArgument, LockError, LockLost
+from ._errors import InvalidArgument, LockError, LockLost
 from ._flows import Grant
 from ._lease import (
-    AsyncDriver,
-    AsyncLeaseBlock,
     Holders,
     LeaseState,
-    SyncDriver,
-    SyncLeaseBlock,
-    _shielded,
 )
-from ._misuse import AsyncOnly
 
 Seconds = float | timedelta
 
@@ -70,12 +53,12 @@ _entered: ContextVar[tuple[tuple[object, Any, int, object], ...]] = ContextVar(
 )
 
 
-def _push(lock: object, lease: Any, holder: object = None) -> None:
+def push_entered(lock: object, lease: Any, holder: object = None) -> None:
     """Note the lease (or a MultiLock's leases) a `with` block of ``lock`` took."""
     _entered.set((*_entered.get(), (lock, lease, lease._holds, holder)))
 
 
-def _refuse_nested(lock: _Front, holder: object) -> None:
+def refuse_nested(lock: FrontBase, holder: object) -> None:
     """A `with` block of a lock that is not reentrant, inside a block of the same object
     whose lease ``holder`` still holds, would wait for that lease (until its ttl runs out,
     then take a lock its outer block believes it holds): refused at once, as
@@ -90,7 +73,7 @@ def _refuse_nested(lock: _Front, holder: object) -> None:
             )
 
 
-def _pop(lock: object) -> Any:
+def pop_entered(lock: object) -> Any:
     """The lease the innermost open block of ``lock`` took, to release as the block ends;
     None if its hold was released already inside the block (a reentrant lease: another
     release would take the hold of an outer block)."""
@@ -107,7 +90,7 @@ P = ParamSpec("P")
 R = TypeVar("R")
 
 
-def _named(fn: object) -> str:
+def named(fn: object) -> str:
     return str(getattr(fn, "__qualname__", None) or repr(fn))
 
 
@@ -120,17 +103,17 @@ def _refuse_undecorable(lock: object, fn: object, *, want_async: bool) -> None:
         raise InvalidArgument(f"{what} decorates a function, not {type(fn).__name__}")
     if inspect.isasyncgenfunction(fn) or inspect.isgeneratorfunction(fn):
         raise InvalidArgument(
-            f"{what} cannot decorate the generator function {_named(fn)}: its body "
+            f"{what} cannot decorate the generator function {named(fn)}: its body "
             "runs as it is iterated, after the call has returned; use `with` inside it"
         )
     if want_async and not inspect.iscoroutinefunction(fn):
         raise InvalidArgument(
-            f"{what} decorates an `async def` function, not {_named(fn)}"
+            f"{what} decorates an `async def` function, not {named(fn)}"
             "; decorate a plain function with the sync twin"
         )
     if not want_async and inspect.iscoroutinefunction(fn):
         raise InvalidArgument(
-            f"{what} cannot decorate the coroutine function {_named(fn)}: its body "
+            f"{what} cannot decorate the coroutine function {named(fn)}: its body "
             "runs when it is awaited, after the lock is given back; use the asyncio twin"
         )
 
@@ -171,51 +154,7 @@ def decorate_async(
     return locked_call
 
 
-async def _awaited(work: Awaitable[R]) -> R:
-    return await work
-
-
-async def _run_holding(lease: AsyncLeaseBlock, fn: Callable[..., Any], args: Any) -> Any:
-    """``fn(lease, *args)`` in a task of its own, which the lease cancels if it is lost
-    (as ``cancel_on_lost`` cancels the acquirer); its result, or its error. A task
-    cancelled by the loss raises LockLost. Cancelling the caller cancels the task and
-    waits for it to end, so nothing runs on unguarded once the lease is released."""
-    work = fn(lease, *args)
-    if not inspect.isawaitable(work):
-        raise InvalidArgument(
-            f"using() runs an async callable; {_named(fn)} returned "
-            f"{type(work).__name__}, not an awaitable"
-        )
-    task = asyncio.get_running_loop().create_task(_awaited(work))
-    previous, lease._holder = lease._holder, task
-    try:
-        if lease.lost:  # lost before the task could be told: it never starts
-            task.cancel()
-        try:
-            await asyncio.wait({task})
-        except asyncio.CancelledError:
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):  # cancelled again: go on
-                await asyncio.wait({task})
-            raise
-    finally:
-        lease._holder = previous
-    if task.cancelled() and lease.lost:
-        try:
-            task.result()
-        except asyncio.CancelledError as cancelled:
-            raise LockLost(
-                f"lease on {lease.name!r} was lost ({lease._lost_reason}): the work "
-                "under it was cancelled"
-            ) from cancelled
-    return task.result()
-
-
-SyncLeaseT = TypeVar("SyncLeaseT", bound=SyncLeaseBlock)
-AsyncLeaseT = TypeVar("AsyncLeaseT", bound=AsyncLeaseBlock)
-
-
-class _Front:
+class FrontBase:
     """What both fronts need from the lock class they serve."""
 
     _auto_renew: bool
@@ -280,247 +219,6 @@ class _Front:
         labels = self._metered()
         if labels is not None:
             labels.not_granted(started, waited=wait)
-
-
-class SyncFront(_Front, Generic[SyncLeaseT]):
-    """``acquire``, ``try_acquire`` and ``with``, once for ``Lock`` and ``Redlock``."""
-
-    _io: SyncDriver
-
-    def _new_lease(self, grant: Grant) -> SyncLeaseT:
-        raise NotImplementedError
-
-    def acquire(self, timeout: Seconds | None = None) -> SyncLeaseT:
-        """Wait until the lock is ours and return the lease.
-
-        ``timeout`` bounds the wait in seconds (None: no bound; 0: a single try).
-        Raises AcquireTimeout if the lock stayed busy (a Redlock: QuorumError if too few
-        nodes answered); BackendError if the server failed until the timeout;
-        InvalidArgument for a bad ``timeout``; LockLost if a ``reentrant`` holder's lease
-        was lost meanwhile.
-        """
-        lease = self._acquire(args.timeout(timeout), wait=True)
-        if lease is None:
-            raise AcquireTimeout(f"{self._noun} {self.name!r} still busy after {timeout}s")
-        return lease
-
-    def try_acquire(self) -> SyncLeaseT | None:
-        """Take the lock if it is free right now; never waits. None if it is busy.
-
-        Raises BackendError if the server fails (a Redlock: QuorumError if too few nodes
-        answered), and LockLost if a ``reentrant`` holder's lease was lost meanwhile.
-        Against a server that is down or does not answer it raises within 2 seconds,
-        whatever the ttl and the client's retry policy (a connection failure is tried
-        again once, at once); with ``replicas=``, add the wait for them. A Cluster
-        client's calls keep its own timeouts and retries.
-        """
-        return self._acquire(0.0, wait=False)
-
-    def _acquire(self, timeout: float | None, *, wait: bool) -> SyncLeaseT | None:
-        if self._holding is None:
-            return self._take(timeout, wait=wait)
-        holder = threading.current_thread()
-        held = self._held_by(holder)
-        if held is not None:
-            return held  # type: ignore[return-value]
-        lease = self._take(timeout, wait=wait)
-        if lease is not None:
-            self._hold(holder, lease)
-        return lease
-
-    def _take(self, timeout: float | None, *, wait: bool) -> SyncLeaseT | None:
-        started = _metrics.now()
-        self._io.check_server_once()
-        attempt = self._new_attempt(timeout, wait=wait)
-        try:
-            grant = self._io.run(attempt.run(), f"acquire {self.name!r}")
-        except BaseException:
-            if attempt.outstanding:
-                # The original error matters more; an orphaned key expires with its ttl.
-                with contextlib.suppress(Exception):
-                    self._io.run(attempt.abandon(), f"clean up {self.name!r}")
-            raise
-        if grant is None:
-            self._not_granted(started, wait=wait)
-            return None
-        return self._watched(grant, started)
-
-    def _watched(self, grant: Grant, started: float) -> SyncLeaseT:
-        lease = self._new_lease(grant)
-        self._opened(lease, started)
-        if self._auto_renew:
-            _renewal.watch(lease, self._io, self._max_hold)
-        return lease
-
-    def __enter__(self) -> SyncLeaseT:
-        holder = threading.current_thread()
-        if self._refuses_nesting and self._holding is None:
-            _refuse_nested(self, holder)
-        lease = self.acquire()
-        _push(self, lease, holder)
-        return lease
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        lease = _pop(self)
-        if lease is not None:
-            assert isinstance(lease, SyncLeaseBlock)
-            lease.__exit__(exc_type, exc, tb)
-
-    def __call__(self, fn: Callable[P, R]) -> Callable[P, R]:
-        """``@lock``: each call of ``fn`` runs under ``with lock``, and raises what that
-        raises. A coroutine or generator function is refused (InvalidArgument)."""
-        return decorate(self, fn)
-
-
-class AsyncFront(_Front, AsyncOnly, Generic[AsyncLeaseT]):
-    """The asyncio twin of ``SyncFront``, once for ``AsyncLock`` and ``AsyncRedlock``;
-    also ``cancel_on_lost``."""
-
-    _io: AsyncDriver
-    _cancel_on_lost: bool
-
-    def _new_lease(self, grant: Grant) -> AsyncLeaseT:
-        raise NotImplementedError
-
-    async def acquire(self, timeout: Seconds | None = None) -> AsyncLeaseT:
-        """Wait until the lock is ours and return the lease.
-
-        ``timeout`` bounds the wait in seconds (None: no bound; 0: a single try).
-        Raises AcquireTimeout if the lock stayed busy (a Redlock: QuorumError if too few
-        nodes answered); BackendError if the server failed until the timeout;
-        InvalidArgument for a bad ``timeout``; LockLost if a ``reentrant`` holder's lease
-        was lost meanwhile. Cancelling the caller at any point leaves no lock behind: a
-        lock granted meanwhile is released.
-        """
-        lease = await self._acquire(args.timeout(timeout), wait=True)
-        if lease is None:
-            raise AcquireTimeout(f"{self._noun} {self.name!r} still busy after {timeout}s")
-        return lease
-
-    async def try_acquire(self) -> AsyncLeaseT | None:
-        """Take the lock if it is free right now; never waits. None if it is busy.
-
-        Raises as the sync ``try_acquire`` does, within the same bound.
-        """
-        return await self._acquire(0.0, wait=False)
-
-    async def _acquire(self, timeout: float | None, *, wait: bool) -> AsyncLeaseT | None:
-        if self._holding is None:
-            return await self._take(timeout, wait=wait)
-        holder = asyncio.current_task()
-        held = self._held_by(holder)
-        if held is not None:
-            return held  # type: ignore[return-value]
-        lease = await self._take(timeout, wait=wait)
-        if lease is not None:
-            self._hold(holder, lease)
-        return lease
-
-    async def _take(self, timeout: float | None, *, wait: bool) -> AsyncLeaseT | None:
-        started = _metrics.now()
-        await self._io.check_server_once()
-        attempt = self._new_attempt(timeout, wait=wait)
-        try:
-            grant = await self._io.run(attempt.run(), f"acquire {self.name!r}")
-        except BaseException:
-            if attempt.outstanding:
-                await self._abandon(attempt)
-            raise
-        if grant is None:
-            self._not_granted(started, wait=wait)
-            return None
-        return self._watched(grant, started)
-
-    def _watched(self, grant: Grant, started: float) -> AsyncLeaseT:
-        lease = self._new_lease(grant)
-        self._opened(lease, started)
-        if self._cancel_on_lost:
-            lease._holder = asyncio.current_task()
-        if self._auto_renew:
-            _renewal.watch_async(lease, self._io, self._max_hold)
-        elif self._cancel_on_lost:
-            _renewal.watch_async(lease, self._io, 0.0)  # watch its validity, never renew
-        return lease
-
-    async def _abandon(self, attempt: Attempt) -> None:
-        try:
-            await _shielded(self._io.run(attempt.abandon(), f"clean up {self.name!r}"))
-        except Exception:
-            pass  # the original error matters more; an orphaned key expires with its ttl
-        except asyncio.CancelledError:
-            pass  # cancelled again while cleaning up; the clean-up itself ran to its end
-
-    async def __aenter__(self) -> AsyncLeaseT:
-        holder = asyncio.current_task()
-        if self._refuses_nesting and self._holding is None:
-            _refuse_nested(self, holder)
-        lease = await self.acquire()
-        _push(self, lease, holder)
-        return lease
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        lease = _pop(self)
-        if lease is not None:
-            assert isinstance(lease, AsyncLeaseBlock)
-            await lease.__aexit__(exc_type, exc, tb)
-
-    def __call__(self, fn: Callable[P, Awaitable[R]]) -> Callable[P, Coroutine[Any, Any, R]]:
-        """``@alock``: each call of the ``async def`` ``fn`` is awaited under ``async
-        with alock``, and raises what that raises. Anything else is refused
-        (InvalidArgument)."""
-        return decorate_async(self, fn)
-
-    async def using(
-        self,
-        fn: Callable[..., Awaitable[R]],
-        /,
-        *args: Any,
-        timeout: Seconds | None = None,
-    ) -> R:
-        """Acquire (waiting up to ``timeout``, as ``acquire``), run ``await fn(lease,
-        *args)`` in a task of its own while the lease is renewed, release, and return
-        its result.
-
-        The lease is renewed for as long as ``fn`` runs, whatever ``auto_renew`` says
-        (``max_hold`` still ends it). If it is lost (taken over, not renewed in time,
-        ``max_hold`` reached) the task is cancelled, as ``cancel_on_lost`` would, and
-        ``using`` raises ``LockLost`` (its cause: the cancellation), not CancelledError.
-        An error raised by ``fn`` propagates after the release (LockLost included: a
-        lease ``fn`` found lost itself). If ``fn`` returns but the lease was lost
-        meanwhile, the release raises ``LockLost``, as at the end of ``async with``.
-        Cancelling the caller cancels the task, waits for it to end, releases, and
-        re-raises. Keyword arguments for ``fn``: ``functools.partial``.
-        """
-        if not callable(fn):
-            raise InvalidArgument(f"fn must be an async callable, not {type(fn).__name__}")
-        lease = await self.acquire(timeout)
-        if not self._auto_renew and lease.hold_count == 1:
-            # a lease that is not renewed, or only watched for cancel_on_lost: renewed now
-            lease._stop_watching()
-            _renewal.watch_async(lease, self._io, self._max_hold)
-        try:
-            result = await _run_holding(lease, fn, args)
-        except LockLost:
-            if not lease.lost:  # fn's own error, as any other
-                raise
-            with contextlib.suppress(LockLost):  # what the server still has goes
-                await lease.release()
-            raise
-        except BaseException as exc:
-            await lease.__aexit__(type(exc), exc, exc.__traceback__)
-            raise
-        await lease.__aexit__(None, None, None)
-        return result  # type: ignore[no-any-return]
 
 
 def is_async_client(client: object) -> bool:

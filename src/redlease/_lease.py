@@ -1,29 +1,26 @@
 """Leases: one successful acquisition each. Ownership belongs to the lease (its token),
 never to a thread or task, so a lease may be handed to another thread and released there.
 
-``Lease`` and ``AsyncLease`` are twins over ``LeaseState``, which holds everything that
-needs no I/O: validity, the lost flag and the one-time ``on_lost`` notification.
+``LeaseState`` holds everything that needs no I/O: validity, the lost flag and the
+one-time ``on_lost`` notification; ``_lease_async`` (and its generated twin)
+adds ``extend``, ``release`` and ``with``. Also here: the tables of leases by
+holder (``Holders``, ``Acquired``).
 """
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import logging
 import threading
 import weakref
-from collections.abc import Callable, Generator, Sequence
+from collections.abc import Callable
 from types import TracebackType
-from typing import TYPE_CHECKING, Any, Protocol, TypeVar
+from typing import TYPE_CHECKING, Any
 
 from . import _arguments as args
 from . import _flows, _fork
 from ._errors import LockLost, QuorumError
-from ._misuse import AsyncOnly
 
 if TYPE_CHECKING:
-    from ._io_async import AsyncIO
-    from ._io_sync import SyncIO
     from ._metrics import Labels
 
 log = logging.getLogger(__name__)
@@ -52,30 +49,6 @@ def _new_transitions_lock() -> None:
 
 
 _fork.in_child(_new_transitions_lock)
-
-T = TypeVar("T")
-
-
-class SyncDriver(Protocol):
-    """Runs a lock's flows on its server(s) (``SyncIO``, or Redlock's ``_SyncNodes``):
-    what a lease, its lock's front and the renewer need."""
-
-    def run(self, flow: Generator[Any, Any, T], action: str) -> T: ...
-
-    def check_server_once(self) -> None: ...
-
-    def execute_many(self, steps: Sequence[Any]) -> list[Any]:
-        """The first steps of several leases' extend flows, at once (the renewer's)."""
-
-
-class AsyncDriver(Protocol):
-    """The asyncio twin of ``SyncDriver``."""
-
-    async def run(self, flow: Generator[Any, Any, T], action: str) -> T: ...
-
-    async def check_server_once(self) -> None: ...
-
-    async def execute_many(self, steps: Sequence[Any]) -> list[Any]: ...
 
 
 class LeaseState:
@@ -355,155 +328,7 @@ class Acquired:
         return {lease.token for lease in list(leases) if not (lease.released or lease.lost)}
 
 
-_Sync = TypeVar("_Sync", bound="SyncLeaseBlock")
-_Async = TypeVar("_Async", bound="AsyncLeaseBlock")
-
-
-class SyncLeaseBlock(LeaseState):
-    """What every sync lease shares: ``extend`` and ``release`` (the lease's flows, run by
-    its driver ``_io``) and ``with lease:``, which releases it when the block ends."""
-
-    _io: SyncDriver
-
-    def extend(self, ttl: float | None = None) -> None:
-        """Make the lease last ``ttl`` seconds from now (default: the lock's ttl).
-
-        Raises LockLost if it is no longer ours (a Redlock's: if a majority says so; if
-        too few nodes answer to tell, QuorumError, and the lease keeps its validity).
-        """
-        ttl_ms = self._extend_ttl_ms(ttl)
-        self.check()
-        with self._lost_on_lock_lost():
-            until = self._io.run(self._extend_flow(ttl_ms), "extend")
-        self._renewed(until)
-
-    def release(self) -> None:
-        """Give the lock back (and hand it to the next waiter). Releasing twice is a no-op.
-
-        A lease of a ``reentrant`` lock acquired n times is released on the server by
-        the n-th release; the ones before only count down ``hold_count``.
-
-        Raises LockLost if the lock had expired or been taken over before the release. A
-        Redlock's: QuorumError if too few nodes answered (the lease counts as released:
-        what is left expires with the ttl).
-        """
-        if self._state == RELEASED:
-            return
-        if self._nested():
-            self.check()  # a lease lost meanwhile says so at each release, as at the last
-            return
-        self._not_forked()
-        with self._releasing():
-            self._io.run(self._release_flow(), "release")
-
-    def __enter__(self: _Sync) -> _Sync:
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        try:
-            self.release()
-        except LockLost as lost:
-            _lost_at_block_end(self, lost, exc)
-
-
-class AsyncLeaseBlock(LeaseState, AsyncOnly):
-    """What every asyncio lease shares: ``extend`` (as for ``SyncLeaseBlock``), ``async
-    with lease:``, and the task to cancel when the lease is lost (``cancel_on_lost``)."""
-
-    _io: AsyncDriver
-    _holder: asyncio.Task[Any] | None = None  # set by the lock when cancel_on_lost
-
-    def _mark_lost(self, reason: str) -> bool:
-        marked = super()._mark_lost(reason)
-        if marked and self._holder is not None:
-            _cancel_holder(self._holder, f"lease on {self.name!r} was lost: {reason}")
-        return marked
-
-    async def extend(self, ttl: float | None = None) -> None:
-        """Make the lease last ``ttl`` seconds from now (default: the lock's ttl).
-
-        Raises LockLost if it is no longer ours (a Redlock's: if a majority says so; if
-        too few nodes answer to tell, QuorumError, and the lease keeps its validity).
-        """
-        ttl_ms = self._extend_ttl_ms(ttl)
-        self.check()
-        with self._lost_on_lock_lost():
-            until = await self._io.run(self._extend_flow(ttl_ms), "extend")
-        self._renewed(until)
-
-    async def release(self) -> None:
-        """Give the lock back (and hand it to the next waiter). Releasing twice is a no-op.
-
-        Raises LockLost or QuorumError as the sync ``release`` does. Cancelling the caller
-        does not cancel the release itself.
-        """
-        if self._state == RELEASED:
-            return
-        if self._nested():
-            self.check()
-            return
-        self._not_forked()
-        with self._releasing():
-            try:
-                await self._io.run(self._release_flow(), "release")
-            except asyncio.CancelledError:
-                # Cancelled mid-release: it may or may not have reached the server(s). Run
-                # it again to the end, shielded, then let the cancellation go on. "Not
-                # ours" now may mean the first one did land, so it is not reported.
-                with contextlib.suppress(LockLost, QuorumError):
-                    await _shielded(self._io.run(self._release_flow(), "release"))
-                self._mark_released()
-                raise
-
-    async def __aenter__(self: _Async) -> _Async:
-        return self
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        try:
-            await self.release()
-        except LockLost as lost:
-            _lost_at_block_end(self, lost, exc)
-
-
-class Lease(SyncLeaseBlock):
-    """A held lock (sync). Use as a context manager to release it on exit."""
-
-    def __init__(
-        self,
-        spec: _flows.LockSpec,
-        grant: _flows.Grant,
-        io: SyncIO,
-        on_lost: Callable[[Any], object] | None = None,
-    ) -> None:
-        super().__init__(spec, grant, on_lost)
-        self._io = io
-
-
-class AsyncLease(AsyncLeaseBlock):
-    """A held lock (asyncio). Use as an async context manager to release it on exit."""
-
-    def __init__(
-        self,
-        spec: _flows.LockSpec,
-        grant: _flows.Grant,
-        io: AsyncIO,
-        on_lost: Callable[[Any], object] | None = None,
-    ) -> None:
-        super().__init__(spec, grant, on_lost)
-        self._io = io
-
-
-def _lost_at_block_end(lease: LeaseState, lost: LockLost, failure: BaseException | None) -> None:
+def lost_at_block_end(lease: LeaseState, lost: LockLost, failure: BaseException | None) -> None:
     """A lease found lost when its ``with`` block ends is an error only if the block itself
     succeeded: otherwise the block's own exception is the one the caller needs to see."""
     if failure is None:
@@ -513,34 +338,3 @@ def _lost_at_block_end(lease: LeaseState, lost: LockLost, failure: BaseException
         lease.name,
         short_token(lease.token),
     )
-
-
-def _cancel_holder(task: asyncio.Task[Any], message: str) -> None:
-    """Cancel the task that holds a lost lease, from any thread. Not when that task is
-    the one that found the loss: it is being told already, by the error or flag it got."""
-    if task.done():
-        return
-    try:
-        running: asyncio.AbstractEventLoop | None = asyncio.get_running_loop()
-    except RuntimeError:
-        running = None
-    if running is task.get_loop():
-        if asyncio.current_task() is not task:
-            task.cancel(message)
-        return
-    with contextlib.suppress(RuntimeError):  # its loop is closed: nothing left to cancel
-        task.get_loop().call_soon_threadsafe(task.cancel, message)
-
-
-async def _shielded(coro: Any) -> Any:
-    """Await ``coro`` to its end even if the caller is cancelled meanwhile (the
-    cancellation is re-raised once it has finished): a release or a clean-up must never be
-    cut in half, or a lock would stay behind that nobody knows about."""
-    task = asyncio.ensure_future(coro)
-    try:
-        return await asyncio.shield(task)
-    except asyncio.CancelledError:
-        if not task.done():
-            with contextlib.suppress(BaseException):
-                await task  # cancelled again: finish anyway, then propagate
-        raise

@@ -28,12 +28,16 @@ from typing import Any
 
 from . import _arguments as args
 from . import _flows, _metrics
+from ._backend_async import shielded
 from ._errors import AcquireTimeout, InvalidArgument, LockLost
 from ._flows import Flow, Grant, LockSpec, as_int, new_token
-from ._fronts import P, R, _pop, _push, check_client, decorate, decorate_async
+from ._fronts import P, R, check_client, decorate, decorate_async, pop_entered, push_entered
 from ._keys import DEFAULT_PREFIX
-from ._lease import AsyncLease, Lease, _shielded
-from ._lock import AsyncLock, Lock, OnLost
+from ._lease_async import AsyncLease
+from ._lease_sync import Lease
+from ._lock import OnLost
+from ._lock_async import AsyncLock
+from ._lock_sync import Lock
 from ._misuse import AsyncOnly
 from ._scripts import MULTI_ACQUIRE
 from ._timing import Clock, Deadline, valid_until
@@ -156,7 +160,7 @@ class AsyncMultiLease(MultiLeaseState, AsyncOnly):
 
     async def release(self) -> None:
         """As ``MultiLease.release``; cancelling the caller does not stop it half-way."""
-        await _shielded(self._release_all())
+        await shielded(self._release_all())
 
     async def _release_all(self) -> None:
         failures: list[BaseException] = []
@@ -323,7 +327,7 @@ class MultiLock(_MultiConfig):
 
     def __enter__(self) -> MultiLease:
         leases = self.acquire()
-        _push(self, leases)  # per thread / task, as a lock's `with`
+        push_entered(self, leases)  # per thread / task, as a lock's `with`
         return leases
 
     def __exit__(
@@ -332,7 +336,7 @@ class MultiLock(_MultiConfig):
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
-        leases = _pop(self)
+        leases = pop_entered(self)
         assert isinstance(leases, MultiLease)
         leases.__exit__(exc_type, exc, tb)
 
@@ -401,7 +405,7 @@ class AsyncMultiLock(_MultiConfig, AsyncOnly):
                 return None
             if not any(lease.lost for lease in leases.values()):
                 return AsyncMultiLease(self._names, leases)
-            await _shielded(_give_all_back(leases))  # (see MultiLock._acquire)
+            await shielded(_give_all_back(leases))  # (see MultiLock._acquire)
             if not wait or deadline.expired():
                 return None
 
@@ -416,10 +420,10 @@ class AsyncMultiLock(_MultiConfig, AsyncOnly):
                     break
                 held[lock.name] = lease
         except BaseException:
-            await _shielded(_give_all_back(held))
+            await shielded(_give_all_back(held))
             raise
         if len(held) < len(self._locks):
-            await _shielded(_give_all_back(held))
+            await shielded(_give_all_back(held))
             return None
         return held
 
@@ -430,14 +434,14 @@ class AsyncMultiLock(_MultiConfig, AsyncOnly):
         try:
             fences = await self._io.run(_try_all(self._specs, token), f"acquire {self._names!r}")
         except BaseException:
-            await _shielded(self._give_back_token(token))
+            await shielded(self._give_back_token(token))
             raise
         if fences is None:
             return None
         spec = self._specs[0]
         until = valid_until(sent_at, spec.ttl_ms, spec.ttl)
         if until <= spec.clock():  # (see MultiLock._at_once)
-            await _shielded(self._give_back_token(token))
+            await shielded(self._give_back_token(token))
             return None
         leases = {
             lock.name: lock._watched(Grant(token, fence, until), started)
@@ -452,7 +456,7 @@ class AsyncMultiLock(_MultiConfig, AsyncOnly):
 
     async def __aenter__(self) -> AsyncMultiLease:
         leases = await self.acquire()
-        _push(self, leases)
+        push_entered(self, leases)
         return leases
 
     async def __aexit__(
@@ -461,7 +465,7 @@ class AsyncMultiLock(_MultiConfig, AsyncOnly):
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
-        leases = _pop(self)
+        leases = pop_entered(self)
         assert isinstance(leases, AsyncMultiLease)
         await leases.__aexit__(exc_type, exc, tb)
 

@@ -42,18 +42,17 @@ from ._errors import (
     warn,
 )
 from ._flows import Call, Command, Grant, LockSpec, Sleep
-from ._fronts import AsyncFront, SyncFront, check_served, is_async_client
+from ._front_async import AsyncFront
+from ._front_sync import SyncFront
+from ._fronts import check_served, is_async_client
 from ._io_async import _CHECKED as _ASYNC_CHECKED
 from ._io_async import AsyncIO
 from ._io_sync import _CHECKED as _SYNC_CHECKED
 from ._io_sync import SyncIO
 from ._keys import DEFAULT_PREFIX
-from ._lease import (
-    AsyncLeaseBlock,
-    Holders,
-    LeaseState,
-    SyncLeaseBlock,
-)
+from ._lease import Holders, LeaseState
+from ._lease_async import AsyncLeaseBlock
+from ._lease_sync import SyncLeaseBlock
 from ._quorum import SAFE, Fanout, QuorumAcquisition, QuorumFlow, QuorumGrant, QuorumSpec, Rules
 from ._timing import Clock
 
@@ -289,7 +288,7 @@ MIN_TOLERANT_NODES = 3
 class _RedlockConfig:
     """Arguments shared by the twins, checked once."""
 
-    _refuses_nesting = True  # see _fronts._refuse_nested
+    _refuses_nesting = True  # see _fronts.refuse_nested
 
     _metric_kind = "redlock"
     # The quorum rules. Only the fault harness's deliberately broken Redlocks (a subclass

@@ -34,8 +34,12 @@ from ._fronts import check_client
 from ._io_async import AsyncIO
 from ._io_sync import SyncIO
 from ._keys import DEFAULT_PREFIX
-from ._lease import AsyncLease, Holders, Lease, LeaseState
-from ._lock import AsyncOneServer, OneServer, OnLost, check_replicas
+from ._lease import Holders, LeaseState
+from ._lease_async import AsyncLease
+from ._lease_sync import Lease
+from ._lock import OnLost, check_replicas
+from ._lock_async import AsyncOneServer
+from ._lock_sync import OneServer
 from ._timing import Clock
 
 Seconds = float | timedelta

@@ -192,7 +192,7 @@ class RedleaseContender:
     label = "redlease"
 
     def __init__(self, client: Any, name: str, ttl: float, **options: Any) -> None:
-        from .._lock import Lock
+        from .._lock_sync import Lock
 
         self.lock = Lock(client, name, ttl, **options)
         self.lost_on_release = 0
