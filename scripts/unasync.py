@@ -37,6 +37,7 @@ FILES = [
     ("_front_async.py", "_front_sync.py"),
     ("_lock_async.py", "_lock_sync.py"),
     ("_semaphore_async.py", "_semaphore_sync.py"),
+    ("_rwlock_async.py", "_rwlock_sync.py"),
 ]
 
 # Whole words (or the exact text, for the ones starting with punctuation), in order.

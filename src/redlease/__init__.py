@@ -27,7 +27,8 @@ from ._lock_async import AsyncLock
 from ._lock_sync import Lock
 from ._multilock import AsyncMultiLease, AsyncMultiLock, MultiLease, MultiLock
 from ._redlock import AsyncRedlock, AsyncRedlockLease, Redlock, RedlockLease
-from ._rwlock import AsyncReadWriteLock, ReadWriteLock
+from ._rwlock_async import AsyncReadWriteLock
+from ._rwlock_sync import ReadWriteLock
 from ._semaphore_async import AsyncSemaphore
 from ._semaphore_sync import Semaphore
 
