@@ -38,6 +38,8 @@ FILES = [
     ("_lock_async.py", "_lock_sync.py"),
     ("_semaphore_async.py", "_semaphore_sync.py"),
     ("_rwlock_async.py", "_rwlock_sync.py"),
+    ("_election_async.py", "_election_sync.py"),
+    ("_multilock_async.py", "_multilock_sync.py"),
 ]
 
 # Whole words (or the exact text, for the ones starting with punctuation), in order.
@@ -53,23 +55,33 @@ SUBSTITUTIONS = [
     ("__aenter__", "__enter__"),
     ("__aexit__", "__exit__"),
     ("__anext__", "__next__"),
+    ("__aiter__", "__iter__"),
     ("watch_async", "watch"),
     ("decorate_async", "decorate"),
     (", AsyncOnly", ""),
+    ("(AsyncOnly)", ""),
     ("AsyncIO", "SyncIO"),
     ("AsyncDriver", "SyncDriver"),
     ("AsyncLeaseBlock", "SyncLeaseBlock"),
     ("AsyncFront", "SyncFront"),
 ]
-# Then: a module ``_x_async`` is ``_x_sync``; any other ``AsyncX`` is ``X``.
+# Then: a module ``_x_async`` is ``_x_sync``; any other ``AsyncX`` is ``X`` (``_AsyncX``,
+# ``_X``).
 _MODULE = re.compile(r"\b(_\w+)_async\b")
-_CLASS = re.compile(r"\bAsync([A-Z]\w*)")
+_CLASS = re.compile(r"(?<![^\W_])(_?)Async([A-Z]\w*)")
 
 ASYNC_ONLY = "# unasync: async only"
 END = "# unasync: end"
 
 _PATTERNS = [
-    (re.compile((r"(?<!\w)" if old[0].isalnum() else "") + re.escape(old) + r"\b"), new)
+    (
+        re.compile(
+            (r"(?<!\w)" if old[0].isalnum() else "")
+            + re.escape(old)
+            + (r"\b" if old[-1].isalnum() else "")
+        ),
+        new,
+    )
     for old, new in SUBSTITUTIONS
 ]
 # Awaitable[X] and Coroutine[Any, Any, X] are X; an import of Awaitable goes
@@ -88,7 +100,7 @@ def unasync_line(line: str) -> str:
     for pattern, new in _PATTERNS:
         line = pattern.sub(new, line)
     line = _MODULE.sub(r"\1_sync", line)
-    line = _CLASS.sub(r"\1", line)
+    line = _CLASS.sub(r"\1\2", line)
     line = _AWAITABLE.sub(r"\1", line)
     if line.startswith(("from collections.abc import", "from typing import")):
         line = _AWAITABLE_IMPORT.sub("", line)
@@ -110,7 +122,8 @@ def _ruff(args: list[str], text: str, target: str) -> str:
 
 
 def both_sides(lines: list[str], source: str) -> list[str]:
-    """The lines without those marked asyncio only."""
+    """The lines without those marked asyncio only. A marked line must be a whole
+    statement: one that ruff has split carries its mark on its last line only."""
     kept, inside = [], 0
     for number, line in enumerate(lines, start=1):
         mark = line.strip()
@@ -124,6 +137,8 @@ def both_sides(lines: list[str], source: str) -> list[str]:
             inside = 0
         elif not inside and not line.rstrip().endswith(ASYNC_ONLY):
             kept.append(line)
+        elif not inside and line.lstrip().startswith((")", "]", "}")):
+            raise SystemExit(f"{source}:{number}: mark a split statement as a block")
     if inside:
         raise SystemExit(f"{source}:{inside}: async-only block never ends")
     return kept

@@ -236,6 +236,36 @@ async def test_async_election(ar: aredis.Redis, r: redis.Redis, name: str) -> No
         await watcher
 
 
+async def test_an_async_observation_ends_when_closed(ar: aredis.Redis, name: str) -> None:
+    """``close()`` from another task ends an ``async for`` waiting for a change at once (not
+    after a ttl), as it does for the sync twin; ``aclose()`` and leaving ``async with``
+    end it too, and a closed observation yields nothing more."""
+    election = redlease.AsyncElection(ar, name, ttl=60.0)
+    seen: list[Leader | None] = []
+    async with election.observe() as changes:
+
+        async def watch() -> None:
+            async for leader in changes:
+                seen.append(leader)
+
+        watcher = asyncio.create_task(watch())
+        await until_queued(lambda: len(seen))  # the first look: nobody leads
+        await asyncio.sleep(0.2)  # now waiting for a ring
+        closed = time.monotonic()
+        changes.close()
+        await asyncio.wait_for(watcher, 30)
+        assert time.monotonic() - closed < 10  # at once, not after the 60 s ttl
+    assert seen == [None]
+    other = election.observe()
+    assert await other.__anext__() is None
+    await other.aclose()
+    with pytest.raises(StopAsyncIteration):
+        await other.__anext__()
+    async with election.observe() as third:
+        pass
+    assert [leader async for leader in third] == []
+
+
 async def test_a_cancelled_candidate_leaves_nothing(
     ar: aredis.Redis, r: redis.Redis, name: str
 ) -> None:

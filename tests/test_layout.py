@@ -58,9 +58,9 @@ def _shape(path: Path) -> list[str]:
 @pytest.mark.parametrize(
     ("sync", "asyncio", "only_one"),
     [
-        # sync only: the gates' thread locks made anew in a fork's child; the cancellation
-        # that never comes (asyncio's is its own CancelledError)
-        ("_backend_sync.py", "_backend_async.py", {"_new_gates", "Cancelled"}),
+        # sync only: thread locks made anew in a fork's child (the gates', a flag's); the
+        # cancellation that never comes (asyncio's is its own CancelledError)
+        ("_backend_sync.py", "_backend_async.py", {"_new_gates", "Flag._after_fork", "Cancelled"}),
         # written once, in the sync hub: the rule for unused channels, the pub/sub verbs
         # (plain or sharded), which errors make a hub start over; asyncio only: the timer
         # that ends a box's wait (asyncio.wait_for would drop a cancellation). Sync only:

@@ -10,7 +10,9 @@ with lock as lease:
 import logging
 
 from . import metrics as metrics  # (a module: redlease.metrics.configure)
-from ._election import AsyncElection, Election, Leader, Observation
+from ._election import Leader
+from ._election_async import AsyncElection, AsyncObservation
+from ._election_sync import Election, Observation
 from ._errors import (
     AcquireTimeout,
     BackendError,
@@ -25,7 +27,8 @@ from ._lease_async import AsyncLease
 from ._lease_sync import Lease
 from ._lock_async import AsyncLock
 from ._lock_sync import Lock
-from ._multilock import AsyncMultiLease, AsyncMultiLock, MultiLease, MultiLock
+from ._multilock_async import AsyncMultiLease, AsyncMultiLock
+from ._multilock_sync import MultiLease, MultiLock
 from ._redlock import AsyncRedlock, AsyncRedlockLease, Redlock, RedlockLease
 from ._rwlock_async import AsyncReadWriteLock
 from ._rwlock_sync import ReadWriteLock
@@ -46,6 +49,7 @@ __all__ = [
     "AsyncLock",
     "AsyncMultiLease",
     "AsyncMultiLock",
+    "AsyncObservation",
     "AsyncReadWriteLock",
     "AsyncRedlock",
     "AsyncRedlockLease",

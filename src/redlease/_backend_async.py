@@ -38,11 +38,11 @@ current_holder = asyncio.current_task  # what a lease is acquired by (None outsi
 Cancelled = asyncio.CancelledError
 
 
-async def shielded(work: Awaitable[T]) -> T:
-    """Await ``work`` to its end even if the caller is cancelled meanwhile (the
+async def shielded(work: Callable[[], Awaitable[T]]) -> T:
+    """Await ``work()`` to its end even if the caller is cancelled meanwhile (the
     cancellation is re-raised once it has finished): a release or a clean-up must never be
     cut in half, or a lock would stay behind that nobody knows about."""
-    task = asyncio.ensure_future(work)
+    task = asyncio.ensure_future(work())
     try:
         return await asyncio.shield(task)
     except asyncio.CancelledError:
@@ -50,6 +50,43 @@ async def shielded(work: Awaitable[T]) -> T:
             with contextlib.suppress(BaseException):
                 await task  # cancelled again: finish anyway, then propagate
         raise
+
+
+class Flag:
+    """Set once (in its loop, or from any thread); waited for with a bound, in a task."""
+
+    def __init__(self) -> None:
+        self._set = False
+        self._event: asyncio.Event | None = None  # made by the first wait, in its loop
+        self._loop: asyncio.AbstractEventLoop | None = None
+
+    def is_set(self) -> bool:
+        return self._set
+
+    def set(self) -> None:
+        self._set = True
+        event, loop = self._event, self._loop
+        if event is None or loop is None:
+            return
+        try:
+            running: asyncio.AbstractEventLoop | None = asyncio.get_running_loop()
+        except RuntimeError:
+            running = None
+        if running is loop:
+            event.set()
+        else:
+            with contextlib.suppress(RuntimeError):  # its loop is closed: nobody waits
+                loop.call_soon_threadsafe(event.set)
+
+    async def wait(self, timeout: float) -> None:
+        """Return once set, or after ``timeout`` seconds."""
+        if self._event is None:
+            self._event, self._loop = asyncio.Event(), asyncio.get_running_loop()
+        if self._set:  # (set before the event was there to wake)
+            return
+        with contextlib.suppress(TimeoutError):
+            async with deadline(timeout):
+                await self._event.wait()
 
 
 async def bounded(

@@ -26,9 +26,34 @@ class Cancelled(BaseException):
     """Never raised: a blocking call is not cancelled (a thread cannot be)."""
 
 
-def shielded(done: T) -> T:
-    """A blocking call cannot be cut in half by a cancellation: its result, as it is."""
-    return done
+def shielded(work: Callable[[], T]) -> T:
+    """``work()``: a blocking call cannot be cut in half by a cancellation."""
+    return work()
+
+
+class Flag:
+    """Set once, from any thread; waited for with a bound."""
+
+    def __init__(self) -> None:
+        self._event = threading.Event()
+        _fork.renew_in_child(self)
+
+    def _after_fork(self) -> None:
+        # The event's lock may have been held by a thread of the parent (setting it, or
+        # starting a wait) at the fork; whether it was set carries over.
+        was_set, self._event = self._event.is_set(), threading.Event()
+        if was_set:
+            self._event.set()
+
+    def is_set(self) -> bool:
+        return self._event.is_set()
+
+    def set(self) -> None:
+        self._event.set()
+
+    def wait(self, timeout: float) -> None:
+        """Return once set, or after ``timeout`` seconds."""
+        self._event.wait(timeout)
 
 
 def bounded(call: Callable[[], T], timeout: float, late: list[Any] | None = None) -> T:

@@ -124,7 +124,7 @@ class AsyncFront(FrontBase, AsyncOnly, Generic[LeaseT]):
 
     async def _abandon(self, attempt: Attempt) -> None:
         try:
-            await shielded(self._io.run(attempt.abandon(), f"clean up {self.name!r}"))
+            await shielded(lambda: self._io.run(attempt.abandon(), f"clean up {self.name!r}"))
         except Exception:
             pass  # the original error matters more; an orphaned key expires with its ttl
         except Cancelled:

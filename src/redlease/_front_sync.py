@@ -112,7 +112,7 @@ class SyncFront(FrontBase, Generic[LeaseT]):
 
     def _abandon(self, attempt: Attempt) -> None:
         try:
-            shielded(self._io.run(attempt.abandon(), f"clean up {self.name!r}"))
+            shielded(lambda: self._io.run(attempt.abandon(), f"clean up {self.name!r}"))
         except Exception:
             pass  # the original error matters more; an orphaned key expires with its ttl
         except Cancelled:

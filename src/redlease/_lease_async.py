@@ -90,7 +90,7 @@ class AsyncLeaseBlock(LeaseState, AsyncOnly):
                 # it again to the end, shielded, then let the cancellation go on. "Not
                 # ours" now may mean the first one did land, so it is not reported.
                 with contextlib.suppress(LockLost, QuorumError):
-                    await shielded(self._io.run(self._release_flow(), "release"))
+                    await shielded(lambda: self._io.run(self._release_flow(), "release"))
                 self._mark_released()
                 raise
 

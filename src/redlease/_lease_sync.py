@@ -80,7 +80,7 @@ class SyncLeaseBlock(LeaseState):
                 # it again to the end, shielded, then let the cancellation go on. "Not
                 # ours" now may mean the first one did land, so it is not reported.
                 with contextlib.suppress(LockLost, QuorumError):
-                    shielded(self._io.run(self._release_flow(), "release"))
+                    shielded(lambda: self._io.run(self._release_flow(), "release"))
                 self._mark_released()
                 raise
 

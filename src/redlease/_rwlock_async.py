@@ -24,7 +24,7 @@ from ._timing import Clock
 Seconds = float | timedelta
 
 
-class AsyncSide(SideRules, AsyncOneServer):
+class _AsyncSide(SideRules, AsyncOneServer):
     """One side (read or write) of a read/write lock: a lock of its own to its caller."""
 
     def __init__(self, rw: AsyncReadWriteLock, mode: str, io: AsyncIO) -> None:
@@ -93,8 +93,8 @@ class AsyncReadWriteLock:
         io = AsyncIO(client)
         check_replicas(self._specs[READ], io.direct)
         self._cancel_on_lost = args.flag(cancel_on_lost, "cancel_on_lost")  # unasync: async only
-        self.read = AsyncSide(self, READ, io)
-        self.write = AsyncSide(self, WRITE, io)
+        self.read = _AsyncSide(self, READ, io)
+        self.write = _AsyncSide(self, WRITE, io)
 
     @property
     def name(self) -> str:

@@ -26,7 +26,7 @@ from ._timing import Clock
 Seconds = float | timedelta
 
 
-class Side(SideRules, OneServer):
+class _Side(SideRules, OneServer):
     """One side (read or write) of a read/write lock: a lock of its own to its caller."""
 
     def __init__(self, rw: ReadWriteLock, mode: str, io: SyncIO) -> None:
@@ -92,8 +92,8 @@ class ReadWriteLock:
         self._tables = {mode: Holders() for mode in (READ, WRITE)}  # each holder's lease
         io = SyncIO(client)
         check_replicas(self._specs[READ], io.direct)
-        self.read = Side(self, READ, io)
-        self.write = Side(self, WRITE, io)
+        self.read = _Side(self, READ, io)
+        self.write = _Side(self, WRITE, io)
 
     @property
     def name(self) -> str:
