@@ -40,6 +40,7 @@ FILES = [
     ("_rwlock_async.py", "_rwlock_sync.py"),
     ("_election_async.py", "_election_sync.py"),
     ("_multilock_async.py", "_multilock_sync.py"),
+    ("_redlock_async.py", "_redlock_sync.py"),
 ]
 
 # Whole words (or the exact text, for the ones starting with punctuation), in order.

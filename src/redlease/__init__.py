@@ -29,7 +29,8 @@ from ._lock_async import AsyncLock
 from ._lock_sync import Lock
 from ._multilock_async import AsyncMultiLease, AsyncMultiLock
 from ._multilock_sync import MultiLease, MultiLock
-from ._redlock import AsyncRedlock, AsyncRedlockLease, Redlock, RedlockLease
+from ._redlock_async import AsyncRedlock, AsyncRedlockLease
+from ._redlock_sync import Redlock, RedlockLease
 from ._rwlock_async import AsyncReadWriteLock
 from ._rwlock_sync import ReadWriteLock
 from ._semaphore_async import AsyncSemaphore

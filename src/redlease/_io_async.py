@@ -47,7 +47,7 @@ T = TypeVar("T")
 NO_CLIENT_ID = -1
 
 # Clients (of the CLIENT kind) and pools already checked for a key-evicting policy.
-_CHECKED: weakref.WeakSet[Any] = weakref.WeakSet()
+CHECKED: weakref.WeakSet[Any] = weakref.WeakSet()
 
 
 async def _reply(conn: Connection, op: Call | Command, timeout: float) -> Any:
@@ -135,9 +135,9 @@ class AsyncIO:
         self._checked = True
         pool = self.pool
         target = pool if pool is not None else self.client
-        if target in _CHECKED:
+        if target in CHECKED:
             return
-        _CHECKED.add(target)
+        CHECKED.add(target)
         try:
             if pool is None:
                 async with gate(self.client, _flows.SETTINGS_WAIT):

@@ -49,7 +49,7 @@ T = TypeVar("T")
 NO_CLIENT_ID = -1
 
 # Clients (of the CLIENT kind) and pools already checked for a key-evicting policy.
-_CHECKED: weakref.WeakSet[Any] = weakref.WeakSet()
+CHECKED: weakref.WeakSet[Any] = weakref.WeakSet()
 
 
 def _reply(conn: Connection, op: Call | Command, timeout: float) -> Any:
@@ -137,9 +137,9 @@ class SyncIO:
         self._checked = True
         pool = self.pool
         target = pool if pool is not None else self.client
-        if target in _CHECKED:
+        if target in CHECKED:
             return
-        _CHECKED.add(target)
+        CHECKED.add(target)
         try:
             if pool is None:
                 with gate(self.client, _flows.SETTINGS_WAIT):

@@ -4,9 +4,10 @@ across nodes, release-all, the retry schedule, majority-confirmed extend and rel
 A quorum flow is a generator like the single-server flows of ``_flows``, but it yields
 ``Fanout`` (one script to run on several nodes at once, each reply worth waiting for
 ``timeout`` seconds from the send) and ``Sleep``; it receives one result per node: the
-reply, the exception that stands for "no answer", or ``UNREAD``. The drivers in
-``_redlock`` carry them: both write on every node's connection, then read the replies
-until a majority said yes (acquire, extend, release) or all of them are in. A node whose
+reply, the exception that stands for "no answer", or ``UNREAD``. The driver in
+``_redlock_async`` (and its generated twin) carries them: it writes on every node's
+connection, then reads the replies until a majority said yes (acquire, extend, release)
+or all of them are in. A node whose
 reply is not waited for is not kept waiting on either: its reply is read, unseen, before
 that connection's next one, and the slowest nodes of a cycle cost it nothing.
 
