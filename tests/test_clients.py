@@ -205,6 +205,21 @@ def test_coredis_beyond_standalone_is_refused_by_name() -> None:
         redlease.Lock(coredis.Redis(port=_free_port()), "x")  # coredis is asyncio only
 
 
+def test_redlock_knows_a_coredis_node_by_its_address() -> None:
+    """Two coredis clients of one server are one node, refused as for redis-py, and a
+    node is named by its address (its family reads the settings, not redlease)."""
+    coredis = pytest.importorskip("coredis")
+    port = _free_port()
+    with pytest.raises(redlease.InvalidArgument, match=rf"same node \(127.0.0.1:{port}/0\)"):
+        redlease.AsyncRedlock(
+            [
+                coredis.Redis(host="127.0.0.1", port=port),
+                coredis.Redis(host="127.0.0.1", port=port),
+            ],
+            "x",
+        )
+
+
 async def test_coredis_contract(server: servers.ServerProcess, name: str) -> None:
     """A standalone coredis client: the first acquire on a server without the scripts,
     waiters beyond its pool's slots while the application uses it, auto-renewal, a server

@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 import redlease
-from redlease import _flows, _scripts
+from redlease import _flows, _ops, _scripts
 from redlease._keys import LockKeys, hash_tag
 from redlease._timing import Deadline, drift
 from redlease.testing import FakeClock
@@ -23,7 +23,7 @@ def first_op(flow: Generator[Any, Any, Any]) -> Any:
     """The flow's first op on the server: a waiter's Listen is answered as by a driver
     without a hub (its waits are then on its own bell)."""
     op = next(flow)
-    return flow.send(None) if isinstance(op, _flows.Listen) else op
+    return flow.send(None) if isinstance(op, _ops.Listen) else op
 
 
 def step(flow: Generator[Any, Any, Any], reply: Any) -> Any:
@@ -39,7 +39,7 @@ def test_acquire_is_one_script_call_and_validity_counts_from_before_sending() ->
     attempt = _flows.Acquisition(spec(clock), None, wait=False)
     flow = attempt.run()
     op: Any = first_op(flow)
-    assert isinstance(op, _flows.Call)
+    assert isinstance(op, _ops.Call)
     assert op.script is _scripts.ACQUIRE
     assert op.keys == (
         "redlease:{orders:42}",
@@ -102,7 +102,7 @@ def test_late_grants_do_not_outlast_the_deadline(via: str) -> None:
     sent = 0
     while op != ("done", None):
         assert sent < 10, "still trying long past the deadline"
-        if isinstance(op, _flows.Wait):  # queued, then handed the lock by a release
+        if isinstance(op, _ops.Wait):  # queued, then handed the lock by a release
             op = step(flow, f"{sent}:1000000:1".encode())
         elif op.script is _scripts.ACQUIRE:
             sent += 1
@@ -118,18 +118,18 @@ def test_late_grants_do_not_outlast_the_deadline(via: str) -> None:
 def test_wait_for_replicas_is_cut_to_the_time_the_deadline_leaves() -> None:
     clock = FakeClock()
     s = _flows.LockSpec.create("orders:42", 30.0, clock=clock, replicas=1)
-    assert s.replicas == _flows.Replicas(1, 3000)  # a tenth of the ttl by default
+    assert s.replicas == _ops.Replicas(1, 3000)  # a tenth of the ttl by default
     flow = _flows.Acquisition(s, 0.0035, wait=True).run()
     op: Any = first_op(flow)
-    assert op.replicas == _flows.Replicas(1, 3)  # whole ms, rounded down
+    assert op.replicas == _ops.Replicas(1, 3)  # whole ms, rounded down
     clock.advance(0.003)
     wait = step(flow, [[0, 9000, 5_000_000, 0], 1])
-    assert isinstance(wait, _flows.Wait)
-    assert wait.replicas == _flows.Replicas(1, 1)  # 0 would mean "forever" to WAIT
+    assert isinstance(wait, _ops.Wait)
+    assert wait.replicas == _ops.Replicas(1, 1)  # 0 would mean "forever" to WAIT
     clock.advance(0.001)
     leave = step(flow, (None, 0))
     assert leave.script is _scripts.LEAVE
-    assert leave.replicas == _flows.Replicas(1, 1)
+    assert leave.replicas == _ops.Replicas(1, 1)
     assert step(flow, [[0, 0, 0], 0]) == ("done", None)
     # no deadline, or one try: the whole WAIT
     for timeout, wait in ((None, True), (0.0, False)):
@@ -155,7 +155,7 @@ def test_extend_with_replicas_counts_only_when_acknowledged() -> None:
     flow = _flows.extend(s, "tok", 3000, wait=0.05)  # as the renewer sends it
     op: Any = first_op(flow)
     assert op.timeout == 0.05
-    assert op.replicas == _flows.Replicas(1, 50)
+    assert op.replicas == _ops.Replicas(1, 50)
     assert step(flow, (1, 1))[0] == "done"
     flow = _flows.extend(s, "tok", 3000)
     op = first_op(flow)
@@ -178,10 +178,10 @@ def test_waiter_sleeps_on_its_bell_until_the_holders_expiry_at_most() -> None:
     op: Any = first_op(flow)
     assert int(op.args[3]) >= 10_000  # queued, with an entry that outlives the wait
     wait = step(flow, [0, 2500, 5_000_000, 0])
-    assert isinstance(wait, _flows.Wait)
+    assert isinstance(wait, _ops.Wait)
     assert wait.key == "redlease:{orders:42}:bell:" + attempt.token
     assert wait.timeout == pytest.approx(2.5 + _flows.EXPIRY_NUDGE)
-    assert wait.give_up == pytest.approx(wait.timeout + _flows.LATE_WAKE)
+    assert wait.give_up == pytest.approx(wait.timeout + _ops.LATE_WAKE)
 
 
 def test_handover_validity_uses_only_server_elapsed_time() -> None:
@@ -331,19 +331,19 @@ def test_a_wait_with_time_left_waits_out_a_failure_that_may_pass() -> None:
     attempt = _flows.Acquisition(spec(clock), 2.0, wait=True)
     flow = attempt.run()
     first = first_op(flow)
-    assert isinstance(first, _flows.Call)
+    assert isinstance(first, _ops.Call)
     pauses = 0
     while True:
         try:
             op = flow.throw(_failure(redis.ConnectionError("refused")))
         except redlease.BackendError:
             break
-        assert isinstance(op, _flows.Sleep)
+        assert isinstance(op, _ops.Sleep)
         assert 0 < op.seconds <= _flows.PASSING_RETRY_CAP
         pauses += 1
         clock.advance(op.seconds)
         again = first_op(flow)
-        assert isinstance(again, _flows.Call)
+        assert isinstance(again, _ops.Call)
         assert again.script is _scripts.ACQUIRE
         assert again.args[0] == first.args[0]  # a try that did land is found
     assert pauses >= 3
@@ -382,7 +382,7 @@ def test_a_waiter_with_a_hub_tries_first_then_listens_then_queues_naming_its_hub
     attempt = _flows.Acquisition(spec(FakeClock()), 30.0, wait=True)
     flow = attempt.run()
     listen: Any = next(flow)
-    assert isinstance(listen, _flows.Listen)
+    assert isinstance(listen, _ops.Listen)
     assert (listen.prefix, listen.token, listen.box) == (
         "redlease:{orders:42}:bell:",
         attempt.token,
@@ -394,7 +394,7 @@ def test_a_waiter_with_a_hub_tries_first_then_listens_then_queues_naming_its_hub
     assert op.args[3] == "0"
     assert op.args[6] == ""
     subscribe = step(flow, [0, 4000, 1_000_000, 0])
-    assert isinstance(subscribe, _flows.Listen)
+    assert isinstance(subscribe, _ops.Listen)
     assert subscribe.box is box
     box.ready = True
     op = step(flow, box)
@@ -402,7 +402,7 @@ def test_a_waiter_with_a_hub_tries_first_then_listens_then_queues_naming_its_hub
     assert op.args[3] != "0"
     assert op.args[6] == "ab12"
     wait = step(flow, [0, 4000, 1_000_000, 0])
-    assert isinstance(wait, _flows.Wait)
+    assert isinstance(wait, _ops.Wait)
     assert wait.box is box
     done, grant = step(flow, b"9:1000500:1")
     assert done == "done"
@@ -425,12 +425,12 @@ def test_a_hub_lost_while_waiting_means_a_look_at_the_lock_then_listening_again(
     box = FakeBox(attempt.token, ready=True)
     step(flow, box)
     wait: Any = step(flow, [0, 4000, 1_000_000, 0])
-    assert isinstance(wait, _flows.Wait)
+    assert isinstance(wait, _ops.Wait)
     box.ready = False  # the hub's connection failed: the box gives None
     op: Any = step(flow, None)
     assert op.script is _scripts.ACQUIRE
     assert op.args[3] == "0"
-    assert isinstance(step(flow, [0, 4000, 1_000_000, 0]), _flows.Listen)  # listening again
+    assert isinstance(step(flow, [0, 4000, 1_000_000, 0]), _ops.Listen)  # listening again
 
 
 def test_a_hub_refused_by_the_server_leaves_the_waiter_on_its_bell() -> None:
@@ -445,11 +445,11 @@ def test_a_hub_refused_by_the_server_leaves_the_waiter_on_its_bell() -> None:
     assert op.args[3] != "0"
     assert op.args[6] == ""
     wait = step(flow, [0, 4000, 1_000_000, 0])
-    assert isinstance(wait, _flows.Wait)
+    assert isinstance(wait, _ops.Wait)
     assert wait.box is None
 
 
 def test_a_waiter_with_replicas_waits_on_its_bell() -> None:
     s = _flows.LockSpec.create("orders:42", 30.0, clock=FakeClock(), replicas=1)
     op: Any = next(_flows.Acquisition(s, 10.0, wait=True).run())
-    assert isinstance(op, _flows.Call)  # no Listen: the grant must reach the replicas
+    assert isinstance(op, _ops.Call)  # no Listen: the grant must reach the replicas

@@ -226,6 +226,77 @@ _SHAPES = {
 }
 
 
+def _module_of(path: Path) -> str:
+    parts = path.relative_to(SRC.parent).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def _imports(path: Path) -> set[str]:
+    """The redlease modules ``path`` imports, at its top or inside a function (not for
+    type checking only)."""
+    module = _module_of(path)
+    package = module if path.name == "__init__.py" else module.rpartition(".")[0]
+    tree = ast.parse(path.read_text())
+    typing_only = {
+        id(inner)
+        for node in ast.walk(tree)
+        if isinstance(node, ast.If)
+        and ast.unparse(node.test) in ("TYPE_CHECKING", "typing.TYPE_CHECKING")
+        for inner in ast.walk(node)
+    }
+    found: set[str] = set()
+    for node in ast.walk(tree):
+        if id(node) in typing_only:
+            continue
+        if isinstance(node, ast.Import):
+            found |= {alias.name for alias in node.names if alias.name.startswith("redlease")}
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package.split(".")[: len(package.split(".")) - node.level + 1]
+                target = ".".join([*base, node.module] if node.module else base)
+            else:
+                target = node.module or ""
+            if not target.startswith("redlease"):
+                continue
+            for alias in node.names:  # `from . import _flows`: the module, if it is one
+                sub = f"{target}.{alias.name}"
+                found.add(sub if sub in _MODULES else target)
+    return found - {module}
+
+
+_MODULES = {_module_of(path) for path in SRC.rglob("*.py")}
+
+
+def test_the_import_graph_has_no_cycle() -> None:
+    """No module imports one that imports it back, however far round, not even inside a
+    function: each layer stands on the ones below it (the tools aside, which no library
+    module imports)."""
+    graph = {
+        _module_of(path): _imports(path)
+        for path in SRC.rglob("*.py")
+        if "tools" not in path.relative_to(SRC).parts
+    }
+    cycles: list[list[str]] = []
+    state: dict[str, int] = {}  # 1: on the path now, 2: done
+    path: list[str] = []
+
+    def visit(module: str) -> None:
+        state[module] = 1
+        path.append(module)
+        for imported in sorted(graph.get(module, set())):
+            if state.get(imported) == 1:
+                cycles.append([*path[path.index(imported) :], imported])
+            elif imported not in state:
+                visit(imported)
+        path.pop()
+        state[module] = 2
+
+    for module in sorted(graph):
+        if module not in state:
+            visit(module)
+    assert cycles == []
+
+
 def test_no_private_attribute_of_another_library_is_touched() -> None:
     offending = [
         f"{path.relative_to(SRC)}:{row}: {line.strip()}"

@@ -24,7 +24,7 @@ from waiting_helpers import lock_key
 
 
 def spin_record(client: redis.Redis | aredis.Redis) -> Any:
-    from redlease._fronts import is_async_client
+    from redlease._clients.checks import is_async_client
     from redlease._io_async import AsyncIO
     from redlease._io_sync import SyncIO
 
@@ -115,8 +115,8 @@ async def test_a_short_read_after_a_long_one_keeps_its_own_deadline(
 ) -> None:
     """The asyncio reads of a connection share one timer, armed for the first read's
     deadline; a later read with a shorter one must still time out on its own."""
-    from redlease._flows import Command
     from redlease._io_async import AsyncIO
+    from redlease._ops import Command
 
     client = families.aclient(port=server.port)
     io = AsyncIO(client)
@@ -215,8 +215,8 @@ async def test_replies_polled_in_a_row_still_let_the_loop_turn(
 async def test_a_reply_read_partly_by_the_poll_is_finished_by_the_wait(
     server: servers.ServerProcess, name: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from redlease._flows import Command
     from redlease._io_async import AsyncIO
+    from redlease._ops import Command
 
     value = os.urandom(600_000)
     writer = families.client(port=server.port)

@@ -21,10 +21,11 @@ import redis
 import families
 import redlease
 from redlease import _stale
-from redlease._flows import LockSpec, Sleep
+from redlease._flows import LockSpec
 from redlease._io_async import AsyncIO
 from redlease._io_sync import SyncIO
 from redlease._keys import LockKeys
+from redlease._ops import Sleep
 from redlease._quorum import SAFE, UNREAD, Fanout, QuorumAcquisition, QuorumSpec
 from redlease._quorum import extend as quorum_extend
 from redlease._quorum import release as quorum_release

@@ -15,7 +15,7 @@ import redis
 
 import families
 import redlease
-from redlease import _flows
+from redlease import _flows, _ops
 from redlease._io_sync import SyncIO
 from redlease.tools import servers
 from waiting_helpers import lock_key, queued, wait_until
@@ -41,7 +41,7 @@ def test_no_lost_wake_up_when_release_lands_before_the_wait(
     io = SyncIO(r)
     flow = attempt.run()
     wait_op = next(flow)
-    while not isinstance(wait_op, _flows.Wait):  # the failed try: queued, ~30 s left
+    while not isinstance(wait_op, _ops.Wait):  # the failed try: queued, ~30 s left
         wait_op = flow.send(io.execute(wait_op))
     holder.release()  # the release lands in the gap before we block
     started = time.monotonic()

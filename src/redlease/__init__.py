@@ -35,9 +35,7 @@ from ._rwlock_async import AsyncReadWriteLock
 from ._rwlock_sync import ReadWriteLock
 from ._semaphore_async import AsyncSemaphore
 from ._semaphore_sync import Semaphore
-
-__version__ = "0.1.0"
-
+from ._version import __version__
 
 # A library's loggers print nothing of their own accord: the application configures
 # logging (the "redlease" tree) if it wants to see them.

@@ -24,23 +24,11 @@ import urllib.parse
 from collections.abc import Sequence
 from typing import Any
 
-from ._cli_run import EXIT_CONFLICT, EXIT_LOST
+from ._cli_common import EXIT_CONFLICT, EXIT_LOST, EXIT_USAGE, CliError, make_client
 from ._errors import LockError
 from ._keys import DEFAULT_PREFIX
 
 DEFAULT_URL = "redis://127.0.0.1:6379/0"
-EXIT_FREE = 1  # inspect, list and release: nothing there
-EXIT_USAGE = 2
-
-
-class CliError(Exception):
-    """A failure to report in one line, with an exit code."""
-
-    def __init__(self, message: str, code: int = EXIT_USAGE) -> None:
-        super().__init__(message)
-        self.code = code
-
-
 _UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
 _DURATION = re.compile(r"\s*(\d+(?:\.\d*)?|\.\d+)\s*(ms|s|m|h|d)?\s*", re.IGNORECASE)
 
@@ -88,7 +76,7 @@ def _count(text: str) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from . import __version__
+    from ._version import __version__
 
     parser = argparse.ArgumentParser(
         prog="redlease",
@@ -478,17 +466,6 @@ def _connection_errors() -> tuple[type[BaseException], ...]:
 
     errors = caught()
     return (*errors.connection, *errors.timeout, BackendError)
-
-
-def make_client(url: str) -> Any:
-    """A client for ``url``; nothing is sent yet (a server that cannot be reached is met
-    at the first command, and a least-privileged user needs no PING)."""
-    from ._clients import from_url
-
-    try:
-        return from_url(url)
-    except ValueError as exc:
-        raise CliError(f"--redis: {exc}") from None
 
 
 # --------------------------------------------------------------------------- run

@@ -13,7 +13,7 @@ import json
 import sys
 from typing import Any, TextIO
 
-from ._cli import EXIT_FREE, EXIT_USAGE, CliError, make_client
+from ._cli_common import EXIT_FREE, EXIT_USAGE, CliError, make_client
 from ._inspect import Holder, LockInfo, Waiter, read_info
 from ._keys import read_back
 from ._lease import short_token as short  # (the library's logs show tokens so too)

@@ -36,8 +36,6 @@ from dataclasses import dataclass
 from types import FrameType
 from typing import Any
 
-EXIT_CONFLICT = 1  # flock's default for a lock that stayed busy
-EXIT_LOST = 75  # sysexits' EX_TEMPFAIL: the lease was lost while the command ran
 PASSED_ON = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
 
 

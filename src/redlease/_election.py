@@ -26,20 +26,19 @@ import socket
 from dataclasses import dataclass
 from typing import Any
 
+from ._backend_errors import passing
 from ._errors import BackendError
 from ._flows import (
     EXPIRY_NUDGE,
     MIN_WAIT,
     PASSING_RETRY_BASE,
     PASSING_RETRY_CAP,
-    Box,
     Flow,
-    Listen,
     LockSpec,
-    Wait,
     as_int,
     as_text,
 )
+from ._ops import Box, Listen, Wait
 from ._scripts import ELECTION_ANNOUNCE, ELECTION_WATCH
 from ._timing import QUEUE_ENTRY_SLACK
 
@@ -113,8 +112,6 @@ class ElectionRules:
         """How long an observer waits before looking again after its ``failures``-th
         failure in a row: one that may pass (the server restarting, failing over,
         unreachable for a while) is waited out, for ever; any other is raised."""
-        from ._backend_errors import passing  # (it imports the wire format)
-
         if not passing(failure):
             raise failure
         ceiling = min(PASSING_RETRY_CAP, PASSING_RETRY_BASE * 2 ** min(failures, 10))

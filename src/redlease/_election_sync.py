@@ -13,15 +13,16 @@ from typing import Any
 
 from . import _arguments as args
 from ._backend_sync import ASYNC, Flag, shielded
+from ._clients.checks import check_client
 from ._election import ElectionRules, Leader, default_identity, log
 from ._errors import BackendError, LockLost
-from ._flows import ELECTION, Box, LockSpec, new_token
-from ._fronts import check_client
+from ._flows import ELECTION, LockSpec, new_token
 from ._io_sync import SyncIO
 from ._keys import DEFAULT_PREFIX
 from ._lease_sync import Lease
 from ._lock import OnLost, check_replicas
 from ._lock_sync import OneServer
+from ._ops import Box
 
 Seconds = float | timedelta
 

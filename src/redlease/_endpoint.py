@@ -37,7 +37,7 @@ from ._clients.family import Family
 from ._resp import ReplyError
 
 if TYPE_CHECKING:
-    from ._flows import Call
+    from ._ops import Call
 
 __all__ = [
     "ConnectionFailed",

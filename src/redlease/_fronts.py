@@ -22,7 +22,6 @@ from datetime import timedelta
 from typing import Any, ParamSpec, Protocol, TypeVar
 
 from . import _metrics
-from ._clients import refusal
 from ._errors import InvalidArgument, LockError, LockLost
 from ._flows import Grant
 from ._lease import (
@@ -219,39 +218,3 @@ class FrontBase:
         labels = self._metered()
         if labels is not None:
             labels.not_granted(started, waited=wait)
-
-
-def is_async_client(client: object) -> bool:
-    return inspect.iscoroutinefunction(getattr(client, "execute_command", None))
-
-
-def check_served(client: object, what: str) -> None:
-    """Refuse what redlease cannot serve, naming the argument (``what``) and the client."""
-    refused = refusal(client)
-    if refused is not None:
-        raise InvalidArgument(f"{what} is refused: {refused}")
-    if isinstance(client, type):
-        raise InvalidArgument(f"{what} must be a client, not the class {client.__name__}")
-    if callable(getattr(client, "master_for", None)):
-        raise InvalidArgument(
-            f"{what} is a Sentinel manager: pass the master's client, "
-            f"sentinel.master_for(service_name)"
-        )
-    if not callable(getattr(client, "execute_command", None)):
-        raise InvalidArgument(
-            f"{what} must be a redis-py or valkey-py client, not {type(client).__name__}"
-        )
-
-
-def check_client(client: object, *, want_async: bool, sync_twin: str = "Lock") -> None:
-    check_served(client, "client")
-    if is_async_client(client) != want_async:
-        if want_async:
-            raise InvalidArgument(
-                "client must be an asyncio client (redis.asyncio, valkey.asyncio) for "
-                f"Async{sync_twin}; use {sync_twin} with a sync client"
-            )
-        raise InvalidArgument(
-            f"client must be a sync client (redis.Redis, valkey.Valkey) for {sync_twin}; "
-            f"use Async{sync_twin} with an asyncio client"
-        )

@@ -19,11 +19,12 @@ from dataclasses import dataclass
 from typing import Any
 
 from . import _arguments as args
-from ._errors import InvalidArgument
-from ._flows import ELECTION, LOCK, READ_WRITE, SEMAPHORE, Call, Flow, Kind, as_int, as_text
+from ._clients.checks import check_client
+from ._flows import ELECTION, LOCK, READ_WRITE, SEMAPHORE, Flow, Kind, as_int, as_text
 from ._io_async import AsyncIO
 from ._io_sync import SyncIO
 from ._keys import DEFAULT_PREFIX, LockKeys
+from ._ops import Call
 from ._scripts import INSPECT
 
 # What ``kind=`` names, and the primitive whose keys it reads.
@@ -128,20 +129,7 @@ def decode(name: str, kind: str, reply: Any) -> LockInfo:
 def _checked(
     client: object, name: object, kind: object, prefix: object, *, want_async: bool
 ) -> tuple[LockKeys, str, str]:
-    # (imported here: the fronts import this module for locked() and its kin)
-    from ._fronts import check_served, is_async_client
-
-    check_served(client, "client")
-    if is_async_client(client) != want_async:
-        if want_async:
-            raise InvalidArgument(
-                "client must be an asyncio client (redis.asyncio, valkey.asyncio) for "
-                "aread_info; use read_info with a sync client"
-            )
-        raise InvalidArgument(
-            "client must be a sync client (redis.Redis, valkey.Valkey) for read_info; "
-            "use aread_info with an asyncio client"
-        )
+    check_client(client, want_async=want_async, sync_twin="read_info", async_twin="aread_info")
     checked_name = args.lock_name(name)
     checked_kind = args.one_of(kind, "kind", tuple(KINDS))
     keys = KINDS[checked_kind].layout(checked_name, args.key_prefix(prefix))

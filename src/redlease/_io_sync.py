@@ -38,8 +38,9 @@ from ._endpoint import (
     reply_errors,
 )
 from ._errors import warn
-from ._flows import LATE_WAKE, Call, Command, Flow, Listen, Op, Replicas, Sleep, Wait
+from ._flows import Flow
 from ._hub_sync import Box, Hub
+from ._ops import LATE_WAKE, Call, Command, Listen, Op, Replicas, Sleep, Wait
 from ._quorum import MIN_READ_WAIT, UNREAD, Unsent, said_yes
 
 T = TypeVar("T")

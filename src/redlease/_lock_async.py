@@ -15,9 +15,9 @@ from typing import Any
 
 from . import _arguments as args
 from ._backend_async import ASYNC, current_holder
+from ._clients.checks import check_client
 from ._flows import Acquisition, Grant, LockSpec
 from ._front_async import AsyncFront
-from ._fronts import check_client
 from ._io_async import AsyncIO
 from ._keys import DEFAULT_PREFIX
 from ._lease import Holders

@@ -40,6 +40,7 @@ from typing import TYPE_CHECKING, Any
 
 from . import _fork
 from ._errors import InvalidArgument
+from ._version import __version__
 
 if TYPE_CHECKING:
     from opentelemetry.context import Context
@@ -439,8 +440,6 @@ def _instruments(provider: Any) -> Instruments | None:
         from opentelemetry.context import get_current
     except ImportError:  # no `otel` extra: nothing is recorded, at no cost
         return None
-    from . import __version__
-
     earlier = _global_made if provider is None else _made_from.get(provider)
     if earlier is not None:
         return earlier

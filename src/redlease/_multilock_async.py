@@ -15,9 +15,10 @@ from typing import Any
 from . import _arguments as args
 from . import _flows, _metrics
 from ._backend_async import ASYNC, shielded
+from ._clients.checks import check_client
 from ._errors import AcquireTimeout, LockLost
 from ._flows import Grant, new_token
-from ._fronts import P, R, check_client, decorate_async, pop_entered, push_entered
+from ._fronts import P, R, decorate_async, pop_entered, push_entered
 from ._keys import DEFAULT_PREFIX
 from ._lease_async import AsyncLease
 from ._lock import OnLost

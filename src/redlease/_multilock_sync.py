@@ -17,9 +17,10 @@ from typing import Any
 from . import _arguments as args
 from . import _flows, _metrics
 from ._backend_sync import ASYNC, shielded
+from ._clients.checks import check_client
 from ._errors import AcquireTimeout, LockLost
 from ._flows import Grant, new_token
-from ._fronts import P, R, check_client, decorate, pop_entered, push_entered
+from ._fronts import P, R, decorate, pop_entered, push_entered
 from ._keys import DEFAULT_PREFIX
 from ._lease_sync import Lease
 from ._lock import OnLost

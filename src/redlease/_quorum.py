@@ -51,7 +51,8 @@ from typing import Any, TypeVar
 
 from ._backend_errors import describe
 from ._errors import BackendError, LockLost, QuorumError
-from ._flows import Call, Grant, LockSpec, Sleep, as_int, new_token
+from ._flows import Grant, LockSpec, as_int, new_token
+from ._ops import Call, Sleep
 from ._scripts import EXTEND, REDLOCK_ACQUIRE, REDLOCK_FENCE, REDLOCK_RELEASE, Script
 from ._timing import Deadline, drift
 

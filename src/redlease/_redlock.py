@@ -33,11 +33,12 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from . import _flows, _quorum
+from ._clients import family_of
+from ._clients.checks import check_served, is_async_client
 from ._errors import (
     InvalidArgument,
     warn,
 )
-from ._fronts import check_served, is_async_client
 from ._lease import LeaseState
 from ._quorum import SAFE, QuorumGrant, QuorumSpec, Rules
 
@@ -49,7 +50,12 @@ CHECK_WAIT = 0.05
 
 
 def node_identity(client: Any) -> tuple[object, ...]:
-    kwargs = getattr(getattr(client, "connection_pool", None), "connection_kwargs", None) or {}
+    """Where a node client connects (host, port, db; or socket path, db), as its family
+    reads its pool's settings: two clients of one server are one node. A client whose
+    settings cannot be read is a node of its own."""
+    family = family_of(client)
+    pool = getattr(client, "connection_pool", None)
+    kwargs = (None if family is None else family.settings(pool)) or {}
     if "host" in kwargs:
         return (kwargs["host"], kwargs.get("port", 6379), kwargs.get("db", 0))
     if "path" in kwargs:

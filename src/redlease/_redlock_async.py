@@ -38,12 +38,13 @@ from . import _arguments as args
 from . import _flows, _io_async
 from ._backend_async import ASYNC, sleep
 from ._errors import warn
-from ._flows import Call, Command, Grant, LockSpec, Sleep
+from ._flows import Grant, LockSpec
 from ._front_async import AsyncFront
 from ._io_async import CHECKED, AsyncIO
 from ._keys import DEFAULT_PREFIX
 from ._lease import Holders
 from ._lease_async import AsyncLeaseBlock
+from ._ops import Call, Command, Sleep
 from ._quorum import Fanout, QuorumAcquisition, QuorumFlow, QuorumGrant, QuorumSpec
 from ._redlock import (
     CHECK_WAIT,

@@ -40,12 +40,13 @@ from . import _arguments as args
 from . import _flows, _io_sync
 from ._backend_sync import ASYNC, sleep
 from ._errors import warn
-from ._flows import Call, Command, Grant, LockSpec, Sleep
+from ._flows import Grant, LockSpec
 from ._front_sync import SyncFront
 from ._io_sync import CHECKED, SyncIO
 from ._keys import DEFAULT_PREFIX
 from ._lease import Holders
 from ._lease_sync import SyncLeaseBlock
+from ._ops import Call, Command, Sleep
 from ._quorum import Fanout, QuorumAcquisition, QuorumFlow, QuorumGrant, QuorumSpec
 from ._redlock import (
     CHECK_WAIT,

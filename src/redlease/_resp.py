@@ -14,7 +14,7 @@ import re
 from collections.abc import Callable
 from typing import Any
 
-from ._flows import Call, Command
+from ._ops import Call, Command
 
 NOT_ENOUGH: Any = object()  # what a reader's gets() returns until a whole reply is in
 

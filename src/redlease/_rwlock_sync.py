@@ -12,8 +12,8 @@ from typing import Any
 
 from . import _arguments as args
 from ._backend_sync import ASYNC, current_holder
+from ._clients.checks import check_client
 from ._flows import READ_WRITE, Acquisition, LockSpec
-from ._fronts import check_client
 from ._io_sync import SyncIO
 from ._keys import DEFAULT_PREFIX
 from ._lease import Holders

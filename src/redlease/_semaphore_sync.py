@@ -15,9 +15,9 @@ from typing import Any
 
 from . import _arguments as args
 from ._backend_sync import ASYNC
+from ._clients.checks import check_client
 from ._errors import InvalidArgument
 from ._flows import SEMAPHORE, LockSpec
-from ._fronts import check_client
 from ._keys import DEFAULT_PREFIX
 from ._lock import OnLost
 from ._lock_sync import OneServer
