@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 import redlease
-from redlease import _flows, _ops, _scripts
+from redlease import _flows, _ops, _scripts, _timing
 from redlease._keys import LockKeys, hash_tag
 from redlease._timing import Deadline, drift
 from redlease.testing import FakeClock
@@ -339,7 +339,7 @@ def test_a_wait_with_time_left_waits_out_a_failure_that_may_pass() -> None:
         except redlease.BackendError:
             break
         assert isinstance(op, _ops.Sleep)
-        assert 0 < op.seconds <= _flows.PASSING_RETRY_CAP
+        assert 0 < op.seconds <= _timing.PASSING_RETRY_CAP
         pauses += 1
         clock.advance(op.seconds)
         again = first_op(flow)
@@ -453,3 +453,17 @@ def test_a_waiter_with_replicas_waits_on_its_bell() -> None:
     s = _flows.LockSpec.create("orders:42", 30.0, clock=FakeClock(), replicas=1)
     op: Any = next(_flows.Acquisition(s, 10.0, wait=True).run())
     assert isinstance(op, _ops.Call)  # no Listen: the grant must reach the replicas
+
+
+def test_an_abandon_in_haste_is_short_and_tried_once() -> None:
+    """The clean-up of an acquire the process interrupts on its way out (Ctrl-C, exit):
+    bounded by PAST_DEADLINE, not the lock's reply bound, and with no retry after the
+    client's back-off; an ordinary one keeps both."""
+    clock = FakeClock()
+    for hurried, bound, patient in [(False, 30.0, True), (True, _flows.PAST_DEADLINE, False)]:
+        attempt = _flows.Acquisition(spec(clock, ttl=30.0), None, wait=True)
+        first_op(attempt.run())
+        op = next(attempt.abandon(hurried=hurried))
+        assert isinstance(op, _ops.Call)
+        assert op.script is spec(clock).kind.leave
+        assert (op.timeout, op.patient) == (bound, patient)

@@ -1,4 +1,6 @@
-"""What a server failure means for a lock, in words: one mapping for every driver."""
+"""Every server and client error, classified once: what a failure means for a lock, in
+words; whether it may pass by itself; which reply codes say "the script is unknown", "a
+blocked command was ended" or "this node no longer serves the slot"."""
 
 from __future__ import annotations
 
@@ -163,3 +165,34 @@ def backend_failures() -> tuple[type[BaseException], ...]:
     through. Read where it is caught (``except backend_failures():``): every family loaded
     by then is among them (``_clients``)."""
     return (*caught().base, OSError, ReplyError)
+
+
+def reply_errors() -> tuple[type[Exception], ...]:
+    """An error reply: ours (ReplyError) or one a CLASS connection or client raised. Read
+    where it is caught (``except reply_errors():``), as ``caught()`` is."""
+    return (ReplyError, *caught().response)
+
+
+def is_noscript(exc: BaseException) -> bool:
+    """The server does not know the script (restarted, SCRIPT FLUSH, a promoted replica)."""
+    return isinstance(exc, caught().noscript) or (
+        isinstance(exc, ReplyError) and exc.code == "NOSCRIPT"
+    )
+
+
+def is_unblocked(exc: BaseException) -> bool:
+    """A blocked command was ended by the server because it changed role (a failover)."""
+    if isinstance(exc, ReplyError):
+        return exc.code == "UNBLOCKED"
+    return isinstance(exc, caught().response) and str(exc).startswith("UNBLOCKED")
+
+
+# Error replies that say the hub's node no longer serves a channel's slot: the hub
+# starts over (any other error to a SUBSCRIBE is a refusal: waiters use bells).
+REDIRECTIONS = frozenset({"MOVED", "ASK", "TRYAGAIN", "CLUSTERDOWN"})
+
+
+def starts_over(error: ReplyError) -> bool:
+    """Whether ``error``, read by a hub, means its connection should be dropped and its
+    waiters look again (a redirection), rather than that the server refuses the hub."""
+    return error.code in REDIRECTIONS

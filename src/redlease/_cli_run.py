@@ -37,6 +37,10 @@ from types import FrameType
 from typing import Any
 
 PASSED_ON = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
+# After a signal, the release that follows the command's end is given this long; a server
+# that has not answered by then is left to let the lease run out (its ttl), so that a
+# hung server cannot keep a stopped `redlease run` alive.
+SIGNALLED_RELEASE = 1.0
 
 
 @dataclass(frozen=True)
@@ -71,8 +75,10 @@ class Reporter:
         print(line, file=sys.stderr, flush=True)
 
 
-class Interrupted(Exception):
-    """A signal that came before the command started: stop waiting for the lease."""
+class Interrupted(BaseException):
+    """A signal that came before the command started: stop waiting for the lease. Not an
+    Exception, as KeyboardInterrupt is not: nothing on the way catches it as a failure,
+    and an acquire it interrupts cleans up in haste (a hung server cannot hold it)."""
 
     def __init__(self, signum: int) -> None:
         super().__init__(signal.Signals(signum).name)
@@ -168,7 +174,7 @@ def run_under(
 
     report = Reporter(options.name, options.as_json)
     supervisor = Supervisor(in_terminal_foreground())
-    state: dict[str, Any] = {"phase": "taking", "lost": False, "signal": None}
+    state: dict[str, Any] = {"phase": "taking", "lost": False, "signal": None, "signalled": False}
 
     def on_lost(reason: str) -> None:
         if state["lost"]:
@@ -186,6 +192,7 @@ def run_under(
             supervisor.stop(options.grace)
 
     def on_signal(signum: int) -> None:
+        state["signalled"] = True
         if state["phase"] == "taking":
             raise Interrupted(signum)
         if supervisor.child is None:
@@ -214,7 +221,10 @@ def run_under(
         finally:
             state["phase"] = "releasing"
             try:
-                give_back(lease)
+                if state["signalled"]:
+                    _release_within(SIGNALLED_RELEASE, give_back, lease, report, what, options)
+                else:
+                    give_back(lease)
             except LockLost as exc:
                 on_lost(str(exc))
             except BackendError:
@@ -226,6 +236,40 @@ def run_under(
         code = options.lost_exit_code
     report.say("exit", None, code=code, lost=state["lost"])
     return code
+
+
+def _release_within(
+    bound: float,
+    give_back: Callable[[Any], None],
+    lease: Any,
+    report: Reporter,
+    what: str,
+    options: RunOptions,
+) -> None:
+    """``give_back(lease)``, waited for ``bound`` seconds at most (the process is being
+    stopped); raises what it raised. Not done by then: left to its ttl, and said so."""
+    outcome: list[BaseException | None] = []
+
+    def release() -> None:
+        try:
+            give_back(lease)
+        except BaseException as exc:  # handed to the caller below
+            outcome.append(exc)
+        else:
+            outcome.append(None)
+
+    thread = threading.Thread(target=release, name="redlease-release", daemon=True)
+    thread.start()
+    thread.join(bound)
+    if not outcome:
+        report.say(
+            "left",
+            f"the server did not answer the release of {what} {options.name!r} within "
+            f"{bound:g} s: it ends with its ttl",
+        )
+        return
+    if outcome[0] is not None:
+        raise outcome[0]
 
 
 def _run_command(

@@ -32,6 +32,7 @@ from ._conn_sync import MAX_CONNECTIONS, MAX_IDLE, OWED_REPLY_LIMIT, RESERVED
 from ._endpoint import ConnectionFailed, Endpoint, Kind, ReplyTimedOut, bounded, node_endpoint
 from ._hub_async import Hub
 from ._hub_sync import PLAIN, SHARDED, Verbs
+from ._reading import fed, read_failed
 
 NOT_ENOUGH = _resp.NOT_ENOUGH
 _MIN_WAIT = 0.001
@@ -186,11 +187,8 @@ class SocketConnection:
             try:
                 got = await self.loop.sock_recv_into(self.sock, self.buffer)
             except OSError as exc:
-                raise ConnectionFailed(f"error while reading: {exc}") from exc
-            if not got:
-                raise ConnectionFailed("connection closed by server")
-            reader.feed(self.buffer, 0, got)
-            reply = reader.gets()
+                raise read_failed(exc) from exc
+            reply = fed(got, self.buffer, reader)
             if reply is not NOT_ENOUGH:
                 return reply
 
@@ -373,7 +371,6 @@ class Pool:
         self._count = 0
         self._blocking = 0
         self._generation = _fork.generation
-        self.opened = 0
         self._hub: Hub | None = None
         self._shutdown: AsyncGenerator[None, None] | None = None
         weakref.finalize(self, _close_all, self._idle, self._owing)
@@ -406,9 +403,7 @@ class Pool:
 
     async def open_connection(self, timeout: float) -> Connection:
         """A new connection, not one of the pool's (the hub's)."""
-        conn = await self._open(self.endpoint, timeout, self)
-        self.opened += 1
-        return conn
+        return await self._open(self.endpoint, timeout, self)
 
     async def take(self, timeout: float, *, blocking: bool = False) -> Connection | None:
         if self._shutdown is None:
@@ -446,7 +441,6 @@ class Pool:
         except BaseException:
             self._gone(blocking)
             raise
-        self.opened += 1
         return conn
 
     def _dead(self, conn: Connection) -> None:
@@ -523,13 +517,6 @@ class Pool:
     def idle_connections(self) -> list[Connection]:
         """The idle connections, in the order they would be taken last to first."""
         return list(self._idle)
-
-    def close(self) -> None:
-        """Close the idle connections (those in use close when given back)."""
-        for conn in self._idle:
-            conn.close()
-            self._count -= 1
-        self._idle.clear()
 
 
 def _close_all(idle: list[Connection], owing: list[tuple[Connection, float]]) -> None:

@@ -29,6 +29,7 @@ from typing import Any
 from . import _fork, _resp, _spin, _stale
 from ._endpoint import ConnectionFailed, Endpoint, Kind, ReplyTimedOut, bounded, node_endpoint
 from ._hub_sync import PLAIN, SHARDED, Hub, Verbs
+from ._reading import fed, read_failed
 
 MAX_CONNECTIONS = 128
 RESERVED = 16  # never held by blocking waits: short commands always find a connection
@@ -202,11 +203,8 @@ class SocketConnection:
                 except BlockingIOError:  # the bound passed
                     raise ReplyTimedOut(f"no reply within {timeout:.3f}s") from None
                 except OSError as exc:
-                    raise ConnectionFailed(f"error while reading: {exc}") from exc
-                if not got:
-                    raise ConnectionFailed("connection closed by server")
-                reader.feed(self.buffer, 0, got)
-                reply = reader.gets()
+                    raise read_failed(exc) from exc
+                reply = fed(got, self.buffer, reader)
         return reply
 
     def close(self) -> None:
@@ -276,7 +274,6 @@ class Pool:
         self._blocking = 0  # of which held by blocking waits
         self._waiting = 0  # threads waiting for a connection to be freed
         self._generation = _fork.generation
-        self.opened = 0  # connections ever opened (for tests and benchmarks)
         self._hub: Hub | None = None
         weakref.finalize(self, _close_all, self._idle, self._owing)
         _fork.renew_in_child(self)
@@ -304,9 +301,7 @@ class Pool:
 
     def open_connection(self, timeout: float) -> Connection:
         """A new connection, not one of the pool's (the hub's)."""
-        conn = self._open(self.endpoint, timeout, self)
-        self.opened += 1
-        return conn
+        return self._open(self.endpoint, timeout, self)
 
     def take(self, timeout: float, *, blocking: bool = False) -> Connection | None:
         """A connection, within ``timeout``: an idle one still alive, or a new one. For a
@@ -357,7 +352,6 @@ class Pool:
         except BaseException:
             self._gone(blocking)
             raise
-        self.opened += 1
         return conn
 
     def _dead(self, conn: Connection) -> None:
@@ -449,14 +443,6 @@ class Pool:
     def idle_connections(self) -> list[Connection]:
         """The idle connections, in the order they would be taken last to first."""
         return list(self._idle)
-
-    def close(self) -> None:
-        """Close the idle connections (those in use close when given back)."""
-        with self._lock:
-            for conn in self._idle:
-                conn.close()
-                self._count -= 1
-            self._idle.clear()
 
 
 def _close_all(idle: list[Connection], owing: list[tuple[Connection, float]]) -> None:

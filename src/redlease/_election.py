@@ -21,7 +21,6 @@ from __future__ import annotations
 import logging
 import math
 import os
-import random
 import socket
 from dataclasses import dataclass
 from typing import Any
@@ -31,8 +30,6 @@ from ._errors import BackendError
 from ._flows import (
     EXPIRY_NUDGE,
     MIN_WAIT,
-    PASSING_RETRY_BASE,
-    PASSING_RETRY_CAP,
     Flow,
     LockSpec,
     as_int,
@@ -40,7 +37,7 @@ from ._flows import (
 )
 from ._ops import Box, Listen, Wait
 from ._scripts import ELECTION_ANNOUNCE, ELECTION_WATCH
-from ._timing import QUEUE_ENTRY_SLACK
+from ._timing import PASSING_RETRY_BASE, PASSING_RETRY_CAP, QUEUE_ENTRY_SLACK, backoff
 
 log = logging.getLogger(__name__)
 
@@ -114,8 +111,7 @@ class ElectionRules:
         unreachable for a while) is waited out, for ever; any other is raised."""
         if not passing(failure):
             raise failure
-        ceiling = min(PASSING_RETRY_CAP, PASSING_RETRY_BASE * 2 ** min(failures, 10))
-        return random.uniform(ceiling / 2, ceiling)
+        return backoff(failures, PASSING_RETRY_BASE, PASSING_RETRY_CAP)
 
     def _rung(self, token: str, box: Box | None, wait: float) -> Flow[None]:
         spec = self._spec

@@ -34,7 +34,6 @@ from typing import TYPE_CHECKING, Any
 from . import _resp
 from ._clients import ConnectionFailed, ReplyTimedOut, caught, family_of
 from ._clients.family import Family
-from ._resp import ReplyError
 
 if TYPE_CHECKING:
     from ._ops import Call
@@ -47,12 +46,9 @@ __all__ = [
     "bounded",
     "caught",
     "endpoint_of",
-    "is_noscript",
-    "is_unblocked",
     "node_endpoint",
     "node_of",
     "read_bound",
-    "reply_errors",
 ]
 
 
@@ -232,19 +228,6 @@ def read_bound(endpoint: Endpoint, timeout: float) -> float:
     return timeout if limit is None or limit >= timeout else float(limit)
 
 
-def reply_errors() -> tuple[type[Exception], ...]:
-    """An error reply: ours (ReplyError) or one a CLASS connection or client raised. Read
-    where it is caught (``except reply_errors():``), as ``caught()`` is."""
-    return (ReplyError, *caught().response)
-
-
-def is_noscript(exc: BaseException) -> bool:
-    """The server does not know the script (restarted, SCRIPT FLUSH, a promoted replica)."""
-    return isinstance(exc, caught().noscript) or (
-        isinstance(exc, ReplyError) and exc.code == "NOSCRIPT"
-    )
-
-
 def reloading(ops: Sequence[Call]) -> bytes:
     """``ops``, whose scripts the server has lost, as one pipeline that loads them again:
     the first op of each script by its source (EVAL caches it), the rest by SHA1. One
@@ -256,10 +239,3 @@ def reloading(ops: Sequence[Call]) -> bytes:
         wire.append(_resp.evalsha(op) if sha in sent else _resp.eval_source(op))
         sent.add(sha)
     return b"".join(wire)
-
-
-def is_unblocked(exc: BaseException) -> bool:
-    """A blocked command was ended by the server because it changed role (a failover)."""
-    if isinstance(exc, ReplyError):
-        return exc.code == "UNBLOCKED"
-    return isinstance(exc, caught().response) and str(exc).startswith("UNBLOCKED")

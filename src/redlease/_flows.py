@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import math
 import os
-import random
 from collections.abc import Callable, Generator
 from dataclasses import dataclass
 from typing import Any, TypeVar
@@ -35,11 +34,14 @@ from ._scripts import (
 )
 from ._timing import (
     MONOTONIC,
+    PASSING_RETRY_BASE,
+    PASSING_RETRY_CAP,
     QUEUE_ENTRY_SLACK,
     UNFAIR_WOKEN,
     UNKNOWN_HOLDER_RECHECK,
     Clock,
     Deadline,
+    backoff,
     valid_until,
 )
 
@@ -63,10 +65,6 @@ SETTINGS_WAIT = 0.25
 # the settings look, its own ops, and the clean-up after a failed one (PAST_DEADLINE).
 TRY_BOUND = 2.0
 TRY_OPS = TRY_BOUND - SETTINGS_WAIT - PAST_DEADLINE
-# A wait with time left tries again after a failure that may pass, after a random delay
-# from a range growing from this base up to this cap.
-PASSING_RETRY_BASE = 0.05
-PASSING_RETRY_CAP = 1.0
 # Fences a grant asks for: one. (The scripts can take several at once and report how
 # many they took; nothing asks for more since grants are no longer lent out in batches.)
 ONE_FENCE = "1"
@@ -299,6 +297,7 @@ class Acquisition:
         self.outstanding = False
         self.failures = 0  # tries that failed in a way that may pass
         self.woken = False  # rung to compete (an unfair lock's): see UNFAIR_WOKEN
+        self.hurried = False  # cleaning up as the process goes away: see abandon()
 
     def run(self) -> Flow[Grant | None]:
         spec, clock = self.spec, self.spec.clock
@@ -422,8 +421,8 @@ class Acquisition:
         if not self.wait or left is None or left <= 0 or not passing(failure):
             raise failure
         self.failures += 1
-        ceiling = min(PASSING_RETRY_CAP, PASSING_RETRY_BASE * 2 ** min(self.failures, 10))
-        yield Sleep(min(random.uniform(ceiling / 2, ceiling), left))
+        delay = backoff(self.failures, PASSING_RETRY_BASE, PASSING_RETRY_CAP)
+        yield Sleep(min(delay, left))
 
     def _bound(self) -> float:
         """How long the reply to this attempt's next op is worth waiting for, connection
@@ -431,6 +430,8 @@ class Acquisition:
         (at least PAST_DEADLINE, for the last try and the clean-up after it), so that a
         server that is down or hung cannot stretch ``acquire(timeout=)``. A
         ``try_acquire`` has TRY_BOUND in all, the client's retries included."""
+        if self.hurried:
+            return min(self.spec.reply_timeout, PAST_DEADLINE)
         left = (self.deadline if self.wait else self._tried_by).left()
         if left is None:
             return self.spec.reply_timeout
@@ -472,7 +473,7 @@ class Acquisition:
                     *spec.extra,
                     replicas=replicas,
                     timeout=self._bound(),
-                    patient=self.wait,
+                    patient=self.wait and not self.hurried,
                 )
             ),
             replicas,
@@ -483,8 +484,13 @@ class Acquisition:
             return Grant(self.token, fence, valid_until(sent_at, pttl, spec.ttl))
         return None
 
-    def abandon(self) -> Flow[None]:
-        """Leave the queue and release whatever may have been granted to this attempt."""
+    def abandon(self, *, hurried: bool = False) -> Flow[None]:
+        """Leave the queue and release whatever may have been granted to this attempt.
+        ``hurried``: the attempt was interrupted by the process going away (Ctrl-C, exit,
+        a signal): the clean-up gets PAST_DEADLINE and no retry, so that a server that
+        does not answer cannot hold the process back; what it leaves expires on its own
+        (a queue entry with its deadline, a grant with its ttl)."""
+        self.hurried = self.hurried or hurried
         yield from self.leave(keep=False)
 
 

@@ -57,7 +57,10 @@ class SyncFront(FrontBase, Generic[LeaseT]):
         nodes answered); BackendError if the server failed until the timeout;
         InvalidArgument for a bad ``timeout``; LockLost if a ``reentrant`` holder's lease
         was lost meanwhile. asyncio: cancelling the caller at any point leaves no lock
-        behind (a lock granted meanwhile is released).
+        behind (a lock granted meanwhile is released). An acquire interrupted as the
+        process goes away (KeyboardInterrupt, SystemExit) gives back what it may have
+        taken within half a second; what a server that does not answer keeps by then
+        expires on its own.
         """
         lease = self._acquire(args.timeout(timeout), wait=True)
         if lease is None:
@@ -94,9 +97,11 @@ class SyncFront(FrontBase, Generic[LeaseT]):
         attempt = self._new_attempt(timeout, wait=wait)
         try:
             grant = self._io.run(attempt.run(), f"acquire {self.name!r}")
-        except BaseException:
+        except BaseException as exc:
             if attempt.outstanding:
-                self._abandon(attempt)
+                # An interruption that ends the process (Ctrl-C, exit, a signal's error:
+                # not an Exception, nor asyncio's cancellation) is cleaned up in haste.
+                self._abandon(attempt, hurried=not isinstance(exc, (Exception, Cancelled)))
             raise
         if grant is None:
             self._not_granted(started, wait=wait)
@@ -110,9 +115,11 @@ class SyncFront(FrontBase, Generic[LeaseT]):
             _renewal.watch(lease, self._io, self._max_hold)
         return lease
 
-    def _abandon(self, attempt: Attempt) -> None:
+    def _abandon(self, attempt: Attempt, *, hurried: bool = False) -> None:
         try:
-            shielded(lambda: self._io.run(attempt.abandon(), f"clean up {self.name!r}"))
+            shielded(
+                lambda: self._io.run(attempt.abandon(hurried=hurried), f"clean up {self.name!r}")
+            )
         except Exception:
             pass  # the original error matters more; an orphaned key expires with its ttl
         except Cancelled:

@@ -11,8 +11,9 @@ import weakref
 from typing import Any
 
 from . import _fork, _resp
+from ._backend_errors import starts_over
 from ._endpoint import ConnectionFailed, ReplyTimedOut
-from ._hub_sync import PLAIN, SWEEP_EVERY, Verbs, forget_idle, starts_over
+from ._hub_sync import PLAIN, SWEEP_EVERY, Verbs, forget_idle
 
 
 def _set_if_pending(future: asyncio.Future[bytes | None], value: bytes | None) -> None:
@@ -174,7 +175,7 @@ class Hub:
 
     def _error(self, conn: Any, error: _resp.ReplyError) -> bool:
         """The server answered a command of the hub's with an error; False if the hub
-        gave up ``conn`` (see ``_hub_sync.starts_over``)."""
+        gave up ``conn`` (see ``_backend_errors.starts_over``)."""
         if starts_over(error):
             self._lost(conn)
             return False

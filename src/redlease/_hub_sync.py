@@ -46,6 +46,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from . import _fork, _resp
+from ._backend_errors import starts_over
 from ._endpoint import ConnectionFailed, ReplyTimedOut
 
 # An unused channel is unsubscribed after this long.
@@ -86,16 +87,6 @@ class Verbs:
 
 PLAIN = Verbs("SUBSCRIBE", "UNSUBSCRIBE", b"message", b"subscribe", b"unsubscribe", "")
 SHARDED = Verbs("SSUBSCRIBE", "SUNSUBSCRIBE", b"smessage", b"ssubscribe", b"sunsubscribe", "s")
-
-# Error replies that say the hub's node no longer serves a channel's slot: the hub
-# starts over (any other error to a SUBSCRIBE is a refusal: waiters use bells).
-REDIRECTIONS = frozenset({"MOVED", "ASK", "TRYAGAIN", "CLUSTERDOWN"})
-
-
-def starts_over(error: _resp.ReplyError) -> bool:
-    """Whether ``error``, read by a hub, means its connection should be dropped and its
-    waiters look again (a redirection), rather than that the server refuses the hub."""
-    return error.code in REDIRECTIONS
 
 
 class Box:
@@ -242,7 +233,7 @@ class Hub:
 
     def _error(self, conn: Any, error: _resp.ReplyError) -> bool:
         """The server answered a command of the hub's with an error; False if the hub
-        gave up ``conn`` (see ``starts_over``)."""
+        gave up ``conn`` (see ``_backend_errors.starts_over``)."""
         if starts_over(error):
             self._lost(conn)
             return False

@@ -22,18 +22,21 @@ from typing import Any, TypeVar
 
 from . import _flows, _resp, _stale
 from ._backend_async import ASYNC, bounded, gate, meet_cluster, sleep
-from ._backend_errors import backend_error, backend_failures
+from ._backend_errors import (
+    backend_error,
+    backend_failures,
+    is_noscript,
+    is_unblocked,
+    reply_errors,
+)
 from ._conn_async import Connection, Pool, node_pool, pool_for
 from ._endpoint import (
     Kind,
     caught,
     endpoint_of,
-    is_noscript,
-    is_unblocked,
     node_of,
     read_bound,
     reloading,
-    reply_errors,
 )
 from ._errors import warn
 from ._flows import Flow

@@ -54,7 +54,7 @@ from ._errors import BackendError, LockLost, QuorumError
 from ._flows import Grant, LockSpec, as_int, new_token
 from ._ops import Call, Sleep
 from ._scripts import EXTEND, REDLOCK_ACQUIRE, REDLOCK_FENCE, REDLOCK_RELEASE, Script
-from ._timing import Deadline, drift
+from ._timing import Deadline, backoff, drift
 
 T = TypeVar("T")
 
@@ -275,8 +275,7 @@ def failures_by_name(spec: QuorumSpec, failures: dict[int, str]) -> dict[str, st
 
 def retry_delay(spec: QuorumSpec, attempt: int, tally: Tally, rng: random.Random | None) -> float:
     gen: Any = rng or random
-    ceiling = min(RETRY_CAP, RETRY_BASE * 2 ** min(attempt, 20), spec.lock.ttl)
-    delay: float = gen.uniform(ceiling / 2, ceiling)
+    delay = backoff(attempt, RETRY_BASE, min(RETRY_CAP, spec.lock.ttl), gen)
     free_in = tally.free_in(spec.quorum)
     if free_in is not None and free_in < delay:
         delay = free_in + gen.uniform(0.0, RETRY_BASE)
@@ -374,8 +373,9 @@ class QuorumAcquisition:
         if nodes:
             yield _release_fan(self.spec, self.token, nodes, majority=False)
 
-    def abandon(self) -> QuorumFlow[None]:
-        """Release whatever any round of this attempt may have taken, on every node."""
+    def abandon(self, *, hurried: bool = False) -> QuorumFlow[None]:
+        """Release whatever any round of this attempt may have taken, on every node
+        (each within its node timeout, hurried or not: see ``Acquisition.abandon``)."""
         nodes = range(len(self.spec.nodes))
         yield from self._release(list(nodes))
 

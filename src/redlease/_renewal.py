@@ -53,8 +53,8 @@ RENEW_AFTER = 1 / 3  # of the ttl since the last renewal was sent
 RIDE_ALONG = 1 / 6  # of the ttl: how early a lease may join a batch sent anyway
 REPLY_WAIT = 1 / 3  # of the ttl: the longest wait for a renewal's reply
 RETRY_AFTER = 1 / 4  # of the validity left, after a failed renewal
-MIN_RETRY = 0.01
-MIN_REPLY_WAIT = 0.002  # a driver must never be asked to wait 0 s (or forever)
+RETRY_FLOOR = 0.01  # a failed renewal is tried again no sooner
+REPLY_WAIT_FLOOR = 0.002  # a driver must never be asked to wait 0 s (or forever)
 # The holder is told this much before validity ends (at most 2% of the ttl), so that a
 # late wake-up of the renewer still tells it in time: on a loaded machine a thread that
 # wakes may wait for the GIL a switch interval (5 ms) or more.
@@ -181,7 +181,7 @@ class Schedule:
             min((r.ttl * REPLY_WAIT for r in batch.renewals), default=math.inf),
             min(notices, default=math.inf) - now,
         )
-        wait = max(wait, MIN_REPLY_WAIT)
+        wait = max(wait, REPLY_WAIT_FLOOR)
         batch.flows, steps = [], []
         for renewal in batch.renewals:
             lease = renewal.lease
@@ -199,7 +199,7 @@ class Schedule:
             lease = renewal.lease
             if isinstance(result, BaseException):
                 _failed_renewal(lease, result)
-                renewal.retry_at = now + max(MIN_RETRY, (lease.valid_until - now) * RETRY_AFTER)
+                renewal.retry_at = now + max(RETRY_FLOOR, (lease.valid_until - now) * RETRY_AFTER)
                 continue
             try:
                 flow.send(result)
@@ -212,11 +212,11 @@ class Schedule:
                 losses.append((lease, str(exc)))
             except BackendError as exc:  # too few replicas acknowledged it: a failed renewal
                 _failed_renewal(lease, exc)
-                renewal.retry_at = now + max(MIN_RETRY, (lease.valid_until - now) * RETRY_AFTER)
+                renewal.retry_at = now + max(RETRY_FLOOR, (lease.valid_until - now) * RETRY_AFTER)
             except Exception as exc:
                 log.exception("unexpected reply renewing %r", lease.name)
                 _failed_renewal(lease, exc)
-                renewal.retry_at = now + max(MIN_RETRY, (lease.valid_until - now) * RETRY_AFTER)
+                renewal.retry_at = now + max(RETRY_FLOOR, (lease.valid_until - now) * RETRY_AFTER)
         batch.flows = []
         return losses
 

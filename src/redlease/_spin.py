@@ -18,8 +18,8 @@ import warnings
 from collections.abc import Callable
 from typing import Any
 
-from ._endpoint import ConnectionFailed
 from ._errors import RedleaseWarning
+from ._reading import fed, read_failed
 from ._resp import NOT_ENOUGH
 
 DEFAULT_BUDGET = 100e-6
@@ -72,14 +72,14 @@ def _missed(record: Record) -> Any:
 
 def poll(recv: Callable[[], int], buffer: bytearray, reader: Any, record: Record) -> Any:
     """The next reply from ``reader``, polling for up to BUDGET with ``recv`` (see
-    ``_stale.received``); NOT_ENOUGH when the reader should sleep in the kernel after all."""
+    ``_reading.received``); NOT_ENOUGH when the reader should sleep in the kernel after all."""
     if record.rest:
         record.rest -= 1
         return NOT_ENOUGH
     clock = time.perf_counter
     end = clock() + BUDGET
     while True:
-        try:  # (_stale.received's steps, inline: this loop's turns are the reply's latency)
+        try:  # (_reading.received's steps: a miss, the commonest turn, costs no call)
             got = recv()
         except BlockingIOError:
             now = clock()
@@ -89,11 +89,8 @@ def poll(recv: Callable[[], int], buffer: bytearray, reader: Any, record: Record
                     continue
             return _missed(record)  # the budget is spent, or the CPU is wanted elsewhere
         except OSError as exc:
-            raise ConnectionFailed(f"error while reading: {exc}") from exc
-        if not got:
-            raise ConnectionFailed("connection closed by server")
-        reader.feed(buffer, 0, got)
-        reply = reader.gets()
+            raise read_failed(exc) from exc
+        reply = fed(got, buffer, reader)
         if reply is not NOT_ENOUGH:
             record.misses = 0
             return reply
@@ -111,7 +108,7 @@ async def poll_async(
     end = clock() + BUDGET
     turn = end - BUDGET + TURN
     while True:
-        try:  # (_stale.received's steps, inline, as in poll)
+        try:  # (as in poll)
             got = recv()
         except BlockingIOError:
             now = clock()
@@ -126,11 +123,8 @@ async def poll_async(
                     continue
             return _missed(record)
         except OSError as exc:
-            raise ConnectionFailed(f"error while reading: {exc}") from exc
-        if not got:
-            raise ConnectionFailed("connection closed by server")
-        reader.feed(buffer, 0, got)
-        reply = reader.gets()
+            raise read_failed(exc) from exc
+        reply = fed(got, buffer, reader)
         if reply is not NOT_ENOUGH:
             record.misses = 0
             return reply

@@ -13,31 +13,17 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from ._endpoint import ConnectionFailed
-from ._resp import NOT_ENOUGH, ReplyError
+from ._backend_errors import is_noscript
+from ._reading import received
+from ._resp import NOT_ENOUGH
 
 MAX_STALE = 4
-
-
-def received(recv: Callable[[], int], buffer: bytearray, reader: Any) -> Any:
-    """What one non-blocking read with ``recv`` (into ``buffer``: the byte count, 0 at end
-    of stream) brings: the next reply, or NOT_ENOUGH; BlockingIOError if nothing came."""
-    try:
-        got = recv()
-    except BlockingIOError:
-        raise
-    except OSError as exc:
-        raise ConnectionFailed(f"error while reading: {exc}") from exc
-    if not got:
-        raise ConnectionFailed("connection closed by server")
-    reader.feed(buffer, 0, got)
-    return reader.gets()
 
 
 def dropped(reply: Any, forget_scripts: Callable[[], None]) -> None:
     """A stale reply, read and dropped. NOSCRIPT: the server lost its scripts (they go
     with their source again)."""
-    if isinstance(reply, ReplyError) and reply.code == "NOSCRIPT":
+    if is_noscript(reply):
         forget_scripts()
 
 

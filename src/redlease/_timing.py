@@ -7,6 +7,7 @@ tested with a fake one (``redlease.testing.FakeClock``).
 
 from __future__ import annotations
 
+import random
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -36,6 +37,21 @@ UNKNOWN_HOLDER_RECHECK = 1.0
 # waiter of an unfair lock waits much longer than that behind a stream of bargers.
 UNFAIR_WOKEN = 0.005
 UNFAIR_STARVING = 0.1
+
+# A wait with time left (an acquire, an observer) tries again after a failure that may
+# pass, after a back-off from this base up to this cap.
+PASSING_RETRY_BASE = 0.05
+PASSING_RETRY_CAP = 1.0
+
+
+def backoff(failures: int, base: float, cap: float, rng: random.Random | None = None) -> float:
+    """The delay before trying again after the ``failures``-th failure in a row: random,
+    from a range that doubles with each failure from ``base`` up to ``cap``, and never
+    below half of it ("equal jitter"), so that clients that failed together do not try
+    again in step. The one back-off of every retry: an acquire's, an observer's, and a
+    Redlock's after a failed round."""
+    ceiling = min(cap, base * 2 ** min(failures, 30))
+    return (rng or random).uniform(ceiling / 2, ceiling)
 
 
 def drift(ttl: float) -> float:
