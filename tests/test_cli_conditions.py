@@ -60,7 +60,8 @@ def _events(err: str) -> list[dict[str, Any]]:
 
 
 def _short(token: str) -> str:
-    return token[:8] + "…"
+    """A token as JSON shows it: its first 8 characters, nothing added."""
+    return token[:8]
 
 
 @contextlib.contextmanager

@@ -84,8 +84,11 @@ def test_inspect_tells_held_from_free_and_live_waiters_from_dead_ones(
     assert doc["held"] is True
     assert doc["fence"] == holder.fence
     (shown,) = doc["holders"]
-    assert shown["token"] == holder.token[:8] + "…"  # never the whole token
+    assert shown["token"] == holder.token[:8]  # never the whole token; no ellipsis in JSON
+    assert shown["fence"] == holder.fence  # the fence the holder got
     assert 0 < shown["remaining"] <= 30
+    assert shown["remaining"] == round(shown["remaining"], 3)  # seconds, to the ms
+    assert all(w["remaining"] == round(w["remaining"], 3) for w in doc["waiters"])
     assert [w["live"] for w in doc["waiters"]] == [True, False]
     code, out, _ = cli("status", name, url=server.url)  # the old name, same answer
     assert code == 0
@@ -148,16 +151,15 @@ def test_release_force_frees_a_dead_jobs_lock_for_the_next_waiter(
 
     code, out, _ = cli("release", name, "--force", "--yes", url=server.url)
     assert code == 0
-    assert re.search(
-        rf"released lock {re.escape(repr(name))}: holder {token[:8]}… \(exclusive\)", out
-    )
+    said = rf"released lock {re.escape(repr(name))}: holder {token[:8]}… \(exclusive"
+    assert re.search(said + rf", fence {before}\)", out)  # the dead holder's fence too
     assert token not in out
     waiter.join(timeout=30)  # served at once, not when the dead job's minute ran out
     (lease,) = got
     assert lease.fence > before  # fences keep increasing
     code, out, _ = cli("release", name, "--force", "--yes", "--json", url=server.url)
     assert code == 0  # now it is the waiter's lease that goes
-    assert json.loads(out)["removed"][0]["token"] == lease.token[:8] + "…"
+    assert json.loads(out)["removed"][0]["token"] == lease.token[:8]
     with pytest.raises(redlease.LockLost):
         lease.release()
     code, out, _ = cli("release", name, "--force", "--yes", url=server.url)

@@ -57,7 +57,7 @@ def test_a_held_lock_its_time_left_and_fence(r: redis.Redis, name: str) -> None:
     (holder,) = info.holders
     assert holder.token == lease.token
     assert holder.mode == "exclusive"
-    assert holder.fence is None  # a lock keeps no fence per hold: the counter is its
+    assert holder.fence == lease.fence  # one holder at a time: the counter's last value
     assert holder.remaining is not None
     assert 20.0 < holder.remaining <= 30.0
     assert info.fence == lease.fence

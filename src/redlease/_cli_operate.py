@@ -16,6 +16,7 @@ from typing import Any, TextIO
 from ._cli_common import EXIT_FREE, EXIT_USAGE, CliError, make_client
 from ._inspect import Holder, LockInfo, Waiter, read_info
 from ._keys import read_back
+from ._lease import SHOWN
 from ._lease import short_token as short  # (the library's logs show tokens so too)
 
 KIND_SUFFIX = {"": "lock", ":sem": "semaphore", ":rw": "rwlock", ":elect": "election"}
@@ -25,12 +26,15 @@ def _seconds(value: float | None) -> str:
     return "no TTL: never expires" if value is None else f"{value:.3f} s left"
 
 
+# JSON is for programs: a token's first characters as they are (no ellipsis), and every
+# duration in seconds, to the millisecond.
 def _holder_json(h: Holder) -> dict[str, Any]:
-    return {"token": short(h.token), "remaining": h.remaining, "mode": h.mode, "fence": h.fence}
+    remaining = None if h.remaining is None else round(h.remaining, 3)
+    return {"token": h.token[:SHOWN], "remaining": remaining, "mode": h.mode, "fence": h.fence}
 
 
 def _waiter_json(w: Waiter) -> dict[str, Any]:
-    return {"token": short(w.token), "live": w.live, "remaining": w.remaining}
+    return {"token": w.token[:SHOWN], "live": w.live, "remaining": round(w.remaining, 3)}
 
 
 def info_json(info: LockInfo, url: str) -> dict[str, Any]:

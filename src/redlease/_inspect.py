@@ -49,7 +49,9 @@ class Holder:
     token: str  # the holder's full token (the CLI shortens it for display)
     remaining: float | None  # seconds its lease has left on the server; None: no TTL
     mode: str  # "exclusive" (a lock, election, write lease) or "shared" (permit, read)
-    fence: int | None  # that hold's fence (semaphore, rw keep one per hold), else None
+    # That hold's fence: a semaphore and a read/write lock keep one per hold; a lock's or
+    # an election's holder got the counter's (only a grant moves it). None if unknown.
+    fence: int | None
 
 
 @dataclass(frozen=True)
@@ -97,6 +99,9 @@ def inspect(keys: LockKeys, name: str, kind: str, timeout: float) -> Flow[LockIn
 def decode(name: str, kind: str, reply: Any) -> LockInfo:
     """The script's reply (see INSPECT) as a LockInfo."""
     _server_us, counter, flat_holders, flat_waiters = reply
+    counter_text = as_text(counter)
+    # one holder at a time (a lock, an election): its fence is the counter's last value
+    single = kind in ("lock", "election") and counter_text
     holders = []
     for i in range(0, len(flat_holders), 4):
         token, left_ms, fence, mode = flat_holders[i : i + 4]
@@ -107,7 +112,7 @@ def decode(name: str, kind: str, reply: Any) -> LockInfo:
                 token=as_text(token),
                 remaining=None if ms < 0 else ms / 1000.0,
                 mode=EXCLUSIVE if as_text(mode) == "w" else SHARED,
-                fence=int(fence_text) if fence_text else None,
+                fence=int(fence_text or counter_text) if fence_text or single else None,
             )
         )
     waiters = []
@@ -116,7 +121,6 @@ def decode(name: str, kind: str, reply: Any) -> LockInfo:
         waiters.append(
             Waiter(token=as_text(token), live=as_int(live) == 1, remaining=as_int(left_us) / 1e6)
         )
-    counter_text = as_text(counter)
     return LockInfo(
         name=name,
         kind=kind,
