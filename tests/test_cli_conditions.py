@@ -208,6 +208,7 @@ def test_idle_timeout_force_release_is_noticed_by_the_run(
     assert code == 75, err
     lost = next(e for e in events if e["event"] == "lost")
     assert lost["stopping"] is True  # CMD was stopped, though its gate never opened
+    assert "no longer ours" in lost["reason"]  # what happened: the server said so
     assert events[-1] == {"event": "exit", "name": name, "code": 75, "lost": True}
     assert _holder(idle_server.port, name) is None
     assert _idle_closures(idle_server) >= 1  # (the run's was the only lasting connection)
@@ -309,6 +310,7 @@ def test_a_server_stopped_for_good(
     assert [e["event"] for e in events] == ["acquired", "lost", "exit"]
     assert events[-1] == {"event": "exit", "name": name, "code": 75, "lost": True}
     assert events[1]["stopping"] is True
+    assert "validity ran out" in events[1]["reason"]  # not "taken over": out of reach
 
     ran = tmp_path / "ran"
     commands = [

@@ -140,10 +140,13 @@ def test_one_second_lease_held_for_three(twin: Any, r: redis.Redis, name: str) -
 def test_takeover_noticed_within_a_renewal_period(twin: Any, r: redis.Redis, name: str) -> None:
     seen: list[Any] = []
     lease = twin.lock(name, ttl=1.0, auto_renew=True, on_lost=seen.append).acquire()
+    assert lease.lost_reason is None
     r.set(_key(name), "other", px=10_000)
     # Renewals go out every 1/6 to 1/3 of the ttl; allow a whole ttl.
     assert _until(lambda: bool(seen), timeout=1.0) is not None
     assert lease.lost
+    assert lease.lost_reason is not None
+    assert "no longer ours" in lease.lost_reason  # what on_lost may say of it
     with pytest.raises(redlease.LockLost, match="no longer ours"):
         lease.check()
     time.sleep(0.5)
@@ -161,6 +164,7 @@ def test_max_hold_stops_renewal(twin: Any, r: redis.Redis, name: str) -> None:
     assert held_for >= 0.8  # renewed until max_hold ...
     assert held_for < 0.8 + 0.6 + 0.5  # ... then ran out within one ttl
     assert lease.lost
+    assert "max_hold" in (lease.lost_reason or "")
     with pytest.raises(redlease.LockLost, match="max_hold"):
         lease.check()
     assert _until(lambda: r.exists(_key(name)) == 0, timeout=1.0) is not None

@@ -500,8 +500,8 @@ def _run(args: argparse.Namespace, cmd: list[str]) -> int:
         what = f"the Redlock over {len(clients)} servers"
 
     def hold(on_lost: Any) -> tuple[Any, Any]:
-        def lost(lease: object) -> None:
-            on_lost("its renewal found it taken over or gone, or could not renew it in time")
+        def lost(lease: Any) -> None:
+            on_lost(lease.lost_reason or "it was found lost")
 
         common: dict[str, Any] = {"ttl": args.ttl, "prefix": args.prefix, "on_lost": lost}
         if args.elect:

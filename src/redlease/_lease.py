@@ -118,6 +118,14 @@ class LeaseState:
         return self._state == LOST
 
     @property
+    def lost_reason(self) -> str | None:
+        """Why the lease was lost, in words: the server said it is no longer ours
+        (expired, or taken over: ``redlease release --force``, a failover), its renewals
+        failed until its validity ran out, renewal stopped at ``max_hold``... None while
+        it is not lost."""
+        return self._lost_reason if self.lost else None
+
+    @property
     def released(self) -> bool:
         """True once released (``release()``, or the end of its ``with`` block)."""
         return self._state == RELEASED
