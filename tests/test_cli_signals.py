@@ -7,6 +7,8 @@ real server behind a proxy that goes silent (a blackhole) once the lock is held.
 from __future__ import annotations
 
 import contextlib
+import select
+import shlex
 import signal
 import socket
 import subprocess
@@ -31,30 +33,48 @@ PROMPT = 4.0
 SIGNALS = [signal.SIGTERM, signal.SIGINT, signal.SIGHUP]
 
 
-@contextlib.contextmanager
-def _hung_listener() -> Iterator[int]:
-    """A port whose listener accepts every connection and never answers."""
-    listener = socket.socket()
-    listener.bind(("127.0.0.1", 0))
-    listener.listen(64)
-    accepted: list[socket.socket] = []
-    stop = threading.Event()
+class _HungServer:
+    """A listener that accepts every connection and reads what it is sent, but never
+    answers: what a server that hangs looks like from the client's side."""
 
-    def accept() -> None:
-        listener.settimeout(0.1)
-        while not stop.is_set():
-            with contextlib.suppress(OSError):
-                accepted.append(listener.accept()[0])
+    def __init__(self) -> None:
+        self.listener = socket.socket()
+        self.listener.bind(("127.0.0.1", 0))
+        self.listener.listen(64)
+        self.port = int(self.listener.getsockname()[1])
+        self.heard = b""
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._serve, daemon=True)
 
-    thread = threading.Thread(target=accept, daemon=True)
-    thread.start()
-    try:
-        yield int(listener.getsockname()[1])
-    finally:
-        stop.set()
-        thread.join(5)
-        for conn in [*accepted, listener]:
-            conn.close()
+    def _serve(self) -> None:
+        conns: list[socket.socket] = []
+        try:
+            while not self._stop.is_set():
+                readable, _, _ = select.select([self.listener, *conns], [], [], 0.05)
+                for ready in readable:
+                    if ready is self.listener:
+                        conns.append(self.listener.accept()[0])
+                    else:
+                        with contextlib.suppress(OSError):
+                            self.heard += ready.recv(65536)
+        finally:
+            for conn in conns:
+                conn.close()
+
+    def wait_for(self, word: bytes, timeout: float = 60.0) -> None:
+        deadline = time.monotonic() + timeout
+        while word not in self.heard:
+            assert time.monotonic() < deadline, f"never sent {word!r}: {self.heard[:200]!r}"
+            time.sleep(0.02)
+
+    def __enter__(self) -> _HungServer:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join(5)
+        self.listener.close()
 
 
 def _ended_within(proc: subprocess.Popen[str], signum: int) -> tuple[float, int, str]:
@@ -74,11 +94,11 @@ def test_a_signal_ends_a_run_waiting_on_a_hung_server(signum: int, tmp_path: Pat
     """Waiting for the lock, blocked on a reply that never comes: the signal ends the
     run at once (128 + N), and the command never starts."""
     ran = tmp_path / "ran"
-    with _hung_listener() as port:
-        proc = start(
-            ["run", "job", "--redis", f"redis://127.0.0.1:{port}", "--", "touch", str(ran)]
-        )
-        time.sleep(1.5)  # started, connected, and waiting for the acquire's reply
+    with _HungServer() as hung:
+        url = f"redis://127.0.0.1:{hung.port}"
+        proc = start(["run", "job", "--redis", url, "--", "touch", str(ran)])
+        hung.wait_for(b"EVAL")  # the acquire is sent: the run waits for its reply
+        time.sleep(0.2)
         assert proc.poll() is None
         took, code, err = _ended_within(proc, signum)
     assert took < PROMPT, (took, err)
@@ -94,18 +114,20 @@ def silent_link(server: servers.ServerProcess) -> Iterator[FaultProxy]:
 
 
 def test_a_signal_ends_a_run_whose_server_went_silent(
-    silent_link: FaultProxy, server: servers.ServerProcess, name: str
+    silent_link: FaultProxy, server: servers.ServerProcess, name: str, tmp_path: Path
 ) -> None:
     """Holding the lock and running the command when the server stops answering (the
     renewals hang): SIGTERM reaches the command, which ends, and the run ends within
     about a second of that though its release gets no answer; it says the lease ends
     with its ttl, and so it does."""
     url = f"redis://127.0.0.1:{silent_link.port}"
-    proc = start(["run", name, "--ttl", "6", "--redis", url, "--", "sleep", "60"])
+    started = tmp_path / "started"
+    cmd = f"touch {shlex.quote(str(started))}; exec sleep 60"
+    proc = start(["run", name, "--ttl", "6", "--redis", url, "--", "sh", "-c", cmd])
     with redis.Redis(port=server.port) as direct:
         deadline = time.monotonic() + 30
-        while direct.get(lock_key(name)) is None:
-            assert time.monotonic() < deadline, "the run never took the lock"
+        while not started.exists():  # the run has the lease and runs its command
+            assert time.monotonic() < deadline, "the run never started its command"
             assert proc.poll() is None, finish(proc)
             time.sleep(0.05)
         silent_link.set_mode("blackhole")

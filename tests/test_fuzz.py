@@ -135,6 +135,7 @@ LEASE_SURFACE = {
     "fence",
     "hold_count",
     "lost",
+    "lost_reason",
     "name",
     "release",
     "released",
@@ -705,6 +706,7 @@ async def use(
         await outcome(lease.extend, None, *limits.holding)
     allowed = (*limits.holding, LockLost) if short else limits.holding
     assert isinstance(lease.lost, bool)
+    assert (lease.lost_reason is not None) == lease.lost  # a reason exactly when lost
     await outcome(lease.release, None, *allowed)
     assert lease.released or lease.lost
     await outcome(lease.release, None, *allowed)  # a second release is a no-op

@@ -84,7 +84,7 @@ class Flag:
             self._event, self._loop = asyncio.Event(), asyncio.get_running_loop()
         if self._set:  # (set before the event was there to wake)
             return
-        with contextlib.suppress(TimeoutError):
+        with contextlib.suppress(asyncio.TimeoutError):  # (not TimeoutError before 3.11)
             async with deadline(timeout):
                 await self._event.wait()
 

@@ -45,8 +45,8 @@ class AsyncElection(ElectionRules):
     to the next candidate at once. ``leader()`` says who leads now (``Leader(identity,
     term)``) or None; ``observe()`` yields the leader after each change, woken by the
     server. ``identity`` defaults to "hostname:pid". asyncio only: ``cancel_on_lost=True``
-    also cancels the task that won the campaign when its leadership is lost, as for
-    ``AsyncLock``.
+    also cancels the task that won the campaign when its leadership is lost, as it does
+    for asyncio locks.
     """
 
     def __init__(
@@ -134,11 +134,11 @@ class AsyncElection(ElectionRules):
 
     def observe(self) -> AsyncObservation:
         """The leader now, then after each change (None while nobody leads), to iterate
-        (asyncio: ``async for``) until the observation is closed. Woken by the server
-        when a leader is elected or resigns, and when a leader's lease runs out; a
-        consumer slower than the changes sees the latest. A server that is unreachable
-        for a while (restarting, failing over) is waited for; any other failure is
-        raised."""
+        (asyncio: with an asynchronous for loop) until the observation is closed.
+        Woken by the server when a leader is elected or resigns, and when a leader's
+        lease runs out; a consumer slower than the changes sees the latest. A server
+        that is unreachable for a while (restarting, failing over) is waited for; any
+        other failure is raised."""
         return AsyncObservation(self)
 
     async def _tell(self, what: str) -> None:
@@ -152,9 +152,10 @@ class AsyncElection(ElectionRules):
 
 class AsyncObservation(AsyncOnly):
     """What ``observe()`` returns: iterate it for the leader after each change.
-    ``close()`` (asyncio: from its loop; or ``aclose()``), or leaving its ``with`` block,
-    ends the iteration: at once while it waits through the process's hub, else within a
-    ttl. Cancelling the task that iterates ends it too."""
+    ``close()`` (from any thread; an asyncio observation's from its loop, or its
+    ``aclose()``), or leaving its ``with`` block, ends the iteration: at once while it
+    waits through the process's hub, else within a ttl. (asyncio: cancelling the task
+    that iterates ends it too.)"""
 
     def __init__(self, election: AsyncElection) -> None:
         self._election = election

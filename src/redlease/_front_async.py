@@ -61,10 +61,10 @@ class AsyncFront(FrontBase, AsyncOnly, Generic[LeaseT]):
         nodes answered); BackendError if the server failed until the timeout;
         InvalidArgument for a bad ``timeout``; LockLost if a ``reentrant`` holder's lease
         was lost meanwhile. asyncio: cancelling the caller at any point leaves no lock
-        behind (a lock granted meanwhile is released). An acquire interrupted as the
-        process goes away (KeyboardInterrupt, SystemExit) gives back what it may have
-        taken within half a second; what a server that does not answer keeps by then
-        expires on its own.
+        behind (a lock granted meanwhile is released). An acquire of a one-server lock
+        interrupted as the process goes away (KeyboardInterrupt, SystemExit) gives back
+        what it may have taken within half a second (a Redlock's: within its node
+        timeout); what a server that does not answer keeps by then expires on its own.
         """
         lease = await self._acquire(args.timeout(timeout), wait=True)
         if lease is None:
@@ -157,10 +157,11 @@ class AsyncFront(FrontBase, AsyncOnly, Generic[LeaseT]):
             await lease.__aexit__(exc_type, exc, tb)
 
     def __call__(self, fn: Callable[P, Awaitable[R]]) -> Callable[P, Coroutine[Any, Any, R]]:
-        """``@lock``: each call of ``fn`` runs under ``with lock`` (asyncio: the ``async
-        def`` is awaited under ``async with``), and raises what that raises. A function
-        whose work would run after the lock is given back (a generator function; for a
-        sync lock, a coroutine function) is refused (InvalidArgument)."""
+        """``@lock``: each call of ``fn`` runs holding the lock, as in a block of the lock
+        (asyncio: ``fn`` is a coroutine function, run to its end), and raises what that
+        raises. A function whose work would run after the lock is given back (a generator
+        function; for a blocking lock, a coroutine function) is refused
+        (InvalidArgument)."""
         return decorate_async(self, fn)
 
     # unasync: async only

@@ -215,8 +215,8 @@ class AsyncMultiLock(AsyncOnly):
         await leases.__aexit__(exc_type, exc, tb)
 
     def __call__(self, fn: Callable[P, Awaitable[R]]) -> Callable[P, Coroutine[Any, Any, R]]:
-        """``@multi``: each call of ``fn`` runs under ``with multi`` (as a lock's
-        decorator: asyncio, an ``async def`` awaited under ``async with``)."""
+        """``@multi``: each call of ``fn`` runs holding every name, as a lock's
+        decorator runs it."""
         return decorate_async(self, fn)
 
 

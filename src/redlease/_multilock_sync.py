@@ -214,8 +214,8 @@ class MultiLock:
         leases.__exit__(exc_type, exc, tb)
 
     def __call__(self, fn: Callable[P, R]) -> Callable[P, R]:
-        """``@multi``: each call of ``fn`` runs under ``with multi`` (as a lock's
-        decorator: asyncio, an ``def`` awaited under ``with``)."""
+        """``@multi``: each call of ``fn`` runs holding every name, as a lock's
+        decorator runs it."""
         return decorate(self, fn)
 
 

@@ -3,28 +3,7 @@ without I/O: one lock name over N independent masters, held while a majority of 
 agree. The quorum rules (validity, fencing, retries) live in ``_quorum``; here, the
 nodes' checks and names, the eviction warning, a Redlock lease's flows and options.
 
-Fan-out. Both drivers write the command on one connection per node, then read the
-replies in turn, each due ``node_timeout`` after its own send, so a round costs about one
-round trip whatever N is, with no thread pool and no task per node. Acquire, extend and
-release stop reading once a majority said yes; the replies left are read before their
-connections' next ones (see ``_spin``). A node that has not answered in time is a "no"
-for that attempt; its connection is dropped, so a late reply cannot be mistaken for a
-later command's. A node whose command never left (no connection could be made) cannot
-hold the lock and is not sent the release either.
-
-Standalone clients of a known family are talked to on the driver's own connections, so
-the client's retry policy (redis-py retries up to 10 times by default) cannot stretch a
-round. Other client types (a Cluster client, a custom class) go through their own
-methods one node after another, each given up on after ``node_timeout`` (sync: the call
-runs on in a thread of its own, its reply unseen): still safe, because ``elapsed`` is
-measured around them, but slower and less available.
-
-What Redlock assumes (more in docs/redlock.md): clocks on the nodes and the client run
-at about the same rate (1% drift allowed); a holder that pauses past its validity is
-protected only by its fencing token; and a node that restarts empty may, until the ttl
-has passed, let a second holder in (run the nodes with ``appendfsync always``, or keep
-them down for a ttl after a crash). Fencing tokens stay increasing as long as each
-holder's majority keeps at least one node with its data (see ``_quorum``).
+How a round goes, and what Redlock assumes: ``_redlock_async``'s docstring.
 """
 
 from __future__ import annotations
@@ -55,7 +34,11 @@ def node_identity(client: Any) -> tuple[object, ...]:
     settings cannot be read is a node of its own."""
     family = family_of(client)
     pool = getattr(client, "connection_pool", None)
-    kwargs = (None if family is None else family.settings(pool)) or {}
+    if family is not None:
+        kwargs = family.settings(pool) or {}
+    else:  # a client of no known family: its pool's settings, if shaped as redis-py's
+        found = getattr(pool, "connection_kwargs", None)
+        kwargs = found if isinstance(found, dict) else {}
     if "host" in kwargs:
         return (kwargs["host"], kwargs.get("port", 6379), kwargs.get("db", 0))
     if "path" in kwargs:

@@ -46,8 +46,8 @@ class Semaphore(OneServer):
 
     ``auto_renew``, ``on_lost``, ``max_hold``, ``prefix``, ``clock``, ``replicas`` and
     ``replica_timeout`` work as for ``Lock``. asyncio only: ``cancel_on_lost=True`` also
-    cancels the task that acquired a permit when the permit is lost, as for
-    ``Lock``; a permit granted to a waiter cancelled meanwhile is given back.
+    cancels the task that acquired a permit when the permit is lost, as it does for
+    asyncio locks; a permit granted to a waiter cancelled meanwhile is given back.
     """
 
     _noun = "semaphore"
