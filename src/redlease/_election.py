@@ -35,6 +35,7 @@ from ._flows import (
     as_int,
     as_text,
 )
+from ._lock import Named
 from ._ops import Box, Listen, Wait
 from ._scripts import ELECTION_ANNOUNCE, ELECTION_WATCH
 from ._timing import PASSING_RETRY_BASE, PASSING_RETRY_CAP, QUEUE_ENTRY_SLACK, backoff
@@ -67,7 +68,7 @@ def leader_of(reply: Any) -> tuple[Leader | None, int]:
     return Leader(identity, term), pttl
 
 
-class ElectionRules:
+class ElectionRules(Named):
     """The flows an election runs (a candidate's are its lock's): reading the leader,
     announcing a change, and an observer's look and wait."""
 

@@ -84,16 +84,6 @@ class AsyncElection(ElectionRules):
         self._lease: AsyncLease | None = None
 
     @property
-    def name(self) -> str:
-        """The name, as given."""
-        return self._spec.name
-
-    @property
-    def ttl(self) -> float:
-        """The lease length, in seconds."""
-        return self._spec.ttl
-
-    @property
     def identity(self) -> str:
         """This candidate's identity, as ``leader()`` reports it."""
         return self._identity

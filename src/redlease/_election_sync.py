@@ -82,16 +82,6 @@ class Election(ElectionRules):
         self._lease: Lease | None = None
 
     @property
-    def name(self) -> str:
-        """The name, as given."""
-        return self._spec.name
-
-    @property
-    def ttl(self) -> float:
-        """The lease length, in seconds."""
-        return self._spec.ttl
-
-    @property
     def identity(self) -> str:
         """This candidate's identity, as ``leader()`` reports it."""
         return self._identity

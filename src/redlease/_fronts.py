@@ -18,7 +18,6 @@ import inspect
 from collections.abc import Awaitable, Callable, Coroutine, Generator
 from contextlib import AbstractAsyncContextManager, AbstractContextManager
 from contextvars import ContextVar
-from datetime import timedelta
 from typing import Any, ParamSpec, Protocol, TypeVar
 
 from . import _metrics
@@ -28,8 +27,6 @@ from ._lease import (
     Holders,
     LeaseState,
 )
-
-Seconds = float | timedelta
 
 
 class Attempt(Protocol):

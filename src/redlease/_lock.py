@@ -26,13 +26,10 @@ def check_replicas(spec: LockSpec, direct: bool) -> None:
         )
 
 
-class OneName:
-    """A lock over one name's keys on one deployment: its name and ttl, and what it needs
-    to answer ``locked()``, ``owned()`` and ``waiting()`` (the INSPECT flow, see
-    ``_inspect``, and the leases each holder took)."""
+class Named:
+    """What an object over one lock spec says of itself: its name and ttl."""
 
     _spec: LockSpec
-    _acquired: Acquired | None = None
 
     @property
     def name(self) -> str:
@@ -43,6 +40,14 @@ class OneName:
     def ttl(self) -> float:
         """The lease length, in seconds."""
         return self._spec.ttl
+
+
+class OneName(Named):
+    """A lock over one name's keys on one deployment: what it needs to answer
+    ``locked()``, ``owned()`` and ``waiting()`` (the INSPECT flow, see ``_inspect``, and
+    the leases each holder took)."""
+
+    _acquired: Acquired | None = None
 
     def _look(self) -> Flow[LockInfo]:
         spec = self._spec

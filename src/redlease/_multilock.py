@@ -22,15 +22,12 @@ as a lock's), with ``fences`` by name.
 from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
-from datetime import timedelta
 from typing import Any
 
 from . import _arguments as args
 from ._errors import InvalidArgument
 from ._flows import Flow, LockSpec, as_int
 from ._scripts import MULTI_ACQUIRE
-
-Seconds = float | timedelta
 
 # More names than one all-or-nothing hold is of use with (each is a lock, and a try
 # sends all their keys to one script).

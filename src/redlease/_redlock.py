@@ -8,7 +8,7 @@ How a round goes, and what Redlock assumes: ``_redlock_async``'s docstring.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 from . import _flows, _quorum
@@ -19,9 +19,8 @@ from ._errors import (
     warn,
 )
 from ._lease import LeaseState
+from ._lock import OnLost
 from ._quorum import SAFE, QuorumGrant, QuorumSpec, Rules
-
-OnLost = Callable[[Any], object]
 
 # The one-time eviction-policy check waits at least this long per node (it is only a
 # warning, but a node that is merely slow should not skip it).

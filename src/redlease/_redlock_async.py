@@ -44,12 +44,12 @@ from ._io_async import CHECKED, AsyncIO
 from ._keys import DEFAULT_PREFIX
 from ._lease import Holders
 from ._lease_async import AsyncLeaseBlock
+from ._lock import OnLost
 from ._ops import Call, Command, Sleep
 from ._quorum import Fanout, QuorumAcquisition, QuorumFlow, QuorumGrant, QuorumSpec
 from ._redlock import (
     CHECK_WAIT,
     MIN_TOLERANT_NODES,
-    OnLost,
     QuorumLease,
     RedlockRules,
     check_nodes,

@@ -46,12 +46,12 @@ from ._io_sync import CHECKED, SyncIO
 from ._keys import DEFAULT_PREFIX
 from ._lease import Holders
 from ._lease_sync import SyncLeaseBlock
+from ._lock import OnLost
 from ._ops import Call, Command, Sleep
 from ._quorum import Fanout, QuorumAcquisition, QuorumFlow, QuorumGrant, QuorumSpec
 from ._redlock import (
     CHECK_WAIT,
     MIN_TOLERANT_NODES,
-    OnLost,
     QuorumLease,
     RedlockRules,
     check_nodes,
