@@ -232,7 +232,8 @@ def test_a_renewed_lease_whose_release_failed_is_no_longer_renewed(
     durable = ["--appendonly", "yes", "--appendfsync", "always"]
     with servers.ServerProcess(servers.find_binary(server_kind), extra_args=durable) as own:
         client = redis.Redis(port=own.port)
-        lock = redlease.Lock(client, name, ttl=5.0, reentrant=True, auto_renew=True)
+        # ttl: room for the kill, the failed release and a restart on a loaded machine
+        lock = redlease.Lock(client, name, ttl=10.0, reentrant=True, auto_renew=True)
         lease = lock.acquire(timeout=1)
         own.kill()
         with pytest.raises(redlease.BackendError):
@@ -240,5 +241,5 @@ def test_a_renewed_lease_whose_release_failed_is_no_longer_renewed(
         own.restart()
         key = LockKeys.for_name(name).lock
         assert client.exists(key) == 1  # kept by the server ...
-        wait_until(lambda: client.exists(key) == 0, timeout=20)  # ... until its ttl
+        wait_until(lambda: client.exists(key) == 0, timeout=30)  # ... until its ttl
         client.close()
