@@ -32,6 +32,8 @@ PACKAGE = ROOT / "src" / "redlease"
 
 # (asyncio source, blocking twin), relative to the package
 FILES = [
+    ("_hub_async.py", "_hub_sync.py"),
+    ("_conn_async.py", "_conn_sync.py"),
     ("_io_async.py", "_io_sync.py"),
     ("_lease_async.py", "_lease_sync.py"),
     ("_front_async.py", "_front_sync.py"),

@@ -29,7 +29,7 @@ import redis
 
 import redlease
 from families import ClientFamily
-from redlease import _clients, _conn_sync, _lease, _metrics, _renewal
+from redlease import _backend_sync, _clients, _conn_sync, _lease, _metrics, _renewal
 from redlease.tools import servers
 
 needs_fork = pytest.mark.skipif(not hasattr(os, "fork"), reason="needs os.fork")
@@ -105,7 +105,7 @@ def _own(lock: redlease.Lock) -> str:
 
 
 def _pool(r: redis.Redis) -> _conn_sync.Pool:
-    return _conn_sync._POOLS[r.connection_pool]
+    return _conn_sync._POOLS[r.connection_pool][_backend_sync.pool_owner()]
 
 
 def _cycle(lock: redlease.Lock) -> None:
@@ -131,10 +131,10 @@ def _counts_lock(r: redis.Redis, lock: redlease.Lock) -> Any:
 
 SITES: dict[str, Site] = {
     # the parent's pool (the child takes a connection through the parent's lock)
-    "pool": (lambda r, lock: _pool(r)._lock, lambda r, lock: _cycle(lock)),
+    "pool": (lambda r, lock: _pool(r)._guard, lambda r, lock: _cycle(lock)),
     # the registry of pools (a lock made in the child, on a client of its own)
     "pools registry": (
-        lambda r, lock: _conn_sync._POOLS_LOCK,
+        lambda r, lock: _conn_sync._POOLS_GUARD,
         lambda r, lock: _cycle(redlease.Lock(type(r)(port=_port(r)), _own(lock))),
     ),
     # the pool's hub (the child waits)

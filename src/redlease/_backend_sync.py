@@ -4,14 +4,21 @@ whose docstring says what belongs here)."""
 from __future__ import annotations
 
 import contextlib
+import math
+import queue
+import socket
+import struct
 import threading
 import time
 import weakref
 from collections.abc import Callable, Iterator
 from typing import Any, TypeVar
 
-from . import _fork
-from ._endpoint import CLIENT_CALLS, ReplyTimedOut
+from . import _fork, _spin
+from ._endpoint import CLIENT_CALLS, Endpoint, ReplyTimedOut
+from ._endpoint import bounded as settings_within
+from ._reading import fed, read_failed
+from ._resp import NOT_ENOUGH
 
 T = TypeVar("T")
 
@@ -121,3 +128,170 @@ def gate(client: Any, timeout: float) -> Iterator[None]:
 
 def meet_cluster(client: Any) -> None:
     """A blocking Cluster client learns its nodes when it is made: nothing to do."""
+
+
+# Connections (see ``_conn_sync``) -----------------------------------------------------
+
+TimedOut = TimeoutError  # what a connect that took too long raises
+
+RECV_FLAGS = socket.MSG_DONTWAIT  # a poll never waits (a read's wait is bounded by SO_RCVTIMEO)
+
+
+class _Process:
+    """The owner of every blocking pool: the process (a forked child starts them over)."""
+
+
+_PROCESS = _Process()
+
+
+def pool_owner() -> _Process:
+    """Whose pools a connection is taken from: the process's (threads share them)."""
+    return _PROCESS
+
+
+Guard = threading.Lock  # a pool's or hub's state is shared by threads
+
+Freed = threading.Condition  # wakes the threads waiting for a pool's connection
+
+
+def _timeval(seconds: float) -> bytes:
+    # 0 would mean "no limit" to the kernel: the shortest bound is 1 ms
+    whole, fraction = divmod(max(seconds, 0.001), 1.0)
+    return struct.pack("ll", int(whole), int(fraction * 1e6))
+
+
+def connect(endpoint: Endpoint, bound: float) -> socket.socket:
+    """A blocking socket connected to ``endpoint`` within ``bound`` (TimedOut, or an
+    OSError), whose writes are bounded by ``bound`` too (SO_SNDTIMEO)."""
+    if endpoint.path:
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            sock.settimeout(bound)
+            sock.connect(endpoint.path)
+        except BaseException:
+            sock.close()
+            raise
+    else:
+        sock = socket.create_connection((endpoint.host, endpoint.port), bound)
+    sock.settimeout(None)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDTIMEO, _timeval(bound))
+    return sock
+
+
+def sender(sock: socket.socket) -> Callable[[bytes], None]:
+    """How ``data`` is written to ``sock``: one ``sendall`` (BlockingIOError once the
+    write bound passed)."""
+    return sock.sendall
+
+
+poll = _spin.poll
+
+
+class SocketWait:
+    """How a socket's reply is waited for once polling gave up: one ``recv_into`` in the
+    kernel, bounded by SO_RCVTIMEO."""
+
+    __slots__ = ("bound", "sock")
+
+    def __init__(self, sock: socket.socket) -> None:
+        self.sock = sock
+        self.bound = -1.0  # the receive bound currently set on the socket
+
+    def read(self, buffer: bytearray, reader: Any, record: _spin.Record, timeout: float) -> Any:
+        """The next reply into ``reader``, within ``timeout`` (else ReplyTimedOut)."""
+        # Whole milliseconds, rounded up: the reads of one fan-out then share a bound and
+        # the socket option is rarely set again.
+        bound = math.ceil(timeout * 1000) / 1000.0
+        if bound != self.bound:
+            self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVTIMEO, _timeval(bound))
+            self.bound = bound
+        reply = NOT_ENOUGH
+        while reply is NOT_ENOUGH:
+            try:
+                got = self.sock.recv_into(buffer)
+            except BlockingIOError:  # the bound passed
+                raise ReplyTimedOut(f"no reply within {timeout:.3f}s") from None
+            except OSError as exc:
+                raise read_failed(exc) from exc
+            reply = fed(got, buffer, reader)
+        return reply
+
+    def close(self) -> None:
+        return None
+
+
+class ClassConnection:
+    """A connection made with the client's own connection class (TLS, Sentinel...), used
+    through its public methods only. It owes no stale replies: fan-outs read all of its."""
+
+    lean = False
+    stale = 0
+    client_id: int | None = None
+    __slots__ = ("conn", "wire")
+
+    def __init__(self, conn: Any, pool: Any) -> None:
+        self.conn = conn
+        self.wire = pool.wire
+
+    @classmethod
+    def open(cls, endpoint: Endpoint, timeout: float, pool: Any) -> ClassConnection:
+        conn = endpoint.connection_class(**settings_within(endpoint.class_settings, timeout))
+        conn.connect()  # the class's own connect: Sentinel discovery happens here
+        return cls(conn, pool)
+
+    def alive(self) -> bool:
+        try:
+            return not self.conn.can_read(timeout=0)  # readable while idle: closed
+        except Exception:
+            return False
+
+    def send(self, data: bytes) -> None:
+        self.conn.send_packed_command([data], check_health=False)
+
+    def read(self, timeout: float, spin: bool = True) -> Any:
+        if not self.conn.can_read(timeout=timeout):
+            raise ReplyTimedOut(f"no reply within {timeout:.3f}s")
+        return self.conn.read_response()
+
+    def drop_arrived(self) -> Exception | None:
+        return None
+
+    def close(self) -> None:
+        with contextlib.suppress(Exception):
+            self.conn.disconnect()
+
+
+# The hub (see ``_hub_sync``) -------------------------------------------------------------
+
+
+def hub_locks() -> tuple[threading.Lock, threading.Lock]:
+    """A hub's two locks, one held across its I/O and its state's guard: the same lock
+    (its threads' turns are short)."""
+    lock = threading.Lock()
+    return lock, lock
+
+
+def start(reader: Callable[..., None], *args: Any, name: str) -> threading.Thread:
+    """``reader(*args)`` running beside the caller: a daemon thread."""
+    thread = threading.Thread(target=reader, args=args, name=name, daemon=True)
+    thread.start()
+    return thread
+
+
+class Mailbox:
+    """What a hub's reader puts (a ring, or None), taken by a waiting thread."""
+
+    __slots__ = ("_items",)
+
+    def __init__(self) -> None:
+        self._items: queue.SimpleQueue[Any] = queue.SimpleQueue()
+
+    def put(self, item: Any) -> None:
+        self._items.put(item)
+
+    def get(self, timeout: float) -> Any:
+        """The next item, or None once ``timeout`` passed."""
+        try:
+            return self._items.get(timeout=timeout)
+        except queue.Empty:
+            return None

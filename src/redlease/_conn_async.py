@@ -1,73 +1,79 @@
-"""redlease's own connections to one server, asyncio flavour (twin of ``_conn_sync``).
+"""redlease's own connections to one server, and their bounded pool. Written once, as
+asyncio code; ``scripts/unasync.py`` generates the blocking twin (``_conn_sync``).
 
-A ``Pool`` per event loop and server (``pool_for``) keeps them, with the sync pool's
-bounds: at most MAX_CONNECTIONS, of which blocking waits may hold all but RESERVED,
-MAX_IDLE kept open between uses; never the application's. A connection taken from the
-idle list is checked first, without a round trip, and replaced if the server closed it.
-asyncio connections belong to one loop: another loop gets a pool of its own, and a
-forked child never uses its parent's sockets.
+A ``Pool`` per server and owner (``pool_for``: the process for blocking code, each event
+loop for asyncio) keeps them: at most MAX_CONNECTIONS, of which blocking waits may hold
+all but RESERVED (so a release always finds one), MAX_IDLE kept open between uses. They
+are never the application's: its pool's limit is neither used nor exceeded on
+redlease's account. A connection taken from the idle list is checked first, without a
+round trip, and replaced if the server closed it (an idle ``timeout``, ``CLIENT KILL``, a
+restart). After ``fork`` the child never uses its parent's sockets: the pool notices the
+new process id and starts empty. asyncio connections belong to one loop, and a loop's
+shutdown closes its idle ones.
 
-``SocketConnection`` is a non-blocking socket of our own, driven with the loop's public
-socket methods (``sock_connect``, ``sock_sendall``, ``sock_recv_into``); a reply due in
-about a round trip is first polled for (see ``_spin``), giving the loop a turn between
-polls so that other tasks never wait on it. ``ClassConnection`` is one made with the
-client's own connection class (TLS, Sentinel), used through its public methods.
+Two kinds of connection (see ``_endpoint``): ``SocketConnection``, a socket of our own
+read with hiredis (or ``_resp.PyReader``), and ``ClassConnection``, one made with the
+client's own connection class and used through its public methods (in the backend: its
+methods are the flavour's). A reply due in about a round trip is first polled for (see
+``_spin``); how a read then waits (SO_RCVTIMEO, or the loop with a shared timer) is the
+backend's ``SocketWait``.
 """
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import functools
 import select
 import socket
-import sys
 import time
 import weakref
 from collections.abc import AsyncGenerator
 from typing import Any
 
 from . import _backend_async, _fork, _resp, _spin, _stale
-from ._conn_sync import MAX_CONNECTIONS, MAX_IDLE, OWED_REPLY_LIMIT, RESERVED
-from ._endpoint import ConnectionFailed, Endpoint, Kind, ReplyTimedOut, bounded, node_endpoint
-from ._hub_async import Hub
-from ._hub_sync import PLAIN, SHARDED, Verbs
-from ._reading import fed, read_failed
+from ._backend_async import ClassConnection
+from ._endpoint import ConnectionFailed, Endpoint, Kind, ReplyTimedOut, node_endpoint
+from ._hub_async import PLAIN, SHARDED, Hub, Verbs
+
+MAX_CONNECTIONS = 128
+RESERVED = 16  # never held by blocking waits: short commands always find a connection
+MAX_IDLE = 8
+# A connection owing the reply of a wait that was given up on (the server answers a
+# BLPOP's timeout late when idle) is set aside until that reply comes, at most this long.
+OWED_REPLY_LIMIT = 1.0
 
 NOT_ENOUGH = _resp.NOT_ENOUGH
 _MIN_WAIT = 0.001
-# The event loop looks at I/O and timers only between turns, and a read answered by
-# polling takes none: after this long without one, a read lets the loop take a turn.
-TURN_EVERY = 1e-3
 
 
 class SocketConnection:
-    """A plain TCP or Unix socket of our own, non-blocking. ``stale``: replies owed to
-    fan-outs that did not wait for them (see ``_quorum``), dropped before the next."""
+    """A plain TCP or Unix socket of our own. A write is one ``send``, a read a short
+    poll (see ``_spin``) and then the backend's wait. ``stale``: replies owed to fan-outs
+    that did not wait for them (see ``_quorum``), dropped before the next reply is read."""
 
     lean = True
     __slots__ = (
         "buffer",
         "client_id",
-        "loop",
         "poller",
         "reader",
         "recv",
+        "sendall",
         "sock",
         "spin",
         "stale",
-        "watch",
+        "waits",
         "wire",
     )
 
     def __init__(self, sock: socket.socket, pool: Pool) -> None:
         self.sock = sock
-        self.loop = pool.loop
         self.buffer = bytearray(65536)
         self.reader = _resp.new_reader()
-        self.recv = functools.partial(sock.recv_into, self.buffer)
+        self.recv = functools.partial(sock.recv_into, self.buffer, 0, _backend_async.RECV_FLAGS)
+        self.sendall = _backend_async.sender(sock)
+        self.waits = _backend_async.SocketWait(sock)
         self.spin, self.wire = pool.spin, pool.wire
-        self.watch = _Watch()
         self.stale = 0
         self.client_id: int | None = None  # the server's id for it, once asked (CLIENT ID)
         self.poller = select.poll()  # whether anything arrived (see alive)
@@ -77,14 +83,18 @@ class SocketConnection:
     async def open(cls, endpoint: Endpoint, timeout: float, pool: Pool) -> SocketConnection:
         limit = endpoint.connect_timeout
         bound = timeout if limit is None else min(limit, timeout)
-        loop = pool.loop
         try:
-            async with _backend_async.deadline(bound):
-                sock = await _connect(loop, endpoint)
-        except asyncio.TimeoutError as exc:
+            sock = await _backend_async.connect(endpoint, bound)
+        except _backend_async.TimedOut as exc:
             raise ReplyTimedOut(f"no connection to {endpoint.label} within {bound:.3f}s") from exc
         except OSError as exc:
             raise ConnectionFailed(f"cannot connect to {endpoint.label}: {exc}") from exc
+        if not endpoint.path:
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            if endpoint.keepalive:
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
+                for option, value in endpoint.keepalive_options.items():
+                    sock.setsockopt(socket.IPPROTO_TCP, option, value)
         conn = cls(sock, pool)
         try:
             await conn._handshake(endpoint, bound)
@@ -124,11 +134,9 @@ class SocketConnection:
 
     async def send(self, data: bytes) -> None:
         try:
-            sent = self.sock.send(data)
-            if sent < len(data):
-                await self.loop.sock_sendall(self.sock, memoryview(data)[sent:])
-        except BlockingIOError:
-            await self.loop.sock_sendall(self.sock, data)
+            await self.sendall(data)
+        except BlockingIOError:  # a blocking socket's write bound passed
+            raise ReplyTimedOut("timed out writing to the server") from None
         except OSError as exc:
             raise ConnectionFailed(f"error while writing: {exc}") from exc
 
@@ -143,6 +151,7 @@ class SocketConnection:
         return reply
 
     async def _drop_stale(self, timeout: float) -> float:
+        """Read the stale replies and drop them; the time left of ``timeout``."""
         clock = time.perf_counter
         end = clock() + timeout
         while self.stale:
@@ -152,6 +161,8 @@ class SocketConnection:
         return max(end - clock(), _MIN_WAIT)
 
     def drop_arrived(self) -> Exception | None:
+        """Drop the stale replies already received, without waiting; the error if the
+        connection failed."""
         try:
             self.stale = _stale.drop_arrived(
                 self.recv, self.buffer, self.reader, self.stale, self.wire.forget
@@ -165,216 +176,64 @@ class SocketConnection:
         reader = self.reader
         reply = reader.gets()
         if reply is NOT_ENOUGH:
-            if _cancel_due():
-                await asyncio.sleep(0)  # it lands at this read, as the caller asked
             if spin and _spin.BUDGET > 0:
                 started = time.perf_counter()
-                reply = await _spin.poll_async(self.recv, self.buffer, reader, self.spin)
+                reply = await _backend_async.poll(self.recv, self.buffer, reader, self.spin)
                 if reply is not NOT_ENOUGH:
-                    if started - self.spin.turned > TURN_EVERY:
-                        self.spin.turned = started
-                        await asyncio.sleep(0)  # polled replies in a row: let the loop turn
                     return reply
+                # what the spin took counts against the bound
                 timeout = max(timeout - (time.perf_counter() - started), _MIN_WAIT)
-            reply = await self.watch.read(self, timeout)
-            self.spin.turned = time.perf_counter()
+            reply = await self.waits.read(self.buffer, reader, self.spin, timeout)
         return reply
 
-    async def more(self) -> Any:
-        """Wait for bytes (no bound: the caller's ``_Watch`` has it) until a reply is in."""
-        reader = self.reader
-        while True:
-            try:
-                got = await self.loop.sock_recv_into(self.sock, self.buffer)
-            except OSError as exc:
-                raise read_failed(exc) from exc
-            reply = fed(got, self.buffer, reader)
-            if reply is not NOT_ENOUGH:
-                return reply
-
     def close(self) -> None:
-        self.watch.close()
+        self.waits.close()
         with contextlib.suppress(OSError):
             self.sock.close()
 
+    # unasync: async only
     async def shut(self) -> None:
         """Close it, from the loop (as at its shutdown)."""
         self.close()
 
-
-async def _connect(loop: asyncio.AbstractEventLoop, endpoint: Endpoint) -> socket.socket:
-    if endpoint.path:
-        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        sock.setblocking(False)
-        try:
-            await loop.sock_connect(sock, endpoint.path)
-        except BaseException:
-            sock.close()
-            raise
-        return sock
-    infos = await loop.getaddrinfo(endpoint.host, endpoint.port, type=socket.SOCK_STREAM)
-    error: OSError = OSError(f"no address for {endpoint.host}")
-    for family, kind, proto, _, address in infos:
-        sock = socket.socket(family, kind, proto)
-        sock.setblocking(False)
-        try:
-            await loop.sock_connect(sock, address)
-        except OSError as exc:
-            sock.close()
-            error = exc
-            continue
-        except BaseException:
-            sock.close()
-            raise
-        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        if endpoint.keepalive:
-            sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
-            for option, value in endpoint.keepalive_options.items():
-                sock.setsockopt(socket.IPPROTO_TCP, option, value)
-        return sock
-    raise error
-
-
-def _cancel_due() -> bool:
-    """The running task has been asked to cancel (a read must then wait, not poll or
-    take what arrived, so that the cancellation lands there). Needs 3.11."""
-    task = asyncio.current_task()
-    cancelling = getattr(task, "cancelling", None)
-    return cancelling is not None and cancelling() > 0
-
-
-# A timer per read (asyncio.timeout) costs a timer-heap push and leaves a cancelled
-# handle behind, a few percent of a lock cycle. A connection's reads share one timer
-# instead, armed when none is pending and moved only when it fires early: it fires about
-# once per timeout, not once per read. It needs Task.cancelling()/uncancel() (3.11) to
-# tell its own cancellation from the caller's, and the nested-cancellation fixes of
-# 3.11.3; older versions bound each read with a timeout of its own.
-_LAZY_DEADLINES = sys.version_info >= (3, 11, 3)
-
-
-class _Watch:
-    """The deadline of the read in progress on one connection (see _LAZY_DEADLINES)."""
-
-    __slots__ = ("due", "expired", "handle", "task")
-
-    def __init__(self) -> None:
-        self.task: asyncio.Task[Any] | None = None  # the task reading, while it reads
-        self.due = 0.0
-        self.expired = False
-        self.handle: asyncio.TimerHandle | None = None
-
-    async def read(self, conn: SocketConnection, timeout: float) -> Any:
-        if not _LAZY_DEADLINES:
-            return await _backend_async.bounded(conn.more, timeout)
-        loop = conn.loop
-        task = asyncio.current_task()
-        assert task is not None
-        self.task, self.due, self.expired = task, loop.time() + timeout, False
-        if self.handle is None or self.handle.when() > self.due:
-            if self.handle is not None:
-                self.handle.cancel()
-            self.handle = loop.call_at(self.due, self._fire, loop)
-        cancelling = task.cancelling()  # type: ignore[attr-defined,unused-ignore]
-        try:
-            return await conn.more()
-        except asyncio.CancelledError:
-            if self.expired and task.uncancel() <= cancelling:  # type: ignore[attr-defined,unused-ignore]
-                raise ReplyTimedOut(f"no reply within {timeout:.3f}s") from None
-            raise  # the caller's own cancellation
-        finally:
-            self.task = None
-
-    def _fire(self, loop: asyncio.AbstractEventLoop) -> None:
-        self.handle = None
-        if self.task is None:
-            return  # no read in progress: the next one arms it again
-        if loop.time() >= self.due:
-            self.expired = True
-            self.task.cancel()
-        else:  # armed for an earlier read: move it to this one's deadline
-            self.handle = loop.call_at(self.due, self._fire, loop)
-
-    def close(self) -> None:
-        if self.handle is not None:
-            self.handle.cancel()
-            self.handle = None
-
-
-class ClassConnection:
-    """A connection made with the client's own connection class (TLS, Sentinel...), used
-    through its public methods only; every read bounded by us (its own ``timeout=``
-    answers a timeout with None and keeps the late reply for the next command)."""
-
-    lean = False
-    stale = 0
-    client_id: int | None = None
-    __slots__ = ("conn", "wire")
-
-    def __init__(self, conn: Any, pool: Pool) -> None:
-        self.conn = conn
-        self.wire = pool.wire
-
-    @classmethod
-    async def open(cls, endpoint: Endpoint, timeout: float, pool: Pool) -> ClassConnection:
-        conn = endpoint.connection_class(**bounded(endpoint.class_settings, timeout))
-        try:
-            # the class's own connect (Sentinel discovery happens here), bounded as a whole
-            await _backend_async.bounded(conn.connect, timeout)
-        except BaseException:
-            with contextlib.suppress(BaseException):
-                await conn.disconnect(nowait=True)
-            raise
-        return cls(conn, pool)
-
-    def alive(self) -> bool:
-        return bool(self.conn.is_connected)
-
-    async def send(self, data: bytes) -> None:
-        await self.conn.send_packed_command([data], check_health=False)
-
-    async def read(self, timeout: float, spin: bool = True) -> Any:
-        return await _backend_async.bounded(self.conn.read_response, timeout)
-
-    def drop_arrived(self) -> Exception | None:
-        return None
-
-    def close(self) -> None:
-        # The class's disconnect is a coroutine: run it on the loop, without waiting.
-        with contextlib.suppress(Exception):
-            asyncio.get_running_loop().create_task(self.conn.disconnect(nowait=True))
-
-    async def shut(self) -> None:
-        """Close it, from the loop (as at its shutdown), and wait for that."""
-        with contextlib.suppress(Exception):
-            await self.conn.disconnect(nowait=True)
+    # unasync: end
 
 
 Connection = SocketConnection | ClassConnection
 
 
 class Pool:
-    """redlease's connections to one server, for one event loop (see the module
-    docstring). Only that loop's tasks use it, so its lists need no lock."""
+    """redlease's connections to one server, for one owner (see the module docstring).
+    Threads share a blocking pool: ``_guard`` guards its lists and counts."""
 
-    def __init__(
-        self, endpoint: Endpoint, loop: asyncio.AbstractEventLoop, hub_verbs: Verbs = PLAIN
-    ) -> None:
+    def __init__(self, endpoint: Endpoint, hub_verbs: Verbs = PLAIN) -> None:
         self.endpoint = endpoint
-        self.loop = loop
+        self.owner = _backend_async.pool_owner()
         self.hub_verbs = hub_verbs  # sharded pub/sub for a Cluster node
         self._open = SocketConnection.open if endpoint.kind is Kind.SOCKET else ClassConnection.open
-        self.wire = _resp.Wire()
-        self.spin = _spin.Record()
-        self._freed = asyncio.Event()
+        self.wire = _resp.Wire()  # each op as bytes for this server
+        self.spin = _spin.Record()  # whether reads from this server poll before sleeping
+        self._guard = _backend_async.Guard()
+        self._freed = _backend_async.Freed(self._guard)
         self._idle: list[Connection] = []
-        self._owing: list[tuple[Connection, float]] = []
-        self._count = 0
-        self._blocking = 0
+        self._owing: list[tuple[Connection, float]] = []  # (conn, give up on it at)
+        self._count = 0  # connections open (idle, owing or in use)
+        self._blocking = 0  # of which held by blocking waits
+        self._waiting = 0  # callers waiting for a connection to be freed
         self._generation = _fork.generation
         self._hub: Hub | None = None
-        self._shutdown: AsyncGenerator[None, None] | None = None
+        self._shutdown: AsyncGenerator[None, None] | None = None  # unasync: async only
         weakref.finalize(self, _close_all, self._idle, self._owing)
+        _fork.renew_in_child(self)
 
+    def _after_fork(self) -> None:
+        # Another thread of the parent may have held the guard at the fork; the rest of
+        # the child's start (forgetting the parent's sockets) waits for its first take.
+        self._guard = _backend_async.Guard()
+        self._freed = _backend_async.Freed(self._guard)
+        self._waiting = 0  # (the parent's waiters are not here)
+
+    # unasync: async only
     async def _closed_at_shutdown(self) -> AsyncGenerator[None, None]:
         """Suspended for the loop's life: the loop closes its async generators when it
         shuts down (``asyncio.run``, ``asyncio.Runner``), and this one then closes the
@@ -389,16 +248,20 @@ class Pool:
                 self._count -= 1
                 await conn.shut()
 
+    # unasync: end
     def current(self) -> bool:
-        """Whether this pool is the running loop's (each loop has its own)."""
-        return self.loop is asyncio.get_running_loop()
+        """Whether this pool is the caller's (a blocking one always is: after a fork it
+        starts over by itself; each event loop has pools of its own)."""
+        return self.owner is _backend_async.pool_owner()
 
     @property
     def hub(self) -> Hub | None:
-        """The loop's shared wait connection to this server (see ``_hub_async``), for
-        sockets of our own."""
+        """The owner's shared wait connection to this server (see ``_hub_async``), for
+        sockets of our own (a connection class's methods are not for two threads)."""
         if self._hub is None and self.endpoint.kind is Kind.SOCKET:
-            self._hub = Hub(self, self.hub_verbs)
+            with self._guard:
+                if self._hub is None:
+                    self._hub = Hub(self, self.hub_verbs)
         return self._hub
 
     async def open_connection(self, timeout: float) -> Connection:
@@ -406,36 +269,54 @@ class Pool:
         return await self._open(self.endpoint, timeout, self)
 
     async def take(self, timeout: float, *, blocking: bool = False) -> Connection | None:
+        """A connection, within ``timeout``: an idle one still alive, or a new one. For a
+        ``blocking`` wait, None if none can be spared within ``timeout``."""
+        idle = self._idle
+        if not blocking and not self._owing and self._generation == _fork.generation:
+            # The hot path, without the guard: list.pop is atomic.
+            while idle:
+                try:
+                    conn = idle.pop()
+                except IndexError:
+                    break
+                if conn.alive():
+                    return conn
+                with self._guard:
+                    self._dead(conn)
+        # unasync: async only
         if self._shutdown is None:
             self._shutdown = self._closed_at_shutdown()
             await self._shutdown.__anext__()
-        if self._generation != _fork.generation:
-            self._forget_parents()
-        end = time.monotonic() + timeout
-        while True:
-            conn = self._idle_one()
-            if conn is not None:
-                if blocking:
-                    self._blocking += 1
-                return conn
-            limit = MAX_CONNECTIONS - RESERVED if blocking else MAX_CONNECTIONS
-            in_use = self._blocking if blocking else self._count
-            if in_use < limit and self._count < MAX_CONNECTIONS:
-                break
-            left = end - time.monotonic()
-            if left <= 0:
-                if blocking:
-                    return None
-                raise ReplyTimedOut(
-                    f"all {MAX_CONNECTIONS} of redlease's connections to "
-                    f"{self.endpoint.label} stayed busy for {timeout:.3f}s"
-                )
-            self._freed.clear()
-            with contextlib.suppress(asyncio.TimeoutError):
-                await asyncio.wait_for(self._freed.wait(), left)
-        self._count += 1
-        if blocking:
-            self._blocking += 1
+        # unasync: end
+        with self._guard:
+            if self._generation != _fork.generation:
+                self._forget_parents()
+            end = time.monotonic() + timeout
+            while True:
+                found = self._idle_one()
+                if found is not None:
+                    if blocking:
+                        self._blocking += 1
+                    return found
+                limit = MAX_CONNECTIONS - RESERVED if blocking else MAX_CONNECTIONS
+                in_use = self._blocking if blocking else self._count
+                if in_use < limit and self._count < MAX_CONNECTIONS:
+                    break
+                left = end - time.monotonic()
+                if left <= 0:
+                    if blocking:
+                        return None
+                    raise ReplyTimedOut(
+                        f"all {MAX_CONNECTIONS} of redlease's connections to "
+                        f"{self.endpoint.label} stayed busy for {timeout:.3f}s"
+                    )
+                # (a give on the hot path does not notify: look again now and then)
+                self._waiting += 1
+                await self._freed.wait(min(left, 0.01))
+                self._waiting -= 1
+            self._count += 1
+            if blocking:
+                self._blocking += 1
         try:
             conn = await self._open(self.endpoint, timeout, self)
         except BaseException:
@@ -444,12 +325,14 @@ class Pool:
         return conn
 
     def _dead(self, conn: Connection) -> None:
-        """``conn`` was found closed by the server: it goes, and the scripts with it."""
+        """``conn`` was found closed by the server: it goes, and the scripts with it (the
+        server may have restarted without them). Guard held."""
         conn.close()
         self._count -= 1
         self.wire.forget()
 
     def _idle_one(self) -> Connection | None:
+        """An idle connection still alive (the dead ones closed), or None. Guard held."""
         if self._owing:
             self._settle_owing()
         idle = self._idle
@@ -474,37 +357,50 @@ class Pool:
                 self._count -= 1
 
     def give(self, conn: Connection, *, blocking: bool = False) -> None:
-        if blocking:
-            self._blocking -= 1
-        if self._generation == _fork.generation and len(self._idle) < MAX_IDLE:
-            self._idle.append(conn)
-        else:
-            conn.close()
-            self._count -= 1
-        self._freed.set()
+        """Take back ``conn``, its replies read in full (or owed: see ``owe``)."""
+        hot = not (blocking or self._waiting) and self._generation == _fork.generation
+        if hot and len(self._idle) < MAX_IDLE:
+            self._idle.append(conn)  # the hot path: list.append is atomic
+            return
+        with self._guard:
+            if blocking:
+                self._blocking -= 1
+            if self._generation == _fork.generation and len(self._idle) < MAX_IDLE:
+                self._idle.append(conn)
+            else:
+                conn.close()
+                self._count -= 1
+            self._freed.notify()
 
     def owe(self, conn: Connection, *, blocking: bool = False) -> None:
+        """Take back ``conn``, which owes one reply still on its way (a wait given up
+        on): it is reused once that reply came and was dropped."""
         if not isinstance(conn, SocketConnection):
             self.discard(conn, blocking=blocking)
             return
         conn.stale += 1
-        if blocking:
-            self._blocking -= 1
-        self._owing.append((conn, time.monotonic() + OWED_REPLY_LIMIT))
-        self._freed.set()
+        with self._guard:
+            if blocking:
+                self._blocking -= 1
+            self._owing.append((conn, time.monotonic() + OWED_REPLY_LIMIT))
+            self._freed.notify()
 
     def discard(self, conn: Connection, *, blocking: bool = False) -> None:
+        """Close ``conn``, whose state is unknown (a reply may still be on its way)."""
         conn.close()
-        self.wire.forget()
+        self.wire.forget()  # the server may have restarted without its scripts
         self._gone(blocking)
 
     def _gone(self, blocking: bool) -> None:
-        self._count -= 1
-        if blocking:
-            self._blocking -= 1
-        self._freed.set()
+        with self._guard:
+            self._count -= 1
+            if blocking:
+                self._blocking -= 1
+            self._freed.notify()
 
     def _forget_parents(self) -> None:
+        """In a forked child: the parent's sockets are closed here (which leaves them
+        open in the parent) and never used. Guard held."""
         for conn in self._idle:
             conn.close()
         for conn, _ in self._owing:
@@ -521,52 +417,62 @@ class Pool:
 
 def _close_all(idle: list[Connection], owing: list[tuple[Connection, float]]) -> None:
     for conn in idle:
-        if isinstance(conn, SocketConnection):
-            conn.close()
+        conn.close()
     for conn, _ in owing:
         conn.close()
 
 
+# client's own connection pool -> owner -> pool
 _POOLS: weakref.WeakKeyDictionary[Any, weakref.WeakKeyDictionary[Any, Pool]] = (
     weakref.WeakKeyDictionary()
 )
-
-
-def pool_for(client: Any, endpoint: Endpoint) -> Pool:
-    """The pool of redlease's connections to ``client``'s server for the running loop,
-    shared by every lock on that client."""
-    loop = asyncio.get_running_loop()
-    per_loop = _POOLS.get(client.connection_pool)
-    if per_loop is None:
-        per_loop = _POOLS[client.connection_pool] = weakref.WeakKeyDictionary()
-    pool = per_loop.get(loop)
-    if pool is None:
-        pool = per_loop[loop] = Pool(endpoint, loop)
-    return pool
-
-
-# A Cluster client's nodes, per loop and name: pools for their hubs only (commands go
+# A Cluster client -> owner -> node name -> pool for the node's hub only (commands go
 # through the client, which routes them).
 _NODE_POOLS: weakref.WeakKeyDictionary[Any, weakref.WeakKeyDictionary[Any, dict[str, Pool]]] = (
     weakref.WeakKeyDictionary()
 )
+_POOLS_GUARD = _backend_async.Guard()
+
+
+def _new_pools_guard() -> None:
+    # Another thread of the parent may have held it at the fork.
+    global _POOLS_GUARD
+    _POOLS_GUARD = _backend_async.Guard()
+
+
+_fork.in_child(_new_pools_guard)
+
+
+def pool_for(client: Any, endpoint: Endpoint) -> Pool:
+    """The caller's pool of redlease's connections to ``client``'s server, shared by
+    every lock on that client: it lives as long as the client's own connection pool."""
+    owner = _backend_async.pool_owner()
+    with _POOLS_GUARD:
+        per_owner = _POOLS.get(client.connection_pool)
+        if per_owner is None:
+            per_owner = _POOLS[client.connection_pool] = weakref.WeakKeyDictionary()
+        pool = per_owner.get(owner)
+        if pool is None:
+            pool = per_owner[owner] = Pool(endpoint)
+        return pool
 
 
 def node_pool(client: Any, node: Any) -> Pool | None:
-    """The running loop's pool (for its hub, sharded) of ``node``, a node of the Cluster
+    """The caller's pool (for its hub, sharded) of ``node``, a node of the Cluster
     ``client``; None while redlease cannot open sockets of its own to it (TLS, or its
     settings not known yet: asked again next time)."""
-    loop = asyncio.get_running_loop()
-    per_loop = _NODE_POOLS.get(client)
-    if per_loop is None:
-        per_loop = _NODE_POOLS[client] = weakref.WeakKeyDictionary()
-    nodes = per_loop.get(loop)
-    if nodes is None:
-        nodes = per_loop[loop] = {}
-    pool = nodes.get(node.name)
-    if pool is None:
-        endpoint = node_endpoint(client, node, asyncio=True)
-        if endpoint.kind is not Kind.SOCKET:
-            return None
-        pool = nodes[node.name] = Pool(endpoint, loop, SHARDED)
-    return pool
+    owner = _backend_async.pool_owner()
+    with _POOLS_GUARD:
+        per_owner = _NODE_POOLS.get(client)
+        if per_owner is None:
+            per_owner = _NODE_POOLS[client] = weakref.WeakKeyDictionary()
+        nodes = per_owner.get(owner)
+        if nodes is None:
+            nodes = per_owner[owner] = {}
+        pool = nodes.get(node.name)
+        if pool is None:
+            endpoint = node_endpoint(client, node, asyncio=_backend_async.ASYNC)
+            if endpoint.kind is not Kind.SOCKET:
+                return None
+            pool = nodes[node.name] = Pool(endpoint, SHARDED)
+        return pool

@@ -1,35 +1,40 @@
-"""redlease's own connections to one server, blocking flavour (twin of ``_conn_async``).
+# Generated from _conn_async.py by scripts/unasync.py: edit that file, then run
+# `python scripts/unasync.py` (the tests run it with --check).
+"""redlease's own connections to one server, and their bounded pool. Written once, as
+asyncio code; ``scripts/unasync.py`` generates the blocking twin (``_conn_sync``).
 
-A ``Pool`` per process and server (``pool_for``) keeps them: at most MAX_CONNECTIONS,
-of which blocking waits may hold all but RESERVED (so a release always finds one),
-MAX_IDLE kept open between uses. They are never the application's: its pool's limit is
-neither used nor exceeded on redlease's account. A connection taken from the idle list
-is checked first, without a round trip, and replaced if the server closed it (an idle
-``timeout``, ``CLIENT KILL``, a restart). After ``fork`` the child never uses its
-parent's sockets: the pool notices the new process id and starts empty.
+A ``Pool`` per server and owner (``pool_for``: the process for blocking code, each event
+loop for asyncio) keeps them: at most MAX_CONNECTIONS, of which blocking waits may hold
+all but RESERVED (so a release always finds one), MAX_IDLE kept open between uses. They
+are never the application's: its pool's limit is neither used nor exceeded on
+redlease's account. A connection taken from the idle list is checked first, without a
+round trip, and replaced if the server closed it (an idle ``timeout``, ``CLIENT KILL``, a
+restart). After ``fork`` the child never uses its parent's sockets: the pool notices the
+new process id and starts empty. asyncio connections belong to one loop, and a loop's
+shutdown closes its idle ones.
 
 Two kinds of connection (see ``_endpoint``): ``SocketConnection``, a socket of our own
 read with hiredis (or ``_resp.PyReader``), and ``ClassConnection``, one made with the
-client's own connection class and used through its public methods.
+client's own connection class and used through its public methods (in the backend: its
+methods are the flavour's). A reply due in about a round trip is first polled for (see
+``_spin``); how a read then waits (SO_RCVTIMEO, or the loop with a shared timer) is the
+backend's ``SocketWait``.
 """
 
 from __future__ import annotations
 
 import contextlib
 import functools
-import math
 import select
 import socket
-import struct
-import threading
 import time
 import weakref
 from typing import Any
 
-from . import _fork, _resp, _spin, _stale
-from ._endpoint import ConnectionFailed, Endpoint, Kind, ReplyTimedOut, bounded, node_endpoint
+from . import _backend_sync, _fork, _resp, _spin, _stale
+from ._backend_sync import ClassConnection
+from ._endpoint import ConnectionFailed, Endpoint, Kind, ReplyTimedOut, node_endpoint
 from ._hub_sync import PLAIN, SHARDED, Hub, Verbs
-from ._reading import fed, read_failed
 
 MAX_CONNECTIONS = 128
 RESERVED = 16  # never held by blocking waits: short commands always find a connection
@@ -42,17 +47,10 @@ NOT_ENOUGH = _resp.NOT_ENOUGH
 _MIN_WAIT = 0.001
 
 
-def _timeval(seconds: float) -> bytes:
-    # 0 would mean "no limit" to the kernel: the shortest bound is 1 ms
-    whole, fraction = divmod(max(seconds, 0.001), 1.0)
-    return struct.pack("ll", int(whole), int(fraction * 1e6))
-
-
 class SocketConnection:
-    """A plain TCP or Unix socket of our own, blocking but bounded by SO_RCVTIMEO and
-    SO_SNDTIMEO: a write is one ``sendall``, a read one ``recv_into`` (after a short
-    poll, see ``_spin``). ``stale``: replies owed to fan-outs that did not wait for them
-    (see ``_quorum``), dropped before the next reply is read."""
+    """A plain TCP or Unix socket of our own. A write is one ``send``, a read a short
+    poll (see ``_spin``) and then the backend's wait. ``stale``: replies owed to fan-outs
+    that did not wait for them (see ``_quorum``), dropped before the next reply is read."""
 
     lean = True
     __slots__ = (
@@ -61,10 +59,11 @@ class SocketConnection:
         "poller",
         "reader",
         "recv",
+        "sendall",
         "sock",
         "spin",
         "stale",
-        "wait",
+        "waits",
         "wire",
     )
 
@@ -72,9 +71,10 @@ class SocketConnection:
         self.sock = sock
         self.buffer = bytearray(65536)
         self.reader = _resp.new_reader()
-        self.recv = functools.partial(sock.recv_into, self.buffer, 0, socket.MSG_DONTWAIT)
+        self.recv = functools.partial(sock.recv_into, self.buffer, 0, _backend_sync.RECV_FLAGS)
+        self.sendall = _backend_sync.sender(sock)
+        self.waits = _backend_sync.SocketWait(sock)
         self.spin, self.wire = pool.spin, pool.wire
-        self.wait = -1.0  # the receive bound currently set on the socket
         self.stale = 0
         self.client_id: int | None = None  # the server's id for it, once asked (CLIENT ID)
         self.poller = select.poll()  # whether anything arrived (see alive)
@@ -85,27 +85,17 @@ class SocketConnection:
         limit = endpoint.connect_timeout
         bound = timeout if limit is None else min(limit, timeout)
         try:
-            if endpoint.path:
-                sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-                try:
-                    sock.settimeout(bound)
-                    sock.connect(endpoint.path)
-                except BaseException:
-                    sock.close()
-                    raise
-            else:
-                sock = socket.create_connection((endpoint.host, endpoint.port), bound)
-                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-                if endpoint.keepalive:
-                    sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
-                    for option, value in endpoint.keepalive_options.items():
-                        sock.setsockopt(socket.IPPROTO_TCP, option, value)
-        except TimeoutError as exc:
+            sock = _backend_sync.connect(endpoint, bound)
+        except _backend_sync.TimedOut as exc:
             raise ReplyTimedOut(f"no connection to {endpoint.label} within {bound:.3f}s") from exc
         except OSError as exc:
             raise ConnectionFailed(f"cannot connect to {endpoint.label}: {exc}") from exc
-        sock.settimeout(None)
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDTIMEO, _timeval(bound))
+        if not endpoint.path:
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            if endpoint.keepalive:
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
+                for option, value in endpoint.keepalive_options.items():
+                    sock.setsockopt(socket.IPPROTO_TCP, option, value)
         conn = cls(sock, pool)
         try:
             conn._handshake(endpoint, bound)
@@ -145,8 +135,8 @@ class SocketConnection:
 
     def send(self, data: bytes) -> None:
         try:
-            self.sock.sendall(data)
-        except BlockingIOError:
+            self.sendall(data)
+        except BlockingIOError:  # a blocking socket's write bound passed
             raise ReplyTimedOut("timed out writing to the server") from None
         except OSError as exc:
             raise ConnectionFailed(f"error while writing: {exc}") from exc
@@ -166,7 +156,8 @@ class SocketConnection:
         clock = time.perf_counter
         end = clock() + timeout
         while self.stale:
-            _stale.dropped(self._next(max(end - clock(), _MIN_WAIT), True), self.wire.forget)
+            reply = self._next(max(end - clock(), _MIN_WAIT), True)
+            _stale.dropped(reply, self.wire.forget)
             self.stale -= 1
         return max(end - clock(), _MIN_WAIT)
 
@@ -185,116 +176,67 @@ class SocketConnection:
         """The next reply as parsed (an error reply is returned, not raised)."""
         reader = self.reader
         reply = reader.gets()
-        if reply is NOT_ENOUGH and spin and _spin.BUDGET > 0:
-            started = time.perf_counter()
-            reply = _spin.poll(self.recv, self.buffer, reader, self.spin)
-            if reply is NOT_ENOUGH:  # what the spin took counts against the bound
-                timeout = max(timeout - (time.perf_counter() - started), _MIN_WAIT)
         if reply is NOT_ENOUGH:
-            # Whole milliseconds, rounded up: the reads of one fan-out then share a bound
-            # and the socket option is rarely set again.
-            wait = math.ceil(timeout * 1000) / 1000.0
-            if wait != self.wait:
-                self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVTIMEO, _timeval(wait))
-                self.wait = wait
-            while reply is NOT_ENOUGH:
-                try:
-                    got = self.sock.recv_into(self.buffer)
-                except BlockingIOError:  # the bound passed
-                    raise ReplyTimedOut(f"no reply within {timeout:.3f}s") from None
-                except OSError as exc:
-                    raise read_failed(exc) from exc
-                reply = fed(got, self.buffer, reader)
+            if spin and _spin.BUDGET > 0:
+                started = time.perf_counter()
+                reply = _backend_sync.poll(self.recv, self.buffer, reader, self.spin)
+                if reply is not NOT_ENOUGH:
+                    return reply
+                # what the spin took counts against the bound
+                timeout = max(timeout - (time.perf_counter() - started), _MIN_WAIT)
+            reply = self.waits.read(self.buffer, reader, self.spin, timeout)
         return reply
 
     def close(self) -> None:
+        self.waits.close()
         with contextlib.suppress(OSError):
             self.sock.close()
-
-
-class ClassConnection:
-    """A connection made with the client's own connection class (TLS, Sentinel...), used
-    through its public methods only. It owes no stale replies: fan-outs read all of its."""
-
-    lean = False
-    stale = 0
-    client_id: int | None = None
-    __slots__ = ("conn", "wire")
-
-    def __init__(self, conn: Any, pool: Pool) -> None:
-        self.conn = conn
-        self.wire = pool.wire
-
-    @classmethod
-    def open(cls, endpoint: Endpoint, timeout: float, pool: Pool) -> ClassConnection:
-        conn = endpoint.connection_class(**bounded(endpoint.class_settings, timeout))
-        conn.connect()  # the class's own connect: Sentinel discovery happens here
-        return cls(conn, pool)
-
-    def alive(self) -> bool:
-        try:
-            return not self.conn.can_read(timeout=0)  # readable while idle: closed
-        except Exception:
-            return False
-
-    def send(self, data: bytes) -> None:
-        self.conn.send_packed_command([data], check_health=False)
-
-    def read(self, timeout: float, spin: bool = True) -> Any:
-        if not self.conn.can_read(timeout=timeout):
-            raise ReplyTimedOut(f"no reply within {timeout:.3f}s")
-        return self.conn.read_response()
-
-    def drop_arrived(self) -> Exception | None:
-        return None
-
-    def close(self) -> None:
-        with contextlib.suppress(Exception):
-            self.conn.disconnect()
 
 
 Connection = SocketConnection | ClassConnection
 
 
 class Pool:
-    """redlease's connections to one server, in this process (see the module docstring).
-    Threads share it; ``_lock`` guards the lists and counts."""
+    """redlease's connections to one server, for one owner (see the module docstring).
+    Threads share a blocking pool: ``_guard`` guards its lists and counts."""
 
     def __init__(self, endpoint: Endpoint, hub_verbs: Verbs = PLAIN) -> None:
         self.endpoint = endpoint
+        self.owner = _backend_sync.pool_owner()
         self.hub_verbs = hub_verbs  # sharded pub/sub for a Cluster node
         self._open = SocketConnection.open if endpoint.kind is Kind.SOCKET else ClassConnection.open
         self.wire = _resp.Wire()  # each op as bytes for this server
         self.spin = _spin.Record()  # whether reads from this server poll before sleeping
-        self._lock = threading.Lock()
-        self._freed = threading.Condition(self._lock)
+        self._guard = _backend_sync.Guard()
+        self._freed = _backend_sync.Freed(self._guard)
         self._idle: list[Connection] = []
         self._owing: list[tuple[Connection, float]] = []  # (conn, give up on it at)
         self._count = 0  # connections open (idle, owing or in use)
         self._blocking = 0  # of which held by blocking waits
-        self._waiting = 0  # threads waiting for a connection to be freed
+        self._waiting = 0  # callers waiting for a connection to be freed
         self._generation = _fork.generation
         self._hub: Hub | None = None
         weakref.finalize(self, _close_all, self._idle, self._owing)
         _fork.renew_in_child(self)
 
     def _after_fork(self) -> None:
-        # Another thread of the parent may have held the lock at the fork; the rest of
+        # Another thread of the parent may have held the guard at the fork; the rest of
         # the child's start (forgetting the parent's sockets) waits for its first take.
-        self._lock = threading.Lock()
-        self._freed = threading.Condition(self._lock)
+        self._guard = _backend_sync.Guard()
+        self._freed = _backend_sync.Freed(self._guard)
         self._waiting = 0  # (the parent's waiters are not here)
 
     def current(self) -> bool:
-        """Always: one pool serves every thread (after a fork, it starts over by itself)."""
-        return True
+        """Whether this pool is the caller's (a blocking one always is: after a fork it
+        starts over by itself; each event loop has pools of its own)."""
+        return self.owner is _backend_sync.pool_owner()
 
     @property
     def hub(self) -> Hub | None:
-        """The process's shared wait connection to this server (see ``_hub_sync``), for
+        """The owner's shared wait connection to this server (see ``_hub_sync``), for
         sockets of our own (a connection class's methods are not for two threads)."""
         if self._hub is None and self.endpoint.kind is Kind.SOCKET:
-            with self._lock:
+            with self._guard:
                 if self._hub is None:
                     self._hub = Hub(self, self.hub_verbs)
         return self._hub
@@ -308,7 +250,7 @@ class Pool:
         ``blocking`` wait, None if none can be spared within ``timeout``."""
         idle = self._idle
         if not blocking and not self._owing and self._generation == _fork.generation:
-            # The hot path, without the lock: list.pop is atomic.
+            # The hot path, without the guard: list.pop is atomic.
             while idle:
                 try:
                     conn = idle.pop()
@@ -316,9 +258,9 @@ class Pool:
                     break
                 if conn.alive():
                     return conn
-                with self._lock:
+                with self._guard:
                     self._dead(conn)
-        with self._lock:
+        with self._guard:
             if self._generation != _fork.generation:
                 self._forget_parents()
             end = time.monotonic() + timeout
@@ -356,13 +298,13 @@ class Pool:
 
     def _dead(self, conn: Connection) -> None:
         """``conn`` was found closed by the server: it goes, and the scripts with it (the
-        server may have restarted without them). Lock held."""
+        server may have restarted without them). Guard held."""
         conn.close()
         self._count -= 1
         self.wire.forget()
 
     def _idle_one(self) -> Connection | None:
-        """An idle connection still alive (the dead ones closed), or None. Lock held."""
+        """An idle connection still alive (the dead ones closed), or None. Guard held."""
         if self._owing:
             self._settle_owing()
         idle = self._idle
@@ -392,7 +334,7 @@ class Pool:
         if hot and len(self._idle) < MAX_IDLE:
             self._idle.append(conn)  # the hot path: list.append is atomic
             return
-        with self._lock:
+        with self._guard:
             if blocking:
                 self._blocking -= 1
             if self._generation == _fork.generation and len(self._idle) < MAX_IDLE:
@@ -409,7 +351,7 @@ class Pool:
             self.discard(conn, blocking=blocking)
             return
         conn.stale += 1
-        with self._lock:
+        with self._guard:
             if blocking:
                 self._blocking -= 1
             self._owing.append((conn, time.monotonic() + OWED_REPLY_LIMIT))
@@ -422,7 +364,7 @@ class Pool:
         self._gone(blocking)
 
     def _gone(self, blocking: bool) -> None:
-        with self._lock:
+        with self._guard:
             self._count -= 1
             if blocking:
                 self._blocking -= 1
@@ -430,7 +372,7 @@ class Pool:
 
     def _forget_parents(self) -> None:
         """In a forked child: the parent's sockets are closed here (which leaves them
-        open in the parent) and never used. Lock held."""
+        open in the parent) and never used. Guard held."""
         for conn in self._idle:
             conn.close()
         for conn, _ in self._owing:
@@ -452,46 +394,56 @@ def _close_all(idle: list[Connection], owing: list[tuple[Connection, float]]) ->
         conn.close()
 
 
-_POOLS: weakref.WeakKeyDictionary[Any, Pool] = weakref.WeakKeyDictionary()
-_POOLS_LOCK = threading.Lock()
+# client's own connection pool -> owner -> pool
+_POOLS: weakref.WeakKeyDictionary[Any, weakref.WeakKeyDictionary[Any, Pool]] = (
+    weakref.WeakKeyDictionary()
+)
+# A Cluster client -> owner -> node name -> pool for the node's hub only (commands go
+# through the client, which routes them).
+_NODE_POOLS: weakref.WeakKeyDictionary[Any, weakref.WeakKeyDictionary[Any, dict[str, Pool]]] = (
+    weakref.WeakKeyDictionary()
+)
+_POOLS_GUARD = _backend_sync.Guard()
 
 
-def _new_pools_lock() -> None:
+def _new_pools_guard() -> None:
     # Another thread of the parent may have held it at the fork.
-    global _POOLS_LOCK
-    _POOLS_LOCK = threading.Lock()
+    global _POOLS_GUARD
+    _POOLS_GUARD = _backend_sync.Guard()
 
 
-_fork.in_child(_new_pools_lock)
+_fork.in_child(_new_pools_guard)
 
 
 def pool_for(client: Any, endpoint: Endpoint) -> Pool:
-    """The pool of redlease's connections to ``client``'s server, shared by every lock on
-    that client: it lives as long as the client's own connection pool."""
-    key = client.connection_pool
-    with _POOLS_LOCK:
-        pool = _POOLS.get(key)
+    """The caller's pool of redlease's connections to ``client``'s server, shared by
+    every lock on that client: it lives as long as the client's own connection pool."""
+    owner = _backend_sync.pool_owner()
+    with _POOLS_GUARD:
+        per_owner = _POOLS.get(client.connection_pool)
+        if per_owner is None:
+            per_owner = _POOLS[client.connection_pool] = weakref.WeakKeyDictionary()
+        pool = per_owner.get(owner)
         if pool is None:
-            pool = _POOLS[key] = Pool(endpoint)
+            pool = per_owner[owner] = Pool(endpoint)
         return pool
 
 
-# A Cluster client's nodes, by name: pools for their hubs only (commands go through the
-# client, which routes them).
-_NODE_POOLS: weakref.WeakKeyDictionary[Any, dict[str, Pool]] = weakref.WeakKeyDictionary()
-
-
 def node_pool(client: Any, node: Any) -> Pool | None:
-    """The pool (for its hub, sharded) of ``node``, a node of the Cluster ``client``;
-    None while redlease cannot open sockets of its own to it (TLS, or its settings not
-    known yet: asked again next time)."""
-    with _POOLS_LOCK:
-        nodes = _NODE_POOLS.get(client)
+    """The caller's pool (for its hub, sharded) of ``node``, a node of the Cluster
+    ``client``; None while redlease cannot open sockets of its own to it (TLS, or its
+    settings not known yet: asked again next time)."""
+    owner = _backend_sync.pool_owner()
+    with _POOLS_GUARD:
+        per_owner = _NODE_POOLS.get(client)
+        if per_owner is None:
+            per_owner = _NODE_POOLS[client] = weakref.WeakKeyDictionary()
+        nodes = per_owner.get(owner)
         if nodes is None:
-            nodes = _NODE_POOLS[client] = {}
+            nodes = per_owner[owner] = {}
         pool = nodes.get(node.name)
         if pool is None:
-            endpoint = node_endpoint(client, node, asyncio=False)
+            endpoint = node_endpoint(client, node, asyncio=_backend_sync.ASYNC)
             if endpoint.kind is not Kind.SOCKET:
                 return None
             pool = nodes[node.name] = Pool(endpoint, SHARDED)

@@ -1,11 +1,16 @@
-"""One shared wait connection per process and server: the hub (twin of ``_hub_async``).
+# Generated from _hub_async.py by scripts/unasync.py: edit that file, then run
+# `python scripts/unasync.py` (the tests run it with --check).
+"""One shared wait connection per server and owner (the process, or an event loop): the
+hub. Written once, as asyncio code; ``scripts/unasync.py`` generates the blocking twin
+(``_hub_sync``).
 
 A waiter does not hold a connection of its own. The hub of its pool (``Pool.hub``) has
 one connection subscribed to the channel of each lock its waiters wait for (the lock's
 bell prefix .. "@" .. the hub's id: in the lock's hash slot); the waiter's queue entry
 names the hub, and a release rings the waiter by publishing
-"token:fence:server_us:taken" there. A reader thread hands each ring to the waiter of
-that token (its ``Box``): waking is targeted, and idle waiters send nothing.
+"token:fence:server_us:taken" there. A reader (a thread, or a task of the loop, which
+the loop's shutdown cancels) hands each ring to the waiter of that token (its ``Box``):
+waking is targeted, and idle waiters send nothing.
 
 The release first asks how many connections listen on that channel (PUBSUB NUMSUB):
 none means the hub's process (or its connection) is gone, and the release drops that
@@ -38,14 +43,12 @@ had been lost.
 from __future__ import annotations
 
 import os
-import queue
-import threading
 import time
 import weakref
 from dataclasses import dataclass
 from typing import Any
 
-from . import _fork, _resp
+from . import _backend_sync, _fork, _resp
 from ._backend_errors import starts_over
 from ._endpoint import ConnectionFailed, ReplyTimedOut
 
@@ -96,7 +99,7 @@ class Box:
 
     def __init__(self, owner: Hub, channel: str, token: str) -> None:
         self.owner = owner
-        self._rings: queue.SimpleQueue[bytes | None] = queue.SimpleQueue()
+        self._rings = _backend_sync.Mailbox()
         self.channel = channel
         self.token = token
 
@@ -113,29 +116,32 @@ class Box:
 
     def wait(self, timeout: float) -> bytes | None:
         """The next ring ("fence:server_us"), or None: ``timeout`` passed, or the hub's
-        connection failed (look at the lock again)."""
-        try:
-            return self._rings.get(timeout=timeout)
-        except queue.Empty:
-            return None
+        connection failed (look at the lock again). A ring lost to a cancellation is
+        not missed: a grant stays in the lock key, which the cancelled waiter's clean-up
+        gives back."""
+        ring: bytes | None = self._rings.get(timeout)
+        return ring
 
 
 class Hub:
-    """The shared wait connection of one pool (see the module docstring)."""
+    """The shared wait connection of one pool (see the module docstring). ``_lock`` is
+    held across its I/O (connecting, subscribing, unsubscribing), ``_guard`` while its
+    state changes otherwise (the reader's; a blocking hub's are one thread lock)."""
 
     def __init__(self, pool: Any, verbs: Verbs = PLAIN) -> None:
         self._pool = pool  # its endpoint and connections' settings
         self.verbs = verbs
-        self._lock = threading.Lock()
+        self._lock, self._guard = _backend_sync.hub_locks()
         self._generation = -1
         self._conn: Any = None
+        self._reader: Any = None  # kept: a loop holds its tasks weakly
         self._start()
         _fork.renew_in_child(self)
 
     def _after_fork(self) -> None:
-        # The parent's reader thread may have held the lock at the fork (listen starts
-        # the child's hub anew, under the lock).
-        self._lock = threading.Lock()
+        # The parent's reader may have held a lock at the fork (listen starts the child's
+        # hub anew); a task of the parent's loop, awaiting what only its threads finish.
+        self._lock, self._guard = _backend_sync.hub_locks()
 
     def _start(self) -> None:
         """A new hub id and no connection: at creation, and in a forked child (whose
@@ -146,14 +152,14 @@ class Hub:
         self.subscribed: set[str] = set()
         self.refused = False  # the server refused SUBSCRIBE: waiters use bells
         self._conn = None
-        self._asked: dict[str, threading.Event] = {}  # SUBSCRIBEs sent, not yet confirmed
+        self._asked: dict[str, _backend_sync.Flag] = {}  # SUBSCRIBEs sent, not yet confirmed
         self._boxes: weakref.WeakValueDictionary[str, Box] = weakref.WeakValueDictionary()
         self._used: dict[str, float] = {}  # channel -> when a box for it was last made
         self._generation = _fork.generation
 
     def listen(self, prefix: str, token: str) -> Box | None:
         """A box for ``token``'s rings (None once the server refused SUBSCRIBE)."""
-        with self._lock:
+        with self._guard:
             if self._generation != _fork.generation:
                 self._start()  # the parent's connection and subscriptions are not ours
             if self.refused:
@@ -171,7 +177,10 @@ class Hub:
             return None
         if channel in self.subscribed:
             return box
-        if not self._ask(channel, timeout).wait(timeout):
+        end = time.monotonic() + timeout
+        asked = self._ask(channel, timeout)
+        asked.wait(max(end - time.monotonic(), 0.0))
+        if not asked.is_set():
             raise ReplyTimedOut(f"SUBSCRIBE not confirmed within {timeout:.3f}s")
         if self.refused:
             return None
@@ -179,14 +188,14 @@ class Hub:
             raise ConnectionFailed("the shared wait connection was lost")
         return box
 
-    def _ask(self, channel: str, timeout: float) -> threading.Event:
+    def _ask(self, channel: str, timeout: float) -> _backend_sync.Flag:
         """SUBSCRIBE to ``channel`` (unless already asked): set once confirmed."""
         with self._lock:
             asked = self._asked.get(channel)
             if asked is None:
                 if self._conn is None:
                     self._connect(timeout)
-                asked = self._asked[channel] = threading.Event()
+                asked = self._asked[channel] = _backend_sync.Flag()
                 try:
                     self._conn.send(_resp.command((self.verbs.subscribe, channel)))
                 except BaseException:
@@ -198,10 +207,7 @@ class Hub:
         """Open the hub's connection and start its reader. Lock held."""
         conn = self._pool.open_connection(timeout)
         self._conn = conn
-        reader = threading.Thread(
-            target=_read, args=(weakref.ref(self), conn), name="redlease-hub", daemon=True
-        )
-        reader.start()
+        self._reader = _backend_sync.start(_read, weakref.ref(self), conn, name="redlease-hub")
 
     def _heard(self, conn: Any, message: Any) -> None:
         """One message from the server on ``conn``."""
@@ -213,7 +219,7 @@ class Hub:
                 box.put(ring)
         elif kind == verbs.subscribed:
             channel = message[1].decode()
-            with self._lock:
+            with self._guard:
                 if conn is self._conn:
                     self.subscribed.add(channel)
                 asked = self._asked.pop(channel, None)
@@ -223,7 +229,7 @@ class Hub:
             # Ours (the sweep's: the channel is already out of ``subscribed``), or the
             # node's: the lock's slot moved away, and its waiters look again.
             channel = message[1].decode()
-            with self._lock:
+            with self._guard:
                 if conn is not self._conn or channel not in self.subscribed:
                     return
                 self.subscribed.discard(channel)
@@ -242,19 +248,19 @@ class Hub:
 
     def _refused(self, conn: Any) -> None:
         """The server answered SUBSCRIBE with an error (no channel rights)."""
-        with self._lock:
+        with self._guard:
             if conn is not self._conn:
                 return
             self.refused = True
             asked = list(self._asked.values())
             self._asked.clear()
-        for event in asked:
-            event.set()
+        for flag in asked:
+            flag.set()
 
     def _lost(self, conn: Any) -> None:
         """``conn`` failed: every waiter looks at its lock again."""
         conn.close()
-        with self._lock:
+        with self._guard:
             if conn is not self._conn:
                 return
             self._conn = None
@@ -262,8 +268,8 @@ class Hub:
             asked = list(self._asked.values())
             self._asked.clear()
             boxes = list(self._boxes.values())
-        for event in asked:
-            event.set()
+        for flag in asked:
+            flag.set()
         for box in boxes:
             box.put(None)
 
@@ -279,8 +285,8 @@ class Hub:
 
 
 def _read(ref: weakref.ReferenceType[Hub], conn: Any) -> None:
-    """The hub's reader thread: hands out what ``conn`` receives until it fails or the
-    hub is gone. It holds the hub only while handling a message."""
+    """The hub's reader: hands out what ``conn`` receives until it fails, the hub is
+    gone, or (a task) the loop shuts down. It holds the hub only while handling a message."""
     while True:
         try:
             message = conn.read(SWEEP_EVERY, spin=False)
@@ -305,6 +311,9 @@ def _read(ref: weakref.ReferenceType[Hub], conn: Any) -> None:
                 return
             del hub
             continue
+        except _backend_sync.Cancelled:
+            conn.close()
+            raise
         except Exception:
             hub = ref()
             if hub is None:
