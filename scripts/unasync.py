@@ -59,7 +59,6 @@ SUBSTITUTIONS = [
     ("__aexit__", "__exit__"),
     ("__anext__", "__next__"),
     ("__aiter__", "__iter__"),
-    ("watch_async", "watch"),
     ("decorate_async", "decorate"),
     (", AsyncOnly", ""),
     ("(AsyncOnly)", ""),

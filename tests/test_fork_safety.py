@@ -29,7 +29,7 @@ import redis
 
 import redlease
 from families import ClientFamily
-from redlease import _backend_sync, _clients, _conn_sync, _lease, _metrics, _renewal
+from redlease import _backend_sync, _clients, _conn_sync, _lease, _metrics, _renewer_sync
 from redlease.tools import servers
 
 needs_fork = pytest.mark.skipif(not hasattr(os, "fork"), reason="needs os.fork")
@@ -144,7 +144,7 @@ SITES: dict[str, Site] = {
     ),
     # the renewer (the child's lease is auto-renewed)
     "renewer": (
-        lambda r, lock: _renewal.SYNC._cond,
+        lambda r, lock: _renewer_sync.RENEWER._cond,
         lambda r, lock: _cycle(redlease.Lock(r, _own(lock), auto_renew=True)),
     ),
     # lease transitions (the child's release)

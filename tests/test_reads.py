@@ -17,7 +17,7 @@ import redis.asyncio as aredis
 
 import families
 import redlease
-from redlease import _resp, _spin
+from redlease import _backend_async, _resp, _spin
 from redlease.tools import servers
 from redlease.tools.chaos.proxy import FaultProxy
 from waiting_helpers import lock_key
@@ -222,7 +222,7 @@ async def test_a_reply_read_partly_by_the_poll_is_finished_by_the_wait(
     writer = families.client(port=server.port)
     writer.set(name, value)
     polled = []
-    real_poll = _spin.poll_async
+    real_poll = _backend_async.poll
 
     async def first_part_only(recv: Any, buffer: bytearray, reader: Any, record: Any) -> Any:
         deadline = time.monotonic() + 5
@@ -241,10 +241,10 @@ async def test_a_reply_read_partly_by_the_poll_is_finished_by_the_wait(
     io = AsyncIO(client)
     try:
         assert await io.execute(Command(("PING",), 5.0)) in (True, b"PONG")
-        monkeypatch.setattr(_spin, "poll_async", first_part_only)
+        monkeypatch.setattr(_backend_async, "poll", first_part_only)
         assert await io.execute(Command(("GET", name), 10.0)) == value
         assert 0 < polled[0] < len(value)
-        monkeypatch.setattr(_spin, "poll_async", real_poll)
+        monkeypatch.setattr(_backend_async, "poll", real_poll)
         assert await io.execute(Command(("GET", name), 10.0)) == value
     finally:
         await client.aclose()

@@ -243,12 +243,22 @@ def _cancel_due() -> bool:
 async def poll(
     recv: Callable[[], int], buffer: bytearray, reader: Any, record: _spin.Record
 ) -> Any:
-    """``_spin.poll_async``, where a pending cancellation lands first, and which lets the
-    loop take a turn when polled replies came in a row for _TURN_EVERY."""
+    """``_spin.poll`` on a non-blocking socket, where a pending cancellation lands first:
+    every _spin.TURN of polling the event loop takes a turn, so other tasks wait on it no
+    longer than that, and once more when polled replies came in a row for _TURN_EVERY."""
     if _cancel_due():
         await asyncio.sleep(0)
-    started = time.perf_counter()
-    reply = await _spin.poll_async(recv, buffer, reader, record)
+    if _spin.resting(record):
+        return NOT_ENOUGH
+    clock = time.perf_counter
+    started = clock()
+    turn = started + _spin.TURN
+    reply = _spin.polled(recv, buffer, reader, record, started + _spin.BUDGET, turn)
+    while reply is _spin.TURN_DUE:
+        await asyncio.sleep(0)
+        turn = record.turned = clock()
+        turn += _spin.TURN
+        reply = _spin.polled(recv, buffer, reader, record, started + _spin.BUDGET, turn)
     if reply is not NOT_ENOUGH and started - record.turned > _TURN_EVERY:
         record.turned = started
         await asyncio.sleep(0)

@@ -22,7 +22,7 @@ from types import TracebackType
 from typing import Any, Generic, TypeVar
 
 from . import _arguments as args
-from . import _metrics, _renewal
+from . import _metrics, _renewer_async
 from ._backend_async import Cancelled, current_holder, shielded
 from ._errors import AcquireTimeout, InvalidArgument, LockLost
 from ._flows import Grant
@@ -120,10 +120,10 @@ class AsyncFront(FrontBase, AsyncOnly, Generic[LeaseT]):
             lease._holder = current_holder()
         # unasync: end
         if self._auto_renew:
-            _renewal.watch_async(lease, self._io, self._max_hold)
+            _renewer_async.watch(lease, self._io, self._max_hold)
         # unasync: async only
         elif self._cancel_on_lost:
-            _renewal.watch_async(lease, self._io, 0.0)  # watch its validity, never renew
+            _renewer_async.watch(lease, self._io, 0.0)  # watch its validity, never renew
         # unasync: end
         return lease
 
@@ -192,7 +192,7 @@ class AsyncFront(FrontBase, AsyncOnly, Generic[LeaseT]):
         if not self._auto_renew and lease.hold_count == 1:
             # a lease that is not renewed, or only watched for cancel_on_lost: renewed now
             lease._stop_watching()
-            _renewal.watch_async(lease, self._io, self._max_hold)
+            _renewer_async.watch(lease, self._io, self._max_hold)
         try:
             result = await _run_holding(lease, fn, args)
         except LockLost:

@@ -21,7 +21,7 @@ from types import TracebackType
 from typing import Generic, TypeVar
 
 from . import _arguments as args
-from . import _metrics, _renewal
+from . import _metrics, _renewer_sync
 from ._backend_sync import Cancelled, current_holder, shielded
 from ._errors import AcquireTimeout
 from ._flows import Grant
@@ -112,7 +112,7 @@ class SyncFront(FrontBase, Generic[LeaseT]):
         lease = self._new_lease(grant)
         self._opened(lease, started)
         if self._auto_renew:
-            _renewal.watch(lease, self._io, self._max_hold)
+            _renewer_sync.watch(lease, self._io, self._max_hold)
         return lease
 
     def _abandon(self, attempt: Attempt, *, hurried: bool = False) -> None:

@@ -2,8 +2,9 @@
 alive, sends the renewals that are due together in one pipelined round trip per
 connection, and tells the holder as soon as a lease is lost.
 
-The rules live in ``Schedule`` and need no I/O; ``SyncRenewer`` (one daemon thread per
-process) and ``AsyncRenewer`` (one task per event loop) only sleep, send and deliver.
+The rules live here, in ``Schedule``, and need no I/O; the renewers only sleep, send and
+deliver: ``_renewer_sync`` (two daemon threads per process) and ``_renewer_async`` (one
+task per event loop).
 
 The schedule, for a lease of ``ttl`` seconds:
 
@@ -33,19 +34,14 @@ renewer, and the parent's renewer carries on untouched.
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import logging
 import math
-import threading
-from collections.abc import Callable, Generator, Sequence
+from collections.abc import Generator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from . import _fork
 from ._errors import BackendError, LockLost
 from ._lease import HELD, LeaseState
-from ._timing import MONOTONIC, Clock
 
 log = logging.getLogger(__name__)
 
@@ -235,7 +231,7 @@ def _why_ran_out(renewal: Renewal) -> str:
     return "its validity ran out before a renewal was confirmed"
 
 
-def _tell(losses: Sequence[Loss]) -> None:
+def tell(losses: Sequence[Loss]) -> None:
     for lease, reason in losses:
         try:
             lease._mark_lost(reason)
@@ -243,219 +239,5 @@ def _tell(losses: Sequence[Loss]) -> None:
             log.exception("telling the holder of %r about its loss failed", lease.name)
 
 
-def _failed(exc: BaseException, count: int) -> list[Any]:
+def failed(exc: BaseException, count: int) -> list[Any]:
     return [exc] * count
-
-
-class SyncRenewer:
-    """Renews the auto-renewed leases of sync locks with two daemon threads for the whole
-    process, started by the first registration and gone when nothing is watched: the
-    renewer keeps time, tells holders and hands due batches to its sender, which does
-    the I/O. A server that hangs (even in a connection handshake) can hold up the
-    sender, never the renewer: holders are still told by their deadline."""
-
-    def __init__(self, clock: Clock = MONOTONIC) -> None:
-        self._clock = clock
-        self._schedule = Schedule()
-        self._cond = threading.Condition()
-        self._thread: threading.Thread | None = None
-        self._sender: threading.Thread | None = None
-        self._job: list[Batch] | None = None  # batches handed to the sender
-        self._wake_at = math.inf
-
-    def register(self, lease: LeaseState, io: Any, max_hold: float | None) -> None:
-        with self._cond:
-            renewal = self._schedule.add(lease, io, self._clock(), max_hold)
-            lease._unwatch = lambda: self._forget(renewal)
-            if self._thread is None:
-                self._thread = _daemon(self._run, "redlease-renewer")
-            elif renewal.next_event() < self._wake_at:
-                self._cond.notify_all()
-
-    def _forget(self, renewal: Renewal) -> None:
-        with self._cond:
-            self._schedule.discard(renewal)
-            if not self._schedule:
-                self._cond.notify_all()  # nothing left: let the threads end now
-
-    def _run(self) -> None:
-        try:
-            while self._step():
-                pass
-        except BaseException:
-            log.exception("lease renewer stopped")
-            with self._cond:
-                self._thread = None
-            raise
-
-    def _step(self) -> bool:
-        with self._cond:
-            now = self._clock()
-            losses = self._schedule.expire(now)
-            if not self._schedule:
-                self._thread = None
-                self._cond.notify_all()
-            elif self._job is None:
-                self._job = self._schedule.take_due(now) or None
-                if self._job is not None:
-                    if self._sender is None:
-                        self._sender = _daemon(self._send, "redlease-renewer-io")
-                    self._cond.notify_all()
-            if self._thread is not None and not losses:
-                # While the sender is busy only deadlines matter here.
-                wake = self._schedule.next_wakeup(renewing=self._job is None)
-                if wake is not None:
-                    self._wake_at = wake
-                    self._cond.wait(max(0.0, wake - now))
-                    self._wake_at = math.inf
-            running = self._thread is not None
-        _tell(losses)
-        return running
-
-    def _send(self) -> None:
-        while True:
-            with self._cond:
-                while self._job is None:
-                    if not self._schedule:
-                        self._sender = None
-                        return
-                    self._cond.wait()
-                batches = self._job
-            try:
-                for batch in batches:
-                    with self._cond:
-                        calls, _ = self._schedule.start(batch, self._clock())
-                    if not calls:
-                        continue
-                    try:
-                        results = batch.io.execute_many(calls)
-                    except Exception as exc:
-                        results = _failed(exc, len(calls))
-                    with self._cond:
-                        losses = self._schedule.settle(batch, results, self._clock())
-                    _tell(losses)
-            finally:
-                with self._cond:
-                    self._job = None
-                    self._cond.notify_all()
-
-    def _after_fork_in_child(self) -> list[Renewal]:
-        # The parent's threads do not exist here and its lock may have been held at the
-        # fork: start over with fresh state.
-        self._cond = threading.Condition()
-        self._thread = self._sender = self._job = None
-        self._wake_at = math.inf
-        return self._schedule.clear()
-
-
-def _daemon(target: Callable[[], None], name: str) -> threading.Thread:
-    # Daemon: a lease left held must never keep the interpreter from exiting.
-    thread = threading.Thread(target=target, name=name, daemon=True)
-    thread.start()
-    return thread
-
-
-class AsyncRenewer:
-    """Renews the auto-renewed leases of asyncio locks on one event loop: one task,
-    started by the first registration, gone when nothing is watched. Batches for
-    different servers are in flight at the same time."""
-
-    def __init__(self, loop: asyncio.AbstractEventLoop, clock: Clock = MONOTONIC) -> None:
-        self._loop = loop
-        self._clock = clock
-        self._schedule = Schedule()
-        self._wakeup = asyncio.Event()
-        self._task: asyncio.Task[None] | None = None
-        self._wake_at = math.inf
-
-    def register(self, lease: LeaseState, io: Any, max_hold: float | None) -> None:
-        renewal = self._schedule.add(lease, io, self._clock(), max_hold)
-        lease._unwatch = lambda: self._forget(renewal)
-        if self._task is None:
-            self._task = self._loop.create_task(self._run(), name="redlease-renewer")
-        elif renewal.next_event() < self._wake_at:
-            self._wakeup.set()
-
-    def _forget(self, renewal: Renewal) -> None:
-        try:
-            here = asyncio.get_running_loop() is self._loop
-        except RuntimeError:
-            here = False
-        if here:
-            self._discard(renewal)
-        else:  # a lease found lost from another thread: the schedule is the loop's
-            with contextlib.suppress(RuntimeError):  # the loop is closed
-                self._loop.call_soon_threadsafe(self._discard, renewal)
-
-    def _discard(self, renewal: Renewal) -> None:
-        self._schedule.discard(renewal)
-        if not self._schedule:
-            self._wakeup.set()  # nothing left: let the task end now
-
-    async def _run(self) -> None:
-        try:
-            while True:
-                now = self._clock()
-                losses = self._schedule.expire(now)
-                batches = self._schedule.take_due(now)
-                _tell(losses)
-                if batches:
-                    await asyncio.gather(*(self._send(batch) for batch in batches))
-                    continue
-                if losses:
-                    continue
-                wake = self._schedule.next_wakeup()
-                if wake is None:
-                    return
-                self._wake_at = wake
-                self._wakeup.clear()
-                with contextlib.suppress(asyncio.TimeoutError):
-                    await asyncio.wait_for(self._wakeup.wait(), max(0.0, wake - now))
-                self._wake_at = math.inf
-        finally:
-            self._task = None
-            if _ASYNC.get(self._loop) is self:
-                del _ASYNC[self._loop]
-
-    async def _send(self, batch: Batch) -> None:
-        calls, wait = self._schedule.start(batch, self._clock())
-        try:
-            # The outer bound also covers making a new connection.
-            results = await asyncio.wait_for(batch.io.execute_many(calls), wait)
-        except Exception as exc:
-            results = _failed(exc, len(calls))
-        _tell(self._schedule.settle(batch, results, self._clock()))
-
-    def _after_fork_in_child(self) -> list[Renewal]:
-        self._task = None
-        return self._schedule.clear()
-
-
-SYNC = SyncRenewer()
-_ASYNC: dict[asyncio.AbstractEventLoop, AsyncRenewer] = {}
-
-
-def watch(lease: LeaseState, io: Any, max_hold: float | None) -> None:
-    """Keep a sync lease renewed (``max_hold=0``: only watch its validity)."""
-    SYNC.register(lease, io, max_hold)
-
-
-def watch_async(lease: LeaseState, io: Any, max_hold: float | None) -> None:
-    """Keep an asyncio lease renewed by the running loop's renewer."""
-    loop = asyncio.get_running_loop()
-    renewer = _ASYNC.get(loop)
-    if renewer is None:
-        renewer = _ASYNC[loop] = AsyncRenewer(loop)
-    renewer.register(lease, io, max_hold)
-
-
-def _after_fork_in_child() -> None:
-    renewals = SYNC._after_fork_in_child()
-    for renewer in list(_ASYNC.values()):
-        renewals += renewer._after_fork_in_child()
-    _ASYNC.clear()
-    for renewal in renewals:
-        renewal.lease._forked()
-
-
-_fork.in_child(_after_fork_in_child)

@@ -11,7 +11,7 @@ REDLEASE_SPIN_US sets the budget; 0 turns spinning off.
 
 from __future__ import annotations
 
-import asyncio
+import math
 import os
 import time
 import warnings
@@ -70,58 +70,48 @@ def _missed(record: Record) -> Any:
     return NOT_ENOUGH
 
 
+def resting(record: Record) -> bool:
+    """Whether this read skips polling (the server's polls have missed of late)."""
+    if record.rest:
+        record.rest -= 1
+        return True
+    return False
+
+
 def poll(recv: Callable[[], int], buffer: bytearray, reader: Any, record: Record) -> Any:
     """The next reply from ``reader``, polling for up to BUDGET with ``recv`` (see
     ``_reading.received``); NOT_ENOUGH when the reader should sleep in the kernel after all."""
-    if record.rest:
-        record.rest -= 1
+    if resting(record):
         return NOT_ENOUGH
+    return polled(recv, buffer, reader, record, time.perf_counter() + BUDGET, math.inf)
+
+
+class _TurnDue:
+    """What ``polled`` returns when the caller's event loop is owed a turn."""
+
+
+TURN_DUE: Any = _TurnDue()
+
+
+def polled(
+    recv: Callable[[], int], buffer: bytearray, reader: Any, record: Record, end: float, turn: float
+) -> Any:
+    """Poll until the reply is in (returned), until ``end`` or the CPU is wanted elsewhere
+    (a miss: NOT_ENOUGH), or until ``turn`` (TURN_DUE: an asyncio poll lets its loop take a
+    turn, then goes on)."""
     clock = time.perf_counter
-    end = clock() + BUDGET
     while True:
         try:  # (_reading.received's steps: a miss, the commonest turn, costs no call)
             got = recv()
         except BlockingIOError:
             now = clock()
             if now < end:
+                if now >= turn:
+                    return TURN_DUE
                 os.sched_yield()
                 if clock() - now < BUSY:
                     continue
             return _missed(record)  # the budget is spent, or the CPU is wanted elsewhere
-        except OSError as exc:
-            raise read_failed(exc) from exc
-        reply = fed(got, buffer, reader)
-        if reply is not NOT_ENOUGH:
-            record.misses = 0
-            return reply
-
-
-async def poll_async(
-    recv: Callable[[], int], buffer: bytearray, reader: Any, record: Record
-) -> Any:
-    """Twin of ``poll`` for the asyncio driver, on a non-blocking socket: every TURN of
-    polling the event loop takes a turn, so other tasks wait on it no longer than that."""
-    if record.rest:
-        record.rest -= 1
-        return NOT_ENOUGH
-    clock = time.perf_counter
-    end = clock() + BUDGET
-    turn = end - BUDGET + TURN
-    while True:
-        try:  # (as in poll)
-            got = recv()
-        except BlockingIOError:
-            now = clock()
-            if now < end:
-                if now >= turn:
-                    await asyncio.sleep(0)
-                    turn = record.turned = clock()
-                    turn += TURN
-                    continue
-                os.sched_yield()
-                if clock() - now < BUSY:
-                    continue
-            return _missed(record)
         except OSError as exc:
             raise read_failed(exc) from exc
         reply = fed(got, buffer, reader)
