@@ -8,7 +8,7 @@ defaults, ttl 1 s; a few processes running asyncio tasks, for throughput). Measu
 with ``INFO memory`` ``used_memory``, over the fresh server's own:
 
 * right after the last release;
-* at the bound, ``redlease._keys.forgotten_within(ttl_ms)`` after the last release: by
+* at the bound, ``redlease._rules.keys.forgotten_within(ttl_ms)`` after the last release: by
   then every key redlease wrote for a name has expired;
 * after the bound, polling ``DBSIZE`` and ``used_memory`` for a while longer: the server
   drops an expired key when something touches it or when its active expiry cycle
@@ -50,10 +50,10 @@ PREFIX = "orders:"
 
 
 def _bound_ms() -> Callable[[int], int] | None:
-    """``redlease._keys.forgotten_within``: the one place the bound is defined (None if
+    """``redlease._rules.keys.forgotten_within``: the one place the bound is defined (None if
     this redlease has none)."""
     try:
-        from redlease._keys import forgotten_within
+        from redlease._rules.keys import forgotten_within
     except ImportError:
         return None
     return forgotten_within
@@ -148,7 +148,7 @@ def _measure(tally: Tally, admin: redis.Redis, port: int, settings: Settings) ->
     tally.load_seconds = tally.last_release - min(d["began"] for d in done)
     forgotten_within = _bound_ms()
     if forgotten_within is None:
-        tally.problem = "n/a (redlease._keys.forgotten_within not found)"
+        tally.problem = "n/a (redlease._rules.keys.forgotten_within not found)"
         return
     tally.bound_ms = forgotten_within(round(TTL * 1000))
     bound_at = tally.last_release + tally.bound_ms / 1000
@@ -260,7 +260,7 @@ def note(settings: Settings) -> str:
         f"memory: {names:,} names{fewer}, each acquired and released once by "
         f"{settings.memory_processes} process(es) x {settings.memory_tasks} asyncio tasks on a "
         f"fresh server; used_memory (INFO memory) over that server's own; the bound is "
-        f"redlease._keys.forgotten_within(ttl_ms); DBSIZE is polled every {POLL:g} s from "
+        f"redlease._rules.keys.forgotten_within(ttl_ms); DBSIZE is polled every {POLL:g} s from "
         f"the last release until up to {settings.memory_grace:g} s past the bound (expired "
         "keys are dropped by the server's active expiry cycle, which samples keys)."
     )

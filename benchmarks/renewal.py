@@ -55,7 +55,7 @@ class CountingConnection(redis.Connection):
 
 def _acquire_redlease(r: redis.Redis, count: int, ttl: float) -> list[tuple[str, str, Any]]:
     import redlease
-    from redlease._keys import LockKeys
+    from redlease._rules.keys import LockKeys
 
     held = []
     for i in range(count):

@@ -25,7 +25,7 @@ import redis
 import redis.asyncio as aredis
 
 import redlease
-from redlease import _spin
+from redlease._wire import spin as _spin
 
 from ._common import Settings, describe_error, median
 from ._report import NA, Row, rate, times, verdict

@@ -22,7 +22,7 @@ import redis
 import redis.asyncio as aredis
 
 import redlease
-from redlease._keys import LockKeys
+from redlease._rules.keys import LockKeys
 
 from ._common import Settings, describe_error, run_alone
 from ._locks import KINDS, make_lock

@@ -6,7 +6,7 @@
 Each pair in FILES is written once, as asyncio code; its blocking twin is that code with
 ``async``/``await`` taken out and the names in SUBSTITUTIONS swapped, line by line. What
 differs beyond that (threads or tasks, locks, sleeping, bounding a call) lives in the two
-backend modules, ``_backend_async`` and ``_backend_sync``, under the same names, so the
+backend modules, ``_async.backend`` and ``_sync.backend``, under the same names, so the
 generated code imports the blocking one. The test suite runs ``--check``.
 
 Code only the asyncio side has (running a coroutine under a lease, cancelling a task when
@@ -32,17 +32,18 @@ PACKAGE = ROOT / "src" / "redlease"
 
 # (asyncio source, blocking twin), relative to the package
 FILES = [
-    ("_hub_async.py", "_hub_sync.py"),
-    ("_conn_async.py", "_conn_sync.py"),
-    ("_io_async.py", "_io_sync.py"),
-    ("_lease_async.py", "_lease_sync.py"),
-    ("_front_async.py", "_front_sync.py"),
-    ("_lock_async.py", "_lock_sync.py"),
-    ("_semaphore_async.py", "_semaphore_sync.py"),
-    ("_rwlock_async.py", "_rwlock_sync.py"),
-    ("_election_async.py", "_election_sync.py"),
-    ("_multilock_async.py", "_multilock_sync.py"),
-    ("_redlock_async.py", "_redlock_sync.py"),
+    ("_async/hub.py", "_sync/hub.py"),
+    ("_async/conn.py", "_sync/conn.py"),
+    ("_async/io.py", "_sync/io.py"),
+    ("_async/lease.py", "_sync/lease.py"),
+    ("_async/front.py", "_sync/front.py"),
+    ("_async/lock.py", "_sync/lock.py"),
+    ("_async/semaphore.py", "_sync/semaphore.py"),
+    ("_async/rwlock.py", "_sync/rwlock.py"),
+    ("_async/election.py", "_sync/election.py"),
+    ("_async/multilock.py", "_sync/multilock.py"),
+    ("_async/redlock.py", "_sync/redlock.py"),
+    ("_async/inspect.py", "_sync/inspect.py"),
 ]
 
 # Whole words (or the exact text, for the ones starting with punctuation), in order.
@@ -60,6 +61,7 @@ SUBSTITUTIONS = [
     ("__anext__", "__next__"),
     ("__aiter__", "__iter__"),
     ("decorate_async", "decorate"),
+    ("aread_info", "read_info"),
     (", AsyncOnly", ""),
     ("(AsyncOnly)", ""),
     ("AsyncIO", "SyncIO"),

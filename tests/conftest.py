@@ -21,7 +21,7 @@ import redis.asyncio as aredis
 
 import families
 from families import FAMILIES, HOME, ClientFamily
-from redlease import _errors
+from redlease._base import errors as _errors
 from redlease.tools import servers
 from waiting_helpers import wait_until
 

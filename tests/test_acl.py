@@ -17,7 +17,7 @@ import pytest
 
 import families
 import redlease
-from redlease._acl import PARTS, acl_rule, script_commands
+from redlease._rules.acl import PARTS, acl_rule, script_commands
 from redlease.tools import servers
 from waiting_helpers import lock_key, wait_until
 

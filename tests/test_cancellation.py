@@ -12,7 +12,7 @@ import pytest
 import redis.asyncio as aredis
 
 import redlease
-from redlease._io_async import AsyncIO
+from redlease._async.io import AsyncIO
 from waiting_helpers import lock_key
 
 

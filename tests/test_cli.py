@@ -16,8 +16,8 @@ import redis
 
 import redlease
 from redlease.__main__ import main
-from redlease._cli import duration
-from redlease._keys import LockKeys
+from redlease._cli.command import duration
+from redlease._rules.keys import LockKeys
 from redlease.tools import servers
 from waiting_helpers import lock_key
 

@@ -72,7 +72,7 @@ def test_redlease_url_may_name_several_servers_for_a_redlock(
     probe = f"""
         import sys, redis, redlease
         nodes = [redis.Redis.from_url(u) for u in {urls!r}]
-        held = [n.exists(redlease._keys.LockKeys.for_name({name!r}).lock) for n in nodes]
+        held = [n.exists(redlease._rules.keys.LockKeys.for_name({name!r}).lock) for n in nodes]
         sys.exit(0 if held == [1, 1, 1] else 5)
     """
     proc = _start(["run", name, "--json", "--", *_py(probe)], REDLEASE_URL=",".join(urls))

@@ -303,7 +303,7 @@ def test_cli_takes_a_valkey_url(
     server: servers.ServerProcess, name: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
     """`valkey://` asks for a valkey-py client; `redis://` for redis-py; others are refused."""
-    from redlease._cli import main
+    from redlease._cli.command import main
 
     url = f"valkey://127.0.0.1:{server.port}/0"
     assert _clients.from_url(url).__class__.__module__.startswith("valkey")
@@ -323,7 +323,7 @@ def test_a_subclass_of_a_family_client_takes_the_same_path(
 ) -> None:
     """An application's own subclass of ``redis.Redis`` / ``valkey.Valkey`` is of the family:
     redlease's own connections (so waits leave its pool alone), and ``replicas=``."""
-    from redlease._io_sync import SyncIO
+    from redlease._sync.io import SyncIO
 
     own_type = type("AppClient", (type(family.client(port=1)),), {})
     client = own_type(port=server.port)

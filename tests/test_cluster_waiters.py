@@ -19,7 +19,7 @@ import pytest
 import families
 import redlease
 from families import ClientFamily
-from redlease._endpoint import CLIENT_CALLS
+from redlease._wire.endpoint import CLIENT_CALLS
 from redlease.tools import servers
 from waiting_helpers import lock_key, wait_until
 

@@ -18,9 +18,9 @@ import families
 import redlease
 from conftest import SLOTS
 from families import ClientFamily
-from redlease._endpoint import Kind
-from redlease._io_sync import SyncIO
-from redlease._keys import LockKeys
+from redlease._rules.keys import LockKeys
+from redlease._sync.io import SyncIO
+from redlease._wire.endpoint import Kind
 from redlease.tools import servers
 from waiting_helpers import lock_key
 

@@ -22,7 +22,7 @@ import redis.asyncio as aredis
 
 import redlease
 from redlease import Leader
-from redlease._keys import LockKeys
+from redlease._rules.keys import LockKeys
 from redlease.tools import servers
 from waiting_helpers import until_queued, wait_until
 

@@ -18,8 +18,8 @@ import pytest
 
 import families
 import redlease
-from redlease._keys import FENCE_LEAD_US, FENCE_LIMIT, LockKeys, forgotten_within
-from redlease._scripts import ACQUIRE
+from redlease._rules.keys import FENCE_LEAD_US, FENCE_LIMIT, LockKeys, forgotten_within
+from redlease._rules.scripts import ACQUIRE
 from redlease.tools import servers
 from waiting_helpers import wait_until
 

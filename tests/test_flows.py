@@ -9,9 +9,12 @@ from typing import Any
 import pytest
 
 import redlease
-from redlease import _flows, _ops, _scripts, _timing
-from redlease._keys import LockKeys, hash_tag
-from redlease._timing import Deadline, drift
+from redlease._base import timing as _timing
+from redlease._base.timing import Deadline, drift
+from redlease._rules import flows as _flows
+from redlease._rules import ops as _ops
+from redlease._rules import scripts as _scripts
+from redlease._rules.keys import LockKeys, hash_tag
 from redlease.testing import FakeClock
 
 
@@ -317,7 +320,7 @@ def test_scripts_have_contract_headers_and_stable_shas() -> None:
 
 
 def _failure(cause: BaseException) -> redlease.BackendError:
-    from redlease._backend_errors import backend_error
+    from redlease._rules.classify import backend_error
 
     return backend_error(cause, "acquire")
 

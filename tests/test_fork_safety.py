@@ -29,7 +29,12 @@ import redis
 
 import redlease
 from families import ClientFamily
-from redlease import _backend_sync, _clients, _conn_sync, _lease, _metrics, _renewer_sync
+from redlease import _clients
+from redlease._base import metrics as _metrics
+from redlease._rules import lease as _lease
+from redlease._sync import backend as _backend_sync
+from redlease._sync import conn as _conn_sync
+from redlease._sync import renewer as _renewer_sync
 from redlease.tools import servers
 
 needs_fork = pytest.mark.skipif(not hasattr(os, "fork"), reason="needs os.fork")

@@ -33,13 +33,7 @@ from hypothesis import strategies as st
 
 import redlease
 from families import ClientFamily
-from redlease import (
-    AcquireTimeout,
-    BackendError,
-    InvalidArgument,
-    LockLost,
-    QuorumError,
-)
+from redlease import AcquireTimeout, BackendError, InvalidArgument, LockLost, QuorumError
 from redlease.testing import FakeClock
 from redlease.tools import servers
 

@@ -22,7 +22,7 @@ import redis.asyncio as aredis
 
 import families
 import redlease
-from redlease import _hub_sync
+from redlease._sync import hub as _hub_sync
 from redlease.tools import servers
 from waiting_helpers import Waiters, lock_key, queued, wait_until
 
@@ -420,8 +420,8 @@ def test_a_hub_redirected_by_its_node_starts_over_instead_of_giving_up(
     """A node answers the hub's SSUBSCRIBE with MOVED (its topology was stale): the hub
     drops its connection (the waiter looks again) and does not take that for a refusal,
     which would send every later waiter of that node to bells."""
-    from redlease import _conn_sync
-    from redlease._endpoint import ConnectionFailed
+    from redlease._sync import conn as _conn_sync
+    from redlease._wire.endpoint import ConnectionFailed
 
     client = family.cluster(cluster[0].port)
     try:

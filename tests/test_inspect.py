@@ -18,9 +18,9 @@ import redis
 import redis.asyncio as aredis
 
 import redlease
-from redlease._flows import as_text
-from redlease._inspect import Holder, LockInfo, aread_info, read_info
-from redlease._keys import LockKeys
+from redlease import Holder, LockInfo, aread_info, read_info
+from redlease._rules.flows import as_text
+from redlease._rules.keys import LockKeys
 from redlease.tools import servers
 from waiting_helpers import in_thread, wait_until
 

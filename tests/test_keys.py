@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 
 import redlease
 from families import ClientFamily
-from redlease._keys import DEFAULT_PREFIX, LockKeys
+from redlease._rules.keys import DEFAULT_PREFIX, LockKeys
 from redlease.tools import servers
 from waiting_helpers import wait_until
 

@@ -29,14 +29,84 @@ def test_the_generated_twins_match_their_asyncio_sources() -> None:
     assert done.returncode == 0, done.stderr
 
 
+def _mapped() -> set[str]:
+    """The files and packages the design page's module map lists (the code block after
+    "The module map": a tree, two spaces of indent a level, each entry's description
+    after it)."""
+    block = DESIGN.read_text().split("The module map", 1)[1].split("```")[1]
+    found: set[str] = set()
+    folders: list[str] = []
+    for line in block.splitlines()[1:]:
+        entry = line.strip().split(" ")[0] if line.strip() else ""
+        if not entry.endswith((".py", "/")):
+            continue  # a description's next line
+        depth = (len(line) - len(line.lstrip(" "))) // 2
+        folders = folders[:depth]
+        found.add("".join(folders) + entry)
+        if entry.endswith("/"):
+            folders.append(entry)
+    return found
+
+
 def test_the_module_map_names_every_module() -> None:
-    text = DESIGN.read_text()
-    missing = [
-        str(path.relative_to(SRC))
-        for path in sorted(SRC.rglob("*.py"))
-        if (path.name if path.parent == SRC else path.stem) not in text
-    ]
-    assert missing == []
+    """The map on the design page lists every module and package, where it is, and
+    nothing that is not there."""
+    actual = {path.relative_to(SRC).as_posix() for path in SRC.rglob("*.py")}
+    actual |= {
+        path.parent.relative_to(SRC).as_posix() + "/"
+        for path in SRC.rglob("__init__.py")
+        if path.parent != SRC
+    }
+    actual = {path for path in actual if not path.endswith("/__init__.py")}
+    assert sorted(actual - _mapped()) == []
+    assert sorted(_mapped() - actual) == []
+
+
+# The layers, lowest first: a module imports modules of its own layer or lower ones (even
+# inside a function), and the two flavours never import each other.
+_LAYERS = [
+    {"_base"},
+    {"_clients"},
+    {"_rules"},
+    {"_wire"},
+    {"_async", "_sync"},
+    {"", "metrics", "testing"},  # the public face: redlease itself, redlease.metrics...
+    {"_cli", "tools"},
+    {"__main__"},
+]
+# What the rules never import: no I/O, no threads, no tasks.
+_NO_IO = {"socket", "select", "selectors", "ssl", "threading", "queue", "asyncio"}
+
+
+def _layer(module: str) -> tuple[int, str]:
+    top = module.split(".")[1] if "." in module else ""
+    return next(rank for rank, names in enumerate(_LAYERS) if top in names), top
+
+
+def test_no_layer_imports_a_higher_one() -> None:
+    wrong = []
+    for path in sorted(SRC.rglob("*.py")):
+        module = _module_of(path)
+        rank, top = _layer(module)
+        for imported in sorted(_imports(path)):
+            their_rank, their_top = _layer(imported)
+            if their_rank > rank or {top, their_top} == {"_async", "_sync"}:
+                wrong.append(f"{module} imports {imported}")
+    assert wrong == []
+
+
+def test_the_rules_do_no_io() -> None:
+    wrong = []
+    for path in sorted((SRC / "_rules").rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Import):
+                names = [alias.name for alias in node.names]
+            elif isinstance(node, ast.ImportFrom) and not node.level:
+                names = [node.module or ""]
+            else:
+                continue
+            wrong += [f"{path.name}: {name}" for name in names if name.split(".")[0] in _NO_IO]
+    assert wrong == []
 
 
 def _public_shape(path: Path) -> tuple[set[str], set[str]]:
@@ -82,20 +152,19 @@ def test_the_two_backends_offer_the_same_names() -> None:
     assert asyncio_only <= asyncio
 
 
-_BACKENDS = ("_backend_sync.py", "_backend_async.py")
+_BACKENDS = ("_sync/backend.py", "_async/backend.py")
 
 
 # The asyncio code not yet generated into a twin, or with no twin: each name says why.
 _HAND_WRITTEN = {
     # what differs between the flavours, by design
-    "_backend_async.py": {"*"},
+    "_async/backend.py": {"*"},
     # the renewers, whose designs differ (two threads; one task per loop)
-    "_renewer_async.py": {"*"},
+    "_async/renewer.py": {"*"},
     # one call each, whose blocking twin differs in what it checks or runs
-    "_fronts.py": {"decorate_async", "decorate_async.locked_call"},
-    "_inspect.py": {"aread_info"},
+    "_rules/fronts.py": {"decorate_async", "decorate_async.locked_call"},
     # the misuse guard of every asyncio object
-    "_misuse.py": {"AsyncOnly"},
+    "_base/misuse.py": {"AsyncOnly"},
 }
 
 
@@ -123,13 +192,14 @@ def test_asyncio_code_is_written_once_as_the_source_of_its_twin() -> None:
     sources = {source for source, _ in _unasync().FILES}
     generated = {target for _, target in _unasync().FILES}
     stray = {}
-    for path in sorted(SRC.glob("*.py")):
-        if path.name in sources or path.name in generated:
+    for path in sorted(SRC.rglob("*.py")):
+        where = path.relative_to(SRC).as_posix()
+        if where in sources or where in generated or where.startswith("tools/"):
             continue
-        allowed = _HAND_WRITTEN.get(path.name, set())
+        allowed = _HAND_WRITTEN.get(where, set())
         names = set() if "*" in allowed else _asyncio_names(path) - allowed
         if names:
-            stray[path.name] = sorted(names)
+            stray[where] = sorted(names)
     assert stray == {}
 
 
@@ -215,7 +285,7 @@ def _imports(path: Path) -> set[str]:
                 target = node.module or ""
             if not target.startswith("redlease"):
                 continue
-            for alias in node.names:  # `from . import _flows`: the module, if it is one
+            for alias in node.names:  # `from . import _rules.flows`: the module, if it is one
                 sub = f"{target}.{alias.name}"
                 found.add(sub if sub in _MODULES else target)
     return found - {module}
@@ -264,6 +334,9 @@ def test_no_private_attribute_of_another_library_is_touched() -> None:
     assert offending == []
 
 
+_CLI = SRC / "_cli"
+
+
 def test_the_library_never_imports_its_tools() -> None:
     """The demo, the fault harness, the broken locks and the server launcher live in
     redlease.tools, apart from the core: no core module imports them."""
@@ -275,8 +348,8 @@ def test_the_library_never_imports_its_tools() -> None:
             if isinstance(node, ast.ImportFrom):
                 module = node.module or ""
                 names = [alias.name for alias in node.names]
-                assert "tools" not in module.split(".") or path.name == "_cli.py", (path, module)
-                assert node.level == 0 or "tools" not in names or path.name == "_cli.py", path
+                assert "tools" not in module.split(".") or _CLI in path.parents, (path, module)
+                assert node.level == 0 or "tools" not in names or _CLI in path.parents, path
             elif isinstance(node, ast.Import):
                 for alias in node.names:
                     assert ".tools" not in alias.name, (path, alias.name)

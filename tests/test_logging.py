@@ -14,7 +14,7 @@ import pytest
 import redis
 
 import redlease
-from redlease._lease import short_token
+from redlease._rules.lease import short_token
 from waiting_helpers import lock_key, wait_until
 
 

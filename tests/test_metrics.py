@@ -3,7 +3,7 @@ servers: acquisitions, waits and holds of both twins, a timeout, a lost lease (a
 failed renewal), names only when asked for, each primitive's kind;
 then a process without OpenTelemetry, where locks work and nothing is recorded.
 
-Durations reach the SDK later than they happen (``_metrics.Deferred``): the helpers below
+Durations reach the SDK later than they happen (``_base.metrics.Deferred``): the helpers below
 flush them first, and the tests of the queue itself (a collection drains it, the
 drainer thread does without one, a forked child, the exit) read without flushing.
 
@@ -27,7 +27,7 @@ import pytest
 import redis
 
 import redlease
-from redlease import _metrics
+from redlease._base import metrics as _metrics
 from redlease.tools import servers
 from waiting_helpers import lock_key, wait_until
 
@@ -247,7 +247,7 @@ def test_without_opentelemetry_nothing_is_recorded(
 import sys
 sys.modules["opentelemetry"] = None  # as if not installed: importing it raises
 import redis, redlease
-from redlease import _metrics
+from redlease._base import metrics as _metrics
 r = redis.Redis(port={server.port})
 redlease.metrics.configure(record_names=True, durations=True)
 lock = redlease.Lock(r, {name!r}, auto_renew=True)

@@ -21,9 +21,9 @@ import families
 import redlease
 from conftest import _KINDS as KINDS
 from conftest import SLOTS
-from redlease._flows import new_token
-from redlease._keys import LockKeys
-from redlease._scripts import MULTI_ACQUIRE
+from redlease._rules.flows import new_token
+from redlease._rules.keys import LockKeys
+from redlease._rules.scripts import MULTI_ACQUIRE
 from redlease.tools import servers
 from waiting_helpers import lock_key, queued, until_queued, wait_until
 

@@ -106,7 +106,7 @@ async def _aclients(
 
 
 def _key(name: str) -> str:
-    """The lock key (see ``redlease._keys``): its value is the holder's token."""
+    """The lock key (see ``redlease._rules.keys``): its value is the holder's token."""
     return lock_key(name)
 
 

@@ -1,6 +1,6 @@
 """The API reads as public: classes and errors are named ``redlease.X`` wherever they
 show (tracebacks, reprs, pickles); ``with`` on an asyncio object says to use ``async
-with`` (a blocking one keeps no ``__aenter__``: see ``_misuse``); a bad duration reads as a
+with`` (a blocking one keeps no ``__aenter__``: see ``_base.misuse``); a bad duration reads as a
 duration; warnings point at the caller's own line and are given
 once per process for each server."""
 

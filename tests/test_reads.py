@@ -17,16 +17,18 @@ import redis.asyncio as aredis
 
 import families
 import redlease
-from redlease import _backend_async, _resp, _spin
+from redlease._async import backend as _backend_async
+from redlease._wire import resp as _resp
+from redlease._wire import spin as _spin
 from redlease.tools import servers
 from redlease.tools.chaos.proxy import FaultProxy
 from waiting_helpers import lock_key
 
 
 def spin_record(client: redis.Redis | aredis.Redis) -> Any:
+    from redlease._async.io import AsyncIO
     from redlease._clients.checks import is_async_client
-    from redlease._io_async import AsyncIO
-    from redlease._io_sync import SyncIO
+    from redlease._sync.io import SyncIO
 
     io = AsyncIO(client) if is_async_client(client) else SyncIO(client)
     assert io.pool is not None
@@ -79,7 +81,7 @@ def test_spin_setting() -> None:
         with pytest.warns(redlease.RedleaseWarning, match="REDLEASE_SPIN_US"):
             assert _spin.budget_from(bad) == _spin.DEFAULT_BUDGET
     shown = subprocess.run(
-        [sys.executable, "-c", "from redlease import _spin; print(_spin.BUDGET)"],
+        [sys.executable, "-c", "from redlease._wire import spin; print(spin.BUDGET)"],
         env={**os.environ, "REDLEASE_SPIN_US": "0"},
         capture_output=True,
         text=True,
@@ -115,8 +117,8 @@ async def test_a_short_read_after_a_long_one_keeps_its_own_deadline(
 ) -> None:
     """The asyncio reads of a connection share one timer, armed for the first read's
     deadline; a later read with a shorter one must still time out on its own."""
-    from redlease._io_async import AsyncIO
-    from redlease._ops import Command
+    from redlease._async.io import AsyncIO
+    from redlease._rules.ops import Command
 
     client = families.aclient(port=server.port)
     io = AsyncIO(client)
@@ -215,8 +217,8 @@ async def test_replies_polled_in_a_row_still_let_the_loop_turn(
 async def test_a_reply_read_partly_by_the_poll_is_finished_by_the_wait(
     server: servers.ServerProcess, name: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from redlease._io_async import AsyncIO
-    from redlease._ops import Command
+    from redlease._async.io import AsyncIO
+    from redlease._rules.ops import Command
 
     value = os.urandom(600_000)
     writer = families.client(port=server.port)
@@ -253,7 +255,7 @@ async def test_a_reply_read_partly_by_the_poll_is_finished_by_the_wait(
 
 async def test_pipelined_replies_are_read_in_order(server: servers.ServerProcess) -> None:
     """A reply that waited on the socket while the loop ran comes before a later one."""
-    from redlease._io_async import AsyncIO
+    from redlease._async.io import AsyncIO
 
     client = families.aclient(port=server.port)
     pool = AsyncIO(client).pool

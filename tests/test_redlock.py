@@ -20,15 +20,15 @@ import redis
 
 import families
 import redlease
-from redlease import _stale
-from redlease._flows import LockSpec
-from redlease._io_async import AsyncIO
-from redlease._io_sync import SyncIO
-from redlease._keys import LockKeys
-from redlease._ops import Sleep
-from redlease._quorum import SAFE, UNREAD, Fanout, QuorumAcquisition, QuorumSpec
-from redlease._quorum import extend as quorum_extend
-from redlease._quorum import release as quorum_release
+from redlease._async.io import AsyncIO
+from redlease._rules.flows import LockSpec
+from redlease._rules.keys import LockKeys
+from redlease._rules.ops import Sleep
+from redlease._rules.quorum import SAFE, UNREAD, Fanout, QuorumAcquisition, QuorumSpec
+from redlease._rules.quorum import extend as quorum_extend
+from redlease._rules.quorum import release as quorum_release
+from redlease._sync.io import SyncIO
+from redlease._wire import stale as _stale
 from redlease.testing import FakeClock
 from redlease.tools import servers
 from redlease.tools.chaos.proxy import FaultProxy

@@ -19,7 +19,7 @@ import redis
 import redis.asyncio as aredis
 
 import redlease
-from redlease._keys import LockKeys
+from redlease._rules.keys import LockKeys
 from redlease.tools import servers
 from waiting_helpers import lock_key, wait_until
 

@@ -24,8 +24,9 @@ import redis.asyncio as aredis
 
 import families
 import redlease
-from redlease import _flows, _renewal
-from redlease._errors import BackendError
+from redlease._base.errors import BackendError
+from redlease._rules import flows as _flows
+from redlease._rules import renewal as _renewal
 from redlease.testing import FakeClock
 from redlease.tools import servers
 from waiting_helpers import lock_key

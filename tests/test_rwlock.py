@@ -18,7 +18,7 @@ import redis
 import redis.asyncio as aredis
 
 import redlease
-from redlease._keys import LockKeys, forgotten_within
+from redlease._rules.keys import LockKeys, forgotten_within
 from redlease.tools import servers
 from waiting_helpers import in_thread, until_queued, wait_until
 

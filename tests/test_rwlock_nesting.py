@@ -17,7 +17,7 @@ import redis.asyncio as aredis
 
 import families
 import redlease
-from redlease._keys import LockKeys
+from redlease._rules.keys import LockKeys
 from redlease.tools import servers
 from waiting_helpers import in_thread, wait_until
 

@@ -20,8 +20,8 @@ import redis
 import redis.asyncio as aredis
 
 import redlease
-from redlease._keys import LockKeys, forgotten_within
-from redlease._scripts import SHARED_ACQUIRE
+from redlease._rules.keys import LockKeys, forgotten_within
+from redlease._rules.scripts import SHARED_ACQUIRE
 from redlease.tools import servers
 from waiting_helpers import lock_key, until_queued, wait_until
 

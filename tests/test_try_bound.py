@@ -13,7 +13,7 @@ import pytest
 
 import families
 import redlease
-from redlease._flows import TRY_BOUND
+from redlease._rules.flows import TRY_BOUND
 from redlease.tools import servers
 
 TTL = 30.0  # the reply bound of a lock's ops follows the ttl: a try must not

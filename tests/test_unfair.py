@@ -13,7 +13,7 @@ import redis
 import redis.asyncio as aredis
 
 import redlease
-from redlease._timing import UNFAIR_STARVING
+from redlease._base.timing import UNFAIR_STARVING
 from waiting_helpers import in_thread, lock_key, queued, wait_until
 
 

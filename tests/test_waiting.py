@@ -15,8 +15,9 @@ import redis
 
 import families
 import redlease
-from redlease import _flows, _ops
-from redlease._io_sync import SyncIO
+from redlease._rules import flows as _flows
+from redlease._rules import ops as _ops
+from redlease._sync.io import SyncIO
 from redlease.tools import servers
 from waiting_helpers import lock_key, queued, wait_until
 

@@ -10,7 +10,7 @@ from typing import Any
 import redis
 
 import redlease
-from redlease._keys import LockKeys
+from redlease._rules.keys import LockKeys
 
 
 def lock_key(name: str) -> str:

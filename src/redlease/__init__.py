@@ -10,10 +10,15 @@ with lock as lease:
 import logging
 
 from . import metrics as metrics  # (a module: redlease.metrics.configure)
-from ._election import Leader
-from ._election_async import AsyncElection, AsyncObservation
-from ._election_sync import Election, Observation
-from ._errors import (
+from ._async.election import AsyncElection, AsyncObservation
+from ._async.inspect import aread_info
+from ._async.lease import AsyncLease
+from ._async.lock import AsyncLock
+from ._async.multilock import AsyncMultiLease, AsyncMultiLock
+from ._async.redlock import AsyncRedlock, AsyncRedlockLease
+from ._async.rwlock import AsyncReadWriteLock
+from ._async.semaphore import AsyncSemaphore
+from ._base.errors import (
     AcquireTimeout,
     BackendError,
     InvalidArgument,
@@ -22,20 +27,17 @@ from ._errors import (
     QuorumError,
     RedleaseWarning,
 )
-from ._inspect import Holder, LockInfo, Waiter, aread_info, read_info
-from ._lease_async import AsyncLease
-from ._lease_sync import Lease
-from ._lock_async import AsyncLock
-from ._lock_sync import Lock
-from ._multilock_async import AsyncMultiLease, AsyncMultiLock
-from ._multilock_sync import MultiLease, MultiLock
-from ._redlock_async import AsyncRedlock, AsyncRedlockLease
-from ._redlock_sync import Redlock, RedlockLease
-from ._rwlock_async import AsyncReadWriteLock
-from ._rwlock_sync import ReadWriteLock
-from ._semaphore_async import AsyncSemaphore
-from ._semaphore_sync import Semaphore
-from ._version import __version__
+from ._base.version import __version__
+from ._rules.election import Leader
+from ._rules.inspect import Holder, LockInfo, Waiter
+from ._sync.election import Election, Observation
+from ._sync.inspect import read_info
+from ._sync.lease import Lease
+from ._sync.lock import Lock
+from ._sync.multilock import MultiLease, MultiLock
+from ._sync.redlock import Redlock, RedlockLease
+from ._sync.rwlock import ReadWriteLock
+from ._sync.semaphore import Semaphore
 
 # A library's loggers print nothing of their own accord: the application configures
 # logging (the "redlease" tree) if it wants to see them.

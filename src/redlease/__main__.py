@@ -5,7 +5,7 @@ from __future__ import annotations
 import sys
 from collections.abc import Sequence
 
-from ._cli import main as _main
+from ._cli.command import main as _main
 
 __all__ = ["main"]
 

@@ -11,6 +11,6 @@ collection takes those waiting first); ``flush`` hands them over now. What is re
 docs/design.md, "Metrics and logs".
 """
 
-from ._metrics import configure, enabled, flush
+from ._base.metrics import configure, enabled, flush
 
 __all__ = ["configure", "enabled", "flush"]

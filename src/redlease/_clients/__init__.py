@@ -24,8 +24,8 @@ import threading
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
-from .. import _fork
-from .._errors import warn
+from .._base import fork as _fork
+from .._base.errors import warn
 from . import coredis_py, redis_py, valkey_py
 from .family import Errors, Family
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import inspect
 
-from .._errors import InvalidArgument
+from .._base.errors import InvalidArgument
 from . import refusal
 
 

@@ -22,7 +22,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from .._errors import LockLost
+from .._base.errors import LockLost
 
 __all__ = [
     "CONTENDERS",
@@ -192,13 +192,13 @@ class RedleaseContender:
     label = "redlease"
 
     def __init__(self, client: Any, name: str, ttl: float, **options: Any) -> None:
-        from .._lock_sync import Lock
+        from .._sync.lock import Lock
 
         self.lock = Lock(client, name, ttl, **options)
         self.lost_on_release = 0
 
     def acquire(self, timeout: float) -> Held | None:
-        from .._errors import AcquireTimeout
+        from .._base.errors import AcquireTimeout
 
         try:
             lease = self.lock.acquire(timeout=timeout)

@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TypeVar
 
-from ..._quorum import Rules, Tally
+from ..._rules.quorum import Rules, Tally
 
 RedlockT = TypeVar("RedlockT", bound=type)
 

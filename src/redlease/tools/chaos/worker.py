@@ -26,7 +26,7 @@ from typing import Any
 
 import redis
 
-from ..._keys import LockKeys
+from ..._rules.keys import LockKeys
 from .. import broken
 from .resource import Resource
 

@@ -1,0 +1,252 @@
+"""The front of a lock: what its caller uses — ``acquire``, ``try_acquire``, ``with`` and
+the decorator — once for every kind (``Lock``, ``Semaphore``, a read/write lock's sides,
+``Redlock``). A lock class supplies its driver (``_io``), the attempt it makes
+(``_new_attempt``) and the lease it hands out (``_new_lease``); the front does the rest:
+checking the server once, cleaning up after an interrupted attempt, starting renewal.
+What needs no I/O (the `with` stack, reentrant holds, metrics) is in ``_rules.fronts``.
+
+Written once, as asyncio code; ``scripts/unasync.py`` generates the blocking twin.
+asyncio only: ``cancel_on_lost``, and ``using`` (a coroutine run
+under a lease that cancels it if the lease is lost, after node-redlock's
+``using(resources, duration, routine(signal))``).
+"""
+
+from __future__ import annotations
+
+import asyncio  # unasync: async only
+import contextlib
+import inspect  # unasync: async only
+from collections.abc import Awaitable, Callable, Coroutine
+from datetime import timedelta
+from types import TracebackType
+from typing import Any, Generic, TypeVar
+
+from .._base import metrics as _metrics
+from .._base.errors import AcquireTimeout, InvalidArgument, LockLost
+from .._base.misuse import AsyncOnly  # unasync: async only
+from .._rules import arguments as args
+from .._rules.flows import Grant
+from .._rules.fronts import (
+    Attempt,
+    FrontBase,
+    P,
+    R,
+    decorate_async,
+    named,
+    pop_entered,
+    push_entered,
+    refuse_nested,
+)
+from . import renewer as _renewer_async
+from .backend import Cancelled, current_holder, shielded
+from .lease import AsyncDriver, AsyncLeaseBlock
+
+Seconds = float | timedelta
+LeaseT = TypeVar("LeaseT", bound=AsyncLeaseBlock)
+
+
+class AsyncFront(FrontBase, AsyncOnly, Generic[LeaseT]):
+    """``acquire``, ``try_acquire``, ``with`` and ``@lock``, once for every kind of lock."""
+
+    _io: AsyncDriver
+    _cancel_on_lost: bool  # unasync: async only
+
+    def _new_lease(self, grant: Grant) -> LeaseT:
+        raise NotImplementedError
+
+    async def acquire(self, timeout: Seconds | None = None) -> LeaseT:
+        """Wait until the lock is ours and return the lease.
+
+        ``timeout`` bounds the wait in seconds (None: no bound; 0: a single try).
+        Raises AcquireTimeout if the lock stayed busy (a Redlock: QuorumError if too few
+        nodes answered); BackendError if the server failed until the timeout;
+        InvalidArgument for a bad ``timeout``; LockLost if a ``reentrant`` holder's lease
+        was lost meanwhile. asyncio: cancelling the caller at any point leaves no lock
+        behind (a lock granted meanwhile is released). An acquire of a one-server lock
+        interrupted as the process goes away (KeyboardInterrupt, SystemExit) gives back
+        what it may have taken within half a second (a Redlock's: within its node
+        timeout); what a server that does not answer keeps by then expires on its own.
+        """
+        lease = await self._acquire(args.timeout(timeout), wait=True)
+        if lease is None:
+            raise AcquireTimeout(f"{self._noun} {self.name!r} still busy after {timeout}s")
+        return lease
+
+    async def try_acquire(self) -> LeaseT | None:
+        """Take the lock if it is free right now; never waits. None if it is busy.
+
+        Raises BackendError if the server fails (a Redlock: QuorumError if too few nodes
+        answered), and LockLost if a ``reentrant`` holder's lease was lost meanwhile.
+        Against a server that is down or does not answer it raises within 2 seconds,
+        whatever the ttl and the client's retry policy (a connection failure is tried
+        again once, at once); with ``replicas=``, add the wait for them. A Cluster
+        client's calls keep its own timeouts and retries.
+        """
+        return await self._acquire(0.0, wait=False)
+
+    async def _acquire(self, timeout: float | None, *, wait: bool) -> LeaseT | None:
+        if self._holding is None:
+            return await self._take(timeout, wait=wait)
+        holder = current_holder()
+        held = self._held_by(holder)
+        if held is not None:
+            return held  # type: ignore[return-value]
+        lease = await self._take(timeout, wait=wait)
+        if lease is not None:
+            self._hold(holder, lease)
+        return lease
+
+    async def _take(self, timeout: float | None, *, wait: bool) -> LeaseT | None:
+        started = _metrics.now()
+        await self._io.check_server_once()
+        attempt = self._new_attempt(timeout, wait=wait)
+        try:
+            grant = await self._io.run(attempt.run(), f"acquire {self.name!r}")
+        except BaseException as exc:
+            if attempt.outstanding:
+                # An interruption that ends the process (Ctrl-C, exit, a signal's error:
+                # not an Exception, nor asyncio's cancellation) is cleaned up in haste.
+                await self._abandon(attempt, hurried=not isinstance(exc, (Exception, Cancelled)))
+            raise
+        if grant is None:
+            self._not_granted(started, wait=wait)
+            return None
+        return self._watched(grant, started)
+
+    def _watched(self, grant: Grant, started: float) -> LeaseT:
+        lease = self._new_lease(grant)
+        self._opened(lease, started)
+        # unasync: async only
+        if self._cancel_on_lost:
+            lease._holder = current_holder()
+        # unasync: end
+        if self._auto_renew:
+            _renewer_async.watch(lease, self._io, self._max_hold)
+        # unasync: async only
+        elif self._cancel_on_lost:
+            _renewer_async.watch(lease, self._io, 0.0)  # watch its validity, never renew
+        # unasync: end
+        return lease
+
+    async def _abandon(self, attempt: Attempt, *, hurried: bool = False) -> None:
+        try:
+            await shielded(
+                lambda: self._io.run(attempt.abandon(hurried=hurried), f"clean up {self.name!r}")
+            )
+        except Exception:
+            pass  # the original error matters more; an orphaned key expires with its ttl
+        except Cancelled:
+            pass  # cancelled again while cleaning up; the clean-up itself ran to its end
+
+    async def __aenter__(self) -> LeaseT:
+        holder = current_holder()
+        if self._refuses_nesting and self._holding is None:
+            refuse_nested(self, holder)
+        lease = await self.acquire()
+        push_entered(self, lease, holder)
+        return lease
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        lease = pop_entered(self)
+        if lease is not None:
+            assert isinstance(lease, AsyncLeaseBlock)
+            await lease.__aexit__(exc_type, exc, tb)
+
+    def __call__(self, fn: Callable[P, Awaitable[R]]) -> Callable[P, Coroutine[Any, Any, R]]:
+        """``@lock``: each call of ``fn`` runs holding the lock, as in a block of the lock
+        (asyncio: ``fn`` is a coroutine function, run to its end), and raises what that
+        raises. A function whose work would run after the lock is given back (a generator
+        function; for a blocking lock, a coroutine function) is refused
+        (InvalidArgument)."""
+        return decorate_async(self, fn)
+
+    # unasync: async only
+    async def using(
+        self,
+        fn: Callable[..., Awaitable[R]],
+        /,
+        *args: Any,
+        timeout: Seconds | None = None,
+    ) -> R:
+        """Acquire (waiting up to ``timeout``, as ``acquire``), run ``await fn(lease,
+        *args)`` in a task of its own while the lease is renewed, release, and return
+        its result.
+
+        The lease is renewed for as long as ``fn`` runs, whatever ``auto_renew`` says
+        (``max_hold`` still ends it). If it is lost (taken over, not renewed in time,
+        ``max_hold`` reached) the task is cancelled, as ``cancel_on_lost`` would, and
+        ``using`` raises ``LockLost`` (its cause: the cancellation), not CancelledError.
+        An error raised by ``fn`` propagates after the release (LockLost included: a
+        lease ``fn`` found lost itself). If ``fn`` returns but the lease was lost
+        meanwhile, the release raises ``LockLost``, as at the end of ``async with``.
+        Cancelling the caller cancels the task, waits for it to end, releases, and
+        re-raises. Keyword arguments for ``fn``: ``functools.partial``.
+        """
+        if not callable(fn):
+            raise InvalidArgument(f"fn must be an async callable, not {type(fn).__name__}")
+        lease = await self.acquire(timeout)
+        if not self._auto_renew and lease.hold_count == 1:
+            # a lease that is not renewed, or only watched for cancel_on_lost: renewed now
+            lease._stop_watching()
+            _renewer_async.watch(lease, self._io, self._max_hold)
+        try:
+            result = await _run_holding(lease, fn, args)
+        except LockLost:
+            if not lease.lost:  # fn's own error, as any other
+                raise
+            with contextlib.suppress(LockLost):  # what the server still has goes
+                await lease.release()
+            raise
+        except BaseException as exc:
+            await lease.__aexit__(type(exc), exc, exc.__traceback__)
+            raise
+        await lease.__aexit__(None, None, None)
+        return result  # type: ignore[no-any-return]
+
+
+async def _awaited(work: Awaitable[R]) -> R:
+    return await work
+
+
+async def _run_holding(lease: AsyncLeaseBlock, fn: Callable[..., Any], args: Any) -> Any:
+    """``fn(lease, *args)`` in a task of its own, which the lease cancels if it is lost
+    (as ``cancel_on_lost`` cancels the acquirer); its result, or its error. A task
+    cancelled by the loss raises LockLost. Cancelling the caller cancels the task and
+    waits for it to end, so nothing runs on unguarded once the lease is released."""
+    work = fn(lease, *args)
+    if not inspect.isawaitable(work):
+        raise InvalidArgument(
+            f"using() runs an async callable; {named(fn)} returned "
+            f"{type(work).__name__}, not an awaitable"
+        )
+    task = asyncio.get_running_loop().create_task(_awaited(work))
+    previous, lease._holder = lease._holder, task
+    try:
+        if lease.lost:  # lost before the task could be told: it never starts
+            task.cancel()
+        try:
+            await asyncio.wait({task})
+        except asyncio.CancelledError:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):  # cancelled again: go on
+                await asyncio.wait({task})
+            raise
+    finally:
+        lease._holder = previous
+    if task.cancelled() and lease.lost:
+        try:
+            task.result()
+        except asyncio.CancelledError as cancelled:
+            raise LockLost(
+                f"lease on {lease.name!r} was lost ({lease._lost_reason}): the work "
+                "under it was cancelled"
+            ) from cancelled
+    return task.result()
+
+
+# unasync: end

@@ -1,0 +1,96 @@
+"""``AsyncSemaphore``: at most ``limit`` holders of a name at once, each with a permit that
+is a lease of its own (token, ttl, fence, extend, release, renewal). Over ``Lock``'s core:
+the same flows, waiting and leases (``_rules.flows``, ``_async.front``, ``_async.lease``) run the
+semaphore's scripts (``_rules.scripts``), which keep the holders in a sorted set by when their
+permits run out, so a crashed holder's permit expires on its own. Written once, as asyncio
+code; ``scripts/unasync.py`` generates the blocking twin (``Semaphore``).
+"""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from typing import Any
+
+from .._base.errors import InvalidArgument
+from .._base.timing import Clock
+from .._clients.checks import check_client
+from .._rules import arguments as args
+from .._rules.flows import SEMAPHORE, LockSpec
+from .._rules.keys import DEFAULT_PREFIX
+from .._rules.lock import OnLost
+from .backend import ASYNC
+from .lock import AsyncOneServer
+
+Seconds = float | timedelta
+
+# More permits than a semaphore is of use with: each acquire counts its holders.
+MAX_LIMIT = 100_000
+
+
+class AsyncSemaphore(AsyncOneServer):
+    """At most ``limit`` holders of ``name`` at once, on one Redis/Valkey deployment.
+
+    ``acquire(timeout=)``, ``try_acquire()`` and ``with sem as permit`` work as for
+    ``Lock``; each permit is a lease with its own token, ``fence`` (strictly greater than
+    every earlier permit's of this name), ``ttl``, ``extend()``, ``release()``, ``lost``
+    and ``check()``. A holder that dies leaves its permit to run out after its ttl.
+    Waiters are served in arrival order, as many at once as permits come free.
+
+    ``limit`` is checked by each grant against the permits held: a permit is granted only
+    while fewer are held than the limit of the object that asked for it (a waiter's
+    limit travels in its queue entry). Objects with different limits for one name (a
+    change being rolled out) thus never let more than the larger be held, and a lower
+    limit revokes no permit: it grants none until enough are released.
+
+    ``auto_renew``, ``on_lost``, ``max_hold``, ``prefix``, ``clock``, ``replicas`` and
+    ``replica_timeout`` work as for ``Lock``. asyncio only: ``cancel_on_lost=True`` also
+    cancels the task that acquired a permit when the permit is lost, as it does for
+    asyncio locks; a permit granted to a waiter cancelled meanwhile is given back.
+    """
+
+    _noun = "semaphore"
+    _metric_kind = "semaphore"
+
+    def __init__(
+        self,
+        client: Any,
+        name: str,
+        limit: int,
+        ttl: Seconds = 10.0,
+        *,
+        auto_renew: bool = False,
+        on_lost: OnLost | None = None,
+        max_hold: Seconds | None = None,
+        cancel_on_lost: bool = False,  # unasync: async only
+        prefix: str = DEFAULT_PREFIX,
+        clock: Clock | None = None,
+        replicas: int = 0,
+        replica_timeout: Seconds | None = None,
+    ) -> None:
+        check_client(client, want_async=ASYNC, sync_twin="Semaphore")
+        checked = args.count(limit, "limit", MAX_LIMIT)
+        if checked < 1:
+            raise InvalidArgument("limit must be at least 1, got 0")
+        self._limit = checked
+        self._spec = LockSpec.create(
+            name,
+            ttl,
+            prefix=prefix,
+            clock=clock,
+            replicas=replicas,
+            replica_timeout=replica_timeout,
+            kind=SEMAPHORE,
+            extra=(str(checked), "r"),
+        )
+        self._auto_renew, self._max_hold = args.renewal(auto_renew, max_hold, clock)
+        self._on_lost = args.callback(on_lost, "on_lost")  # type: ignore[assignment]
+        self._serve(client)
+        self._cancel_on_lost = args.flag(cancel_on_lost, "cancel_on_lost")  # unasync: async only
+
+    @property
+    def limit(self) -> int:
+        """How many permits this object lets be held at once."""
+        return self._limit
+
+    def __repr__(self) -> str:
+        return f"<{type(self).__name__} {self.name!r} limit={self.limit} ttl={self.ttl}s>"

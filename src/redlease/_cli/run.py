@@ -1,0 +1,294 @@
+"""``redlease run``: a command run under a lease, the way ``flock(1)`` runs one under a
+file lock, and kept under it until it has ended.
+
+The command runs in a process group of its own, so a signal reaches all of it (a shell
+script and the programs it started). What redlease does with it:
+
+* a SIGTERM, SIGINT or SIGHUP sent to redlease is passed on to the command's group, and
+  redlease waits for the command to end before it releases the lease: the lease is held
+  for as long as any of the command runs, and the command never runs unlocked because
+  its wrapper was told to stop (``timeout 2 redlease run ...`` stops both, in order);
+* a lease lost while the command runs (``--on-lost stop``, the default) sends SIGTERM to
+  the group, SIGKILL after ``--grace`` if it is still there, and exits with
+  ``--lost-exit-code`` (75, EX_TEMPFAIL: try again later). ``--on-lost warn`` only says
+  so and lets the command finish (the exit code is still the lost one).
+
+On a terminal (redlease in its foreground), the command stays in redlease's group so it
+keeps the terminal: Ctrl-C reaches both from the terminal itself, and only SIGTERM and
+SIGHUP are passed on, to the command's own process.
+
+A redlease killed with -9 can do none of this: its lease then runs out after the ttl
+while the command may still run. Fencing (``REDLEASE_FENCE``) is what protects a
+resource from that.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from types import FrameType
+from typing import Any
+
+PASSED_ON = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
+# After a signal, the release that follows the command's end is given this long; a server
+# that has not answered by then is left to let the lease run out (its ttl), so that a
+# hung server cannot keep a stopped `redlease run` alive.
+SIGNALLED_RELEASE = 1.0
+
+
+@dataclass(frozen=True)
+class RunOptions:
+    name: str
+    ttl: float
+    timeout: float | None  # None: wait; 0: one try
+    conflict_exit_code: int
+    lost_exit_code: int
+    on_lost: str  # "stop" or "warn"
+    grace: float
+    as_json: bool
+
+
+class Reporter:
+    """redlease's own words while a command runs: lines on stderr (the command owns
+    stdout), or one JSON object a line with ``--json``."""
+
+    def __init__(self, name: str, as_json: bool) -> None:
+        self.name = name
+        self.as_json = as_json
+
+    def say(self, event: str, text: str | None, **fields: Any) -> None:
+        """Report ``event``; a text of None is for ``--json`` only (a job run by cron
+        that ended as it should then prints one line, not two)."""
+        if self.as_json:
+            line = json.dumps({"event": event, "name": self.name, **fields})
+        elif text is not None:
+            line = f"redlease: {text}"
+        else:
+            return
+        print(line, file=sys.stderr, flush=True)
+
+
+class Interrupted(BaseException):
+    """A signal that came before the command started: stop waiting for the lease. Not an
+    Exception, as KeyboardInterrupt is not: nothing on the way catches it as a failure,
+    and an acquire it interrupts cleans up in haste (a hung server cannot hold it)."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signal.Signals(signum).name)
+        self.signum = signum
+
+
+def in_terminal_foreground() -> bool:
+    """Whether redlease runs in its terminal's foreground group (an interactive run)."""
+    try:
+        return os.isatty(0) and os.tcgetpgrp(0) == os.getpgrp()
+    except OSError:
+        return False
+
+
+class Supervisor:
+    """The command's process (group): started once, signalled, stopped with a grace."""
+
+    def __init__(self, interactive: bool) -> None:
+        self.interactive = interactive
+        self.child: subprocess.Popen[bytes] | None = None
+        self._stopping: threading.Timer | None = None
+        self._lock = threading.Lock()
+
+    def start(self, cmd: list[str], env: dict[str, str]) -> subprocess.Popen[bytes]:
+        options: dict[str, Any] = {}
+        if not self.interactive:
+            if sys.version_info >= (3, 11):
+                options["process_group"] = 0
+            else:  # pragma: no cover - Python 3.10
+                options["start_new_session"] = True
+        self.child = subprocess.Popen(cmd, env=env, **options)
+        return self.child
+
+    def send(self, signum: int) -> None:
+        """Send ``signum`` to the command (its group), if it still runs."""
+        child = self.child
+        if child is None or child.poll() is not None:
+            return
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            if self.interactive:
+                os.kill(child.pid, signum)
+            else:
+                os.killpg(child.pid, signum)
+
+    def stop(self, grace: float) -> None:
+        """SIGTERM now, SIGKILL after ``grace`` seconds if the command is still there."""
+        with self._lock:
+            if self._stopping is not None:
+                return
+            self._stopping = threading.Timer(grace, self.send, args=(signal.SIGKILL,))
+            self._stopping.daemon = True
+            self._stopping.start()
+        self.send(signal.SIGTERM)
+
+    def wait(self) -> int:
+        assert self.child is not None
+        code = self.child.wait()
+        with self._lock:
+            if self._stopping is not None:
+                self._stopping.cancel()
+        return code if code >= 0 else 128 - code  # killed by a signal: the shell's way
+
+
+@contextlib.contextmanager
+def signals_handled(handler: Callable[[int], None]) -> Iterator[None]:
+    """Route SIGTERM, SIGINT and SIGHUP to ``handler`` (main thread only; elsewhere, as
+    in an embedding application's worker thread, signals are left alone)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def route(signum: int, frame: FrameType | None) -> None:
+        handler(signum)
+
+    previous = {s: signal.signal(s, route) for s in PASSED_ON}
+    try:
+        yield
+    finally:
+        for s, old in previous.items():
+            signal.signal(s, old)
+
+
+def run_under(
+    hold: Callable[[Callable[[str], None]], tuple[Callable[[float | None], Any], Any]],
+    cmd: list[str],
+    options: RunOptions,
+    what: str,
+) -> int:
+    """Run ``cmd`` under a lease: ``hold(on_lost)`` makes the lock (whose loss of a lease
+    calls ``on_lost(reason)``) and returns its ``take(timeout)`` and ``give_back(lease)``.
+    Returns the exit code."""
+    from .._base.errors import AcquireTimeout, BackendError, LockLost
+
+    report = Reporter(options.name, options.as_json)
+    supervisor = Supervisor(in_terminal_foreground())
+    state: dict[str, Any] = {"phase": "taking", "lost": False, "signal": None, "signalled": False}
+
+    def on_lost(reason: str) -> None:
+        if state["lost"]:
+            return
+        state["lost"] = True
+        stopping = options.on_lost == "stop" and state["phase"] == "running"
+        report.say(
+            "lost",
+            f"lost {what} {options.name!r} while the command ran: {reason}"
+            + (f"; stopping it (SIGKILL after {options.grace:g} s)" if stopping else ""),
+            reason=reason,
+            stopping=stopping,
+        )
+        if stopping:
+            supervisor.stop(options.grace)
+
+    def on_signal(signum: int) -> None:
+        state["signalled"] = True
+        if state["phase"] == "taking":
+            raise Interrupted(signum)
+        if supervisor.child is None:
+            state["signal"] = signum  # between the grant and the start: do not start
+        elif not (supervisor.interactive and signum == signal.SIGINT):
+            supervisor.send(signum)  # (on a terminal, Ctrl-C reached the command itself)
+
+    take, give_back = hold(on_lost)
+    with signals_handled(on_signal):
+        try:
+            lease = take(options.timeout)
+            state["phase"] = "running"
+        except AcquireTimeout:
+            waited = "one try" if options.timeout == 0 else f"{options.timeout:g} s"
+            report.say(
+                "busy",
+                f"{what} {options.name!r} is held by others; gave up after {waited} without "
+                "running the command",
+            )
+            return options.conflict_exit_code
+        except Interrupted as exc:
+            report.say("interrupted", f"{exc} while waiting for {what} {options.name!r}")
+            return 128 + exc.signum
+        try:
+            code = _run_command(supervisor, cmd, lease, options, what, report, state)
+        finally:
+            state["phase"] = "releasing"
+            try:
+                if state["signalled"]:
+                    _release_within(SIGNALLED_RELEASE, give_back, lease, report, what, options)
+                else:
+                    give_back(lease)
+            except LockLost as exc:
+                on_lost(str(exc))
+            except BackendError:
+                # A lease already lost (often because its server is out of reach) has
+                # nothing left to release: the exit code is still the lost one, not 2.
+                if not state["lost"]:
+                    raise
+    if state["lost"]:
+        code = options.lost_exit_code
+    report.say("exit", None, code=code, lost=state["lost"])
+    return code
+
+
+def _release_within(
+    bound: float,
+    give_back: Callable[[Any], None],
+    lease: Any,
+    report: Reporter,
+    what: str,
+    options: RunOptions,
+) -> None:
+    """``give_back(lease)``, waited for ``bound`` seconds at most (the process is being
+    stopped); raises what it raised. Not done by then: left to its ttl, and said so."""
+    outcome: list[BaseException | None] = []
+
+    def release() -> None:
+        try:
+            give_back(lease)
+        except BaseException as exc:  # handed to the caller below
+            outcome.append(exc)
+        else:
+            outcome.append(None)
+
+    thread = threading.Thread(target=release, name="redlease-release", daemon=True)
+    thread.start()
+    thread.join(bound)
+    if not outcome:
+        report.say(
+            "left",
+            f"the server did not answer the release of {what} {options.name!r} within "
+            f"{bound:g} s: it ends with its ttl",
+        )
+        return
+    if outcome[0] is not None:
+        raise outcome[0]
+
+
+def _run_command(
+    supervisor: Supervisor,
+    cmd: list[str],
+    lease: Any,
+    options: RunOptions,
+    what: str,
+    report: Reporter,
+    state: dict[str, Any],
+) -> int:
+    verb = "leading" if what == "election" else f"holding {what}"
+    report.say("acquired", f"{verb} {options.name!r}, fence {lease.fence}", fence=lease.fence)
+    if state["signal"] is not None:
+        return 128 + int(state["signal"])
+    env = dict(os.environ, REDLEASE_FENCE=str(lease.fence), REDLEASE_LOCK=options.name)
+    try:
+        supervisor.start(cmd, env)
+    except OSError as exc:
+        report.say("error", f"cannot run {cmd[0]!r}: {exc.strerror or exc}")
+        return 127 if isinstance(exc, FileNotFoundError) else 126
+    return supervisor.wait()

@@ -1,0 +1,601 @@
+"""The sans-IO core: every rule of taking, waiting for, extending and releasing a lock.
+
+A flow is a generator that yields operations (``Call`` a script, ``Command``, ``Wait`` on
+a doorbell) and receives their replies; it decides, the drivers (``_sync.io`` and
+``_async.io``) only carry bytes. A driver that cannot complete an operation throws the
+error into the flow. The same flows therefore behave identically in threads and in
+asyncio, and are tested with a fake clock and scripted replies.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from collections.abc import Callable, Generator
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+from .._base.errors import BackendError, LockError, LockLost
+from .._base.timing import (
+    MONOTONIC,
+    PASSING_RETRY_BASE,
+    PASSING_RETRY_CAP,
+    QUEUE_ENTRY_SLACK,
+    UNFAIR_WOKEN,
+    UNKNOWN_HOLDER_RECHECK,
+    Clock,
+    Deadline,
+    backoff,
+    valid_until,
+)
+from . import arguments as args
+from .classify import error_code, passing
+from .keys import DEFAULT_PREFIX, LockKeys
+from .ops import Box, Call, Command, Listen, Op, Replicas, Sleep, Wait
+from .scripts import (
+    ACQUIRE,
+    ELECTION_EXTEND,
+    EXTEND,
+    LEAVE,
+    RELEASE,
+    SHARED_ACQUIRE,
+    SHARED_EXTEND,
+    SHARED_LEAVE,
+    SHARED_RELEASE,
+    Script,
+)
+
+T = TypeVar("T")
+
+# A reply that took longer than this (or the lease's ttl, if longer) is treated as lost.
+MIN_REPLY_WAIT = 1.0
+# BLPOP takes its timeout in seconds with millisecond resolution; 0 would mean "forever".
+MIN_WAIT = 0.001
+# A wake-up after the holder's PTTL is a safety net against holders that died; waking a
+# hair after expiry avoids finding the key still there.
+EXPIRY_NUDGE = 0.001
+# An op sent when a wait's deadline has (all but) passed may still take this long: the
+# last try, and the clean-up after a failed one.
+PAST_DEADLINE = 0.5
+# The one-time look at a server's settings (its eviction policy) before a lock's first
+# acquire: a server that cannot answer within this is not looked at (nothing is learnt).
+SETTINGS_WAIT = 0.25
+# A try (``try_acquire``) never waits for the lock, and against a server that is down or
+# hung it gives up within TRY_BOUND seconds, whatever the client's retry policy would do:
+# the settings look, its own ops, and the clean-up after a failed one (PAST_DEADLINE).
+TRY_BOUND = 2.0
+TRY_OPS = TRY_BOUND - SETTINGS_WAIT - PAST_DEADLINE
+# Fences a grant asks for: one. (The scripts can take several at once and report how
+# many they took; nothing asks for more since grants are no longer lent out in batches.)
+ONE_FENCE = "1"
+
+
+Flow = Generator[Op, Any, T]
+
+
+def new_token() -> str:
+    """128 random bits, hex: unguessable, so only its holder can release or extend."""
+    return os.urandom(16).hex()  # what secrets.token_hex(16) does, in one call
+
+
+def as_text(value: object) -> str:
+    if isinstance(value, bytes):
+        return value.decode()
+    return str(value)
+
+
+def as_int(value: object) -> int:
+    if type(value) is int:  # what hiredis and redis-py's parser give: checked first
+        return value
+    if isinstance(value, (bytes, str)):
+        return int(value)
+    if isinstance(value, int):
+        return value
+    raise TypeError(f"expected an integer reply, got {value!r}")
+
+
+@dataclass(frozen=True)
+class Kind:
+    """What one primitive's flows run: its scripts (with the same arguments and replies
+    whatever the kind, but for the ``extra`` its spec appends), its key layout and the
+    type of each key. The flows below are the lock's and a semaphore's alike."""
+
+    noun: str
+    acquire: Script
+    leave: Script
+    release: Script
+    extend: Script
+    layout: Callable[[str, str], LockKeys]
+    key_types: tuple[str, ...]
+    extend_keys: Callable[[LockKeys], tuple[str, ...]]  # the keys its extend script takes
+
+
+def _lock_only(keys: LockKeys) -> tuple[str, ...]:
+    return (keys.lock,)
+
+
+def _with_fence(keys: LockKeys) -> tuple[str, ...]:
+    return (keys.lock, keys.fence)
+
+
+def _with_extra(keys: LockKeys) -> tuple[str, ...]:
+    return (keys.lock, *keys.extra)
+
+
+LOCK = Kind(
+    "lock",
+    ACQUIRE,
+    LEAVE,
+    RELEASE,
+    EXTEND,
+    LockKeys.for_name,
+    ("string", "string", "list", "hash"),
+    _lock_only,
+)
+# The lock's scripts but extend, which also keeps the fence counter (the leader's term,
+# which observers read) as long as the leader.
+ELECTION = Kind(
+    "election",
+    ACQUIRE,
+    LEAVE,
+    RELEASE,
+    ELECTION_EXTEND,
+    LockKeys.for_election,
+    LOCK.key_types,
+    _with_fence,
+)
+_SHARED_TYPES = ("zset", "string", "list", "hash", "hash")
+# Their spec's extra: (limit, mode), see the shared scripts.
+SEMAPHORE = Kind(
+    "semaphore",
+    SHARED_ACQUIRE,
+    SHARED_LEAVE,
+    SHARED_RELEASE,
+    SHARED_EXTEND,
+    LockKeys.for_semaphore,
+    _SHARED_TYPES,
+    _with_extra,
+)
+READ_WRITE = Kind(
+    "read/write lock",
+    SHARED_ACQUIRE,
+    SHARED_LEAVE,
+    SHARED_RELEASE,
+    SHARED_EXTEND,
+    LockKeys.for_read_write,
+    _SHARED_TYPES,
+    _with_extra,
+)
+
+
+@dataclass(frozen=True)
+class LockSpec:
+    """Everything fixed about one lock: validated once, shared by all its acquisitions."""
+
+    name: str
+    ttl: float  # seconds, as the key's PX (whole milliseconds)
+    ttl_ms: int
+    keys: LockKeys
+    fair: bool
+    clock: Clock
+    reply_timeout: float  # a reply later than this is treated as lost
+    replicas: Replicas | None = None
+    kind: Kind = LOCK
+    extra: tuple[str, ...] = ()  # the kind's last script arguments (a semaphore's limit)
+    token_tail: str = ""  # ends every token (an election's candidate: its identity, hex)
+
+    @classmethod
+    def create(
+        cls,
+        name: object,
+        ttl: object,
+        *,
+        fair: object = True,
+        prefix: object = DEFAULT_PREFIX,
+        clock: Clock | None = None,
+        replicas: object = 0,
+        replica_timeout: object = None,
+        kind: Kind = LOCK,
+        extra: tuple[str, ...] = (),
+        token_tail: str = "",
+    ) -> LockSpec:
+        checked_name = args.lock_name(name)
+        ttl_ms = args.ttl_ms(ttl)
+        checked_fair = args.flag(fair, "fair")
+        count = args.count(replicas, "replicas", args.MAX_REPLICAS)
+        wait_ms = args.replica_wait_ms(replica_timeout, ttl_ms)
+        args.clock(clock)
+        return cls(
+            name=checked_name,
+            ttl=ttl_ms / 1000.0,
+            ttl_ms=ttl_ms,
+            keys=kind.layout(checked_name, args.key_prefix(prefix)),
+            fair=checked_fair,
+            clock=clock or MONOTONIC,
+            reply_timeout=max(ttl_ms / 1000.0, MIN_REPLY_WAIT),
+            # default wait for replicas: a tenth of the lease
+            replicas=Replicas(count, wait_ms) if count else None,
+            kind=kind,
+            extra=extra,
+            token_tail=token_tail,
+        )
+
+    @property
+    def fair_arg(self) -> str:
+        return "1" if self.fair else "0"
+
+    def call(
+        self,
+        script: Script,
+        *argv: str,
+        keys: tuple[str, ...] | None = None,
+        replicas: Replicas | None = None,
+        timeout: float | None = None,
+        patient: bool = True,
+    ) -> Call:
+        return Call(
+            script,
+            self.keys.script_keys if keys is None else keys,
+            argv,
+            self.reply_timeout if timeout is None else timeout,
+            replicas,
+            patient,
+        )
+
+    @staticmethod
+    def unpack(reply: Any, replicas: Replicas | None) -> tuple[Any, int | None]:
+        """Split the reply of an op sent with ``replicas`` into (reply, replicas that
+        acknowledged it); an op sent without them gives (reply, None)."""
+        if replicas is None:
+            return reply, None
+        value, acked = reply
+        return value, acked
+
+    def check_acked(self, acked: int | None, action: str, replicas: Replicas | None) -> None:
+        """A grant or extension counts only once enough replicas have it (``replicas=``):
+        a failover to a replica that lacks it would free the lock under its holder."""
+        if replicas is not None and (acked or 0) < replicas.count:
+            raise BackendError(
+                f"{action} {self.name!r}: only {acked} of {replicas.count} replicas "
+                f"acknowledged it within {replicas.timeout_ms} ms"
+            )
+
+
+@dataclass(slots=True)  # built per cycle, like Call
+class Grant:
+    """A lock the server gave us: our token, its fencing token, and until when it is ours."""
+
+    token: str
+    fence: int
+    valid_until: float
+
+
+class Acquisition:
+    """One caller's attempt to take a lock, from first try to grant, timeout or give-up.
+
+    ``outstanding`` tells the driver whether anything reached the server: if the attempt is
+    interrupted after that, the driver runs ``abandon()``, which leaves the queue and
+    releases a lock that may have been granted meanwhile (nothing is left behind).
+    """
+
+    def __init__(
+        self,
+        spec: LockSpec,
+        timeout: float | None,
+        *,
+        wait: bool,
+        also: tuple[str, ...] = (),
+    ) -> None:
+        self.spec = spec
+        # the acquire script's last arguments, after the kind's (a read/write lock's: the
+        # token of the holder's lease of the other mode)
+        self.also = also
+        self.token = new_token() + spec.token_tail
+        self.deadline = Deadline.after(spec.clock, timeout)
+        self._tried_by = Deadline.after(spec.clock, TRY_OPS)
+        self.wait = wait
+        self.outstanding = False
+        self.failures = 0  # tries that failed in a way that may pass
+        self.woken = False  # rung to compete (an unfair lock's): see UNFAIR_WOKEN
+        self.hurried = False  # cleaning up as the process goes away: see abandon()
+
+    def run(self) -> Flow[Grant | None]:
+        spec, clock = self.spec, self.spec.clock
+        box: Box | None = None
+        # A waiter is rung through its process's hub, if the driver has one; with
+        # replicas=, on its own bell: the grant must reach them through a write of ours.
+        listens = self.wait and spec.replicas is None
+        while True:
+            if listens and (box is None or box.token != self.token):
+                box = yield Listen(spec.keys.bell_prefix, self.token, self._bound())
+                listens = box is not None
+            # How long this round may wait, so the queue entry can outlive it: bounded by
+            # the deadline, and by the ttl so a waiter refreshes its entry now and then.
+            horizon = self.deadline.cap(max(spec.ttl, UNKNOWN_HOLDER_RECHECK)) if self.wait else 0
+            queue_ms = math.ceil((horizon + QUEUE_ENTRY_SLACK) * 1000) if horizon > 0 else 0
+            hub = ""
+            unheard = False  # the hub does not listen on this lock's channel yet
+            if box is not None and queue_ms:
+                if box.ready:
+                    hub = box.hub
+                else:  # a try first: a lock never waited for costs no SUBSCRIBE
+                    queue_ms, unheard = 0, True
+            replicas = self._replicas()
+            sent_at = clock()
+            self.outstanding = True
+            try:
+                raw = yield spec.call(
+                    spec.kind.acquire,
+                    self.token,
+                    str(spec.ttl_ms),
+                    spec.fair_arg,
+                    str(queue_ms),
+                    spec.keys.bell_prefix,
+                    ONE_FENCE,
+                    hub,
+                    *spec.extra,
+                    *self.also,
+                    replicas=replicas,
+                    timeout=self._bound(),
+                    patient=self.wait,
+                )
+            except BackendError as failure:
+                yield from self._wait_out(failure)
+                continue
+            reply, acked = spec.unpack(raw, replicas)
+            fence, pttl, server_us, _ = (as_int(x) for x in reply)
+            if fence > 0:
+                spec.check_acked(acked, "acquire", replicas)
+                grant = Grant(
+                    self.token,
+                    fence,
+                    valid_until(sent_at, pttl, spec.ttl),
+                )
+                if grant.valid_until > clock():
+                    return grant
+                if (yield from self._gave_back_too_late()):
+                    continue
+                return None
+            if queue_ms == 0:
+                if not unheard:
+                    return None
+                try:  # the hub listens on this lock's channel before we queue
+                    box = yield Listen(spec.keys.bell_prefix, self.token, self._bound(), box)
+                except BackendError as failure:
+                    yield from self._wait_out(failure)
+                listens = box is not None
+                continue
+            wait_for = horizon - (clock() - sent_at)
+            if pttl >= 0:
+                wait_for = min(wait_for, pttl / 1000.0 + EXPIRY_NUDGE)
+            if self.woken:  # lost the race it was woken for: try again once, a bit later
+                wait_for, self.woken = min(wait_for, UNFAIR_WOKEN), False
+            if wait_for > 0:
+                wait_for = max(wait_for, MIN_WAIT)
+                replicas = self._replicas()
+                rung, acked = spec.unpack(
+                    (
+                        yield Wait(
+                            spec.keys.bell(self.token),
+                            wait_for,
+                            self._bound(),
+                            replicas,
+                            box if hub else None,
+                        )
+                    ),
+                    replicas,
+                )
+                if rung is not None:
+                    granted, granted_us, _ = (int(x) for x in as_text(rung).split(":"))
+                    if granted > 0:
+                        spec.check_acked(acked, "acquire", replicas)
+                        # Handed over by a release at server time granted_us; our acquire
+                        # ran at server_us, after sent_at. Only the server's elapsed time
+                        # is used, never its clock against ours.
+                        start = sent_at + max(0, granted_us - server_us) / 1e6
+                        grant = Grant(
+                            self.token,
+                            granted,
+                            valid_until(start, spec.ttl_ms, spec.ttl),
+                        )
+                        if grant.valid_until > clock():
+                            return grant
+                        if (yield from self._gave_back_too_late()):
+                            continue
+                        return None
+                    self.woken = not spec.fair
+            if self.deadline.expired():
+                # Give up, but keep a lock granted in the last instant: it is ours.
+                return (yield from self.leave(keep=True))
+
+    def _wait_out(self, failure: BackendError) -> Flow[None]:
+        """A try failed on the server's side. A wait with time left on its deadline
+        waits out a failure that may pass (the server unreachable, restarting, failing
+        over: see ``_rules.classify.passing``) with a growing random delay, and then
+        tries again, with the same token (a try that did reach the server is found);
+        anything else is raised. Without a deadline the client's retries decide."""
+
+        if error_code(failure) == "WRONGTYPE":
+            raise (yield from foreign_key(self.spec)) from failure
+        left = self.deadline.left()
+        if not self.wait or left is None or left <= 0 or not passing(failure):
+            raise failure
+        self.failures += 1
+        delay = backoff(self.failures, PASSING_RETRY_BASE, PASSING_RETRY_CAP)
+        yield Sleep(min(delay, left))
+
+    def _bound(self) -> float:
+        """How long the reply to this attempt's next op is worth waiting for, connection
+        retries included: the lock's reply bound, cut to the time the deadline leaves
+        (at least PAST_DEADLINE, for the last try and the clean-up after it), so that a
+        server that is down or hung cannot stretch ``acquire(timeout=)``. A
+        ``try_acquire`` has TRY_BOUND in all, the client's retries included."""
+        if self.hurried:
+            return min(self.spec.reply_timeout, PAST_DEADLINE)
+        left = (self.deadline if self.wait else self._tried_by).left()
+        if left is None:
+            return self.spec.reply_timeout
+        return min(self.spec.reply_timeout, max(left, PAST_DEADLINE))
+
+    def _replicas(self) -> Replicas | None:
+        """The WAIT for replicas after this attempt's next write: ``replicas=``'s, cut to
+        the time the deadline leaves, so that it cannot outlast ``acquire(timeout=)``. A
+        ``try_acquire`` keeps it whole: its one attempt includes its WAIT."""
+        replicas = self.spec.replicas
+        if replicas is None or not self.wait:
+            return replicas
+        left = self.deadline.left()
+        return replicas if left is None else replicas.within(left)
+
+    def _gave_back_too_late(self) -> Flow[bool]:
+        """A grant came too late to be of use (its validity had ended by the time it was
+        read): give it back. True to try again with a new token; False when the attempt
+        is over (a ``try_acquire``, or the deadline has passed), so that no link slower
+        than the validity, however many late grants it brings, stretches the wait."""
+        yield from self.abandon()
+        if not self.wait or self.deadline.expired():
+            return False
+        self.token = new_token() + self.spec.token_tail
+        return True
+
+    def leave(self, *, keep: bool) -> Flow[Grant | None]:
+        spec = self.spec
+        replicas = self._replicas() if keep else None
+        sent_at = spec.clock()
+        reply, acked = spec.unpack(
+            (
+                yield spec.call(
+                    spec.kind.leave,
+                    self.token,
+                    spec.fair_arg,
+                    spec.keys.bell_prefix,
+                    "1" if keep else "0",
+                    *spec.extra,
+                    replicas=replicas,
+                    timeout=self._bound(),
+                    patient=self.wait and not self.hurried,
+                )
+            ),
+            replicas,
+        )
+        fence, pttl, _ = (as_int(x) for x in reply)
+        if fence > 0:
+            spec.check_acked(acked, "acquire", replicas)
+            return Grant(self.token, fence, valid_until(sent_at, pttl, spec.ttl))
+        return None
+
+    def abandon(self, *, hurried: bool = False) -> Flow[None]:
+        """Leave the queue and release whatever may have been granted to this attempt.
+        ``hurried``: the attempt was interrupted by the process going away (Ctrl-C, exit,
+        a signal): the clean-up gets PAST_DEADLINE and no retry, so that a server that
+        does not answer cannot hold the process back; what it leaves expires on its own
+        (a queue entry with its deadline, a grant with its ttl)."""
+        self.hurried = self.hurried or hurried
+        yield from self.leave(keep=False)
+
+
+def extend(spec: LockSpec, token: str, ttl_ms: int, wait: float | None = None) -> Flow[float]:
+    """Reset the lease to ``ttl_ms`` from now; returns the new local validity end.
+    ``wait``: how long the reply, and the replicas' acknowledgement, are worth waiting
+    for (the renewer's bound); by default the lock's own."""
+    replicas = spec.replicas
+    if replicas is not None and wait is not None:
+        replicas = replicas.within(wait)
+    sent_at = spec.clock()
+    ok, acked = spec.unpack(
+        (
+            yield spec.call(
+                spec.kind.extend,
+                token,
+                str(ttl_ms),
+                keys=spec.kind.extend_keys(spec.keys),
+                replicas=replicas,
+                timeout=wait,
+            )
+        ),
+        replicas,
+    )
+    if as_int(ok) != 1:
+        raise LockLost(
+            f"{spec.kind.noun} {spec.name!r} is no longer ours: it expired or was taken over"
+        )
+    spec.check_acked(acked, "extend", replicas)
+    return valid_until(sent_at, ttl_ms, ttl_ms / 1000.0)
+
+
+def release(spec: LockSpec, token: str, *, forced: bool = False) -> Flow[None]:
+    """Delete the lock if it is still ours and serve the next waiter, atomically.
+    ``forced``: an operator frees someone else's hold (``redlease release --force``)."""
+    # The release mark lasts as long as the release may be retried (its reply's bound);
+    # a forced one leaves none to speak of, or the holder's own release would take it for
+    # its retried one and never learn that its lease had been taken away.
+    mark_ms = "1" if forced else str(math.ceil(spec.reply_timeout * 1000))
+    ok = yield spec.call(
+        spec.kind.release, token, spec.fair_arg, spec.keys.bell_prefix, mark_ms, *spec.extra
+    )
+    if as_int(ok) != 1:
+        raise LockLost(f"{spec.kind.noun} {spec.name!r} had already expired or been taken over")
+
+
+def foreign_key(spec: LockSpec) -> Flow[LockError]:
+    """The error for a lock whose script met a key of the wrong type: something else
+    wrote under redlease's prefix. Names the key, found by asking each one's TYPE."""
+    noun = spec.kind.noun
+    for key, wanted in zip(spec.keys.script_keys, spec.kind.key_types, strict=True):
+        try:
+            kind = as_text((yield Command(("TYPE", key), MIN_REPLY_WAIT)))
+        except BackendError:
+            break  # TYPE denied (ACL) or the server gone: the key goes unnamed
+        if kind not in (wanted, "none"):
+            return LockError(
+                f"{noun} {spec.name!r}: the key {key!r} holds a {kind}, where redlease keeps "
+                f"a {wanted}: something else writes under its prefix. Delete the key, "
+                f"or give it another prefix="
+            )
+    return LockError(
+        f"{noun} {spec.name!r}: a key under {spec.keys.lock!r} holds the wrong type of value: "
+        f"something else writes under its prefix"
+    )
+
+
+# The one-time check of a server a Lock (a Semaphore...) uses.
+EVICTION_POLICY = Command(("CONFIG", "GET", "maxmemory-policy"), SETTINGS_WAIT, patient=False)
+# The one-time check of each Redlock node: its eviction policy and its persistence. One
+# pattern, as Redis 6.2's CONFIG GET takes one: it matches maxmemory-policy, appendonly
+# and save, and a few other settings (max..., append...) that go unread.
+NODE_SETTINGS = Command(("CONFIG", "GET", "[mas][apa][xpv]*"), MIN_REPLY_WAIT)
+
+
+def _settings(reply: Any) -> dict[str, str]:
+    """CONFIG GET's reply (a map in RESP3, a flat list of pairs in RESP2) as a dict."""
+    if isinstance(reply, dict):
+        pairs = list(reply.items())
+    else:
+        items = list(reply or [])
+        pairs = list(zip(items[::2], items[1::2], strict=False))
+    return {as_text(k): as_text(v) for k, v in pairs}
+
+
+def settings_warning(reply: Any) -> str | None:
+    """A warning if the server's settings in ``reply`` (CONFIG GET's) weaken the locks:
+    it may evict lock keys to make room (only noeviction is safe); and, if the reply
+    tells (NODE_SETTINGS asks), it keeps nothing on disk: neither an append-only file
+    nor snapshots, so a restart forgets every fence counter."""
+    settings = _settings(reply)
+    found = []
+    policy = settings.get("maxmemory-policy", "noeviction")
+    if policy != "noeviction":
+        found.append(
+            f"the server's maxmemory-policy is {policy!r}: under memory pressure it may "
+            "evict lock keys, which silently frees locks; set it to 'noeviction'"
+        )
+    if settings.get("appendonly") == "no" and settings.get("save", "x").strip() == "":
+        # RDB snapshots count: they keep fence counters no older than the last one, and
+        # the clock rule covers the gap (docs/redlock.md); so does an AOF fsynced each
+        # second. Only "appendfsync always" depends on no clock: that is the docs' advice.
+        found.append(
+            "the server keeps nothing on disk (appendonly no, no save points): a restart "
+            "forgets its fence counters, and the fences of a Redlock then rely on the "
+            "clock rule alone; set appendonly yes (appendfsync always to depend on no clock)"
+        )
+    return "; ".join(found) or None

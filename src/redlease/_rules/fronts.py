@@ -1,0 +1,214 @@
+"""What every lock's front shares that needs no I/O: the `with` blocks open in this
+context, refusing a nested block that would wait for itself, reentrant holds, metrics, the
+decorators, and the checks of the client a lock is given. The fronts themselves (``acquire``,
+``try_acquire``, ``with``) are in ``_async.front`` (and its generated twin).
+
+``with lock as lease`` remembers the lease it opened in a context variable (per thread,
+per task), so nested and concurrent blocks each release their own.
+
+A ``reentrant`` lock keeps a table of the leases it handed out by holder (the thread, or
+the asyncio task, that acquired): an acquire by a holder returns its lease again, one
+hold more (``hold_count``), and only the release of the last hold goes to the server.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+from collections.abc import Awaitable, Callable, Coroutine, Generator
+from contextlib import AbstractAsyncContextManager, AbstractContextManager
+from contextvars import ContextVar
+from typing import Any, ParamSpec, Protocol, TypeVar
+
+from .._base import metrics as _metrics
+from .._base.errors import InvalidArgument, LockError, LockLost
+from .flows import Grant
+from .lease import Holders, LeaseState
+
+
+class Attempt(Protocol):
+    """One caller's try to take a lock (``_rules.flows.Acquisition``, ``_rules.quorum``'s twin)."""
+
+    @property
+    def outstanding(self) -> bool:
+        """Whether ``abandon()`` is needed if the attempt is interrupted."""
+
+    def run(self) -> Generator[Any, Any, Grant | None]: ...
+
+    def abandon(self, *, hurried: bool = False) -> Generator[Any, Any, None]: ...
+
+
+# Leases opened by `with lock` / `async with lock` in this context, innermost last, each
+# with the hold count it had when the block took it, and the holder (thread, or task)
+# that took it: a task started inside a block copies the context, not the holding.
+_entered: ContextVar[tuple[tuple[object, Any, int, object], ...]] = ContextVar(
+    "redlease_entered", default=()
+)
+
+
+def push_entered(lock: object, lease: Any, holder: object = None) -> None:
+    """Note the lease (or a MultiLock's leases) a `with` block of ``lock`` took."""
+    _entered.set((*_entered.get(), (lock, lease, lease._holds, holder)))
+
+
+def refuse_nested(lock: FrontBase, holder: object) -> None:
+    """A `with` block of a lock that is not reentrant, inside a block of the same object
+    whose lease ``holder`` still holds, would wait for that lease (until its ttl runs out,
+    then take a lock its outer block believes it holds): refused at once, as
+    python-redis-lock refuses a second acquire of one lock object."""
+    for entered, lease, _, by in _entered.get():
+        if entered is lock and by is holder and not (lease.released or lease.lost):
+            raise LockError(
+                f"{lock._noun} {lock.name!r} is held already by an enclosing `with` block "
+                "of the same object in this thread (asyncio: task); a nested block would "
+                "wait for it until its ttl ran out. Make the lock with reentrant=True to "
+                "re-enter it, or release the outer lease first"
+            )
+
+
+def pop_entered(lock: object) -> Any:
+    """The lease the innermost open block of ``lock`` took, to release as the block ends;
+    None if its hold was released already inside the block (a reentrant lease: another
+    release would take the hold of an outer block)."""
+    stack = _entered.get()
+    for i in range(len(stack) - 1, -1, -1):
+        if stack[i][0] is lock:
+            _entered.set(stack[:i] + stack[i + 1 :])
+            lease, depth = stack[i][1], stack[i][2]
+            return lease if depth == 1 or lease._holds >= depth else None
+    raise RuntimeError("exiting a lock's `with` block that did not enter it")
+
+
+P = ParamSpec("P")
+R = TypeVar("R")
+
+
+def named(fn: object) -> str:
+    return str(getattr(fn, "__qualname__", None) or repr(fn))
+
+
+def _refuse_undecorable(lock: object, fn: object, *, want_async: bool) -> None:
+    """A lock guards a call only if the function's work is done within the call (sync)
+    or within awaiting it (asyncio): otherwise the work would run after the lock is
+    given back, unguarded, and nothing would say so."""
+    what = type(lock).__name__
+    if not callable(fn):
+        raise InvalidArgument(f"{what} decorates a function, not {type(fn).__name__}")
+    if inspect.isasyncgenfunction(fn) or inspect.isgeneratorfunction(fn):
+        raise InvalidArgument(
+            f"{what} cannot decorate the generator function {named(fn)}: its body "
+            "runs as it is iterated, after the call has returned; use `with` inside it"
+        )
+    if want_async and not inspect.iscoroutinefunction(fn):
+        raise InvalidArgument(
+            f"{what} decorates an `async def` function, not {named(fn)}"
+            "; decorate a plain function with the sync twin"
+        )
+    if not want_async and inspect.iscoroutinefunction(fn):
+        raise InvalidArgument(
+            f"{what} cannot decorate the coroutine function {named(fn)}: its body "
+            "runs when it is awaited, after the lock is given back; use the asyncio twin"
+        )
+
+
+def decorate(lock: AbstractContextManager[Any], fn: Callable[P, R]) -> Callable[P, R]:
+    """``fn`` run under ``with lock`` at each call (refused at once if it cannot be,
+    see ``_refuse_undecorable``). The lease is not passed: ``fn`` keeps its signature,
+    and a caller that needs the lease (its fence) writes ``with lock as lease``."""
+    _refuse_undecorable(lock, fn, want_async=False)
+
+    @functools.wraps(fn)
+    def locked_call(*args: P.args, **kwargs: P.kwargs) -> R:
+        with lock:
+            result = fn(*args, **kwargs)
+            if inspect.iscoroutine(result):  # (a callable object whose __call__ is async)
+                result.close()
+                raise InvalidArgument(
+                    f"{type(lock).__name__} cannot guard {fn!r}: it returned a coroutine, "
+                    "whose work would run after the lock is given back"
+                )
+            return result
+
+    return locked_call
+
+
+def decorate_async(
+    lock: AbstractAsyncContextManager[Any], fn: Callable[P, Awaitable[R]]
+) -> Callable[P, Coroutine[Any, Any, R]]:
+    """The asyncio twin of ``decorate``: ``fn`` (an ``async def``) awaited under
+    ``async with lock`` at each call."""
+    _refuse_undecorable(lock, fn, want_async=True)
+
+    @functools.wraps(fn)
+    async def locked_call(*args: P.args, **kwargs: P.kwargs) -> R:
+        async with lock:
+            return await fn(*args, **kwargs)
+
+    return locked_call
+
+
+class FrontBase:
+    """What both fronts need from the lock class they serve."""
+
+    _auto_renew: bool
+    _max_hold: float | None
+    _holding: Holders | None = None  # reentrant: each holder's lease
+    _refuses_nesting = False  # a nested `with` by its holder is refused (a Lock's)
+    _noun = "lock"  # what errors call it
+    # What its metrics call it (``redlease.kind``, ``redlease.mode``), and the attribute
+    # sets made for them (see ``_base.metrics.Labels``).
+    _metric_kind = "lock"
+    _metric_mode: str | None = None
+    _labels: _metrics.Labels | None = None
+
+    @property
+    def name(self) -> str:  # the lock's own config class says
+        raise NotImplementedError
+
+    def _held_by(self, holder: object) -> LeaseState | None:
+        """The lease ``holder`` holds already (a reentrant lock's), with one hold more.
+        A lease found lost is dropped from the table and reported: the work it
+        protects is no longer protected, and a new lease would hide that."""
+        holding = self._holding
+        lease = None if holding is None else holding.held(holder)
+        if lease is None:
+            return None
+        assert holding is not None
+        if lease.lost:
+            holding.left(holder, lease)
+            raise LockLost(
+                f"lease on {self.name!r} that this holder acquired before was lost: "
+                f"{lease._lost_reason}"
+            )
+        lease._holds += 1
+        return lease
+
+    def _hold(self, holder: object, lease: LeaseState) -> None:
+        if self._holding is not None:
+            self._holding.hold(holder, lease)
+
+    def _new_attempt(self, timeout: float | None, *, wait: bool) -> Attempt:
+        raise NotImplementedError
+
+    def _metered(self) -> _metrics.Labels | None:
+        of = _metrics.instruments()
+        if of is None:
+            return None
+        labels = self._labels
+        if labels is None or labels.of is not of:  # first use, or configured anew
+            labels = self._labels = of.labels(self._metric_kind, self._metric_mode, self.name)
+        return labels
+
+    def _opened(self, lease: LeaseState, started: float) -> None:
+        """A lease handed out by an acquire that started at ``started``: granted by the
+        server, or one name's of a multi-lock's single script (each counts as an
+        acquisition)."""
+        labels = self._metered()
+        if labels is not None:
+            lease._labels = labels
+            lease._since = labels.granted(started)
+
+    def _not_granted(self, started: float, *, wait: bool) -> None:
+        labels = self._metered()
+        if labels is not None:
+            labels.not_granted(started, waited=wait)

@@ -1,0 +1,139 @@
+"""Reading what a name holds and who waits for it, without I/O: the INSPECT flow and
+what its reply means, for ``read_info`` and ``aread_info`` (``_async.inspect`` and its
+generated twin; for tools such as ``redlease inspect``) and the lock objects'
+``locked()``, ``owned()`` and ``waiting()``.
+
+Everything comes from one run of the read-only ``INSPECT`` script, so the holders, their
+time left, the fence counter and which queue entries are live are one snapshot, judged
+by the server's own clock (never this machine's): a waiter's entry is live by the very
+rule the scripts that serve waiters use. The script writes nothing, so reading a name
+never disturbs it: dead waiters and holds past their time are reported as the server
+has them, not cleaned up.
+
+A snapshot is out of date as soon as it arrives. It tells what was true; deciding to
+take a lock on it ("it looked free") is a race: take the lock instead.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from .._clients.checks import check_client
+from . import arguments as args
+from .flows import ELECTION, LOCK, READ_WRITE, SEMAPHORE, Flow, Kind, as_int, as_text
+from .keys import LockKeys
+from .ops import Call
+from .scripts import INSPECT
+
+# What ``kind=`` names, and the primitive whose keys it reads.
+KINDS: dict[str, Kind] = {
+    "lock": LOCK,
+    "semaphore": SEMAPHORE,
+    "rwlock": READ_WRITE,
+    "election": ELECTION,
+}
+# How long ``read_info`` waits for the reply: a read is harmless to wait for, and a busy
+# server (or a slow shared machine) should not turn a look into an error.
+READ_TIMEOUT = 5.0
+
+EXCLUSIVE = "exclusive"
+SHARED = "shared"
+
+
+@dataclass(frozen=True)
+class Holder:
+    """One lease the server holds now."""
+
+    token: str  # the holder's full token (the CLI shortens it for display)
+    remaining: float | None  # seconds its lease has left on the server; None: no TTL
+    mode: str  # "exclusive" (a lock, election, write lease) or "shared" (permit, read)
+    # That hold's fence: a semaphore and a read/write lock keep one per hold; a lock's or
+    # an election's holder got the counter's (only a grant moves it). None if unknown.
+    fence: int | None
+
+
+@dataclass(frozen=True)
+class Waiter:
+    """One queued waiter, in queue order."""
+
+    token: str
+    live: bool  # its entry's deadline has not passed (a waiter gone or timed out: not)
+    remaining: float  # seconds until its entry's deadline (negative when past)
+
+
+@dataclass(frozen=True)
+class LockInfo:
+    """A name's state at one instant of the server's clock."""
+
+    name: str
+    kind: str  # "lock" | "semaphore" | "rwlock" | "election"
+    holders: tuple[Holder, ...]
+    fence: int | None  # the fence counter's value (the last fence taken); None if absent
+    waiters: tuple[Waiter, ...]  # in queue order, live and dead
+
+    @property
+    def held(self) -> bool:
+        """Someone holds it (a lock, election), or at least one hold (semaphore, rw)."""
+        return bool(self.holders)
+
+    @property
+    def live_waiters(self) -> int:
+        """How many queued waiters are still within their deadline."""
+        return sum(w.live for w in self.waiters)
+
+
+def kind_of(kind: Kind) -> str:
+    """The ``kind=`` word for a primitive's Kind."""
+    return next(word for word, known in KINDS.items() if known is kind)
+
+
+def inspect(keys: LockKeys, name: str, kind: str, timeout: float) -> Flow[LockInfo]:
+    """The flow: one INSPECT, decoded."""
+    shared = "shared" if keys.extra else "single"
+    reply = yield Call(INSPECT, keys.script_keys, (shared,), timeout)
+    return decode(name, kind, reply)
+
+
+def decode(name: str, kind: str, reply: Any) -> LockInfo:
+    """The script's reply (see INSPECT) as a LockInfo."""
+    _server_us, counter, flat_holders, flat_waiters = reply
+    counter_text = as_text(counter)
+    # one holder at a time (a lock, an election): its fence is the counter's last value
+    single = kind in ("lock", "election") and counter_text
+    holders = []
+    for i in range(0, len(flat_holders), 4):
+        token, left_ms, fence, mode = flat_holders[i : i + 4]
+        ms = as_int(left_ms)
+        fence_text = as_text(fence)
+        holders.append(
+            Holder(
+                token=as_text(token),
+                remaining=None if ms < 0 else ms / 1000.0,
+                mode=EXCLUSIVE if as_text(mode) == "w" else SHARED,
+                fence=int(fence_text or counter_text) if fence_text or single else None,
+            )
+        )
+    waiters = []
+    for i in range(0, len(flat_waiters), 3):
+        token, live, left_us = flat_waiters[i : i + 3]
+        waiters.append(
+            Waiter(token=as_text(token), live=as_int(live) == 1, remaining=as_int(left_us) / 1e6)
+        )
+    return LockInfo(
+        name=name,
+        kind=kind,
+        holders=tuple(holders),
+        fence=int(counter_text) if counter_text else None,
+        waiters=tuple(waiters),
+    )
+
+
+def checked(
+    client: object, name: object, kind: object, prefix: object, *, want_async: bool
+) -> tuple[LockKeys, str, str]:
+    check_client(client, want_async=want_async, sync_twin="read_info", async_twin="aread_info")
+    checked_name = args.lock_name(name)
+    checked_kind = args.one_of(kind, "kind", tuple(KINDS))
+    keys = KINDS[checked_kind].layout(checked_name, args.key_prefix(prefix))
+    return keys, checked_name, checked_kind

@@ -1,0 +1,298 @@
+"""What the blocking flavour does differently, in one place (twin of ``_async.backend``,
+whose docstring says what belongs here)."""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import queue
+import socket
+import struct
+import threading
+import time
+import weakref
+from collections.abc import Callable, Iterator
+from typing import Any, TypeVar
+
+from .._base import fork as _fork
+from .._wire import spin as _spin
+from .._wire.endpoint import CLIENT_CALLS, Endpoint, ReplyTimedOut
+from .._wire.endpoint import bounded as settings_within
+from .._wire.reading import fed, read_failed
+from .._wire.resp import NOT_ENOUGH
+
+T = TypeVar("T")
+
+ASYNC = False  # the flavour: what a client family is asked for
+
+sleep = time.sleep
+
+current_holder = threading.current_thread  # what a lease is acquired by
+
+
+class Cancelled(BaseException):
+    """Never raised: a blocking call is not cancelled (a thread cannot be)."""
+
+
+def shielded(work: Callable[[], T]) -> T:
+    """``work()``: a blocking call cannot be cut in half by a cancellation."""
+    return work()
+
+
+class Flag:
+    """Set once, from any thread; waited for with a bound."""
+
+    def __init__(self) -> None:
+        self._event = threading.Event()
+        _fork.renew_in_child(self)
+
+    def _after_fork(self) -> None:
+        # The event's lock may have been held by a thread of the parent (setting it, or
+        # starting a wait) at the fork; whether it was set carries over.
+        was_set, self._event = self._event.is_set(), threading.Event()
+        if was_set:
+            self._event.set()
+
+    def is_set(self) -> bool:
+        return self._event.is_set()
+
+    def set(self) -> None:
+        self._event.set()
+
+    def wait(self, timeout: float) -> None:
+        """Return once set, or after ``timeout`` seconds."""
+        self._event.wait(timeout)
+
+
+def bounded(call: Callable[[], T], timeout: float, late: list[Any] | None = None) -> T:
+    """``call()`` (a client's own method, with no bound of ours) given up on after
+    ``timeout``: it runs on in a daemon thread of its own, its outcome unseen, as a reply
+    that comes too late is on a connection of ours. ``late`` keeps such a call of the same
+    client while it runs: until it returns, the client counts as not answering, so a hung
+    server costs one thread, not one per round."""
+    if late is None:
+        late = []
+    if late:
+        if late[0].is_alive():
+            raise ReplyTimedOut("its previous call, given up on, has not returned yet")
+        late.clear()
+    outcome: list[tuple[bool, Any]] = []
+
+    def run() -> None:
+        try:
+            outcome.append((True, call()))
+        except BaseException as exc:  # handed to the caller below
+            outcome.append((False, exc))
+
+    thread = threading.Thread(target=run, name="redlease-bounded-call", daemon=True)
+    thread.start()
+    thread.join(timeout)
+    if not outcome:
+        late.append(thread)
+        raise ReplyTimedOut(f"no reply within {timeout:.3f}s")
+    done, value = outcome[0]
+    if done:
+        return value  # type: ignore[no-any-return]
+    raise value
+
+
+# Each client's gate: at most CLIENT_CALLS calls through it at once.
+_GATES: weakref.WeakKeyDictionary[Any, threading.BoundedSemaphore] = weakref.WeakKeyDictionary()
+_GATES_LOCK = threading.Lock()
+
+
+def _new_gates() -> None:
+    # A thread of the parent may have held a gate (or the lock) at the fork.
+    global _GATES_LOCK
+    _GATES_LOCK = threading.Lock()
+    _GATES.clear()
+
+
+_fork.in_child(_new_gates)
+
+
+@contextlib.contextmanager
+def gate(client: Any, timeout: float) -> Iterator[None]:
+    """A call through ``client``'s own methods, once one of its CLIENT_CALLS is free;
+    ReplyTimedOut if none is within ``timeout`` (its calls hang: a node down)."""
+    gate = _GATES.get(client)
+    if gate is None:
+        with _GATES_LOCK:
+            gate = _GATES.setdefault(client, threading.BoundedSemaphore(CLIENT_CALLS))
+    if not gate.acquire(timeout=timeout):
+        raise ReplyTimedOut(f"{CLIENT_CALLS} calls through the client under way for {timeout}s")
+    try:
+        yield
+    finally:
+        gate.release()
+
+
+def meet_cluster(client: Any) -> None:
+    """A blocking Cluster client learns its nodes when it is made: nothing to do."""
+
+
+# Connections (see ``_sync.conn``) -----------------------------------------------------
+
+TimedOut = TimeoutError  # what a connect that took too long raises
+
+RECV_FLAGS = socket.MSG_DONTWAIT  # a poll never waits (a read's wait is bounded by SO_RCVTIMEO)
+
+
+class _Process:
+    """The owner of every blocking pool: the process (a forked child starts them over)."""
+
+
+_PROCESS = _Process()
+
+
+def pool_owner() -> _Process:
+    """Whose pools a connection is taken from: the process's (threads share them)."""
+    return _PROCESS
+
+
+Guard = threading.Lock  # a pool's or hub's state is shared by threads
+
+Freed = threading.Condition  # wakes the threads waiting for a pool's connection
+
+
+def _timeval(seconds: float) -> bytes:
+    # 0 would mean "no limit" to the kernel: the shortest bound is 1 ms
+    whole, fraction = divmod(max(seconds, 0.001), 1.0)
+    return struct.pack("ll", int(whole), int(fraction * 1e6))
+
+
+def connect(endpoint: Endpoint, bound: float) -> socket.socket:
+    """A blocking socket connected to ``endpoint`` within ``bound`` (TimedOut, or an
+    OSError), whose writes are bounded by ``bound`` too (SO_SNDTIMEO)."""
+    if endpoint.path:
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            sock.settimeout(bound)
+            sock.connect(endpoint.path)
+        except BaseException:
+            sock.close()
+            raise
+    else:
+        sock = socket.create_connection((endpoint.host, endpoint.port), bound)
+    sock.settimeout(None)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDTIMEO, _timeval(bound))
+    return sock
+
+
+def sender(sock: socket.socket) -> Callable[[bytes], None]:
+    """How ``data`` is written to ``sock``: one ``sendall`` (BlockingIOError once the
+    write bound passed)."""
+    return sock.sendall
+
+
+poll = _spin.poll
+
+
+class SocketWait:
+    """How a socket's reply is waited for once polling gave up: one ``recv_into`` in the
+    kernel, bounded by SO_RCVTIMEO."""
+
+    __slots__ = ("bound", "sock")
+
+    def __init__(self, sock: socket.socket) -> None:
+        self.sock = sock
+        self.bound = -1.0  # the receive bound currently set on the socket
+
+    def read(self, buffer: bytearray, reader: Any, record: _spin.Record, timeout: float) -> Any:
+        """The next reply into ``reader``, within ``timeout`` (else ReplyTimedOut)."""
+        # Whole milliseconds, rounded up: the reads of one fan-out then share a bound and
+        # the socket option is rarely set again.
+        bound = math.ceil(timeout * 1000) / 1000.0
+        if bound != self.bound:
+            self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVTIMEO, _timeval(bound))
+            self.bound = bound
+        reply = NOT_ENOUGH
+        while reply is NOT_ENOUGH:
+            try:
+                got = self.sock.recv_into(buffer)
+            except BlockingIOError:  # the bound passed
+                raise ReplyTimedOut(f"no reply within {timeout:.3f}s") from None
+            except OSError as exc:
+                raise read_failed(exc) from exc
+            reply = fed(got, buffer, reader)
+        return reply
+
+    def close(self) -> None:
+        return None
+
+
+class ClassConnection:
+    """A connection made with the client's own connection class (TLS, Sentinel...), used
+    through its public methods only. It owes no stale replies: fan-outs read all of its."""
+
+    lean = False
+    stale = 0
+    client_id: int | None = None
+    __slots__ = ("conn", "wire")
+
+    def __init__(self, conn: Any, pool: Any) -> None:
+        self.conn = conn
+        self.wire = pool.wire
+
+    @classmethod
+    def open(cls, endpoint: Endpoint, timeout: float, pool: Any) -> ClassConnection:
+        conn = endpoint.connection_class(**settings_within(endpoint.class_settings, timeout))
+        conn.connect()  # the class's own connect: Sentinel discovery happens here
+        return cls(conn, pool)
+
+    def alive(self) -> bool:
+        try:
+            return not self.conn.can_read(timeout=0)  # readable while idle: closed
+        except Exception:
+            return False
+
+    def send(self, data: bytes) -> None:
+        self.conn.send_packed_command([data], check_health=False)
+
+    def read(self, timeout: float, spin: bool = True) -> Any:
+        if not self.conn.can_read(timeout=timeout):
+            raise ReplyTimedOut(f"no reply within {timeout:.3f}s")
+        return self.conn.read_response()
+
+    def drop_arrived(self) -> Exception | None:
+        return None
+
+    def close(self) -> None:
+        with contextlib.suppress(Exception):
+            self.conn.disconnect()
+
+
+# The hub (see ``_sync.hub``) -------------------------------------------------------------
+
+
+def hub_locks() -> tuple[threading.Lock, threading.Lock]:
+    """A hub's two locks, one held across its I/O and its state's guard: the same lock
+    (its threads' turns are short)."""
+    lock = threading.Lock()
+    return lock, lock
+
+
+def start(reader: Callable[..., None], *args: Any, name: str) -> threading.Thread:
+    """``reader(*args)`` running beside the caller: a daemon thread."""
+    thread = threading.Thread(target=reader, args=args, name=name, daemon=True)
+    thread.start()
+    return thread
+
+
+class Mailbox:
+    """What a hub's reader puts (a ring, or None), taken by a waiting thread."""
+
+    __slots__ = ("_items",)
+
+    def __init__(self) -> None:
+        self._items: queue.SimpleQueue[Any] = queue.SimpleQueue()
+
+    def put(self, item: Any) -> None:
+        self._items.put(item)
+
+    def get(self, timeout: float) -> Any:
+        """The next item, or None once ``timeout`` passed."""
+        try:
+            return self._items.get(timeout=timeout)
+        except queue.Empty:
+            return None

@@ -1,0 +1,455 @@
+# Generated from _async/conn.py by scripts/unasync.py: edit that file, then run
+# `python scripts/unasync.py` (the tests run it with --check).
+"""redlease's own connections to one server, and their bounded pool. Written once, as
+asyncio code; ``scripts/unasync.py`` generates the blocking twin (``_sync.conn``).
+
+A ``Pool`` per server and owner (``pool_for``: the process for blocking code, each event
+loop for asyncio) keeps them: at most MAX_CONNECTIONS, of which blocking waits may hold
+all but RESERVED (so a release always finds one), MAX_IDLE kept open between uses. They
+are never the application's: its pool's limit is neither used nor exceeded on
+redlease's account. A connection taken from the idle list is checked first, without a
+round trip, and replaced if the server closed it (an idle ``timeout``, ``CLIENT KILL``, a
+restart). After ``fork`` the child never uses its parent's sockets: the pool notices the
+new process id and starts empty. asyncio connections belong to one loop, and a loop's
+shutdown closes its idle ones.
+
+Two kinds of connection (see ``_wire.endpoint``): ``SocketConnection``, a socket of our own
+read with hiredis (or ``_wire.resp.PyReader``), and ``ClassConnection``, one made with the
+client's own connection class and used through its public methods (in the backend: its
+methods are the flavour's). A reply due in about a round trip is first polled for (see
+``_wire.spin``); how a read then waits (SO_RCVTIMEO, or the loop with a shared timer) is the
+backend's ``SocketWait``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import select
+import socket
+import time
+import weakref
+from typing import Any
+
+from .._base import fork as _fork
+from .._rules.classify import ReplyError
+from .._wire import resp as _resp
+from .._wire import spin as _spin
+from .._wire import stale as _stale
+from .._wire.endpoint import ConnectionFailed, Endpoint, Kind, ReplyTimedOut, node_endpoint
+from . import backend as _backend_sync
+from .backend import ClassConnection
+from .hub import PLAIN, SHARDED, Hub, Verbs
+
+MAX_CONNECTIONS = 128
+RESERVED = 16  # never held by blocking waits: short commands always find a connection
+MAX_IDLE = 8
+# A connection owing the reply of a wait that was given up on (the server answers a
+# BLPOP's timeout late when idle) is set aside until that reply comes, at most this long.
+OWED_REPLY_LIMIT = 1.0
+
+NOT_ENOUGH = _resp.NOT_ENOUGH
+_MIN_WAIT = 0.001
+
+
+class SocketConnection:
+    """A plain TCP or Unix socket of our own. A write is one ``send``, a read a short
+    poll (see ``_wire.spin``) and then the backend's wait. ``stale``: replies owed to fan-outs
+    that did not wait for them (see ``_rules.quorum``), dropped before the next reply is read."""
+
+    lean = True
+    __slots__ = (
+        "buffer",
+        "client_id",
+        "poller",
+        "reader",
+        "recv",
+        "sendall",
+        "sock",
+        "spin",
+        "stale",
+        "waits",
+        "wire",
+    )
+
+    def __init__(self, sock: socket.socket, pool: Pool) -> None:
+        self.sock = sock
+        self.buffer = bytearray(65536)
+        self.reader = _resp.new_reader()
+        self.recv = functools.partial(sock.recv_into, self.buffer, 0, _backend_sync.RECV_FLAGS)
+        self.sendall = _backend_sync.sender(sock)
+        self.waits = _backend_sync.SocketWait(sock)
+        self.spin, self.wire = pool.spin, pool.wire
+        self.stale = 0
+        self.client_id: int | None = None  # the server's id for it, once asked (CLIENT ID)
+        self.poller = select.poll()  # whether anything arrived (see alive)
+        self.poller.register(sock, select.POLLIN)
+
+    @classmethod
+    def open(cls, endpoint: Endpoint, timeout: float, pool: Pool) -> SocketConnection:
+        limit = endpoint.connect_timeout
+        bound = timeout if limit is None else min(limit, timeout)
+        try:
+            sock = _backend_sync.connect(endpoint, bound)
+        except _backend_sync.TimedOut as exc:
+            raise ReplyTimedOut(f"no connection to {endpoint.label} within {bound:.3f}s") from exc
+        except OSError as exc:
+            raise ConnectionFailed(f"cannot connect to {endpoint.label}: {exc}") from exc
+        if not endpoint.path:
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            if endpoint.keepalive:
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
+                for option, value in endpoint.keepalive_options.items():
+                    sock.setsockopt(socket.IPPROTO_TCP, option, value)
+        conn = cls(sock, pool)
+        try:
+            conn._handshake(endpoint, bound)
+        except BaseException:
+            conn.close()
+            raise
+        return conn
+
+    def _handshake(self, endpoint: Endpoint, timeout: float) -> None:
+        """AUTH, SELECT and CLIENT SETNAME as configured, in one write."""
+        commands: list[tuple[str, ...]] = []
+        credentials = endpoint.credentials()
+        if credentials:
+            commands.append(("AUTH", *credentials))
+        if endpoint.db:
+            commands.append(("SELECT", str(endpoint.db)))
+        if endpoint.client_name:
+            commands.append(("CLIENT", "SETNAME", endpoint.client_name))
+        if not commands:
+            return
+        self.send(b"".join(_resp.command(c) for c in commands))
+        for _ in commands:
+            self.read(timeout, spin=False)
+
+    def alive(self) -> bool:
+        """Nothing known to be wrong: the server has not closed it, and sent nothing
+        unasked (without a round trip: a poll, then a peek at what arrived, if any)."""
+        if not self.poller.poll(0):
+            return True
+        try:
+            data = self.sock.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT)
+        except BlockingIOError:
+            return True
+        except OSError:
+            return False
+        return bool(data) and self.stale > 0
+
+    def send(self, data: bytes) -> None:
+        try:
+            self.sendall(data)
+        except BlockingIOError:  # a blocking socket's write bound passed
+            raise ReplyTimedOut("timed out writing to the server") from None
+        except OSError as exc:
+            raise ConnectionFailed(f"error while writing: {exc}") from exc
+
+    def read(self, timeout: float, spin: bool = True) -> Any:
+        """The next reply, within ``timeout``; ``spin``: it is due in about a round trip
+        (not a blocking command's reply). An error reply is raised as ReplyError."""
+        if self.stale:
+            timeout = self._drop_stale(timeout)
+        reply = self._next(timeout, spin)
+        if isinstance(reply, ReplyError):
+            raise reply
+        return reply
+
+    def _drop_stale(self, timeout: float) -> float:
+        """Read the stale replies and drop them; the time left of ``timeout``."""
+        clock = time.perf_counter
+        end = clock() + timeout
+        while self.stale:
+            reply = self._next(max(end - clock(), _MIN_WAIT), True)
+            _stale.dropped(reply, self.wire.forget)
+            self.stale -= 1
+        return max(end - clock(), _MIN_WAIT)
+
+    def drop_arrived(self) -> Exception | None:
+        """Drop the stale replies already received, without waiting; the error if the
+        connection failed."""
+        try:
+            self.stale = _stale.drop_arrived(
+                self.recv, self.buffer, self.reader, self.stale, self.wire.forget
+            )
+        except ConnectionFailed as exc:
+            return exc
+        return None
+
+    def _next(self, timeout: float, spin: bool) -> Any:
+        """The next reply as parsed (an error reply is returned, not raised)."""
+        reader = self.reader
+        reply = reader.gets()
+        if reply is NOT_ENOUGH:
+            if spin and _spin.BUDGET > 0:
+                started = time.perf_counter()
+                reply = _backend_sync.poll(self.recv, self.buffer, reader, self.spin)
+                if reply is not NOT_ENOUGH:
+                    return reply
+                # what the spin took counts against the bound
+                timeout = max(timeout - (time.perf_counter() - started), _MIN_WAIT)
+            reply = self.waits.read(self.buffer, reader, self.spin, timeout)
+        return reply
+
+    def close(self) -> None:
+        self.waits.close()
+        with contextlib.suppress(OSError):
+            self.sock.close()
+
+
+Connection = SocketConnection | ClassConnection
+
+
+class Pool:
+    """redlease's connections to one server, for one owner (see the module docstring).
+    Threads share a blocking pool: ``_guard`` guards its lists and counts."""
+
+    def __init__(self, endpoint: Endpoint, hub_verbs: Verbs = PLAIN) -> None:
+        self.endpoint = endpoint
+        self.owner = _backend_sync.pool_owner()
+        self.hub_verbs = hub_verbs  # sharded pub/sub for a Cluster node
+        self._open = SocketConnection.open if endpoint.kind is Kind.SOCKET else ClassConnection.open
+        self.wire = _resp.Wire()  # each op as bytes for this server
+        self.spin = _spin.Record()  # whether reads from this server poll before sleeping
+        self._guard = _backend_sync.Guard()
+        self._freed = _backend_sync.Freed(self._guard)
+        self._idle: list[Connection] = []
+        self._owing: list[tuple[Connection, float]] = []  # (conn, give up on it at)
+        self._count = 0  # connections open (idle, owing or in use)
+        self._blocking = 0  # of which held by blocking waits
+        self._waiting = 0  # callers waiting for a connection to be freed
+        self._generation = _fork.generation
+        self._hub: Hub | None = None
+        weakref.finalize(self, _close_all, self._idle, self._owing)
+        _fork.renew_in_child(self)
+
+    def _after_fork(self) -> None:
+        # Another thread of the parent may have held the guard at the fork; the rest of
+        # the child's start (forgetting the parent's sockets) waits for its first take.
+        self._guard = _backend_sync.Guard()
+        self._freed = _backend_sync.Freed(self._guard)
+        self._waiting = 0  # (the parent's waiters are not here)
+
+    def current(self) -> bool:
+        """Whether this pool is the caller's (a blocking one always is: after a fork it
+        starts over by itself; each event loop has pools of its own)."""
+        return self.owner is _backend_sync.pool_owner()
+
+    @property
+    def hub(self) -> Hub | None:
+        """The owner's shared wait connection to this server (see ``_async.hub``), for
+        sockets of our own (a connection class's methods are not for two threads)."""
+        if self._hub is None and self.endpoint.kind is Kind.SOCKET:
+            with self._guard:
+                if self._hub is None:
+                    self._hub = Hub(self, self.hub_verbs)
+        return self._hub
+
+    def open_connection(self, timeout: float) -> Connection:
+        """A new connection, not one of the pool's (the hub's)."""
+        return self._open(self.endpoint, timeout, self)
+
+    def take(self, timeout: float, *, blocking: bool = False) -> Connection | None:
+        """A connection, within ``timeout``: an idle one still alive, or a new one. For a
+        ``blocking`` wait, None if none can be spared within ``timeout``."""
+        idle = self._idle
+        if not blocking and not self._owing and self._generation == _fork.generation:
+            # The hot path, without the guard: list.pop is atomic.
+            while idle:
+                try:
+                    conn = idle.pop()
+                except IndexError:
+                    break
+                if conn.alive():
+                    return conn
+                with self._guard:
+                    self._dead(conn)
+        with self._guard:
+            if self._generation != _fork.generation:
+                self._forget_parents()
+            end = time.monotonic() + timeout
+            while True:
+                found = self._idle_one()
+                if found is not None:
+                    if blocking:
+                        self._blocking += 1
+                    return found
+                limit = MAX_CONNECTIONS - RESERVED if blocking else MAX_CONNECTIONS
+                in_use = self._blocking if blocking else self._count
+                if in_use < limit and self._count < MAX_CONNECTIONS:
+                    break
+                left = end - time.monotonic()
+                if left <= 0:
+                    if blocking:
+                        return None
+                    raise ReplyTimedOut(
+                        f"all {MAX_CONNECTIONS} of redlease's connections to "
+                        f"{self.endpoint.label} stayed busy for {timeout:.3f}s"
+                    )
+                # (a give on the hot path does not notify: look again now and then)
+                self._waiting += 1
+                self._freed.wait(min(left, 0.01))
+                self._waiting -= 1
+            self._count += 1
+            if blocking:
+                self._blocking += 1
+        try:
+            conn = self._open(self.endpoint, timeout, self)
+        except BaseException:
+            self._gone(blocking)
+            raise
+        return conn
+
+    def _dead(self, conn: Connection) -> None:
+        """``conn`` was found closed by the server: it goes, and the scripts with it (the
+        server may have restarted without them). Guard held."""
+        conn.close()
+        self._count -= 1
+        self.wire.forget()
+
+    def _idle_one(self) -> Connection | None:
+        """An idle connection still alive (the dead ones closed), or None. Guard held."""
+        if self._owing:
+            self._settle_owing()
+        idle = self._idle
+        while idle:
+            conn = idle.pop()
+            if conn.alive():
+                return conn
+            self._dead(conn)
+        return None
+
+    def _settle_owing(self) -> None:
+        now = time.monotonic()
+        for entry in list(self._owing):
+            conn, until = entry
+            failure = conn.drop_arrived()
+            if failure is None and not conn.stale:
+                self._owing.remove(entry)
+                self._idle.append(conn)
+            elif failure is not None or now >= until:
+                self._owing.remove(entry)
+                conn.close()
+                self._count -= 1
+
+    def give(self, conn: Connection, *, blocking: bool = False) -> None:
+        """Take back ``conn``, its replies read in full (or owed: see ``owe``)."""
+        hot = not (blocking or self._waiting) and self._generation == _fork.generation
+        if hot and len(self._idle) < MAX_IDLE:
+            self._idle.append(conn)  # the hot path: list.append is atomic
+            return
+        with self._guard:
+            if blocking:
+                self._blocking -= 1
+            if self._generation == _fork.generation and len(self._idle) < MAX_IDLE:
+                self._idle.append(conn)
+            else:
+                conn.close()
+                self._count -= 1
+            self._freed.notify()
+
+    def owe(self, conn: Connection, *, blocking: bool = False) -> None:
+        """Take back ``conn``, which owes one reply still on its way (a wait given up
+        on): it is reused once that reply came and was dropped."""
+        if not isinstance(conn, SocketConnection):
+            self.discard(conn, blocking=blocking)
+            return
+        conn.stale += 1
+        with self._guard:
+            if blocking:
+                self._blocking -= 1
+            self._owing.append((conn, time.monotonic() + OWED_REPLY_LIMIT))
+            self._freed.notify()
+
+    def discard(self, conn: Connection, *, blocking: bool = False) -> None:
+        """Close ``conn``, whose state is unknown (a reply may still be on its way)."""
+        conn.close()
+        self.wire.forget()  # the server may have restarted without its scripts
+        self._gone(blocking)
+
+    def _gone(self, blocking: bool) -> None:
+        with self._guard:
+            self._count -= 1
+            if blocking:
+                self._blocking -= 1
+            self._freed.notify()
+
+    def _forget_parents(self) -> None:
+        """In a forked child: the parent's sockets are closed here (which leaves them
+        open in the parent) and never used. Guard held."""
+        for conn in self._idle:
+            conn.close()
+        for conn, _ in self._owing:
+            conn.close()
+        self._idle.clear()
+        self._owing.clear()
+        self._count = self._blocking = 0
+        self._generation = _fork.generation
+
+    def idle_connections(self) -> list[Connection]:
+        """The idle connections, in the order they would be taken last to first."""
+        return list(self._idle)
+
+
+def _close_all(idle: list[Connection], owing: list[tuple[Connection, float]]) -> None:
+    for conn in idle:
+        conn.close()
+    for conn, _ in owing:
+        conn.close()
+
+
+# client's own connection pool -> owner -> pool
+_POOLS: weakref.WeakKeyDictionary[Any, weakref.WeakKeyDictionary[Any, Pool]] = (
+    weakref.WeakKeyDictionary()
+)
+# A Cluster client -> owner -> node name -> pool for the node's hub only (commands go
+# through the client, which routes them).
+_NODE_POOLS: weakref.WeakKeyDictionary[Any, weakref.WeakKeyDictionary[Any, dict[str, Pool]]] = (
+    weakref.WeakKeyDictionary()
+)
+_POOLS_GUARD = _backend_sync.Guard()
+
+
+def _new_pools_guard() -> None:
+    # Another thread of the parent may have held it at the fork.
+    global _POOLS_GUARD
+    _POOLS_GUARD = _backend_sync.Guard()
+
+
+_fork.in_child(_new_pools_guard)
+
+
+def pool_for(client: Any, endpoint: Endpoint) -> Pool:
+    """The caller's pool of redlease's connections to ``client``'s server, shared by
+    every lock on that client: it lives as long as the client's own connection pool."""
+    owner = _backend_sync.pool_owner()
+    with _POOLS_GUARD:
+        per_owner = _POOLS.get(client.connection_pool)
+        if per_owner is None:
+            per_owner = _POOLS[client.connection_pool] = weakref.WeakKeyDictionary()
+        pool = per_owner.get(owner)
+        if pool is None:
+            pool = per_owner[owner] = Pool(endpoint)
+        return pool
+
+
+def node_pool(client: Any, node: Any) -> Pool | None:
+    """The caller's pool (for its hub, sharded) of ``node``, a node of the Cluster
+    ``client``; None while redlease cannot open sockets of its own to it (TLS, or its
+    settings not known yet: asked again next time)."""
+    owner = _backend_sync.pool_owner()
+    with _POOLS_GUARD:
+        per_owner = _NODE_POOLS.get(client)
+        if per_owner is None:
+            per_owner = _NODE_POOLS[client] = weakref.WeakKeyDictionary()
+        nodes = per_owner.get(owner)
+        if nodes is None:
+            nodes = per_owner[owner] = {}
+        pool = nodes.get(node.name)
+        if pool is None:
+            endpoint = node_endpoint(client, node, asyncio=_backend_sync.ASYNC)
+            if endpoint.kind is not Kind.SOCKET:
+                return None
+            pool = nodes[node.name] = Pool(endpoint, SHARDED)
+        return pool

@@ -1,0 +1,26 @@
+# Generated from _async/inspect.py by scripts/unasync.py: edit that file, then run
+# `python scripts/unasync.py` (the tests run it with --check).
+"""``read_info``: one read of what a name holds and who waits for it (the rules, and
+what the reply means, are in ``_rules.inspect``). Written once, as asyncio code;
+``scripts/unasync.py`` generates the blocking twin (``_sync.inspect``)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from .._rules.inspect import READ_TIMEOUT, LockInfo, checked, inspect
+from .._rules.keys import DEFAULT_PREFIX
+from .backend import ASYNC
+from .io import SyncIO
+
+
+def read_info(
+    client: Any, name: str, *, kind: str = "lock", prefix: str = DEFAULT_PREFIX
+) -> LockInfo:
+    """What the ``kind`` named ``name`` holds and who waits for it, now (a client of this
+    flavour: standalone, Sentinel's ``master_for``, Cluster). One read-only script run.
+    Raises InvalidArgument for a bad ``name``, ``prefix`` or ``kind``, or a client it
+    cannot serve; BackendError if the server fails."""
+    keys, name, kind = checked(client, name, kind, prefix, want_async=ASYNC)
+    flow = inspect(keys, name, kind, READ_TIMEOUT)
+    return SyncIO(client).run(flow, f"inspect {name!r}")

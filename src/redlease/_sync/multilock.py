@@ -1,0 +1,226 @@
+# Generated from _async/multilock.py by scripts/unasync.py: edit that file, then run
+# `python scripts/unasync.py` (the tests run it with --check).
+"""``MultiLock`` and ``MultiLease``: several lock names at once, all or none
+(how, and why it never deadlocks: ``_rules.multilock``). Written once, as asyncio code;
+``scripts/unasync.py`` generates the blocking twin (``MultiLock``, ``MultiLease``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+from collections.abc import Callable, Sequence
+from datetime import timedelta
+from types import TracebackType
+from typing import Any
+
+from .._base import metrics as _metrics
+from .._base.errors import AcquireTimeout, LockLost
+from .._base.timing import Clock, Deadline, valid_until
+from .._clients.checks import check_client
+from .._rules import arguments as args
+from .._rules import flows as _flows
+from .._rules.flows import Grant, new_token
+from .._rules.fronts import P, R, decorate, pop_entered, push_entered
+from .._rules.keys import DEFAULT_PREFIX
+from .._rules.lock import OnLost
+from .._rules.multilock import MultiLeaseState, checked_names, try_all
+from .backend import ASYNC, shielded
+from .lease import Lease
+from .lock import Lock
+
+Seconds = float | timedelta
+
+
+class MultiLease(MultiLeaseState):
+    """The leases of a multi-lock, one per name: extend and release all of them."""
+
+    def extend(self, ttl: float | None = None) -> None:
+        """Extend every lease (see ``Lease.extend``); LockLost if any is no longer ours."""
+        for lease in self._leases.values():
+            lease.extend(ttl)
+
+    def release(self) -> None:
+        """Release every lease, each even if another's release failed; then raise the
+        first failure (LockLost if one had been lost). asyncio: cancelling the caller
+        does not stop it half-way."""
+        shielded(self._release_all)
+
+    def _release_all(self) -> None:
+        failures: list[BaseException] = []
+        for lease in self._leases.values():
+            try:
+                lease.release()
+            except Exception as exc:
+                failures.append(exc)
+        if failures:
+            raise failures[0]
+
+    def __enter__(self) -> MultiLease:
+        return self
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: Any
+    ) -> None:
+        try:
+            self.release()
+        except LockLost:
+            if exc is None:
+                raise
+
+
+class MultiLock:
+    """Several lock names held together, all or none, on one deployment.
+
+    ``acquire(timeout=None)``, ``try_acquire()`` and ``with mlock as leases`` work as for
+    ``Lock``; the ``MultiLease`` has a lease per name (``leases``, ``fences``) and
+    ``extend``, ``release``, ``lost``, ``check``, ``remaining``. Never a deadlock between
+    multi-locks that share names, in whatever order they list them. The other options
+    are ``Lock``'s and apply to each name. asyncio: cancelling an acquire at any point
+    leaves none of the names held.
+    """
+
+    def __init__(
+        self,
+        client: Any,
+        names: Sequence[str],
+        ttl: Seconds = 10.0,
+        *,
+        auto_renew: bool = False,
+        on_lost: OnLost | None = None,
+        max_hold: Seconds | None = None,
+        prefix: str = DEFAULT_PREFIX,
+        clock: Clock | None = None,
+    ) -> None:
+        check_client(client, want_async=ASYNC, sync_twin="MultiLock")
+        self._names = checked_names(names)
+        options: dict[str, Any] = {
+            "auto_renew": auto_renew,
+            "on_lost": on_lost,
+            "max_hold": max_hold,
+            "prefix": prefix,
+            "clock": clock,
+        }
+        locks = {n: Lock(client, n, ttl, **options) for n in self._names}
+        for lock in locks.values():
+            lock._metric_kind = "multilock"  # each name's metrics say whose it is
+        # the one global order every multi-lock takes its names in
+        self._locks = [
+            locks[n] for n in sorted(self._names, key=lambda n: locks[n]._spec.keys.lock)
+        ]
+        self._io = self._locks[0]._io
+        self._specs = [lock._spec for lock in self._locks]
+
+    @property
+    def names(self) -> list[str]:
+        return list(self._names)
+
+    @property
+    def ttl(self) -> float:
+        """The lease length, in seconds."""
+        return self._locks[0].ttl
+
+    def __repr__(self) -> str:
+        return f"<{type(self).__name__} {self._names!r} ttl={self.ttl}s>"
+
+    def acquire(self, timeout: Seconds | None = None) -> MultiLease:
+        """Wait until every name is ours and return their leases (``timeout`` as for
+        ``Lock.acquire``: AcquireTimeout if some name stayed busy; nothing is kept)."""
+        lease = self._acquire(args.timeout(timeout), wait=True)
+        if lease is None:
+            raise AcquireTimeout(f"locks {self._names!r} still busy after {timeout}s")
+        return lease
+
+    def try_acquire(self) -> MultiLease | None:
+        """Take every name if all are free right now; never waits. None otherwise."""
+        return self._acquire(0.0, wait=False)
+
+    def _acquire(self, timeout: float | None, *, wait: bool) -> MultiLease | None:
+        deadline = Deadline.after(self._specs[0].clock, timeout)
+        if self._io.direct:  # one server: try them all at once
+            held = self._at_once()
+            if held is not None or not wait:
+                return held
+        while True:
+            leases = self._in_order(deadline, wait=wait)
+            if leases is None:
+                return None
+            if not any(lease.lost for lease in leases.values()):
+                return MultiLease(self._names, leases)
+            # A name taken first ran out while a later one was waited for: what is
+            # held is no longer all of them. Give it back and start over.
+            shielded(functools.partial(_give_all_back, leases))
+            if not wait or deadline.expired():
+                return None
+
+    def _in_order(self, deadline: Deadline, *, wait: bool) -> dict[str, Lease] | None:
+        """Each name in the global order, waiting for each (or one try each); all their
+        leases, or None with nothing kept."""
+        held: dict[str, Lease] = {}
+        try:
+            for lock in self._locks:
+                left = deadline.left()
+                lease = lock.try_acquire() if not wait else lock._acquire(left, wait=True)
+                if lease is None:
+                    break
+                held[lock.name] = lease
+        except BaseException:
+            shielded(functools.partial(_give_all_back, held))
+            raise
+        if len(held) < len(self._locks):
+            shielded(functools.partial(_give_all_back, held))
+            return None
+        return held
+
+    def _at_once(self) -> MultiLease | None:
+        self._io.check_server_once()
+        token = new_token()
+        started, sent_at = _metrics.now(), self._specs[0].clock()
+        try:
+            fences = self._io.run(try_all(self._specs, token), f"acquire {self._names!r}")
+        except BaseException:
+            shielded(functools.partial(self._give_back_token, token))  # it may have landed
+            raise
+        if fences is None:
+            return None
+        spec = self._specs[0]
+        until = valid_until(sent_at, spec.ttl_ms, spec.ttl)
+        if until <= spec.clock():  # the reply came too late to be of use: give them back
+            shielded(functools.partial(self._give_back_token, token))
+            return None
+        leases = {
+            lock.name: lock._watched(Grant(token, fence, until), started)
+            for lock, fence in zip(self._locks, fences, strict=True)
+        }
+        return MultiLease(self._names, leases)
+
+    def _give_back_token(self, token: str) -> None:
+        for lock in self._locks:
+            with contextlib.suppress(Exception):
+                self._io.run(_flows.release(lock._spec, token), "clean up")
+
+    def __enter__(self) -> MultiLease:
+        leases = self.acquire()
+        push_entered(self, leases)  # per thread / task, as a lock's `with`
+        return leases
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        leases = pop_entered(self)
+        assert isinstance(leases, MultiLease)
+        leases.__exit__(exc_type, exc, tb)
+
+    def __call__(self, fn: Callable[P, R]) -> Callable[P, R]:
+        """``@multi``: each call of ``fn`` runs holding every name, as a lock's
+        decorator runs it."""
+        return decorate(self, fn)
+
+
+def _give_all_back(leases: dict[str, Lease]) -> None:
+    for lease in leases.values():
+        with contextlib.suppress(Exception):  # what is left expires with its ttl
+            lease.release()

@@ -1,0 +1,180 @@
+# Generated from _async/redlock.py by scripts/unasync.py: edit that file, then run
+# `python scripts/unasync.py` (the tests run it with --check).
+"""``Redlock``: one lock name over N independent masters (the nodes' checks, a lease's
+quorum flows and the options are in ``_rules.redlock``; the rules in ``_rules.quorum``), and its
+driver over the nodes. Written once, as asyncio code; ``scripts/unasync.py`` generates
+the blocking twin (``Redlock``, ``RedlockLease``).
+
+Fan-out. The driver writes the command on one connection per node, then reads the
+replies in turn, each due ``node_timeout`` after its own send, so a round costs about one
+round trip whatever N is, with no thread pool and no task per node. Acquire, extend and
+release stop reading once a majority said yes; the replies left are read before their
+connections' next ones (see ``_wire.spin``). A node that has not answered in time is a "no"
+for that attempt; its connection is dropped, so a late reply cannot be mistaken for a
+later command's. A node whose command never left (no connection could be made) cannot
+hold the lock and is not sent the release either.
+
+Standalone clients of a known family are talked to on the driver's own connections, so
+the client's retry policy (redis-py retries up to 10 times by default) cannot stretch a
+round. Other client types (a Cluster client, a custom class) go through their own
+methods one node after another, each given up on after ``node_timeout`` (sync: the call
+runs on in a thread of its own, its reply unseen): still safe, because ``elapsed`` is
+measured around them, but slower and less available.
+
+What Redlock assumes (more in docs/redlock.md): clocks on the nodes and the client run
+at about the same rate (1% drift allowed); a holder that pauses past its validity is
+protected only by its fencing token; and a node that restarts empty may, until the ttl
+has passed, let a second holder in (run the nodes with ``appendfsync always``, or keep
+them down for a ttl after a crash). Fencing tokens stay increasing as long as each
+holder's majority keeps at least one node with its data (see ``_rules.quorum``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+from datetime import timedelta
+from typing import Any, TypeVar
+
+from .._base.errors import warn
+from .._base.timing import Clock
+from .._rules import arguments as args
+from .._rules import flows as _flows
+from .._rules.flows import Grant, LockSpec
+from .._rules.keys import DEFAULT_PREFIX
+from .._rules.lease import Holders
+from .._rules.lock import OnLost
+from .._rules.ops import Call, Command, Sleep
+from .._rules.quorum import Fanout, QuorumAcquisition, QuorumFlow, QuorumGrant, QuorumSpec
+from .._rules.redlock import (
+    CHECK_WAIT,
+    MIN_TOLERANT_NODES,
+    QuorumLease,
+    RedlockRules,
+    check_nodes,
+    node_name,
+    pool_of,
+    warn_evicting,
+)
+from . import io as _io_sync
+from .backend import ASYNC, sleep
+from .front import SyncFront
+from .io import CHECKED, SyncIO
+from .lease import SyncLeaseBlock
+
+T = TypeVar("T")
+Seconds = float | timedelta
+
+
+class _Nodes:
+    """Carries quorum flows to N clients: write to all, then read all."""
+
+    def __init__(self, clients: Sequence[Any], spec: QuorumSpec) -> None:
+        self.ios = [SyncIO(c) for c in clients]
+        self.spec = spec
+        self._checked = False
+
+    def run(self, flow: QuorumFlow[T], action: str) -> T:
+        reply: Any = None
+        while True:
+            try:
+                step = flow.send(reply)
+            except StopIteration as stop:
+                return stop.value  # type: ignore[no-any-return]
+            if isinstance(step, Sleep):
+                sleep(step.seconds)
+                reply = None
+            else:
+                reply = self._carry(step, action)
+
+    def fan_out(
+        self, op: Call | Command, nodes: Sequence[int], timeout: float, action: str
+    ) -> list[Any]:
+        """``op`` on each of ``nodes``: the replies, or the errors that stand for none."""
+        return _io_sync.fan_out(self.ios, op, nodes, timeout, action)
+
+    def execute_many(self, fans: Sequence[Fanout]) -> list[Any]:
+        """The renewer's seam: the first step of each lease's extend flow, one fan-out
+        after another; per fan-out the replies, for the flow to judge."""
+        return [self._carry(fan, "renew") for fan in fans]
+
+    def _carry(self, fan: Fanout, action: str) -> list[Any]:
+        return _io_sync.fan_out(
+            self.ios, fan.call, fan.nodes, fan.timeout, action, fan.enough, fan.yes
+        )
+
+    def check_server_once(self) -> None:
+        """Warn (once per server) if a node may evict lock keys; never fails."""
+        if self._checked:
+            return
+        self._checked = True
+        fresh = [i for i, io in enumerate(self.ios) if pool_of(io) not in CHECKED]
+        for i in fresh:
+            CHECKED.add(pool_of(self.ios[i]))
+        if fresh:
+            wait = max(self.spec.node_timeout, CHECK_WAIT)
+            check = dataclasses.replace(_flows.NODE_SETTINGS, timeout=wait)
+            replies = self.fan_out(check, fresh, wait, "check")
+            warn_evicting(self.spec, fresh, replies)
+
+
+class RedlockLease(QuorumLease, SyncLeaseBlock):
+    """A held Redlock: the same surface as ``Lease``."""
+
+
+class Redlock(RedlockRules, SyncFront[RedlockLease]):
+    """A lock held on a majority of independent Redis/Valkey masters.
+
+    ``nodes`` are one client per independent server (standalone masters without
+    replicas between them). The surface is ``Lock``'s: ``acquire(timeout)``,
+    ``try_acquire()``, ``with lock as lease``; the lease has ``fence``, ``token``,
+    ``remaining()``, ``extend()``, ``release()``, ``lost`` and ``check()``.
+
+    ``node_timeout`` is how long each node's reply is waited for in a round (default a
+    twentieth of the ttl, at most 0.1 s). ``auto_renew``, ``on_lost``, ``max_hold``
+    and ``reentrant`` (and asyncio's ``cancel_on_lost``) work as for ``Lock``; a renewal
+    counts only when a majority confirms it in time.
+    A majority that cannot be reached raises ``QuorumError`` naming each failed node;
+    plain contention is not an error.
+    """
+
+    _io: _Nodes
+
+    def __init__(
+        self,
+        nodes: Sequence[Any],
+        name: str,
+        ttl: Seconds = 10.0,
+        *,
+        auto_renew: bool = False,
+        on_lost: OnLost | None = None,
+        max_hold: Seconds | None = None,
+        reentrant: bool = False,
+        node_timeout: Seconds | None = None,
+        prefix: str = DEFAULT_PREFIX,
+        clock: Clock | None = None,
+    ) -> None:
+        clients = check_nodes(nodes, want_async=ASYNC)
+        names = [node_name(c) for c in clients]
+        lock = LockSpec.create(name, ttl, prefix=prefix, clock=clock)
+        timeout = args.node_timeout(node_timeout, lock.ttl_ms)
+        self._spec = QuorumSpec.create(lock, names, timeout, self._rules)
+        if len(names) < MIN_TOLERANT_NODES:
+            # Allowed (tests, a first step to more nodes) but worth saying: with one or
+            # two nodes, every node must answer, so one node down stops every acquire.
+            warn(
+                f"Redlock over {len(names)} node(s) tolerates no node failure: use at "
+                f"least {MIN_TOLERANT_NODES} independent masters (or Lock for one server)"
+            )
+        self._auto_renew, self._max_hold = args.renewal(auto_renew, max_hold, clock)
+        self._on_lost: OnLost | None = args.callback(on_lost, "on_lost")  # type: ignore[assignment]
+        if args.flag(reentrant, "reentrant"):
+            self._holding = Holders()
+        self._io = _Nodes(clients, self._spec)
+
+    def _new_attempt(self, timeout: float | None, *, wait: bool) -> QuorumAcquisition:
+        return QuorumAcquisition(self._spec, timeout, wait=wait)
+
+    def _new_lease(self, grant: Grant) -> RedlockLease:
+        assert isinstance(grant, QuorumGrant)
+        return RedlockLease(self._spec, grant, self._io, self._on_lost)

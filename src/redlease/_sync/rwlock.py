@@ -1,0 +1,109 @@
+# Generated from _async/rwlock.py by scripts/unasync.py: edit that file, then run
+# `python scripts/unasync.py` (the tests run it with --check).
+"""``ReadWriteLock``: many readers or one writer, each side a lock of its own over the
+shared-hold scripts (the rules, nesting included, are in ``_rules.rwlock``). Written once, as
+asyncio code; ``scripts/unasync.py`` generates the blocking twin (``ReadWriteLock``).
+"""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from typing import Any
+
+from .._base.timing import Clock
+from .._clients.checks import check_client
+from .._rules import arguments as args
+from .._rules.flows import READ_WRITE, Acquisition, LockSpec
+from .._rules.keys import DEFAULT_PREFIX
+from .._rules.lease import Holders
+from .._rules.lock import OnLost, check_replicas
+from .._rules.rwlock import READ, READERS, WRITE, SideRules
+from .backend import ASYNC, current_holder
+from .io import SyncIO
+from .lease import Lease
+from .lock import OneServer
+
+Seconds = float | timedelta
+
+
+class _Side(SideRules, OneServer):
+    """One side (read or write) of a read/write lock: a lock of its own to its caller."""
+
+    def __init__(self, rw: ReadWriteLock, mode: str, io: SyncIO) -> None:
+        self._join(rw, mode)
+        self._io = io
+
+    def _new_attempt(self, timeout: float | None, *, wait: bool) -> Acquisition:
+        return self._attempt_by(current_holder(), timeout, wait)
+
+    def _acquire(self, timeout: float | None, *, wait: bool) -> Lease | None:
+        lease = super()._acquire(timeout, wait=wait)
+        self._refused(current_holder(), lease, wait)
+        return lease
+
+
+class ReadWriteLock:
+    """Many readers or one writer of ``name``, on one Redis/Valkey deployment.
+
+    ``rw.read`` and ``rw.write`` behave like a ``Lock``: ``with rw.read as lease``,
+    ``rw.write.acquire(timeout=)``, ``try_acquire()``; each lease has ``fence``,
+    ``extend()``, ``release()``, ``lost``, ``check()``. Waiters are served in arrival
+    order: readers that come after a waiting writer wait behind it. A write lease's
+    fence is greater than every lease's before it, read or write.
+
+    A holder (the thread; asyncio: the task) that holds a lease of this object and
+    acquires again is served at once: the same mode gives its lease one hold more, a read
+    inside its write is a downgrade, a write inside its read an upgrade if its read is the
+    only lease held (otherwise ``LockError``; ``try_acquire`` returns None).
+    ``auto_renew``, ``on_lost``, ``max_hold``, ``prefix``, ``clock``, ``replicas``,
+    ``replica_timeout`` (and asyncio's ``cancel_on_lost``) work as for ``Lock``.
+    """
+
+    def __init__(
+        self,
+        client: Any,
+        name: str,
+        ttl: Seconds = 10.0,
+        *,
+        auto_renew: bool = False,
+        on_lost: OnLost | None = None,
+        max_hold: Seconds | None = None,
+        prefix: str = DEFAULT_PREFIX,
+        clock: Clock | None = None,
+        replicas: int = 0,
+        replica_timeout: Seconds | None = None,
+    ) -> None:
+        check_client(client, want_async=ASYNC, sync_twin="ReadWriteLock")
+        self._specs = {
+            mode: LockSpec.create(
+                name,
+                ttl,
+                prefix=prefix,
+                clock=clock,
+                replicas=replicas,
+                replica_timeout=replica_timeout,
+                kind=READ_WRITE,
+                extra=(str(READERS), mode),
+            )
+            for mode in (READ, WRITE)
+        }
+        self._auto_renew, self._max_hold = args.renewal(auto_renew, max_hold, clock)
+        self._on_lost: OnLost | None = args.callback(on_lost, "on_lost")  # type: ignore[assignment]
+        self._tables = {mode: Holders() for mode in (READ, WRITE)}  # each holder's lease
+        io = SyncIO(client)
+        check_replicas(self._specs[READ], io.direct)
+        self.read = _Side(self, READ, io)
+        self.write = _Side(self, WRITE, io)
+
+    @property
+    def name(self) -> str:
+        """The name, as given."""
+        return self._specs[READ].name
+
+    @property
+    def ttl(self) -> float:
+        """The lease length, in seconds."""
+        return self._specs[READ].ttl
+
+    def __repr__(self) -> str:
+        return f"<{type(self).__name__} {self.name!r} ttl={self.ttl}s>"

@@ -1,0 +1,39 @@
+"""The one read step of redlease's own connections, written once for every reader (the
+connections' blocking and asyncio reads, the spinning poll, the stale replies' drop):
+what a read of ``got`` bytes into the RESP reader yields, and what a failed or ended
+read means."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from .._clients import ConnectionFailed
+
+
+def fed(got: int, buffer: bytearray, reader: Any) -> Any:
+    """The reply that the ``got`` bytes just read into ``buffer`` complete, or NOT_ENOUGH;
+    ConnectionFailed if the read found the end of the stream (0 bytes)."""
+    if not got:
+        raise ConnectionFailed("connection closed by server")
+    reader.feed(buffer, 0, got)
+    return reader.gets()
+
+
+def read_failed(exc: OSError) -> ConnectionFailed:
+    """What a read that failed with ``exc`` means: the connection is gone."""
+    failed = ConnectionFailed(f"error while reading: {exc}")
+    failed.__cause__ = exc
+    return failed
+
+
+def received(recv: Callable[[], int], buffer: bytearray, reader: Any) -> Any:
+    """What one non-blocking read with ``recv`` (into ``buffer``: the byte count, 0 at end
+    of stream) brings: the next reply, or NOT_ENOUGH; BlockingIOError if nothing came."""
+    try:
+        got = recv()
+    except BlockingIOError:
+        raise
+    except OSError as exc:
+        raise read_failed(exc) from exc
+    return fed(got, buffer, reader)
