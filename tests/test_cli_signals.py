@@ -43,6 +43,7 @@ class _HungServer:
         self.listener.listen(64)
         self.port = int(self.listener.getsockname()[1])
         self.heard = b""
+        self.first_heard: float | None = None  # when the first bytes came (monotonic)
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._serve, daemon=True)
 
@@ -57,6 +58,8 @@ class _HungServer:
                     else:
                         with contextlib.suppress(OSError):
                             self.heard += ready.recv(65536)
+                            if self.heard and self.first_heard is None:
+                                self.first_heard = time.monotonic()
         finally:
             for conn in conns:
                 conn.close()
@@ -138,3 +141,29 @@ def test_a_signal_ends_a_run_whose_server_went_silent(
         assert "did not answer the release" in err, err
         assert "ends with its ttl" in err
         assert 0 < direct.pttl(lock_key(name)) <= 6000  # left to expire, never kept
+
+
+# (the bound, the longest it may take from its first word to the server: the bound and
+# two late ops of half a second (its last try, the clean-up after it; the look at the
+# server's settings comes out of the bound), and a loaded machine's slack for the exit.
+# It took 2.25 s and 4.8 s with -n and -w 3s, 1.25 s and 1.75 s here before the look
+# counted.)
+@pytest.mark.parametrize(("bound", "longest"), [(["-n"], 1.4), (["-w", "1s"], 2.4)])
+def test_n_and_w_keep_their_bounds_against_a_hung_server(bound: list[str], longest: float) -> None:
+    """From its first word to the server, a run with ``-n`` or ``-w`` gives up within
+    its bound and the two late ops the guide allows (the look at the server's settings
+    included), and says the server did not answer."""
+    with _HungServer() as hung:
+        url = f"redis://127.0.0.1:{hung.port}"
+        proc = start(["run", "job", "--redis", url, *bound, "--", "true"])
+        try:
+            code, _, err = finish(proc, timeout=60)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+        ended = time.monotonic()
+        assert hung.first_heard is not None
+        took = ended - hung.first_heard
+    assert code == 2, err  # unreachable: the server did not answer
+    assert "did not answer" in err
+    assert took < longest, f"gave up {took:.2f}s after its first word"

@@ -470,3 +470,35 @@ def test_an_abandon_in_haste_is_short_and_tried_once() -> None:
         assert isinstance(op, _ops.Call)
         assert op.script is spec(clock).kind.leave
         assert (op.timeout, op.patient) == (bound, patient)
+
+
+@pytest.mark.parametrize("timeout", [0.0, 0.3, 3.0])
+def test_a_wait_against_a_hung_server_ends_within_its_deadline_and_two_late_ops(
+    timeout: float,
+) -> None:
+    """``acquire(timeout=T)`` against a server that never answers: the look at its
+    settings comes out of T (it used to come on top), the try's reply is waited for
+    until the deadline (at least PAST_DEADLINE, for a last try), and the clean-up after
+    it gets PAST_DEADLINE: T and two late ops at most, whatever the lock's reply bound."""
+    clock = FakeClock()
+    attempt = _flows.Acquisition(spec(clock, ttl=30.0), timeout, wait=True)
+    started = clock()
+    assert attempt.look_within() == pytest.approx(timeout)
+    clock.advance(min(timeout, _flows.SETTINGS_WAIT))  # the look, given up on
+    flow = attempt.run()
+    op = first_op(flow)
+    assert isinstance(op, _ops.Call)
+    clock.advance(op.timeout)  # no reply: the driver gives up on it
+    with pytest.raises(redlease.BackendError):
+        flow.throw(redlease.BackendError("the server did not answer in time"))
+    clean_up = next(attempt.abandon())
+    assert isinstance(clean_up, _ops.Call)
+    assert clean_up.timeout == pytest.approx(_flows.PAST_DEADLINE)
+    clock.advance(clean_up.timeout)
+    assert clock() - started <= timeout + 2 * _flows.PAST_DEADLINE
+
+
+def test_a_try_and_a_wait_without_deadline_look_for_as_long_as_the_look_takes() -> None:
+    clock = FakeClock()
+    assert _flows.Acquisition(spec(clock), None, wait=False).look_within() is None
+    assert _flows.Acquisition(spec(clock), None, wait=True).look_within() is None

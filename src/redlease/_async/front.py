@@ -98,8 +98,8 @@ class AsyncFront(FrontBase, AsyncOnly, Generic[LeaseT]):
 
     async def _take(self, timeout: float | None, *, wait: bool) -> LeaseT | None:
         started = _metrics.now()
-        await self._io.check_server_once()
-        attempt = self._new_attempt(timeout, wait=wait)
+        attempt = self._new_attempt(timeout, wait=wait)  # (its deadline counts the look)
+        await self._io.check_server_once(attempt.look_within())
         try:
             grant = await self._io.run(attempt.run(), f"acquire {self.name!r}")
         except BaseException as exc:

@@ -14,6 +14,7 @@ command that never left, or a script that says why a second run is harmless
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import time
 import weakref
@@ -127,9 +128,14 @@ class AsyncIO:
             return None
         return await self._command(op)
 
-    async def check_server_once(self) -> None:
-        """Warn (once per server) if the server may evict lock keys; never fails."""
+    async def check_server_once(self, within: float | None = None) -> None:
+        """Warn (once per server) if the server may evict lock keys; never fails. It
+        looks for at most SETTINGS_WAIT, or ``within`` if shorter (not at all with no
+        time left: a later call looks)."""
         if self._checked:
+            return
+        wait = _flows.SETTINGS_WAIT if within is None else min(_flows.SETTINGS_WAIT, within)
+        if wait < _flows.MIN_LOOK:
             return
         self._checked = True
         pool = self.pool
@@ -139,10 +145,12 @@ class AsyncIO:
         CHECKED.add(target)
         try:
             if pool is None:
-                async with gate(self.client, _flows.SETTINGS_WAIT):
+                async with gate(self.client, wait):
                     reply = await self.client.config_get("maxmemory-policy")
             else:
-                reply = await self._command(_flows.EVICTION_POLICY)
+                reply = await self._command(
+                    dataclasses.replace(_flows.EVICTION_POLICY, timeout=wait)
+                )
         except Exception:
             return  # CONFIG may be renamed, denied by ACL, or not routable: nothing to learn
         message = _flows.settings_warning(reply)

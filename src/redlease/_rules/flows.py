@@ -55,11 +55,13 @@ MIN_WAIT = 0.001
 # hair after expiry avoids finding the key still there.
 EXPIRY_NUDGE = 0.001
 # An op sent when a wait's deadline has (all but) passed may still take this long: the
-# last try, and the clean-up after a failed one.
+# last try, and the clean-up after a failed one (a slow link's grant given back). So a
+# server that is down or hung stretches ``acquire(timeout=)`` by twice this at most.
 PAST_DEADLINE = 0.5
 # The one-time look at a server's settings (its eviction policy) before a lock's first
 # acquire: a server that cannot answer within this is not looked at (nothing is learnt).
 SETTINGS_WAIT = 0.25
+MIN_LOOK = 0.01  # less time than this left: the look waits for a later acquire
 # A try (``try_acquire``) never waits for the lock, and against a server that is down or
 # hung it gives up within TRY_BOUND seconds, whatever the client's retry policy would do:
 # the settings look, its own ops, and the clean-up after a failed one (PAST_DEADLINE).
@@ -423,6 +425,12 @@ class Acquisition:
         self.failures += 1
         delay = backoff(self.failures, PASSING_RETRY_BASE, PASSING_RETRY_CAP)
         yield Sleep(min(delay, left))
+
+    def look_within(self) -> float | None:
+        """How long the one-time look at the server's settings may take before this
+        attempt (None: its own bound): a wait's deadline counts it; a try's TRY_BOUND
+        has room for it."""
+        return self.deadline.left() if self.wait else None
 
     def _bound(self) -> float:
         """How long the reply to this attempt's next op is worth waiting for, connection

@@ -33,6 +33,9 @@ class Attempt(Protocol):
     def outstanding(self) -> bool:
         """Whether ``abandon()`` is needed if the attempt is interrupted."""
 
+    def look_within(self) -> float | None:
+        """How long the look at the server's settings may take first (None: its own)."""
+
     def run(self) -> Generator[Any, Any, Grant | None]: ...
 
     def abandon(self, *, hurried: bool = False) -> Generator[Any, Any, None]: ...

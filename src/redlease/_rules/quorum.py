@@ -305,6 +305,11 @@ class QuorumAcquisition:
         self.outstanding = False
         self._rng = rng
 
+    def look_within(self) -> float | None:
+        """How long the one-time look at the nodes' settings may take before this
+        attempt: a wait's deadline counts it (None: the look's own bound)."""
+        return self.deadline.left() if self.wait else None
+
     def run(self) -> QuorumFlow[QuorumGrant | None]:
         spec, lock = self.spec, self.spec.lock
         attempt = 0

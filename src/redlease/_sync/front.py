@@ -94,8 +94,8 @@ class SyncFront(FrontBase, Generic[LeaseT]):
 
     def _take(self, timeout: float | None, *, wait: bool) -> LeaseT | None:
         started = _metrics.now()
-        self._io.check_server_once()
-        attempt = self._new_attempt(timeout, wait=wait)
+        attempt = self._new_attempt(timeout, wait=wait)  # (its deadline counts the look)
+        self._io.check_server_once(attempt.look_within())
         try:
             grant = self._io.run(attempt.run(), f"acquire {self.name!r}")
         except BaseException as exc:

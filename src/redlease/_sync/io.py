@@ -16,6 +16,7 @@ command that never left, or a script that says why a second run is harmless
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import time
 import weakref
@@ -129,9 +130,14 @@ class SyncIO:
             return None
         return self._command(op)
 
-    def check_server_once(self) -> None:
-        """Warn (once per server) if the server may evict lock keys; never fails."""
+    def check_server_once(self, within: float | None = None) -> None:
+        """Warn (once per server) if the server may evict lock keys; never fails. It
+        looks for at most SETTINGS_WAIT, or ``within`` if shorter (not at all with no
+        time left: a later call looks)."""
         if self._checked:
+            return
+        wait = _flows.SETTINGS_WAIT if within is None else min(_flows.SETTINGS_WAIT, within)
+        if wait < _flows.MIN_LOOK:
             return
         self._checked = True
         pool = self.pool
@@ -141,10 +147,10 @@ class SyncIO:
         CHECKED.add(target)
         try:
             if pool is None:
-                with gate(self.client, _flows.SETTINGS_WAIT):
+                with gate(self.client, wait):
                     reply = self.client.config_get("maxmemory-policy")
             else:
-                reply = self._command(_flows.EVICTION_POLICY)
+                reply = self._command(dataclasses.replace(_flows.EVICTION_POLICY, timeout=wait))
         except Exception:
             return  # CONFIG may be renamed, denied by ACL, or not routable: nothing to learn
         message = _flows.settings_warning(reply)

@@ -103,16 +103,21 @@ class _Nodes:
             self.ios, fan.call, fan.nodes, fan.timeout, action, fan.enough, fan.yes
         )
 
-    def check_server_once(self) -> None:
-        """Warn (once per server) if a node may evict lock keys; never fails."""
+    def check_server_once(self, within: float | None = None) -> None:
+        """Warn (once per server) if a node may evict lock keys; never fails. It looks
+        for ``within`` at most, if given (not at all with no time left)."""
         if self._checked:
             return
+        wait = max(self.spec.node_timeout, CHECK_WAIT)
+        if within is not None:
+            if within < _flows.MIN_LOOK:
+                return
+            wait = min(wait, within)
         self._checked = True
         fresh = [i for i, io in enumerate(self.ios) if pool_of(io) not in CHECKED]
         for i in fresh:
             CHECKED.add(pool_of(self.ios[i]))
         if fresh:
-            wait = max(self.spec.node_timeout, CHECK_WAIT)
             check = dataclasses.replace(_flows.NODE_SETTINGS, timeout=wait)
             replies = self.fan_out(check, fresh, wait, "check")
             warn_evicting(self.spec, fresh, replies)

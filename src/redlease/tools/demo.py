@@ -768,24 +768,35 @@ def _intro(config: DemoConfig, where: str, out: TextIO) -> None:
 
 
 def _table(results: Sequence[ModeResult], out: TextIO, *, fenced_column: bool) -> None:
-    head = f"  {'mode':<30} {'claims':>6} {'handed out twice':>16}"
+    """The results as aligned columns under a header rule; each row's notes (pauses,
+    timeouts, a skipped mode's reason...) follow the table, for the rows that have any."""
+    headers = ["claims", "handed out twice"]
     if fenced_column:
-        head += f" {'stale writes rejected':>21}"
-    head += f" {'claims/s':>9}  notes"
-    lines = ["", head, "  " + "-" * (len(head) - 2 + 10)]
+        headers.append("stale writes rejected")
+    headers.append("claims/s")
+    rows: list[tuple[str, list[str]]] = []
     for r in results:
         if r.skipped:
-            row = f"  {r.label:<30} {'-':>6} {'-':>16}"
-            if fenced_column:
-                row += f" {'-':>21}"
-            row += f" {'-':>9}  {r.notes()}"
+            cells = ["-"] * len(headers)
         else:
-            row = f"  {r.label:<30} {r.claims:>6} {r.handed_out_twice:>16}"
+            cells = [str(r.claims), str(r.handed_out_twice)]
             if fenced_column:
-                rejected = str(r.rejected) if r.fenced else "-"
-                row += f" {rejected:>21}"
-            row += f" {r.throughput:>9.0f}  {r.notes()}"
-        lines.append(row.rstrip())
+                cells.append(str(r.rejected) if r.fenced else "-")
+            cells.append(f"{r.throughput:.0f}")
+        rows.append((r.label, cells))
+    first = max([len("mode"), *(len(label) for label, _ in rows)])
+    widths = [max([len(h), *(len(cells[i]) for _, cells in rows)]) for i, h in enumerate(headers)]
+
+    def line(label: str, cells: Sequence[str]) -> str:
+        parts = [label.ljust(first), *(c.rjust(w) for c, w in zip(cells, widths, strict=True))]
+        return ("  " + "  ".join(parts)).rstrip()
+
+    lines = ["", line("mode", headers), line("-" * first, ["-" * w for w in widths])]
+    lines += [line(label, cells) for label, cells in rows]
+    notes = [(r.label, r.notes()) for r in results if r.notes()]
+    if notes:
+        lines += ["", "  Notes:"]
+        lines += [_wrap(f"{label}: {note}", 92, "    ") for label, note in notes]
     out.write("\n".join(lines) + "\n")
     out.flush()
 
