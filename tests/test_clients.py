@@ -45,7 +45,7 @@ def _free_port() -> int:
 
 def _nothing_held(client: Any, name: str) -> None:
     """The lock is free, and whatever it left expires (but the fence counter, kept on
-    purpose: see the README)."""
+    purpose: see docs/guarantees.md)."""
     assert client.exists(lock_key(name)) == 0
     for key in client.keys(lock_key(name) + "*"):
         assert key.endswith(b":fence") or client.pttl(key) > 0, key
