@@ -7,17 +7,22 @@ runnable run against a real server, and the site builds with ``mkdocs build --st
 
 from __future__ import annotations
 
+import ast
 import importlib.util
+import inspect
 import os
 import re
 import subprocess
 import sys
+import textwrap
 from pathlib import Path
+from typing import Any
 from urllib.parse import unquote, urlsplit
 
 import pytest
 
 import redlease
+from redlease._rules.keys import DEFAULT_PREFIX
 from redlease.tools import servers
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -166,3 +171,46 @@ def test_the_site_builds_strictly(tmp_path: Path) -> None:
     )
     assert done.returncode == 0, done.stderr
     assert (tmp_path / "reference" / "lock" / "index.html").exists()
+
+
+# -- the reference shows real defaults ----------------------------------------------------
+
+
+def _public_callables() -> list[tuple[str, Any]]:
+    found = []
+    for name in redlease.__all__:
+        obj = getattr(redlease, name)
+        if inspect.isclass(obj):
+            found += [
+                (f"{name}.{attr}", getattr(obj, attr))
+                for attr in dir(obj)
+                if (attr == "__init__" or not attr.startswith("_"))
+                and inspect.isfunction(getattr(obj, attr, None))
+            ]
+        elif inspect.isfunction(obj):
+            found.append((name, obj))
+    return found
+
+
+def test_the_reference_shows_each_default_as_its_value() -> None:
+    """The API reference renders a signature as written: a default must be written as its
+    value (``prefix="redlease:"``), not a constant's name; and the value must be the one
+    the library uses."""
+    by_name = []
+    for label, function in _public_callables():
+        try:
+            source = textwrap.dedent(inspect.getsource(function))
+        except OSError:  # a dataclass's generated __init__: its fields show as declared
+            continue
+        tree = ast.parse(source)
+        node = tree.body[0]
+        assert isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))
+        arguments = node.args
+        defaults = [*arguments.defaults, *(d for d in arguments.kw_defaults if d is not None)]
+        by_name += [
+            f"{label}: {ast.unparse(d)}" for d in defaults if not isinstance(d, ast.Constant)
+        ]
+        prefix = inspect.signature(function).parameters.get("prefix")
+        if prefix is not None:
+            assert prefix.default == DEFAULT_PREFIX, label
+    assert by_name == []

@@ -15,7 +15,6 @@ from .._clients.checks import check_client
 from .._rules import arguments as args
 from .._rules.election import ElectionRules, Leader, default_identity, log
 from .._rules.flows import ELECTION, LockSpec, new_token
-from .._rules.keys import DEFAULT_PREFIX
 from .._rules.lock import OnLost, check_replicas
 from .._rules.ops import Box
 from .backend import ASYNC, Flag, shielded
@@ -58,7 +57,7 @@ class AsyncElection(ElectionRules):
         identity: str | None = None,
         on_lost: OnLost | None = None,
         cancel_on_lost: bool = False,  # unasync: async only
-        prefix: str = DEFAULT_PREFIX,
+        prefix: str = "redlease:",
         replicas: int = 0,
         replica_timeout: Seconds | None = None,
     ) -> None:

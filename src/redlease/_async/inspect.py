@@ -7,13 +7,12 @@ from __future__ import annotations
 from typing import Any
 
 from .._rules.inspect import READ_TIMEOUT, LockInfo, checked, inspect
-from .._rules.keys import DEFAULT_PREFIX
 from .backend import ASYNC
 from .io import AsyncIO
 
 
 async def aread_info(
-    client: Any, name: str, *, kind: str = "lock", prefix: str = DEFAULT_PREFIX
+    client: Any, name: str, *, kind: str = "lock", prefix: str = "redlease:"
 ) -> LockInfo:
     """What the ``kind`` named ``name`` holds and who waits for it, now (a client of this
     flavour: standalone, Sentinel's ``master_for``, Cluster). One read-only script run.

@@ -17,7 +17,6 @@ from .._base.timing import Clock
 from .._clients.checks import check_client
 from .._rules import arguments as args
 from .._rules.flows import Acquisition, Grant, LockSpec
-from .._rules.keys import DEFAULT_PREFIX
 from .._rules.lease import Holders
 from .._rules.lock import OneName, OnLost, check_replicas
 from .backend import ASYNC, current_holder
@@ -107,6 +106,11 @@ class AsyncLock(AsyncOneServer):
     ``extend``, ``release`` or ``lost``), so protected work stops at its next ``await``;
     without ``auto_renew`` it still fires when validity runs out.
 
+    The defaults that are not values: ``on_lost=None`` calls nothing; ``max_hold=None``
+    renews for as long as the lease is held; ``clock=None`` is the monotonic clock (tests
+    pass a fake one: ``redlease.testing.FakeClock``); ``replica_timeout=None`` is a tenth
+    of the ttl. Every key of the lock starts with ``prefix``.
+
     Raises InvalidArgument, naming the argument, for an argument out of its range or a
     client it cannot serve.
     """
@@ -125,7 +129,7 @@ class AsyncLock(AsyncOneServer):
         max_hold: Seconds | None = None,
         reentrant: bool = False,
         cancel_on_lost: bool = False,  # unasync: async only
-        prefix: str = DEFAULT_PREFIX,
+        prefix: str = "redlease:",
         clock: Clock | None = None,
         replicas: int = 0,
         replica_timeout: Seconds | None = None,

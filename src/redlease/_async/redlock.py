@@ -39,7 +39,6 @@ from .._base.timing import Clock
 from .._rules import arguments as args
 from .._rules import flows as _flows
 from .._rules.flows import Grant, LockSpec
-from .._rules.keys import DEFAULT_PREFIX
 from .._rules.lease import Holders
 from .._rules.lock import OnLost
 from .._rules.ops import Call, Command, Sleep
@@ -155,7 +154,7 @@ class AsyncRedlock(RedlockRules, AsyncFront[AsyncRedlockLease]):
         reentrant: bool = False,
         cancel_on_lost: bool = False,  # unasync: async only
         node_timeout: Seconds | None = None,
-        prefix: str = DEFAULT_PREFIX,
+        prefix: str = "redlease:",
         clock: Clock | None = None,
     ) -> None:
         clients = check_nodes(nodes, want_async=ASYNC)

@@ -12,7 +12,6 @@ from .._base.timing import Clock
 from .._clients.checks import check_client
 from .._rules import arguments as args
 from .._rules.flows import READ_WRITE, Acquisition, LockSpec
-from .._rules.keys import DEFAULT_PREFIX
 from .._rules.lease import Holders
 from .._rules.lock import OnLost, check_replicas
 from .._rules.rwlock import READ, READERS, WRITE, SideRules
@@ -68,7 +67,7 @@ class AsyncReadWriteLock:
         on_lost: OnLost | None = None,
         max_hold: Seconds | None = None,
         cancel_on_lost: bool = False,  # unasync: async only
-        prefix: str = DEFAULT_PREFIX,
+        prefix: str = "redlease:",
         clock: Clock | None = None,
         replicas: int = 0,
         replica_timeout: Seconds | None = None,

@@ -16,7 +16,6 @@ from .._base.timing import Clock
 from .._clients.checks import check_client
 from .._rules import arguments as args
 from .._rules.flows import SEMAPHORE, LockSpec
-from .._rules.keys import DEFAULT_PREFIX
 from .._rules.lock import OnLost
 from .backend import ASYNC
 from .lock import AsyncOneServer
@@ -62,7 +61,7 @@ class AsyncSemaphore(AsyncOneServer):
         on_lost: OnLost | None = None,
         max_hold: Seconds | None = None,
         cancel_on_lost: bool = False,  # unasync: async only
-        prefix: str = DEFAULT_PREFIX,
+        prefix: str = "redlease:",
         clock: Clock | None = None,
         replicas: int = 0,
         replica_timeout: Seconds | None = None,

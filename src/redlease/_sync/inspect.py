@@ -9,14 +9,11 @@ from __future__ import annotations
 from typing import Any
 
 from .._rules.inspect import READ_TIMEOUT, LockInfo, checked, inspect
-from .._rules.keys import DEFAULT_PREFIX
 from .backend import ASYNC
 from .io import SyncIO
 
 
-def read_info(
-    client: Any, name: str, *, kind: str = "lock", prefix: str = DEFAULT_PREFIX
-) -> LockInfo:
+def read_info(client: Any, name: str, *, kind: str = "lock", prefix: str = "redlease:") -> LockInfo:
     """What the ``kind`` named ``name`` holds and who waits for it, now (a client of this
     flavour: standalone, Sentinel's ``master_for``, Cluster). One read-only script run.
     Raises InvalidArgument for a bad ``name``, ``prefix`` or ``kind``, or a client it

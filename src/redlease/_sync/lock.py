@@ -19,7 +19,6 @@ from .._base.timing import Clock
 from .._clients.checks import check_client
 from .._rules import arguments as args
 from .._rules.flows import Acquisition, Grant, LockSpec
-from .._rules.keys import DEFAULT_PREFIX
 from .._rules.lease import Holders
 from .._rules.lock import OneName, OnLost, check_replicas
 from .backend import ASYNC, current_holder
@@ -109,6 +108,11 @@ class Lock(OneServer):
     ``extend``, ``release`` or ``lost``), so protected work stops at its next ``await``;
     without ``auto_renew`` it still fires when validity runs out.
 
+    The defaults that are not values: ``on_lost=None`` calls nothing; ``max_hold=None``
+    renews for as long as the lease is held; ``clock=None`` is the monotonic clock (tests
+    pass a fake one: ``redlease.testing.FakeClock``); ``replica_timeout=None`` is a tenth
+    of the ttl. Every key of the lock starts with ``prefix``.
+
     Raises InvalidArgument, naming the argument, for an argument out of its range or a
     client it cannot serve.
     """
@@ -126,7 +130,7 @@ class Lock(OneServer):
         on_lost: OnLost | None = None,
         max_hold: Seconds | None = None,
         reentrant: bool = False,
-        prefix: str = DEFAULT_PREFIX,
+        prefix: str = "redlease:",
         clock: Clock | None = None,
         replicas: int = 0,
         replica_timeout: Seconds | None = None,

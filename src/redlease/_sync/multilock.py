@@ -22,7 +22,6 @@ from .._rules import arguments as args
 from .._rules import flows as _flows
 from .._rules.flows import Grant, new_token
 from .._rules.fronts import P, R, decorate, pop_entered, push_entered
-from .._rules.keys import DEFAULT_PREFIX
 from .._rules.lock import OnLost
 from .._rules.multilock import MultiLeaseState, checked_names, try_all
 from .backend import ASYNC, shielded
@@ -89,7 +88,7 @@ class MultiLock:
         auto_renew: bool = False,
         on_lost: OnLost | None = None,
         max_hold: Seconds | None = None,
-        prefix: str = DEFAULT_PREFIX,
+        prefix: str = "redlease:",
         clock: Clock | None = None,
     ) -> None:
         check_client(client, want_async=ASYNC, sync_twin="MultiLock")

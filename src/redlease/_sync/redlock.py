@@ -41,7 +41,6 @@ from .._base.timing import Clock
 from .._rules import arguments as args
 from .._rules import flows as _flows
 from .._rules.flows import Grant, LockSpec
-from .._rules.keys import DEFAULT_PREFIX
 from .._rules.lease import Holders
 from .._rules.lock import OnLost
 from .._rules.ops import Call, Command, Sleep
@@ -156,7 +155,7 @@ class Redlock(RedlockRules, SyncFront[RedlockLease]):
         max_hold: Seconds | None = None,
         reentrant: bool = False,
         node_timeout: Seconds | None = None,
-        prefix: str = DEFAULT_PREFIX,
+        prefix: str = "redlease:",
         clock: Clock | None = None,
     ) -> None:
         clients = check_nodes(nodes, want_async=ASYNC)

@@ -18,7 +18,6 @@ from .._base.timing import Clock
 from .._clients.checks import check_client
 from .._rules import arguments as args
 from .._rules.flows import SEMAPHORE, LockSpec
-from .._rules.keys import DEFAULT_PREFIX
 from .._rules.lock import OnLost
 from .backend import ASYNC
 from .lock import OneServer
@@ -63,7 +62,7 @@ class Semaphore(OneServer):
         auto_renew: bool = False,
         on_lost: OnLost | None = None,
         max_hold: Seconds | None = None,
-        prefix: str = DEFAULT_PREFIX,
+        prefix: str = "redlease:",
         clock: Clock | None = None,
         replicas: int = 0,
         replica_timeout: Seconds | None = None,
