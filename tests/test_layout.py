@@ -353,3 +353,58 @@ def test_the_library_never_imports_its_tools() -> None:
             elif isinstance(node, ast.Import):
                 for alias in node.names:
                     assert ".tools" not in alias.name, (path, alias.name)
+
+
+def _own_names(tree: ast.Module) -> set[str]:
+    """The names a module defines: its functions, classes and globals, the attributes its
+    classes declare, and those its methods set on ``self``/``cls``."""
+    names: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            names.add(node.name)
+        elif isinstance(node, ast.Name) and isinstance(node.ctx, ast.Store):
+            names.add(node.id)
+        elif isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name):
+            names.add(node.target.id)
+        elif (
+            isinstance(node, ast.Attribute)
+            and isinstance(node.ctx, ast.Store)
+            and isinstance(node.value, ast.Name)
+            and node.value.id in ("self", "cls")
+        ):
+            names.add(node.attr)
+        elif isinstance(node, ast.Constant) and isinstance(node.value, str):
+            names.add(node.value)  # (__slots__, setdefault's attribute names)
+    return names
+
+
+def _reaches_in(path: Path) -> list[str]:
+    """Where a module reads or sets an underscored name another module owns: through an
+    object that is not its own ``self``/``cls``, or by importing it."""
+    tree = ast.parse(path.read_text())
+    own, found = _own_names(tree), []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Attribute):
+            name, via = node.attr, node.value
+            if name.startswith("__") or not name.startswith("_") or name in own:
+                continue
+            if isinstance(via, ast.Name) and via.id in ("self", "cls"):
+                continue  # a subclass using what its base gives it
+            found.append(f"{path.relative_to(SRC)}:{node.lineno} {ast.unparse(node)}")
+        elif isinstance(node, ast.ImportFrom) and node.level:
+            package = path.parents[node.level - 1].joinpath(*(node.module or "").split("."))
+            for alias in node.names:
+                name = alias.name
+                module = (package / name).is_dir() or (package / f"{name}.py").is_file()
+                if name.startswith("_") and not name.startswith("__") and not module:
+                    found.append(f"{path.relative_to(SRC)}:{node.lineno} import {name}")
+    return found
+
+
+def test_modules_talk_through_each_others_public_names() -> None:
+    """Underscores mean "this module only": what another module needs of one (a lease's
+    renewal, a lock's spec) it reaches through public names, so that a module's private
+    names can change without a look at any other."""
+    library = [p for p in sorted(SRC.rglob("*.py")) if "tools" not in p.relative_to(SRC).parts]
+    reaching = [where for path in library for where in _reaches_in(path)]
+    assert reaching == []

@@ -13,7 +13,15 @@ from .._base.errors import BackendError, LockLost
 from .._base.misuse import AsyncOnly  # unasync: async only
 from .._clients.checks import check_client
 from .._rules import arguments as args
-from .._rules.election import ElectionRules, Leader, default_identity, log
+from .._rules.election import (
+    ElectionRules,
+    Leader,
+    default_identity,
+    log,
+    look,
+    retry_after,
+    rung,
+)
 from .._rules.flows import ELECTION, LockSpec, new_token
 from .._rules.lock import OnLost, check_replicas
 from .._rules.ops import Box
@@ -28,8 +36,15 @@ Seconds = float | timedelta
 class _AsyncCandidacy(AsyncOneServer):
     """The lock a candidate waits for (always renewed)."""
 
-    def __init__(self, spec: LockSpec, io: AsyncIO, on_lost: OnLost | None) -> None:
+    def __init__(
+        self,
+        spec: LockSpec,
+        io: AsyncIO,
+        on_lost: OnLost | None,
+        cancel_on_lost: bool,  # unasync: async only
+    ) -> None:
         self._spec, self._io, self._on_lost = spec, io, on_lost
+        self._cancel_on_lost = cancel_on_lost  # unasync: async only
         self._auto_renew, self._max_hold = True, None
         self._noun = self._metric_kind = "election"
 
@@ -77,9 +92,12 @@ class AsyncElection(ElectionRules):
         self._observers = self._spec.keys.lock + ":observers"
         self._io = AsyncIO(client)
         check_replicas(self._spec, self._io.direct)
-        self._candidacy = _AsyncCandidacy(self._spec, self._io, self._on_lost)
-        cancel = args.flag(cancel_on_lost, "cancel_on_lost")  # unasync: async only
-        self._candidacy._cancel_on_lost = cancel  # unasync: async only
+        self._candidacy = _AsyncCandidacy(
+            self._spec,
+            self._io,
+            self._on_lost,
+            args.flag(cancel_on_lost, "cancel_on_lost"),  # unasync: async only
+        )
         self._lease: AsyncLease | None = None
 
     @property
@@ -139,6 +157,11 @@ class AsyncElection(ElectionRules):
             )
 
 
+async def announce(election: AsyncElection, what: str) -> None:
+    """Tell the observers of ``election`` that its leader changed, and how (``what``)."""
+    await election._tell(what)
+
+
 class AsyncObservation(AsyncOnly):
     """What ``observe()`` returns: iterate it for the leader after each change.
     ``close()`` (from any thread; an asyncio observation's from its loop, or its
@@ -162,18 +185,18 @@ class AsyncObservation(AsyncOnly):
         while not self._closed.is_set():
             try:
                 leader, wait, self._box = await election._io.run(
-                    election._look(self._token, self._box), action
+                    look(election._spec, election._observers, self._token, self._box), action
                 )
             except BackendError as failure:
                 self._failures += 1
-                await self._closed.wait(election._after(failure, self._failures))
+                await self._closed.wait(retry_after(failure, self._failures))
                 continue
             self._failures = 0
             if leader != self._last:
                 self._last = leader
                 return leader
             if not self._closed.is_set():
-                await election._io.run(election._rung(self._token, self._box, wait), action)
+                await election._io.run(rung(election._spec, self._token, self._box, wait), action)
         raise StopAsyncIteration
 
     def close(self) -> None:

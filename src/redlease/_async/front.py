@@ -37,9 +37,14 @@ from .._rules.fronts import (
     push_entered,
     refuse_nested,
 )
+from .._rules.lease import stop_watching  # unasync: async only
 from . import renewer as _renewer_async
 from .backend import Cancelled, current_holder, shielded
-from .lease import AsyncDriver, AsyncLeaseBlock
+from .lease import (
+    AsyncDriver,
+    AsyncLeaseBlock,
+    set_holder,  # unasync: async only
+)
 
 Seconds = float | timedelta
 LeaseT = TypeVar("LeaseT", bound=AsyncLeaseBlock)
@@ -118,7 +123,7 @@ class AsyncFront(FrontBase, AsyncOnly, Generic[LeaseT]):
         self._opened(lease, started)
         # unasync: async only
         if self._cancel_on_lost:
-            lease._holder = current_holder()
+            set_holder(lease, current_holder())
         # unasync: end
         if self._auto_renew:
             _renewer_async.watch(lease, self._io, self._max_hold)
@@ -192,7 +197,7 @@ class AsyncFront(FrontBase, AsyncOnly, Generic[LeaseT]):
         lease = await self.acquire(timeout)
         if not self._auto_renew and lease.hold_count == 1:
             # a lease that is not renewed, or only watched for cancel_on_lost: renewed now
-            lease._stop_watching()
+            stop_watching(lease)
             _renewer_async.watch(lease, self._io, self._max_hold)
         try:
             result = await _run_holding(lease, fn, args)
@@ -225,7 +230,7 @@ async def _run_holding(lease: AsyncLeaseBlock, fn: Callable[..., Any], args: Any
             f"{type(work).__name__}, not an awaitable"
         )
     task = asyncio.get_running_loop().create_task(_awaited(work))
-    previous, lease._holder = lease._holder, task
+    previous = set_holder(lease, task)
     try:
         if lease.lost:  # lost before the task could be told: it never starts
             task.cancel()
@@ -237,16 +242,22 @@ async def _run_holding(lease: AsyncLeaseBlock, fn: Callable[..., Any], args: Any
                 await asyncio.wait({task})
             raise
     finally:
-        lease._holder = previous
+        set_holder(lease, previous)
     if task.cancelled() and lease.lost:
         try:
             task.result()
         except asyncio.CancelledError as cancelled:
             raise LockLost(
-                f"lease on {lease.name!r} was lost ({lease._lost_reason}): the work "
+                f"lease on {lease.name!r} was lost ({lease.lost_reason}): the work "
                 "under it was cancelled"
             ) from cancelled
     return task.result()
 
 
 # unasync: end
+
+
+def handed_out(front: AsyncFront[LeaseT], grant: Grant, started: float) -> LeaseT:
+    """The lease of a grant that ``front``'s lock got in another way (a multi-lock's one
+    script): watched, renewed and metered as its own acquire's would be."""
+    return front._watched(grant, started)

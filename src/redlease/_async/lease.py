@@ -124,6 +124,12 @@ class AsyncLease(AsyncLeaseBlock):
 
 
 # unasync: async only
+def set_holder(lease: AsyncLeaseBlock, task: asyncio.Task[Any] | None) -> asyncio.Task[Any] | None:
+    """The task to cancel when ``lease`` is lost (None: none); returns the one before."""
+    previous, lease._holder = lease._holder, task
+    return previous
+
+
 def _cancel_holder(task: asyncio.Task[Any], message: str) -> None:
     """Cancel the task that holds a lost lease, from any thread. Not when that task is
     the one that found the loss: it is being told already, by the error or flag it got."""

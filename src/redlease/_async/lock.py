@@ -73,6 +73,11 @@ class AsyncOneServer(OneName, AsyncFront[AsyncLease]):
         return (await self._io.run(self._look(), f"inspect {self.name!r}")).live_waiters
 
 
+def driver_of(lock: AsyncOneServer) -> AsyncIO:
+    """The driver that runs ``lock``'s flows (a multi-lock runs its own through it)."""
+    return lock._io
+
+
 class AsyncLock(AsyncOneServer):
     """A distributed lock on one Redis/Valkey deployment.
 

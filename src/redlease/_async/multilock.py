@@ -20,12 +20,13 @@ from .._clients.checks import check_client
 from .._rules import arguments as args
 from .._rules import flows as _flows
 from .._rules.flows import Grant, new_token
-from .._rules.fronts import P, R, decorate_async, pop_entered, push_entered
-from .._rules.lock import OnLost
+from .._rules.fronts import P, R, decorate_async, metered_as, pop_entered, push_entered
+from .._rules.lock import OnLost, spec_of
 from .._rules.multilock import MultiLeaseState, checked_names, try_all
 from .backend import ASYNC, shielded
+from .front import handed_out
 from .lease import AsyncLease
-from .lock import AsyncLock
+from .lock import AsyncLock, driver_of
 
 Seconds = float | timedelta
 
@@ -103,13 +104,13 @@ class AsyncMultiLock(AsyncOnly):
         }
         locks = {n: AsyncLock(client, n, ttl, **options) for n in self._names}
         for lock in locks.values():
-            lock._metric_kind = "multilock"  # each name's metrics say whose it is
+            metered_as(lock, "multilock")  # each name's metrics say whose it is
         # the one global order every multi-lock takes its names in
         self._locks = [
-            locks[n] for n in sorted(self._names, key=lambda n: locks[n]._spec.keys.lock)
+            locks[n] for n in sorted(self._names, key=lambda n: spec_of(locks[n]).keys.lock)
         ]
-        self._io = self._locks[0]._io
-        self._specs = [lock._spec for lock in self._locks]
+        self._io = driver_of(self._locks[0])
+        self._specs = [spec_of(lock) for lock in self._locks]
 
     @property
     def names(self) -> list[str]:
@@ -189,15 +190,15 @@ class AsyncMultiLock(AsyncOnly):
             await shielded(functools.partial(self._give_back_token, token))
             return None
         leases = {
-            lock.name: lock._watched(Grant(token, fence, until), started)
+            lock.name: handed_out(lock, Grant(token, fence, until), started)
             for lock, fence in zip(self._locks, fences, strict=True)
         }
         return AsyncMultiLease(self._names, leases)
 
     async def _give_back_token(self, token: str) -> None:
-        for lock in self._locks:
+        for spec in self._specs:
             with contextlib.suppress(Exception):
-                await self._io.run(_flows.release(lock._spec, token), "clean up")
+                await self._io.run(_flows.release(spec, token), "clean up")
 
     async def __aenter__(self) -> AsyncMultiLease:
         leases = await self.acquire()

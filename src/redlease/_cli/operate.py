@@ -248,6 +248,9 @@ def _release_one(url: str, args: argparse.Namespace, token: str) -> bool:
     from .. import Election, Lock, ReadWriteLock, Semaphore
     from .._base.errors import LockLost
     from .._rules import flows as _flows
+    from .._rules.lock import spec_of
+    from .._sync.election import announce
+    from .._sync.io import SyncIO
 
     client = make_client(url)
     try:
@@ -261,12 +264,12 @@ def _release_one(url: str, args: argparse.Namespace, token: str) -> bool:
         else:
             primitive = Lock(client, args.name, prefix=args.prefix)
         try:
-            flow = _flows.release(primitive._spec, token, forced=True)
-            primitive._io.run(flow, f"release {args.name!r}")
+            flow = _flows.release(spec_of(primitive), token, forced=True)
+            SyncIO(client).run(flow, f"release {args.name!r}")
         except LockLost:
             return False
         if args.kind == "election":
-            primitive._tell("released by force")  # the observers hear of it at once
+            announce(primitive, "released by force")  # the observers hear of it at once
         return True
     finally:
         client.close()

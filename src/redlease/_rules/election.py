@@ -62,14 +62,14 @@ def leader_of(reply: Any) -> tuple[Leader | None, int]:
 
 
 class ElectionRules(Named):
-    """The flows an election runs (a candidate's are its lock's): reading the leader,
-    announcing a change, and an observer's look and wait."""
+    """The flows an election runs (a candidate's are its lock's): reading the leader and
+    announcing a change (an observer's look and wait are the functions below)."""
 
     _spec: LockSpec
     _observers: str  # the key of the observers' hash
 
     def _keys(self) -> tuple[str, str, str]:
-        return (self._spec.keys.lock, self._spec.keys.fence, self._observers)
+        return keys_of(self._spec, self._observers)
 
     def _read(self) -> Flow[tuple[Leader | None, int]]:
         spec = self._spec
@@ -80,33 +80,41 @@ class ElectionRules(Named):
         spec = self._spec
         yield spec.call(ELECTION_ANNOUNCE, spec.keys.bell_prefix, keys=self._keys())
 
-    def _look(self, token: str, box: Box | None) -> Flow[tuple[Leader | None, float, Box | None]]:
-        """Register as an observer (through the hub if there is one) and read who leads;
-        also how long to wait for a ring: until the leader's lease runs out, at most a
-        ttl (a leader elected and gone without a word is seen then)."""
-        spec = self._spec
-        if box is None or box.token != token:
-            box = yield Listen(spec.keys.bell_prefix, token, spec.reply_timeout)
-        if box is not None and not box.ready:
-            box = yield Listen(spec.keys.bell_prefix, token, spec.reply_timeout, box)
-        horizon = max(spec.ttl, MIN_WAIT)
-        life = math.ceil((horizon + QUEUE_ENTRY_SLACK) * 1000)
-        hub = "" if box is None else box.hub
-        reply = yield spec.call(ELECTION_WATCH, token, str(life), hub, keys=self._keys())
-        leader, pttl = leader_of(reply)
-        if pttl >= 0:
-            horizon = min(horizon, pttl / 1000 + EXPIRY_NUDGE)
-        return leader, max(horizon, MIN_WAIT), box
 
-    @staticmethod
-    def _after(failure: BackendError, failures: int) -> float:
-        """How long an observer waits before looking again after its ``failures``-th
-        failure in a row: one that may pass (the server restarting, failing over,
-        unreachable for a while) is waited out, for ever; any other is raised."""
-        if not passing(failure):
-            raise failure
-        return backoff(failures, PASSING_RETRY_BASE, PASSING_RETRY_CAP)
+def keys_of(spec: LockSpec, observers: str) -> tuple[str, str, str]:
+    """An election's keys: its lock's, its fence counter, its observers' hash."""
+    return (spec.keys.lock, spec.keys.fence, observers)
 
-    def _rung(self, token: str, box: Box | None, wait: float) -> Flow[None]:
-        spec = self._spec
-        yield Wait(spec.keys.bell(token), wait, spec.reply_timeout, None, box)
+
+def look(
+    spec: LockSpec, observers: str, token: str, box: Box | None
+) -> Flow[tuple[Leader | None, float, Box | None]]:
+    """An observer's look: register as an observer (through the hub if there is one) and
+    read who leads; also how long to wait for a ring: until the leader's lease runs out,
+    at most a ttl (a leader elected and gone without a word is seen then)."""
+    if box is None or box.token != token:
+        box = yield Listen(spec.keys.bell_prefix, token, spec.reply_timeout)
+    if box is not None and not box.ready:
+        box = yield Listen(spec.keys.bell_prefix, token, spec.reply_timeout, box)
+    horizon = max(spec.ttl, MIN_WAIT)
+    life = math.ceil((horizon + QUEUE_ENTRY_SLACK) * 1000)
+    hub = "" if box is None else box.hub
+    reply = yield spec.call(ELECTION_WATCH, token, str(life), hub, keys=keys_of(spec, observers))
+    leader, pttl = leader_of(reply)
+    if pttl >= 0:
+        horizon = min(horizon, pttl / 1000 + EXPIRY_NUDGE)
+    return leader, max(horizon, MIN_WAIT), box
+
+
+def retry_after(failure: BackendError, failures: int) -> float:
+    """How long an observer waits before looking again after its ``failures``-th
+    failure in a row: one that may pass (the server restarting, failing over,
+    unreachable for a while) is waited out, for ever; any other is raised."""
+    if not passing(failure):
+        raise failure
+    return backoff(failures, PASSING_RETRY_BASE, PASSING_RETRY_CAP)
+
+
+def rung(spec: LockSpec, token: str, box: Box | None, wait: float) -> Flow[None]:
+    """An observer's wait for a ring (a change of leader), at most ``wait``."""
+    yield Wait(spec.keys.bell(token), wait, spec.reply_timeout, None, box)

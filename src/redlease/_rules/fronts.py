@@ -23,7 +23,7 @@ from typing import Any, ParamSpec, Protocol, TypeVar
 from .._base import metrics as _metrics
 from .._base.errors import InvalidArgument, LockError, LockLost
 from .flows import Grant
-from .lease import Holders, LeaseState
+from .lease import Holders, LeaseState, hold_again, holds, metered
 
 
 class Attempt(Protocol):
@@ -51,7 +51,8 @@ _entered: ContextVar[tuple[tuple[object, Any, int, object], ...]] = ContextVar(
 
 def push_entered(lock: object, lease: Any, holder: object = None) -> None:
     """Note the lease (or a MultiLock's leases) a `with` block of ``lock`` took."""
-    _entered.set((*_entered.get(), (lock, lease, lease._holds, holder)))
+    depth = holds(lease) if isinstance(lease, LeaseState) else 1  # (a multi-lease nests not)
+    _entered.set((*_entered.get(), (lock, lease, depth, holder)))
 
 
 def refuse_nested(lock: FrontBase, holder: object) -> None:
@@ -78,7 +79,7 @@ def pop_entered(lock: object) -> Any:
         if stack[i][0] is lock:
             _entered.set(stack[:i] + stack[i + 1 :])
             lease, depth = stack[i][1], stack[i][2]
-            return lease if depth == 1 or lease._holds >= depth else None
+            return lease if depth == 1 or holds(lease) >= depth else None
     raise RuntimeError("exiting a lock's `with` block that did not enter it")
 
 
@@ -181,9 +182,9 @@ class FrontBase:
             holding.left(holder, lease)
             raise LockLost(
                 f"lease on {self.name!r} that this holder acquired before was lost: "
-                f"{lease._lost_reason}"
+                f"{lease.lost_reason}"
             )
-        lease._holds += 1
+        hold_again(lease)
         return lease
 
     def _hold(self, holder: object, lease: LeaseState) -> None:
@@ -208,10 +209,14 @@ class FrontBase:
         acquisition)."""
         labels = self._metered()
         if labels is not None:
-            lease._labels = labels
-            lease._since = labels.granted(started)
+            metered(lease, labels, labels.granted(started))
 
     def _not_granted(self, started: float, *, wait: bool) -> None:
         labels = self._metered()
         if labels is not None:
             labels.not_granted(started, waited=wait)
+
+
+def metered_as(front: FrontBase, kind: str) -> None:
+    """Its metrics say ``kind`` (``redlease.kind``): whose lock it is (a multi-lock's)."""
+    front._metric_kind = kind

@@ -272,6 +272,66 @@ class _Ending:
             self.lease._leave_table()
 
 
+# The library's own hands on a lease: what its fronts and renewers do to one, through
+# names a holder never sees on the lease itself.
+
+
+def spec_of(lease: LeaseState) -> _flows.LockSpec:
+    return lease._spec
+
+
+def is_held(lease: LeaseState) -> bool:
+    """Neither released nor known lost (no look at the clock, unlike ``lease.lost``)."""
+    return lease._state == HELD
+
+
+def holds(lease: LeaseState) -> int:
+    """Its holds not yet released, lost or not (``hold_count`` says 0 once it is lost)."""
+    return lease._holds
+
+
+def hold_again(lease: LeaseState) -> None:
+    """A reentrant lease acquired again by its holder: one hold more."""
+    lease._holds += 1
+
+
+def metered(lease: LeaseState, labels: Labels, since: float) -> None:
+    """Record the end of its hold in ``labels``; it started at ``since``."""
+    lease._labels, lease._since = labels, since
+
+
+def labels_of(lease: LeaseState) -> Labels | None:
+    return lease._labels
+
+
+def watched(lease: LeaseState, unwatch: Callable[[], None]) -> None:
+    """A renewer watches it: ``unwatch`` is called once it is released or lost."""
+    lease._unwatch = unwatch
+
+
+def stop_watching(lease: LeaseState) -> None:
+    lease._stop_watching()
+
+
+def renewed(lease: LeaseState, valid_until: float) -> None:
+    lease._renewed(valid_until)
+
+
+def mark_lost(lease: LeaseState, reason: str) -> bool:
+    """Record the loss and tell its holder, exactly once (True that time)."""
+    return lease._mark_lost(reason)
+
+
+def forked(lease: LeaseState) -> None:
+    """In a fork's child: the lease is the parent's."""
+    lease._forked()
+
+
+def extend_flow(lease: LeaseState, ttl_ms: int, wait: float | None = None) -> Any:
+    """The flow that extends it (its own rule: one server's, or a Redlock's quorum)."""
+    return lease._extend_flow(ttl_ms, wait)
+
+
 class Holders:
     """Leases by holder (a thread, or an asyncio task), for the locks that must know what
     a holder holds already: a reentrant lock, a read/write lock. Weak: a holder that ends

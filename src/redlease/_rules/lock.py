@@ -42,6 +42,11 @@ class Named:
         return self._spec.ttl
 
 
+def spec_of(named: Named) -> LockSpec:
+    """The spec of a lock, a side of a read/write lock, a semaphore or an election."""
+    return named._spec
+
+
 class OneName(Named):
     """A lock over one name's keys on one deployment: what it needs to answer
     ``locked()``, ``owned()`` and ``waiting()`` (the INSPECT flow, see ``_rules.inspect``, and

@@ -60,8 +60,6 @@ def try_all(specs: list[LockSpec], token: str) -> Flow[list[int] | None]:
 class MultiLeaseState:
     """What both multi-leases share: a lease per name, in the names' order."""
 
-    _holds = 1  # (what a `with` block notes of what it took; a multi-lease nests not)
-
     def __init__(self, names: list[str], leases: dict[str, Any]) -> None:
         # (Lease or AsyncLease: typed Any so that each twin calls its own methods)
         self._names = names

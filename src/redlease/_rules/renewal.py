@@ -41,7 +41,15 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .._base.errors import BackendError, LockLost
-from .lease import HELD, LeaseState
+from .lease import (
+    LeaseState,
+    extend_flow,
+    is_held,
+    labels_of,
+    mark_lost,
+    renewed,
+    spec_of,
+)
 
 log = logging.getLogger(__name__)
 
@@ -77,7 +85,7 @@ class Renewal:
 
     @property
     def ttl(self) -> float:
-        return self.lease._spec.ttl
+        return spec_of(self.lease).ttl
 
     @property
     def due(self) -> float:
@@ -135,7 +143,7 @@ class Schedule:
         losses: list[Loss] = []
         for renewal in list(self._renewals):
             lease = renewal.lease
-            if lease._state != HELD:
+            if not is_held(lease):
                 self.discard(renewal)  # released, or its holder already found the loss
             elif now >= renewal.notice_at:
                 self.discard(renewal)
@@ -154,7 +162,7 @@ class Schedule:
                 # connections: one batch per client (and per kind: a replicas=
                 # lease's EXTEND cannot share a pipeline, see SyncIO.execute_many).
                 client = id(getattr(renewal.io, "client", renewal.io))
-                key = (client, renewal.lease._spec.replicas is not None)
+                key = (client, spec_of(renewal.lease).replicas is not None)
                 batch = batches.get(key)
                 if batch is None:
                     batch = batches[key] = Batch(renewal.io, [])
@@ -183,7 +191,7 @@ class Schedule:
             lease = renewal.lease
             # The lease's own extend rule (validity from the send; with replicas=, too few
             # acknowledgements; a Redlock's majority), only bounded by the renewer's wait.
-            flow = lease._extend_flow(lease._spec.ttl_ms, wait)
+            flow = extend_flow(lease, spec_of(lease).ttl_ms, wait)
             batch.flows.append(flow)
             steps.append(next(flow))
         return steps, wait
@@ -200,7 +208,7 @@ class Schedule:
             try:
                 flow.send(result)
             except StopIteration as done:
-                lease._renewed(done.value)
+                renewed(lease, done.value)
                 renewal.retry_at = None
             except LockLost as exc:  # counted as a failed renewal, then (by _tell) as lost
                 _failed_renewal(lease, exc)
@@ -218,7 +226,7 @@ class Schedule:
 
 
 def _failed_renewal(lease: LeaseState, error: BaseException) -> None:
-    labels = lease._labels
+    labels = labels_of(lease)
     if labels is not None:
         labels.renewal_failed(error)
 
@@ -234,7 +242,7 @@ def _why_ran_out(renewal: Renewal) -> str:
 def tell(losses: Sequence[Loss]) -> None:
     for lease, reason in losses:
         try:
-            lease._mark_lost(reason)
+            mark_lost(lease, reason)
         except Exception:  # the renewer must outlive anything a holder does
             log.exception("telling the holder of %r about its loss failed", lease.name)
 

@@ -23,6 +23,7 @@ read/write locks serve it, never by waiting for itself:
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 from .._base.errors import LockError
@@ -35,6 +36,19 @@ READERS = 1_000_000_000
 SIDES = {READ: "read", WRITE: "write"}
 
 
+@dataclass(frozen=True)
+class Shared:
+    """What the two sides of a read/write lock share: a spec per mode, a table of each
+    holder's lease per mode, and the options their leases are made with."""
+
+    specs: dict[str, LockSpec]
+    tables: dict[str, Holders]
+    auto_renew: bool
+    max_hold: float | None
+    on_lost: Any
+    cancel_on_lost: bool = False  # (asyncio's)
+
+
 class SideRules:
     """What a side needs of its read/write lock: its spec, options and name."""
 
@@ -44,13 +58,13 @@ class SideRules:
     _noun: str
     _holding: Holders | None
 
-    def _join(self, rw: Any, mode: str) -> None:
+    def _join(self, rw: object, shared: Shared, mode: str) -> None:
         self._rw, self._mode = rw, mode
-        self._spec = rw._specs[mode]
-        self._holding = rw._tables[mode]  # the same mode again: one hold more (_rules.fronts)
-        self._other = rw._tables[WRITE if mode == READ else READ]
-        self._auto_renew, self._max_hold = rw._auto_renew, rw._max_hold
-        self._on_lost = rw._on_lost
+        self._spec = shared.specs[mode]
+        self._holding = shared.tables[mode]  # the same mode again: one hold more (_rules.fronts)
+        self._other = shared.tables[WRITE if mode == READ else READ]
+        self._auto_renew, self._max_hold = shared.auto_renew, shared.max_hold
+        self._on_lost = shared.on_lost
         self._noun = f"{SIDES[mode]} side of read/write lock"
         self._metric_kind, self._metric_mode = "rwlock", SIDES[mode]
 

@@ -14,7 +14,15 @@ from typing import Any
 from .._base.errors import BackendError, LockLost
 from .._clients.checks import check_client
 from .._rules import arguments as args
-from .._rules.election import ElectionRules, Leader, default_identity, log
+from .._rules.election import (
+    ElectionRules,
+    Leader,
+    default_identity,
+    log,
+    look,
+    retry_after,
+    rung,
+)
 from .._rules.flows import ELECTION, LockSpec, new_token
 from .._rules.lock import OnLost, check_replicas
 from .._rules.ops import Box
@@ -29,7 +37,12 @@ Seconds = float | timedelta
 class _Candidacy(OneServer):
     """The lock a candidate waits for (always renewed)."""
 
-    def __init__(self, spec: LockSpec, io: SyncIO, on_lost: OnLost | None) -> None:
+    def __init__(
+        self,
+        spec: LockSpec,
+        io: SyncIO,
+        on_lost: OnLost | None,
+    ) -> None:
         self._spec, self._io, self._on_lost = spec, io, on_lost
         self._auto_renew, self._max_hold = True, None
         self._noun = self._metric_kind = "election"
@@ -77,7 +90,11 @@ class Election(ElectionRules):
         self._observers = self._spec.keys.lock + ":observers"
         self._io = SyncIO(client)
         check_replicas(self._spec, self._io.direct)
-        self._candidacy = _Candidacy(self._spec, self._io, self._on_lost)
+        self._candidacy = _Candidacy(
+            self._spec,
+            self._io,
+            self._on_lost,
+        )
         self._lease: Lease | None = None
 
     @property
@@ -137,6 +154,11 @@ class Election(ElectionRules):
             )
 
 
+def announce(election: Election, what: str) -> None:
+    """Tell the observers of ``election`` that its leader changed, and how (``what``)."""
+    election._tell(what)
+
+
 class Observation:
     """What ``observe()`` returns: iterate it for the leader after each change.
     ``close()`` (from any thread; an asyncio observation's from its loop, or its
@@ -160,18 +182,18 @@ class Observation:
         while not self._closed.is_set():
             try:
                 leader, wait, self._box = election._io.run(
-                    election._look(self._token, self._box), action
+                    look(election._spec, election._observers, self._token, self._box), action
                 )
             except BackendError as failure:
                 self._failures += 1
-                self._closed.wait(election._after(failure, self._failures))
+                self._closed.wait(retry_after(failure, self._failures))
                 continue
             self._failures = 0
             if leader != self._last:
                 self._last = leader
                 return leader
             if not self._closed.is_set():
-                election._io.run(election._rung(self._token, self._box, wait), action)
+                election._io.run(rung(election._spec, self._token, self._box, wait), action)
         raise StopIteration
 
     def close(self) -> None:

@@ -36,7 +36,10 @@ from .._rules.fronts import (
 )
 from . import renewer as _renewer_sync
 from .backend import Cancelled, current_holder, shielded
-from .lease import SyncDriver, SyncLeaseBlock
+from .lease import (
+    SyncDriver,
+    SyncLeaseBlock,
+)
 
 Seconds = float | timedelta
 LeaseT = TypeVar("LeaseT", bound=SyncLeaseBlock)
@@ -152,3 +155,9 @@ class SyncFront(FrontBase, Generic[LeaseT]):
         function; for a blocking lock, a coroutine function) is refused
         (InvalidArgument)."""
         return decorate(self, fn)
+
+
+def handed_out(front: SyncFront[LeaseT], grant: Grant, started: float) -> LeaseT:
+    """The lease of a grant that ``front``'s lock got in another way (a multi-lock's one
+    script): watched, renewed and metered as its own acquire's would be."""
+    return front._watched(grant, started)

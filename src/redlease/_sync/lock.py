@@ -75,6 +75,11 @@ class OneServer(OneName, SyncFront[Lease]):
         return (self._io.run(self._look(), f"inspect {self.name!r}")).live_waiters
 
 
+def driver_of(lock: OneServer) -> SyncIO:
+    """The driver that runs ``lock``'s flows (a multi-lock runs its own through it)."""
+    return lock._io
+
+
 class Lock(OneServer):
     """A distributed lock on one Redis/Valkey deployment.
 

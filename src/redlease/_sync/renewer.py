@@ -12,7 +12,7 @@ from typing import Any
 
 from .._base import fork as _fork
 from .._base.timing import MONOTONIC, Clock
-from .._rules.lease import LeaseState
+from .._rules.lease import LeaseState, forked, watched
 from .._rules.renewal import Batch, Renewal, Schedule, failed, tell
 
 log = logging.getLogger("redlease._rules.renewal")
@@ -37,7 +37,7 @@ class Renewer:
     def register(self, lease: LeaseState, io: Any, max_hold: float | None) -> None:
         with self._cond:
             renewal = self._schedule.add(lease, io, self._clock(), max_hold)
-            lease._unwatch = lambda: self._forget(renewal)
+            watched(lease, lambda: self._forget(renewal))
             if self._thread is None:
                 self._thread = _daemon(self._run, "redlease-renewer")
             elif renewal.next_event() < self._wake_at:
@@ -136,7 +136,7 @@ def watch(lease: LeaseState, io: Any, max_hold: float | None) -> None:
 
 def _after_fork_in_child() -> None:
     for renewal in RENEWER._after_fork_in_child():
-        renewal.lease._forked()
+        forked(renewal.lease)
 
 
 _fork.in_child(_after_fork_in_child)

@@ -16,7 +16,7 @@ from .._rules import arguments as args
 from .._rules.flows import READ_WRITE, Acquisition, LockSpec
 from .._rules.lease import Holders
 from .._rules.lock import OnLost, check_replicas
-from .._rules.rwlock import READ, READERS, WRITE, SideRules
+from .._rules.rwlock import READ, READERS, WRITE, Shared, SideRules
 from .backend import ASYNC, current_holder
 from .io import SyncIO
 from .lease import Lease
@@ -28,8 +28,8 @@ Seconds = float | timedelta
 class _Side(SideRules, OneServer):
     """One side (read or write) of a read/write lock: a lock of its own to its caller."""
 
-    def __init__(self, rw: ReadWriteLock, mode: str, io: SyncIO) -> None:
-        self._join(rw, mode)
+    def __init__(self, rw: ReadWriteLock, shared: Shared, mode: str, io: SyncIO) -> None:
+        self._join(rw, shared, mode)
         self._io = io
 
     def _new_attempt(self, timeout: float | None, *, wait: bool) -> Acquisition:
@@ -73,7 +73,7 @@ class ReadWriteLock:
         replica_timeout: Seconds | None = None,
     ) -> None:
         check_client(client, want_async=ASYNC, sync_twin="ReadWriteLock")
-        self._specs = {
+        specs = {
             mode: LockSpec.create(
                 name,
                 ttl,
@@ -86,23 +86,29 @@ class ReadWriteLock:
             )
             for mode in (READ, WRITE)
         }
-        self._auto_renew, self._max_hold = args.renewal(auto_renew, max_hold, clock)
-        self._on_lost: OnLost | None = args.callback(on_lost, "on_lost")  # type: ignore[assignment]
-        self._tables = {mode: Holders() for mode in (READ, WRITE)}  # each holder's lease
+        auto_renew, max_hold = args.renewal(auto_renew, max_hold, clock)
+        shared = Shared(
+            specs,
+            {mode: Holders() for mode in (READ, WRITE)},  # each holder's lease
+            auto_renew,
+            max_hold,
+            args.callback(on_lost, "on_lost"),
+        )
         io = SyncIO(client)
-        check_replicas(self._specs[READ], io.direct)
-        self.read = _Side(self, READ, io)
-        self.write = _Side(self, WRITE, io)
+        check_replicas(specs[READ], io.direct)
+        self._spec = specs[READ]
+        self.read = _Side(self, shared, READ, io)
+        self.write = _Side(self, shared, WRITE, io)
 
     @property
     def name(self) -> str:
         """The name, as given."""
-        return self._specs[READ].name
+        return self._spec.name
 
     @property
     def ttl(self) -> float:
         """The lease length, in seconds."""
-        return self._specs[READ].ttl
+        return self._spec.ttl
 
     def __repr__(self) -> str:
         return f"<{type(self).__name__} {self.name!r} ttl={self.ttl}s>"
