@@ -44,6 +44,7 @@ FILES = [
     ("_async/multilock.py", "_sync/multilock.py"),
     ("_async/redlock.py", "_sync/redlock.py"),
     ("_async/inspect.py", "_sync/inspect.py"),
+    ("_async/gate.py", "_sync/gate.py"),
 ]
 
 # Whole words (or the exact text, for the ones starting with punctuation), in order.
@@ -62,6 +63,9 @@ SUBSTITUTIONS = [
     ("__aiter__", "__iter__"),
     ("decorate_async", "decorate"),
     ("aread_info", "read_info"),
+    ("afence_gate", "fence_gate"),
+    ("afenced_update", "fenced_update"),
+    ("acreate_table", "create_table"),
     (", AsyncOnly", ""),
     ("(AsyncOnly)", ""),
     ("AsyncIO", "SyncIO"),

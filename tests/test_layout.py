@@ -70,7 +70,7 @@ _LAYERS = [
     {"_rules"},
     {"_wire"},
     {"_async", "_sync"},
-    {"", "metrics", "testing"},  # the public face: redlease itself, redlease.metrics...
+    {"", "metrics", "sql", "testing"},  # the public face: redlease itself, redlease.metrics...
     {"_cli", "tools"},
     {"__main__"},
 ]

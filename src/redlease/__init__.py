@@ -26,6 +26,7 @@ from ._base.errors import (
     LockLost,
     QuorumError,
     RedleaseWarning,
+    StaleFence,
 )
 from ._base.version import __version__
 from ._rules.election import Leader
@@ -74,6 +75,7 @@ __all__ = [
     "Redlock",
     "RedlockLease",
     "Semaphore",
+    "StaleFence",
     "Waiter",
     "__version__",
     "aread_info",

@@ -3,6 +3,7 @@
     LockError
     ├── AcquireTimeout      (also TimeoutError) the lock stayed busy until the deadline
     ├── LockLost            the lease is no longer ours (expired, taken over, released)
+    │   └── StaleFence      a fence gate refused its fence: a newer holder has written
     ├── QuorumError         Redlock could not reach a majority; .failures says why per node
     ├── BackendError        the server failed; the redis-py exception is kept as __cause__
     └── InvalidArgument     (also ValueError and TypeError) a bad argument, named in the message
@@ -29,6 +30,25 @@ class AcquireTimeout(LockError, TimeoutError):
 
 class LockLost(LockError):
     """The lease is not (or no longer) ours: it expired, was taken over, or was released."""
+
+
+class StaleFence(LockLost):
+    """A fence gate refused a fence: a greater one has passed for the same resource, so
+    the lease that brought it was lost and a newer holder has written since. Nothing
+    was written through the gate; roll the transaction back and do not retry with this
+    fence. ``resource``, ``fence`` and ``recorded`` (the greatest passed, None if it is
+    not known) say which."""
+
+    def __init__(self, resource: str, fence: int, recorded: int | None) -> None:
+        newer = "a greater fence" if recorded is None else f"fence {recorded}"
+        super().__init__(
+            f"fence {fence} for {resource!r} is stale: {newer} has passed the gate, so the "
+            "lease it came with was lost and a newer holder has written since"
+        )
+        self.resource, self.fence, self.recorded = resource, fence, recorded
+
+    def __reduce__(self) -> tuple[object, ...]:  # (its arguments are not its message)
+        return (type(self), (self.resource, self.fence, self.recorded))
 
 
 class BackendError(LockError):

@@ -1,0 +1,232 @@
+"""The fence gate's rules, without I/O: the statements it runs on each SQL dialect, how a
+connection of each kind is called, and its arguments. ``_async.gate`` (and its generated
+twin) runs them on the caller's connection, inside the caller's transaction.
+
+The gate is a table with one row per resource: the highest fence that has passed. A
+holder passes by an upsert that raises the row's fence to its own, or leaves it as it
+is when it is its own already; a greater fence recorded makes the upsert change nothing,
+and the gate refuses. Either way the row stays locked until the transaction ends, so a
+holder with a smaller fence that comes while a greater one's transaction is open waits
+for it and is then refused: the transactions that pass are never interleaved, and they
+pass in the order of their fences.
+"""
+
+from __future__ import annotations
+
+import re
+import string
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from .._base.errors import InvalidArgument, StaleFence
+from .arguments import shown
+
+DEFAULT_TABLE = "redlease_fences"
+MAX_FENCE = 2**63 - 1  # a BIGINT column's greatest value
+MAX_RESOURCE = 1000  # characters: a name, not a document
+
+# An identifier the gate writes into its statements: letters, digits and underscores,
+# optionally schema-qualified. Never quoted, never taken from anything but the caller's code.
+_IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,62}(\.[A-Za-z_][A-Za-z0-9_]{0,62})?\Z")
+
+POSTGRESQL, SQLITE = "postgresql", "sqlite"
+# How a connection runs a statement: SQLAlchemy's ``execute(text(sql), params)``, a
+# DB-API connection's own ``execute`` (sqlite3, psycopg 3, aiosqlite), or a cursor's
+# (psycopg2, and any other DB-API driver).
+SQLALCHEMY, EXECUTE, CURSOR = "sqlalchemy", "execute", "cursor"
+
+# The driver modules known here: (dialect, paramstyle, how).
+_DRIVERS = {
+    "sqlite3": (SQLITE, "qmark", EXECUTE),
+    "aiosqlite": (SQLITE, "qmark", EXECUTE),
+    "psycopg": (POSTGRESQL, "format", EXECUTE),
+    "psycopg2": (POSTGRESQL, "pyformat", CURSOR),
+}
+_SUPPORTED = (
+    "a sqlite3, psycopg (3), psycopg2 or aiosqlite connection, or a SQLAlchemy "
+    "Connection or Session (asyncio: AsyncConnection, AsyncSession) on PostgreSQL or SQLite"
+)
+
+_CREATE = {
+    POSTGRESQL: (
+        "CREATE TABLE IF NOT EXISTS {table} ("
+        "resource TEXT PRIMARY KEY, fence BIGINT NOT NULL, "
+        "updated_at TIMESTAMPTZ NOT NULL DEFAULT CURRENT_TIMESTAMP)"
+    ),
+    SQLITE: (
+        "CREATE TABLE IF NOT EXISTS {table} ("
+        "resource TEXT PRIMARY KEY, fence INTEGER NOT NULL, "
+        "updated_at TEXT NOT NULL DEFAULT CURRENT_TIMESTAMP)"
+    ),
+}
+# The same upsert on both: a fence not smaller than the recorded one replaces it (an
+# equal one too, so that the row is locked for this transaction either way).
+_PASS = (
+    "INSERT INTO {table} (resource, fence, updated_at) VALUES ({resource}, {fence}, "
+    "CURRENT_TIMESTAMP) ON CONFLICT (resource) DO UPDATE SET fence = excluded.fence, "
+    "updated_at = excluded.updated_at WHERE {table}.fence <= excluded.fence"
+)
+_RECORDED = "SELECT fence FROM {table} WHERE resource = {resource}"
+
+
+@dataclass(frozen=True)
+class Calling:
+    """How to run statements on one connection."""
+
+    how: str
+    dialect: str
+    paramstyle: str  # DB-API's name; "named" for SQLAlchemy's text()
+
+    def statement(self, template: str, **values: Any) -> tuple[Any, Any]:
+        """``template`` with its ``{fields}`` written for this connection (an
+        ``Identifier`` into the text; any other value as a parameter), and the
+        parameters in the shape its driver takes."""
+        parts: list[str] = []
+        named: dict[str, Any] = {}
+        positional: list[Any] = []
+        for literal, field, _, _ in string.Formatter().parse(template):
+            parts.append(literal)
+            if field is None:
+                continue
+            value = values[field]
+            if isinstance(value, Identifier):
+                parts.append(value)
+            elif self.paramstyle in ("qmark", "format"):
+                parts.append("?" if self.paramstyle == "qmark" else "%s")
+                positional.append(value)
+            else:
+                parts.append(f"%({field})s" if self.paramstyle == "pyformat" else f":{field}")
+                named[field] = value
+        sql = "".join(parts)
+        params = tuple(positional) if self.paramstyle in ("qmark", "format") else named
+        if self.how == SQLALCHEMY:
+            from sqlalchemy import text  # (only a SQLAlchemy connection gets here)
+
+            return text(sql), params
+        return sql, params
+
+
+class Identifier(str):
+    """A table or column name, checked: written into a statement's text."""
+
+
+def calling(conn: object, *, want_async: bool) -> Calling:
+    """How ``conn`` runs statements; InvalidArgument if it is none of the kinds the gate
+    knows, is the other flavour's (an asyncio connection given to the blocking gate), or
+    commits each statement by itself (autocommit: the gate would lock nothing)."""
+    kind = type(conn)
+    top = kind.__module__.split(".")[0]
+    if top != "sqlalchemy" and top not in _DRIVERS:
+        raise InvalidArgument(f"conn must be {_SUPPORTED}; got {kind.__module__}.{kind.__name__}")
+    # asyncio connections: aiosqlite's, and the classes named so (psycopg's, SQLAlchemy's)
+    is_async = top == "aiosqlite" or kind.__name__.startswith("Async")
+    if is_async != want_async:
+        raise InvalidArgument(
+            f"conn is {'an asyncio' if is_async else 'a blocking'} connection "
+            f"({kind.__name__}): use the {'asyncio' if is_async else 'blocking'} gate "
+            f"(redlease.sql.{'a' if is_async else ''}fence_gate and its kin)"
+        )
+    if top == "sqlalchemy":
+        bind = conn.get_bind() if hasattr(conn, "get_bind") else conn  # a Session's engine
+        dialect = getattr(getattr(bind, "dialect", None), "name", "")
+        paramstyle, how = "named", SQLALCHEMY
+    else:
+        dialect, paramstyle, how = _DRIVERS[top]
+    if dialect not in _CREATE:
+        raise InvalidArgument(
+            f"conn is a connection to {dialect or 'an unknown database'}: the fence gate "
+            "runs on PostgreSQL and SQLite (others are not tested here)"
+        )
+    if getattr(conn, "autocommit", False) is True or (
+        top in ("sqlite3", "aiosqlite") and getattr(conn, "isolation_level", "") is None
+    ):
+        raise InvalidArgument(
+            "conn is in autocommit mode: each statement commits by itself, so the gate's "
+            "record would lock nothing for the writes after it; run the gate and the writes "
+            "in one transaction"
+        )
+    return Calling(how, dialect, paramstyle)
+
+
+def table(value: object, name: str = "table") -> Identifier:
+    if not isinstance(value, str) or not _IDENTIFIER.match(value):
+        raise InvalidArgument(
+            f"{name} must be a table name (letters, digits and underscores, optionally "
+            f"schema.table), got {shown(value)}"
+        )
+    return Identifier(value)
+
+
+def column(value: object, name: str) -> Identifier:
+    if not isinstance(value, str) or not _IDENTIFIER.match(value) or "." in value:
+        raise InvalidArgument(
+            f"{name} must be a column name (letters, digits and underscores), got {shown(value)}"
+        )
+    return Identifier(value)
+
+
+def resource(value: object) -> str:
+    if not isinstance(value, str) or not value or len(value) > MAX_RESOURCE:
+        raise InvalidArgument(
+            f"resource must be a non-empty str of at most {MAX_RESOURCE} characters "
+            f"(the name of what the fence guards), got {shown(value)}"
+        )
+    return value
+
+
+def fence(value: object) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= MAX_FENCE:
+        raise InvalidArgument(
+            f"fence must be an int from 0 to {MAX_FENCE} (a lease's fence), got {shown(value)}"
+        )
+    return value
+
+
+def create(calling: Calling, table_name: Identifier) -> tuple[Any, Any]:
+    return calling.statement(_CREATE[calling.dialect], table=table_name)
+
+
+def passing(calling: Calling, table_name: Identifier, name: str, value: int) -> tuple[Any, Any]:
+    return calling.statement(_PASS, table=table_name, resource=name, fence=value)
+
+
+def recorded(calling: Calling, table_name: Identifier, name: str) -> tuple[Any, Any]:
+    return calling.statement(_RECORDED, table=table_name, resource=name)
+
+
+def stale(name: str, value: int, seen: object) -> StaleFence:
+    return StaleFence(name, value, None if seen is None else int(seen))  # type: ignore[call-overload]
+
+
+def update(
+    calling: Calling,
+    table_name: Identifier,
+    where: Mapping[str, object],
+    values: Mapping[str, object],
+    value: int,
+    fence_column: Identifier,
+) -> tuple[Any, Any]:
+    """``UPDATE`` of the rows ``where`` matches whose fence is not greater than ``value``."""
+    if not isinstance(where, Mapping) or not where:
+        raise InvalidArgument(
+            f"where must be a non-empty mapping of column to value, got {shown(where)}"
+        )
+    if not isinstance(values, Mapping):
+        raise InvalidArgument(f"values must be a mapping of column to value, got {shown(values)}")
+    if fence_column in values:
+        raise InvalidArgument(
+            f"values must not set {fence_column!r}, the fence column: the update sets it"
+        )
+    named: dict[str, object] = {}
+    sets, conditions = [], []
+    for i, (col, val) in enumerate(values.items()):
+        sets.append(f"{column(col, 'values')} = {{v{i}}}")
+        named[f"v{i}"] = val
+    for i, (col, val) in enumerate(where.items()):
+        conditions.append(f"{column(col, 'where')} = {{w{i}}}")
+        named[f"w{i}"] = val
+    sets.append(f"{fence_column} = {{fence}}")
+    conditions.append(f"{fence_column} <= {{fence}}")
+    template = f"UPDATE {{table}} SET {', '.join(sets)} WHERE {' AND '.join(conditions)}"
+    return calling.statement(template, table=table_name, fence=value, **named)

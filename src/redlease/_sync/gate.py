@@ -1,0 +1,89 @@
+# Generated from _async/gate.py by scripts/unasync.py: edit that file, then run
+# `python scripts/unasync.py` (the tests run it with --check).
+"""The fence gate on a SQL database (``redlease.sql``), run on the caller's own connection
+and inside the caller's own transaction; its rules and statements are in ``_rules.gate``.
+Written once, as asyncio code; ``scripts/unasync.py`` generates the blocking twin.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from .._rules import gate as _gate
+from .backend import ASYNC
+
+
+def fence_gate(conn: Any, resource: str, fence: int, *, table: str = "redlease_fences") -> None:
+    """Let this transaction write for ``resource`` only if ``fence`` is the greatest seen.
+
+    Records ``fence`` in the gate's table as the highest that has passed for
+    ``resource``, or raises ``StaleFence`` (a ``LockLost``) if a greater one has: the
+    lease that brought this fence was lost, and a newer holder has written since. Call
+    it first in the transaction: its row stays locked until the transaction ends, so
+    every write after it is as conditional on the fence as the gate itself: a holder
+    with a smaller fence that comes meanwhile waits for this transaction to end, then is
+    refused. The same fence passes again and again. A rollback undoes the record.
+
+    ``conn``: a DB-API connection (sqlite3, psycopg 3, psycopg2; asyncio: psycopg's
+    ``Connection``, aiosqlite) or a SQLAlchemy ``Connection`` / ``Session``
+    (asyncio: ``Connection`` / ``Session``), on PostgreSQL or SQLite, not in
+    autocommit mode. ``table``: the gate's table (``create_table`` makes it). On
+    ``StaleFence`` roll the transaction back.
+    """
+    calling = _gate.calling(conn, want_async=ASYNC)
+    name, value, where = _gate.resource(resource), _gate.fence(fence), _gate.table(table)
+    result = _run(conn, calling, _gate.passing(calling, where, name, value))
+    if result.rowcount == 0:  # a greater fence is recorded: the upsert left it as it was
+        recorded = _first(conn, calling, _gate.recorded(calling, where, name))
+        raise _gate.stale(name, value, recorded)
+
+
+def fenced_update(
+    conn: Any,
+    table: str,
+    where: Mapping[str, object],
+    values: Mapping[str, object],
+    fence: int,
+    *,
+    fence_column: str = "fence",
+) -> bool:
+    """Update the rows ``where`` matches (column: value, all equal) with ``values``,
+    and their ``fence_column`` with ``fence``, only where that column is not greater
+    than ``fence``: the check and the write in one statement, for a fence kept on the
+    row itself. True if a row was updated; False if none was: a newer holder wrote it
+    (the lease of this fence was lost), or no row matches. Nothing is committed."""
+    calling = _gate.calling(conn, want_async=ASYNC)
+    statement = _gate.update(
+        calling,
+        _gate.table(table),
+        where,
+        values,
+        _gate.fence(fence),
+        _gate.column(fence_column, "fence_column"),
+    )
+    result = _run(conn, calling, statement)
+    return bool(result.rowcount and result.rowcount > 0)
+
+
+def create_table(conn: Any, *, table: str = "redlease_fences") -> None:
+    """Create the gate's table if it does not exist (in the caller's transaction: commit
+    it). Its DDL, for a migration of your own, is in the fencing guide."""
+    calling = _gate.calling(conn, want_async=ASYNC)
+    _run(conn, calling, _gate.create(calling, _gate.table(table)))
+
+
+def _run(conn: Any, calling: _gate.Calling, statement: tuple[Any, Any]) -> Any:
+    sql, params = statement
+    if calling.how == _gate.CURSOR:
+        cursor = conn.cursor()
+        cursor.execute(sql, params)
+        return cursor
+    return conn.execute(sql, params)
+
+
+def _first(conn: Any, calling: _gate.Calling, statement: tuple[Any, Any]) -> object:
+    """The first column of the first row a query returns (None: no row)."""
+    result = _run(conn, calling, statement)
+    row = result.fetchone()
+    return None if row is None else row[0]

@@ -1,0 +1,38 @@
+"""Fence gates for SQL databases: a lease's fence checked where the write lands.
+
+    with db.transaction():
+        redlease.sql.fence_gate(db, "account:7", lease.fence)  # first: StaleFence if stale
+        db.execute("UPDATE accounts SET balance = ...")        # conditional on the fence
+
+``fence_gate`` records the greatest fence that has passed for a resource in a table of
+its own (``create_table``), inside the caller's transaction, and refuses a smaller one
+with ``StaleFence``; ``fenced_update`` is the one-statement form for a fence kept on the
+row itself. The ``a``-prefixed twins take asyncio connections. See the fencing guide.
+"""
+
+from ._async.gate import acreate_table, afence_gate, afenced_update
+from ._base.errors import StaleFence
+from ._rules.gate import DEFAULT_TABLE
+from ._sync.gate import create_table, fence_gate, fenced_update
+
+__all__ = [
+    "DEFAULT_TABLE",
+    "StaleFence",
+    "acreate_table",
+    "afence_gate",
+    "afenced_update",
+    "create_table",
+    "fence_gate",
+    "fenced_update",
+]
+
+for _name in (
+    "acreate_table",
+    "afence_gate",
+    "afenced_update",
+    "create_table",
+    "fence_gate",
+    "fenced_update",
+):
+    globals()[_name].__module__ = __name__
+del _name

