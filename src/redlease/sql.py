@@ -26,13 +26,8 @@ __all__ = [
     "fenced_update",
 ]
 
-for _name in (
-    "acreate_table",
-    "afence_gate",
-    "afenced_update",
-    "create_table",
-    "fence_gate",
-    "fenced_update",
-):
-    globals()[_name].__module__ = __name__
-del _name
+for _name in __all__:
+    _public = globals()[_name]
+    if callable(_public) and _public is not StaleFence:  # (redlease.StaleFence is its name)
+        _public.__module__ = __name__
+del _name, _public
