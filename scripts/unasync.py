@@ -45,6 +45,7 @@ FILES = [
     ("_async/redlock.py", "_sync/redlock.py"),
     ("_async/inspect.py", "_sync/inspect.py"),
     ("_async/gate.py", "_sync/gate.py"),
+    ("_async/fenced.py", "_sync/fenced.py"),
 ]
 
 # Whole words (or the exact text, for the ones starting with punctuation), in order.

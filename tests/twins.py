@@ -130,6 +130,9 @@ class SyncTwin:
     def rwlock(self, name: str, ttl: float = 10.0, **options: Any) -> Any:
         return redlease.ReadWriteLock(self.client, name, ttl, **options)
 
+    def fenced(self, resource: str, **options: Any) -> Any:
+        return redlease.FencedRedis(self.client, resource, **options)
+
     def close(self) -> None:
         self.client.close()
 
@@ -160,6 +163,16 @@ class AsyncTwin:
             read=AsyncLockView(self.portal, made.read),
             write=AsyncLockView(self.portal, made.write),
             name=made.name,
+        )
+
+    def fenced(self, resource: str, **options: Any) -> Any:
+        """An AsyncFencedRedis whose apply and recorded run through the portal."""
+        made = redlease.AsyncFencedRedis(self.client, resource, **options)
+        return SimpleNamespace(
+            apply=lambda fence, commands: self.portal.call(made.apply, fence, commands),
+            recorded=lambda: self.portal.call(made.recorded),
+            key=made.key,
+            resource=made.resource,
         )
 
     def close(self) -> None:

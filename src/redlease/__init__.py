@@ -11,6 +11,7 @@ import logging
 
 from . import metrics as metrics  # (a module: redlease.metrics.configure)
 from ._async.election import AsyncElection, AsyncObservation
+from ._async.fenced import AsyncFencedRedis
 from ._async.inspect import aread_info
 from ._async.lease import AsyncLease
 from ._async.lock import AsyncLock
@@ -32,6 +33,7 @@ from ._base.version import __version__
 from ._rules.election import Leader
 from ._rules.inspect import Holder, LockInfo, Waiter
 from ._sync.election import Election, Observation
+from ._sync.fenced import FencedRedis
 from ._sync.inspect import read_info
 from ._sync.lease import Lease
 from ._sync.lock import Lock
@@ -47,6 +49,7 @@ logging.getLogger(__name__).addHandler(logging.NullHandler())
 __all__ = [
     "AcquireTimeout",
     "AsyncElection",
+    "AsyncFencedRedis",
     "AsyncLease",
     "AsyncLock",
     "AsyncMultiLease",
@@ -58,6 +61,7 @@ __all__ = [
     "AsyncSemaphore",
     "BackendError",
     "Election",
+    "FencedRedis",
     "Holder",
     "InvalidArgument",
     "Leader",

@@ -13,6 +13,8 @@ touches a single slot:
     P{N}:released      the token of the last release, for a retried release to find,
                        with a TTL (the release's reply bound)
     P{N}:woken         an unfair lock's waiter woken to compete, for 5 ms (UNFAIR_WOKEN)
+    P{N}:gate          the greatest fence the gate for Redis data (FencedRedis) has let
+                       through for the resource N, kept a while past the last one
 
 An election named N keeps a lock's keys under ``P{N}:elect`` (``P{N}:elect``,
 ``P{N}:elect:fence``...; the term is the fence), and ``P{N}:elect:observers``, observer
@@ -74,6 +76,35 @@ _ESCAPES = str.maketrans({"%": "%25", "{": "%7B", "}": "%7D"})
 def hash_tag(name: str) -> str:
     """The name as the keys' hash tag: braced, with its own braces (and "%") escaped."""
     return "{" + name.translate(_ESCAPES) + "}"
+
+
+def gate_key(resource: str, prefix: str = DEFAULT_PREFIX) -> str:
+    """The key in which the fence gate for Redis data records the greatest fence passed
+    for ``resource``: in the hash slot of the lock named so (``P{N}:gate``)."""
+    return prefix + hash_tag(resource) + ":gate"
+
+
+def _crc16(data: bytes) -> int:
+    """CRC-16/XMODEM, the checksum Redis Cluster maps keys to slots with."""
+    crc = 0
+    for byte in data:
+        crc ^= byte << 8
+        for _ in range(8):
+            crc = ((crc << 1) ^ 0x1021) if crc & 0x8000 else crc << 1
+        crc &= 0xFFFF
+    return crc
+
+
+def hash_slot(key: str | bytes) -> int:
+    """The Cluster hash slot of ``key``: of its hash tag (what is between its first "{"
+    and the next "}", if not empty), else of the whole key."""
+    data = key.encode() if isinstance(key, str) else key
+    start = data.find(b"{")
+    if start >= 0:
+        end = data.find(b"}", start + 1)
+        if end > start + 1:
+            data = data[start + 1 : end]
+    return _crc16(data) % 16384
 
 
 def read_back(key: str, prefix: str = DEFAULT_PREFIX) -> tuple[str, str] | None:

@@ -25,7 +25,7 @@ Pack = Callable[[tuple[str, ...]], bytes]
 def _pack_python(parts: tuple[str, ...]) -> bytes:
     out = [b"*%d\r\n" % len(parts)]
     for part in parts:
-        data = part.encode()
+        data = part if isinstance(part, bytes) else part.encode()  # (a fenced command's data)
         out.append(b"$%d\r\n%s\r\n" % (len(data), data))
     return b"".join(out)
 
