@@ -22,6 +22,7 @@ from redlease.tools import servers
 from . import (
     connections,
     contention,
+    gates,
     handoff,
     idle,
     memory,
@@ -44,6 +45,7 @@ SECTIONS = (
     "waiters",
     "memory",
     "primitives",
+    "gates",
 )
 SECTION_HELP = {
     "single": "1. uncontended cycles on one server, sync and asyncio",
@@ -56,6 +58,7 @@ SECTION_HELP = {
     "waiters": "8. server connections held by N blocked waiters in one process",
     "memory": "9. server memory kept for 1,000,000 lock names taken once each",
     "primitives": "10-12. semaphore and read/write lock under N processes; election failover",
+    "gates": "13. fence gates: a write with and without the gate (SQLite, PostgreSQL, Redis)",
 }
 
 
@@ -187,6 +190,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             # on a server of its own: the baseline is a fresh server's memory
             report.add_all(memory.run(binary.kind, settings))
             progress.step(SECTION_HELP["memory"])
+        if "gates" in wanted:
+            report.add_all(gates.run(port, settings))
+            progress.step(SECTION_HELP["gates"])
     report.notes.extend(notes(settings, wanted, time.monotonic() - started))
     print(report.text())
     if args.json:
@@ -252,6 +258,8 @@ def notes(settings: Settings, wanted: Sequence[str], elapsed: float) -> list[str
         )
     if "memory" in wanted:
         out.append(memory.note(settings))
+    if "gates" in wanted:
+        out.append(gates.note(settings))
     out.append(f"whole run: {elapsed:.0f} s.")
     return out
 

@@ -22,6 +22,7 @@ if _ROOT not in sys.path:
 from benchmarks import (  # noqa: E402
     connections,
     contention,
+    gates,
     handoff,
     idle,
     memory,
@@ -163,3 +164,12 @@ def test_primitives_sections_run(server: servers.ServerProcess, crew: Crew) -> N
     killed = measured(rows, "new leader after the leader is killed")[0]
     assert killed.value is not None
     assert killed.value > 0
+
+
+def test_the_fence_gates_cost_is_measured(server: servers.ServerProcess) -> None:
+    rows = gates.run(server.port, TINY)
+    assert_no_errors(rows)
+    assert len(measured(rows, "writes/s")) == 6  # SQLite, PostgreSQL, Redis: each both ways
+    for row in measured(rows, "time, gated / ungated"):
+        assert row.value is not None, row
+        assert row.value > 0, row

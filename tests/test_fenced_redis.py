@@ -115,7 +115,8 @@ def test_bad_arguments_are_refused_by_name(r: redis.Redis, name: str) -> None:
     gate = redlease.FencedRedis(r, name)
     with pytest.raises(redlease.InvalidArgument, match="writes the gate's own record"):
         gate.apply(1, [("SET", gate.key, "1")])
-    for fence in (True, -1, 2**53, "3"):
+    bad_fences: list[Any] = [True, -1, 2**53, "3"]
+    for fence in bad_fences:
         with pytest.raises(redlease.InvalidArgument, match=r"^fence must be"):
             gate.apply(fence, [("SET", "a", "1")])
     for bad, message in (({"keep": 0}, "^keep must be positive"), ({"prefix": "a{b"}, "prefix")):

@@ -1,0 +1,210 @@
+"""Section 13: what a fence gate costs. The same work with and without the gate, in
+interleaved rounds of one run: a one-row ``UPDATE`` transaction on SQLite and on
+PostgreSQL (``redlease.sql.fence_gate`` first), and one ``SET`` on Redis
+(``FencedRedis.apply``) against the plain command."""
+
+from __future__ import annotations
+
+import random
+import sqlite3
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import redis
+
+import redlease
+from redlease import sql
+from redlease.tools.postgres import PostgresProcess
+
+from ._common import Settings, describe_error, median
+from ._report import NA, Row, rate, verdict
+
+SECTION = "13. fence gates: the same write with and without the gate"
+SQL_BAR = 1.3  # a gated one-row transaction takes at most this times the ungated one
+REDIS_BAR = 1.5  # FencedRedis with one SET, against the SET alone
+
+
+@dataclass
+class Pair:
+    """One kind of write, measured plain and through its gate."""
+
+    label: str
+    plain: Callable[[], None]
+    gated: Callable[[], None]
+    bar: float
+    close: Callable[[], None] = lambda: None
+    rates: dict[str, list[float]] = field(default_factory=lambda: {"plain": [], "gated": []})
+    problem: str | None = None
+
+
+def _timed(cycle: Callable[[], None], seconds: float) -> float:
+    done, start = 0, time.perf_counter()
+    end = start + seconds
+    while True:
+        for _ in range(10):
+            cycle()
+        done += 10
+        now = time.perf_counter()
+        if now >= end:
+            return done / (now - start)
+
+
+def _sqlite_pair(path: Path) -> Pair:
+    db = sqlite3.connect(path)
+    sql.create_table(db)
+    db.execute("CREATE TABLE accounts (id INTEGER PRIMARY KEY, balance INTEGER NOT NULL)")
+    db.execute("INSERT INTO accounts VALUES (7, 0)")
+    db.commit()
+
+    def plain() -> None:
+        db.execute("UPDATE accounts SET balance = balance + 1 WHERE id = 7")
+        db.commit()
+
+    def gated() -> None:
+        sql.fence_gate(db, "account:7", 1)
+        db.execute("UPDATE accounts SET balance = balance + 1 WHERE id = 7")
+        db.commit()
+
+    return Pair(
+        "SQLite (sqlite3, a file), one-row UPDATE + COMMIT", plain, gated, SQL_BAR, db.close
+    )
+
+
+def _postgres_pair(dsn: str) -> Pair:
+    import psycopg
+
+    db = psycopg.connect(dsn)
+    sql.create_table(db)
+    db.execute("CREATE TABLE IF NOT EXISTS accounts (id INT PRIMARY KEY, balance INT NOT NULL)")
+    db.execute("INSERT INTO accounts VALUES (7, 0) ON CONFLICT DO NOTHING")
+    db.commit()
+
+    def plain() -> None:
+        db.execute("UPDATE accounts SET balance = balance + 1 WHERE id = 7")
+        db.commit()
+
+    def gated() -> None:
+        sql.fence_gate(db, "account:7", 1)
+        db.execute("UPDATE accounts SET balance = balance + 1 WHERE id = 7")
+        db.commit()
+
+    label = "PostgreSQL (psycopg 3, loopback), one-row UPDATE + COMMIT"
+    return Pair(label, plain, gated, SQL_BAR, db.close)
+
+
+def _redis_pair(port: int) -> Pair:
+    client = redis.Redis(port=port)
+    gate = redlease.FencedRedis(client, "account:7")
+    key = "{account:7}:balance"
+
+    def plain() -> None:
+        client.set(key, "1")
+
+    def gated() -> None:
+        gate.apply(1, [("SET", key, "1")])
+
+    return Pair(
+        "Redis: FencedRedis.apply([SET]) against SET", plain, gated, REDIS_BAR, client.close
+    )
+
+
+def run(port: int, settings: Settings, seed: int = 1) -> list[Row]:
+    pairs: list[Pair] = []
+    with tempfile.TemporaryDirectory(prefix="redlease-bench-gates-") as tmp:
+        pairs.append(_sqlite_pair(Path(tmp) / "gate.db"))
+        postgres = _start_postgres()
+        try:
+            if isinstance(postgres, str):
+                pairs.append(Pair(_PG_LABEL, _nothing, _nothing, SQL_BAR, problem=postgres))
+            else:
+                pairs.append(_postgres_pair(postgres.dsn))
+            pairs.append(_redis_pair(port))
+            _measure(pairs, settings, seed)
+        finally:
+            for pair in pairs:
+                pair.close()
+            if not isinstance(postgres, str):
+                postgres.close()
+    return [row for pair in pairs for row in _rows(pair)]
+
+
+_PG_LABEL = "PostgreSQL (psycopg 3, loopback), one-row UPDATE + COMMIT"
+
+
+def _nothing() -> None:
+    return None
+
+
+def _start_postgres() -> PostgresProcess | str:
+    """A private PostgreSQL server, or why there is none (a str)."""
+    try:
+        return PostgresProcess().start()
+    except Exception as exc:
+        return f"{NA} ({describe_error(exc)})"
+
+
+def _measure(pairs: list[Pair], settings: Settings, seed: int) -> None:
+    rng = random.Random(seed)
+    live = [p for p in pairs if p.problem is None]
+    for pair in live:  # warm-up: tables, scripts, connections
+        for kind in ("plain", "gated"):
+            _timed(getattr(pair, kind), min(0.05, settings.round_seconds))
+    for _ in range(settings.rounds):
+        order = [(p, k) for p in live for k in ("plain", "gated")]
+        rng.shuffle(order)
+        for pair, kind in order:
+            if pair.problem is not None:
+                continue
+            try:
+                pair.rates[kind].append(_timed(getattr(pair, kind), settings.round_seconds))
+            except Exception as exc:
+                pair.problem = f"error: {describe_error(exc)}"
+
+
+def _rows(pair: Pair) -> list[Row]:
+    bar = f"<= {pair.bar:g}x ungated"
+    figure = "time, gated / ungated"
+    if pair.problem is not None:
+        return [Row(SECTION, pair.label, figure, None, pair.problem, bar=bar, verdict=NA)]
+    plain, gated = median(pair.rates["plain"]), median(pair.rates["gated"])
+    cost = plain / gated
+    return [
+        Row(
+            SECTION,
+            f"{pair.label}: ungated",
+            "writes/s",
+            plain,
+            rate(plain),
+            extra={"rounds": pair.rates["plain"]},
+        ),
+        Row(
+            SECTION,
+            f"{pair.label}: gated",
+            "writes/s",
+            gated,
+            rate(gated),
+            extra={"rounds": pair.rates["gated"]},
+        ),
+        Row(
+            SECTION,
+            pair.label,
+            figure,
+            cost,
+            f"{cost:.2f}x",
+            bar=bar,
+            verdict=verdict(cost <= pair.bar),
+        ),
+    ]
+
+
+def note(settings: Settings) -> str:
+    return (
+        f"fence gates: {settings.rounds} interleaved rounds of {settings.round_seconds:g} s "
+        "for each write, with and without its gate; time ratio = ungated writes/s over "
+        "gated writes/s (medians). The SQL rows commit each transaction; PostgreSQL is a "
+        "private server on loopback with fsync off, so a round trip weighs more there than "
+        "on a disk-bound server."
+    )
