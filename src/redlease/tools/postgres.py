@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import glob
+import hashlib
 import importlib.util
 import os
 import shutil
@@ -40,6 +41,29 @@ def find_postgres() -> Path | None:
     return None
 
 
+def _reachable_by_all(bindir: Path) -> Path:
+    """``bindir``, or a copy of its installation that any user can run: the server runs
+    as ``nobody`` under root, and a virtualenv under a private home (``/root``) is out
+    of its reach. The copy keeps the installation's layout (``bin``, ``lib``, ``share``:
+    the server finds the rest from where its binary is) and is made once per machine."""
+    install = bindir.parent
+    if all(os.stat(p).st_mode & 0o001 for p in (bindir, *bindir.parents)):
+        return bindir
+    digest = hashlib.sha1(str(install).encode()).hexdigest()[:12]
+    copy = Path(tempfile.gettempdir()) / f"redlease-postgres-{digest}"
+    if not (copy / bindir.name / "postgres").is_file():
+        staging = Path(tempfile.mkdtemp(prefix="redlease-postgres-"))
+        shutil.copytree(install, staging / "install", symlinks=True)
+        os.chmod(staging, 0o755)
+        try:
+            os.rename(staging / "install", copy)
+        except OSError:  # another process made it first
+            shutil.rmtree(staging, ignore_errors=True)
+        else:
+            os.rmdir(staging)
+    return copy / bindir.name
+
+
 class PostgresProcess:
     """One PostgreSQL server in a temporary directory, trusting loopback connections
     (user ``postgres``, database ``postgres``), with fsync off: its data is for one run."""
@@ -62,6 +86,7 @@ class PostgresProcess:
         if os.geteuid() == 0:
             self._user, self._group = "nobody", "nogroup"
             shutil.chown(self.dir, self._user, self._group)
+            self.bindir = _reachable_by_all(self.bindir)
         self._initdb()
 
     @property
