@@ -9,12 +9,14 @@ import json
 import sqlite3
 import subprocess
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
 from redlease.__main__ import main
 from redlease.tools import demo, servers
+from redlease.tools.postgres import PostgresProcess
 
 
 def _by_label(results: list[demo.ModeResult]) -> dict[str, demo.ModeResult]:
@@ -35,13 +37,16 @@ def test_quick_demo_tells_the_truth(server: servers.ServerProcess) -> None:
     assert basic["redlease"].keys_without_ttl == 0
 
     paused = _by_label(report.paused)
-    assert list(paused) == ["redlease, no fence", "redlease + fence"]
+    gated_label = "redlease + fence gate (PostgreSQL)"
+    assert list(paused) == ["redlease, no fence", "redlease + fence", gated_label]
     unfenced, fenced = paused["redlease, no fence"], paused["redlease + fence"]
     assert unfenced.pauses == fenced.pauses == len(config.pause_sections)
     assert unfenced.handed_out_twice >= 1  # even a correct TTL lock lets a paused holder in
-    assert fenced.handed_out_twice == 0
-    assert fenced.rejected >= 1  # ... and the table refused its stale write
-    assert fenced.claims == config.numbers
+    for stopped in (fenced, paused[gated_label]):
+        assert stopped.pauses == len(config.pause_sections)
+        assert stopped.handed_out_twice == 0
+        assert stopped.rejected >= 1  # ... and the table refused its stale write
+        assert stopped.claims == config.numbers
     assert all(not r.errors for r in report.all())
 
     text = out.getvalue()
@@ -82,6 +87,20 @@ def test_fenced_write_from_an_older_holder_is_rejected(tmp_path: Path) -> None:
     assert demo.claim_number(db, 1, 9, fenced=True, window=0) == demo.CLAIMED
     db.close()
     outcome = demo.read_outcome(str(tmp_path / "t.sqlite3"))
+    assert (outcome.claims, outcome.handed_out_twice, outcome.rejected) == (2, 0, 1)
+
+
+def test_the_fence_gate_refuses_an_older_holders_claim_on_postgresql(
+    postgres: PostgresProcess,
+) -> None:
+    import psycopg
+
+    demo.create_pg_table(postgres.dsn, 5, seed=1)
+    with psycopg.connect(postgres.dsn) as db:
+        assert demo.claim_number_gated(db, 0, 8, window=0) == demo.CLAIMED
+        assert demo.claim_number_gated(db, 1, 7, window=0) == demo.REJECTED  # older: refused
+        assert demo.claim_number_gated(db, 1, 9, window=0) == demo.CLAIMED
+    outcome = demo.read_pg_outcome(postgres.dsn)
     assert (outcome.claims, outcome.handed_out_twice, outcome.rejected) == (2, 0, 1)
 
 
@@ -211,3 +230,21 @@ def test_demo_fails_when_redlease_itself_fails(
         code = main(["demo", "--quick", "--no-pause", *options, "--redis", srv.url])
     assert code == 1
     assert "redlease demo: redlease" in capsys.readouterr().err
+
+
+def test_the_gated_run_says_why_it_is_skipped_without_postgresql(
+    server: servers.ServerProcess, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from redlease.tools import postgres
+
+    monkeypatch.setattr(postgres, "find_postgres", lambda: None)
+    config = demo.DemoConfig.quick_config(
+        urls=(server.url,), modes=("redlease",), basic=False, numbers=10
+    )
+    out = io.StringIO()
+    report = demo.run_demo(config, out)
+    gated = _by_label(report.paused)["redlease + fence gate (PostgreSQL)"]
+    assert gated.skipped == "skipped: no PostgreSQL here (pip install 'redlease[postgres]')"
+    assert "no PostgreSQL here" in out.getvalue()
+    without = demo.run_demo(replace(config, postgres=False), io.StringIO())
+    assert [r.label for r in without.paused] == ["redlease, no fence", "redlease + fence"]

@@ -123,6 +123,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="only the part with holders paused past their lease (the fencing story)",
     )
     part.add_argument("--no-pause", action="store_true", help="skip the part with paused holders")
+    demo.add_argument(
+        "--no-postgres",
+        action="store_true",
+        help="skip the paused run with the table on a private PostgreSQL behind the SQL "
+        "fence gate (it runs where the postgres extra is installed)",
+    )
     _add_json(demo, "print the measurements as JSON instead of the tables")
 
     run = sub.add_parser(
@@ -407,6 +413,8 @@ def _demo(args: argparse.Namespace) -> int:
         overrides["basic"] = False
     if args.no_pause:
         overrides["pauses"] = False
+    if args.no_postgres:
+        overrides["postgres"] = False
     config = (
         demo.DemoConfig.quick_config(**overrides) if args.quick else demo.DemoConfig(**overrides)
     )

@@ -15,7 +15,9 @@ The second part pauses one holder inside its critical section for longer than it
 as a GC pause or SIGSTOP would. No TTL lock can stop a second worker from coming in then;
 the table shows that, and shows fencing stopping the damage: every claim carries
 ``lease.fence``, the table records the highest fence that has touched it (on the read) and
-refuses a write from an older one.
+refuses a write from an older one. With PostgreSQL at hand (the ``postgres`` extra), one more
+run keeps the table there and lets redlease's SQL fence gate (``redlease.sql``) do the
+refusing: the claim's read and its write each pass the gate first.
 """
 
 from __future__ import annotations
@@ -221,6 +223,97 @@ def claim_number(
     return CLAIMED if written else REJECTED
 
 
+_PG_SCHEMA = (
+    "DROP TABLE IF EXISTS numbers, claims, rejected, redlease_fences",
+    "CREATE TABLE numbers (id INT PRIMARY KEY, number TEXT NOT NULL, "
+    "status TEXT NOT NULL DEFAULT 'idle', holder INT, fence BIGINT)",
+    "CREATE TABLE claims (number_id INT NOT NULL, worker INT NOT NULL, fence BIGINT)",
+    "CREATE TABLE rejected (number_id INT, worker INT NOT NULL, fence BIGINT NOT NULL)",
+)
+GATED = "numbers"  # the resource the gate guards: the pool of numbers
+
+
+def create_pg_table(dsn: str, numbers: int, seed: int) -> None:
+    """The same fresh pool in PostgreSQL, with the fence gate's table."""
+    import psycopg
+
+    from .. import sql
+
+    rng = random.Random(seed)
+    picked = rng.sample(range(10_000_000, 100_000_000), numbers)
+    with psycopg.connect(dsn) as db:
+        for statement in _PG_SCHEMA:
+            db.execute(statement)
+        sql.create_table(db)
+        with db.cursor() as cursor:
+            cursor.executemany(
+                "INSERT INTO numbers (id, number) VALUES (%s, %s)",
+                [(i + 1, f"+1 555 {n:08d}") for i, n in enumerate(picked)],
+            )
+
+
+def read_pg_outcome(dsn: str) -> TableOutcome:
+    import psycopg
+
+    with psycopg.connect(dsn) as db:
+        counts = [
+            int((db.execute(query).fetchone() or (0,))[0])
+            for query in (
+                "SELECT COUNT(*) FROM claims",
+                "SELECT COUNT(*) FROM (SELECT number_id FROM claims "
+                "GROUP BY number_id HAVING COUNT(*) > 1) twice",
+                "SELECT COUNT(*) FROM rejected",
+                "SELECT COUNT(*) FROM numbers WHERE status = 'idle'",
+            )
+        ]
+    return TableOutcome(*counts)
+
+
+def claim_number_gated(
+    db: Any, worker: int, fence: int, *, window: float, pause: float = 0.0
+) -> str:
+    """The critical section on PostgreSQL through redlease's fence gate: the read and the
+    write are each a transaction that passes the gate first, so a holder whose fence is
+    older than the newest that has passed writes nothing. The write itself is the plain,
+    unconditional ``UPDATE``: the gate alone refuses the late writer."""
+    from .. import sql
+    from .._base.errors import StaleFence
+
+    number_id: int | None = None
+    try:
+        sql.fence_gate(db, GATED, fence)
+        row = db.execute(
+            "SELECT id FROM numbers WHERE status = 'idle' ORDER BY id LIMIT 1"
+        ).fetchone()
+        db.commit()
+        if row is None:
+            return NONE_LEFT
+        number_id = int(row[0])
+        time.sleep(window + pause)
+        sql.fence_gate(db, GATED, fence)
+        db.execute(
+            "UPDATE numbers SET status = 'busy', holder = %s, fence = %s WHERE id = %s",
+            (worker, fence, number_id),
+        )
+        db.execute(
+            "INSERT INTO claims (number_id, worker, fence) VALUES (%s, %s, %s)",
+            (number_id, worker, fence),
+        )
+        db.commit()
+    except StaleFence:
+        db.rollback()
+        db.execute(
+            "INSERT INTO rejected (number_id, worker, fence) VALUES (%s, %s, %s)",
+            (number_id, worker, fence),
+        )
+        db.commit()
+        return REJECTED
+    except BaseException:
+        db.rollback()
+        raise
+    return CLAIMED
+
+
 # --------------------------------------------------------------------------- the locks
 
 
@@ -284,6 +377,7 @@ class RunSpec:
     urls: tuple[str, ...]
     lock_name: str
     db_path: str
+    db_url: str = ""  # a PostgreSQL DSN: the table lives there, claims pass the SQL gate
     workers: int = 6
     ttl: float = 0.5
     fenced: bool = False
@@ -315,7 +409,7 @@ def _worker(
 ) -> None:
     stats = WorkerStats()
     clients: list[Any] = []
-    db: sqlite3.Connection | None = None
+    db: Any = None  # sqlite3's, or psycopg's for the gated run
     # The demo's table reports the leases its paused holders lose; the library's log line
     # for each, and its warning that a server keeps nothing on disk (said once already by
     # the parent's probe, or not at all for the demo's throwaway servers), would only
@@ -325,7 +419,12 @@ def _worker(
     try:
         clients = [from_url(url) for url in spec.urls]
         contender = make_contender(spec.mode, clients, spec.lock_name, spec.ttl)
-        db = _connect(spec.db_path)
+        if spec.db_url:
+            import psycopg
+
+            db = psycopg.connect(spec.db_url)
+        else:
+            db = _connect(spec.db_path)
         rng = random.Random(spec.seed * 1000 + index)
         ready.put(index)
         if not go.wait(timeout=120):
@@ -342,9 +441,14 @@ def _worker(
                 begun.value += 1
                 pause = spec.pause if begun.value in spec.pause_sections else 0.0
             try:
-                outcome = claim_number(
-                    db, index, held.fence, fenced=spec.fenced, window=spec.window, pause=pause
-                )
+                if spec.db_url:
+                    outcome = claim_number_gated(
+                        db, index, held.fence, window=spec.window, pause=pause
+                    )
+                else:
+                    outcome = claim_number(
+                        db, index, held.fence, fenced=spec.fenced, window=spec.window, pause=pause
+                    )
             finally:
                 held.release()
             if outcome == NONE_LEFT:
@@ -374,6 +478,7 @@ class ModeResult:
     mode: str
     fenced: bool = False
     paused: bool = False
+    gate: bool = False  # the table on PostgreSQL, behind redlease's SQL fence gate
     claims: int = 0
     handed_out_twice: int = 0
     rejected: int = 0
@@ -389,6 +494,8 @@ class ModeResult:
     @property
     def label(self) -> str:
         text = LABELS.get(self.mode, self.mode)
+        if self.gate:
+            return text + " + fence gate (PostgreSQL)"
         if self.mode in FENCED_MODES and self.paused:
             text += " + fence" if self.fenced else ", no fence"
         return text
@@ -446,7 +553,10 @@ Progress = Callable[[int, float, bool], None]
 
 def run_mode(spec: RunSpec, numbers: int, progress: Progress | None = None) -> ModeResult:
     """Run one mode on a fresh table with ``spec.workers`` fresh processes."""
-    create_table(spec.db_path, numbers, spec.seed)
+    if spec.db_url:
+        create_pg_table(spec.db_url, numbers, spec.seed)
+    else:
+        create_table(spec.db_path, numbers, spec.seed)
     ctx = multiprocessing.get_context("spawn")
     ready, out = ctx.Queue(), ctx.Queue()
     go = ctx.Event()
@@ -455,7 +565,9 @@ def run_mode(spec: RunSpec, numbers: int, progress: Progress | None = None) -> M
         ctx.Process(target=_worker, args=(spec, i, ready, go, claimed, begun, out), daemon=True)
         for i in range(spec.workers)
     ]
-    result = ModeResult(spec.mode, fenced=spec.fenced, paused=bool(spec.pause_sections))
+    result = ModeResult(
+        spec.mode, fenced=spec.fenced, paused=bool(spec.pause_sections), gate=bool(spec.db_url)
+    )
     stats: dict[int, WorkerStats] = {}
     try:
         if progress is not None:
@@ -496,7 +608,7 @@ def run_mode(spec: RunSpec, numbers: int, progress: Progress | None = None) -> M
         result.pauses += s.pauses
         if s.error:
             result.errors.append(s.error)
-    outcome = read_outcome(spec.db_path)
+    outcome = read_pg_outcome(spec.db_url) if spec.db_url else read_outcome(spec.db_path)
     result.claims = outcome.claims
     result.handed_out_twice = outcome.handed_out_twice
     result.rejected = outcome.rejected
@@ -572,6 +684,9 @@ class DemoConfig:
     dial: float = 0.01
     budget: float = 10.0
     quick: bool = False
+    # part 2 also runs redlease with the table on a private PostgreSQL behind the SQL fence
+    # gate, where PostgreSQL and psycopg are installed (the postgres extra)
+    postgres: bool = True
 
     @classmethod
     def quick_config(cls, **overrides: Any) -> DemoConfig:
@@ -657,6 +772,25 @@ class _ProgressLine:
         self.out.flush()
 
 
+def postgres_missing() -> str | None:
+    """Why the gated run cannot run here (None: it can)."""
+    import importlib.util
+
+    from .postgres import find_postgres
+
+    if importlib.util.find_spec("psycopg") is None or find_postgres() is None:
+        return "no PostgreSQL here (pip install 'redlease[postgres]')"
+    return None
+
+
+@contextlib.contextmanager
+def _private_postgres() -> Iterator[Any]:
+    from .postgres import PostgresProcess
+
+    with PostgresProcess() as pg:
+        yield pg
+
+
 def run_demo(config: DemoConfig, out: TextIO | None = None) -> DemoReport:
     """Run the demo, print it to ``out`` (default stdout) and return the measurements."""
     out = out if out is not None else sys.stdout
@@ -669,7 +803,13 @@ def run_demo(config: DemoConfig, out: TextIO | None = None) -> DemoReport:
     redlock_why: str | None = None
     try:
         servers_wanted = 3 if want_redlock and redlock_why is None else 1
-        with _servers(config, servers_wanted, out) as (urls, where):
+        with (
+            contextlib.ExitStack() as stack,
+            _servers(config, servers_wanted, out) as (
+                urls,
+                where,
+            ),
+        ):
             report.server = where
             _intro(config, where, out)
             if want_redlock and redlock_why is None:
@@ -679,7 +819,7 @@ def run_demo(config: DemoConfig, out: TextIO | None = None) -> DemoReport:
                     redlock_why = redlock_status(urls)
             runs = 0
 
-            def one(mode: str, fenced: bool, paused: bool) -> ModeResult:
+            def one(mode: str, fenced: bool, paused: bool, dsn: str = "") -> ModeResult:
                 nonlocal runs
                 runs += 1
                 if mode == "redlock" and redlock_why is not None:
@@ -702,8 +842,9 @@ def run_demo(config: DemoConfig, out: TextIO | None = None) -> DemoReport:
                     pause=pause,
                     pause_sections=config.pause_sections if paused else (),
                     seed=config.seed,
+                    db_url=dsn,
                 )
-                label = ModeResult(mode, fenced, paused).label
+                label = ModeResult(mode, fenced, paused, gate=bool(dsn)).label
                 bar = _ProgressLine(out, label, config.numbers, tty)
                 try:
                     return run_mode(spec, config.numbers, bar)
@@ -725,6 +866,11 @@ def run_demo(config: DemoConfig, out: TextIO | None = None) -> DemoReport:
                     "reads the same idle number; with fencing, the table records the newest "
                     "fence on each read and refuses the late writer."
                 )
+                if config.postgres and "redlease" in locked:
+                    text += (
+                        " The fence gate run keeps the table on PostgreSQL, and the claim's "
+                        "read and write each pass redlease.sql.fence_gate first."
+                    )
                 out.write("\n2. A holder pauses longer than its lease\n")
                 out.write(_wrap(text, 92, "   ", hang="") + "\n")
                 out.flush()
@@ -732,6 +878,16 @@ def run_demo(config: DemoConfig, out: TextIO | None = None) -> DemoReport:
                     report.paused.append(one(mode, False, True))
                     if mode in FENCED_MODES:
                         report.paused.append(one(mode, True, True))
+                    if mode == "redlease" and config.postgres:
+                        missing = postgres_missing()
+                        if missing is not None:
+                            skipped = f"skipped: {missing}"
+                            report.paused.append(
+                                ModeResult(mode, True, True, True, skipped=skipped)
+                            )
+                        else:
+                            pg = stack.enter_context(_private_postgres())
+                            report.paused.append(one(mode, True, True, dsn=pg.dsn))
                 _table(report.paused, out, fenced_column=True)
             _legend(config, out)
             _conclusion(report, out)
