@@ -44,6 +44,7 @@ class Record:
     keys_without_ttl: list[str]
     start: float
     heals: list[float] = field(default_factory=list)
+    gates: dict[str, int] = field(default_factory=dict)  # rows 20: each gated counter's end
     fault_windows: list[tuple[float, float, str]] = field(default_factory=list)
     nemesis_log: list[tuple[float, str]] = field(default_factory=list)
 
@@ -77,6 +78,9 @@ class Outcome:
     crashed_workers: int
     max_gap_s: float  # the longest the lock stood idle between two sections
     excess: int = 0  # moments more permits were held than a semaphore's limit
+    # rows 20, per gate ("sql", "redis"): writes accepted, sections stopped at the gate,
+    # and updates lost (writes accepted beyond the counter's final value)
+    gates: dict[str, tuple[int, int, int]] = field(default_factory=dict)
 
     @property
     def fenced(self) -> bool:
@@ -102,7 +106,13 @@ class Outcome:
             + len(self.keys_without_ttl)
             + self.leftovers
             + (1 if self.min_lead_ms is not None and self.min_lead_ms < 0 else 0)
+            + self.gate_violations
         )
+
+    @property
+    def gate_violations(self) -> int:
+        """Updates lost behind a fence gate (or counted twice): what a gate must prevent."""
+        return sum(abs(lost) for _, _, lost in self.gates.values())
 
 
 def overlapping(sections: list[Section]) -> list[tuple[Section, Section]]:
@@ -196,4 +206,14 @@ def check(record: Record) -> Outcome:
         crashed_workers=sum(1 for w in record.workers if "sections" not in w),
         max_gap_s=longest_gap(sections),
         excess=beyond(wrote, limit) if limit else 0,
+        gates=_gates(record),
     )
+
+
+def _gates(record: Record) -> dict[str, tuple[int, int, int]]:
+    found = {}
+    for gate, final in record.gates.items():
+        counts = [w.get("gates", {}).get(gate, [0, 0]) for w in record.workers]
+        accepted, stopped = sum(c[0] for c in counts), sum(c[1] for c in counts)
+        found[gate] = (accepted, stopped, accepted - final)
+    return found

@@ -72,6 +72,9 @@ class Plan:
     die_waiting: dict[int, int] = field(default_factory=dict)
     # row 19: "election", "multilock", "semaphore:<limit>", "readwrite" ("": the lock)
     primitive: str = ""
+    # rows 20: the workers also write through the fence gates (a PostgreSQL server is
+    # started beside the resource server)
+    gates: bool = False
 
 
 @dataclass(frozen=True)
@@ -317,6 +320,48 @@ ROW_19 = [
 ]
 
 
+def _gated(base: Callable[[random.Random, bool], Plan]) -> Callable[[random.Random, bool], Plan]:
+    """Rows 20: a row's plan, with the workers also writing through the fence gates."""
+
+    def plan(rng: random.Random, quick: bool) -> Plan:
+        p = base(rng, quick)
+        p.gates = True
+        return p
+
+    return plan
+
+
+ROW_20 = [
+    Scenario(
+        20,
+        "fence gates (PostgreSQL, a second Redis): holder paused (SIGSTOP) past its lease",
+        VIOLATION,
+        SAFE,
+        None,
+        _gated(_holder_pause("sigstop")),
+        label="20a",
+    ),
+    Scenario(
+        20,
+        "fence gates: the lock's server killed -9 and restarted empty",
+        POSSIBLE,
+        SAFE,
+        None,
+        _gated(_primitive("", "crash")),
+        label="20b",
+    ),
+    Scenario(
+        20,
+        "fence gates: a Redlock node killed -9 and restarted empty",
+        POSSIBLE,
+        SAFE,
+        "redlock",
+        _gated(_node_crash(False, 0.05)),
+        label="20c",
+    ),
+]
+
+
 # Keyed by the row's number in the table ("13b" for the second row 13), in table order.
 SCENARIOS: dict[str, Scenario] = {
     s.number: s
@@ -431,6 +476,7 @@ SCENARIOS: dict[str, Scenario] = {
             _fork_in_section,
         ),
         *ROW_19,
+        *ROW_20,
     ]
 }
 
@@ -505,6 +551,7 @@ class Deployment:
     replicas: list[servers.ServerProcess] = field(default_factory=list)  # one per node
     links: list[FaultProxy] = field(default_factory=list)  # replication, replica -> master
     paths: dict[int, list[FaultProxy]] = field(default_factory=dict)  # a worker's own
+    postgres: Any = None  # rows 20: the PostgreSQL server behind the SQL gate
 
     def urls_for(self, worker: int) -> list[str]:
         if worker in self.paths:
@@ -576,12 +623,18 @@ def deploy(
                 if delay:
                     proxies[-1].set_mode("delay", delay_ms=delay)
                 dep.paths[worker].append(proxies[-1])
+        if plan.gates:
+            from ..postgres import PostgresProcess
+
+            dep.postgres = PostgresProcess().start()
         yield dep
     finally:
         for proxy in proxies:
             proxy.stop()
         for srv in started:
             srv.stop()
+        if plan.gates and "dep" in locals() and dep.postgres is not None:
+            dep.postgres.close()
 
 
 class _Nemesis:
@@ -766,6 +819,9 @@ def _run(
     threads: list[threading.Thread],
 ) -> Record:
     resource.reset(res_client)
+    dsn = dep.postgres.dsn if dep.postgres is not None else ""
+    if dsn:
+        resource.reset_gates(res_client, dsn)
     env = _worker_env(plan, clock_file)
     outputs: dict[int, str] = {}
     for i in range(plan.processes):
@@ -790,6 +846,7 @@ def _run(
             "primitive": plan.primitive,
             "between": plan.between,
             "options": plan.options,
+            "gates_dsn": dsn,
         }
         proc = subprocess.Popen(
             [sys.executable, "-m", "redlease.tools.chaos.worker"],
@@ -858,6 +915,7 @@ def _run(
         workers=workers,
         resource=resource.state(res_client),
         keys_without_ttl=no_ttl,
+        gates=resource.gate_state(res_client, dsn) if dsn else {},
         start=start,
         heals=nemesis.heals,
         fault_windows=nemesis.windows,

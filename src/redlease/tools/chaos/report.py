@@ -117,6 +117,14 @@ def _scenario_line(row: Row) -> str:
     if leads:
         extra += f"; {total(lambda o: o.notifications)} lost-lease notices, min lead "
         extra += f"{min(leads):.0f} ms"
+    for gate, name in (("sql", "SQL gate"), ("redis", "FencedRedis")):
+        if any(gate in o.gates for o in runs):
+            figures = [o.gates[gate] for o in runs if gate in o.gates]
+            extra += (
+                f"; {name}: {sum(f[0] for f in figures)} writes, "
+                f"{sum(f[1] for f in figures)} stale stopped at the gate, "
+                f"{sum(abs(f[2]) for f in figures)} lost"
+            )
     return (
         f"| {s.number} | {s.fault} | {expected} | {unf} | {fen} | "
         f"{total(lambda o: o.rejected)} | {total(lambda o: len(o.keys_without_ttl))} | "
@@ -173,6 +181,10 @@ def render(
         "a semaphore's count is of permits taken beyond its limit; for a semaphore, stale",
         "writes rejected also counts holders of an older permit turned away beside a newer",
         "one (the resource keeps one high-water mark, which cannot tell them apart).",
+        "Rows 20 add two more counters, each read and written through one of redlease's",
+        "fence gates: one in a PostgreSQL server (`redlease.sql.fence_gate`), one on the",
+        "resource server (`FencedRedis`). Their lost updates count as fenced violations; the",
+        "verdict column says how many stale writes each gate stopped.",
         "",
         "| # | fault | expected (unfenced / fenced) | observed unfenced: overlaps (or permits "
         "past a semaphore's limit) / lost | "

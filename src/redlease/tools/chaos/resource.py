@@ -15,6 +15,7 @@ accepted token is appended to a log so the checker can verify they never go down
 from __future__ import annotations
 
 import itertools
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -113,3 +114,105 @@ def state(client: Any) -> ResourceState:
         rejected=int(client.get(REJECTED) or 0),
         stale_accepted=int(client.get(STALE_ACCEPTED) or 0),
     )
+
+
+# -- rows 20: the fence gates -----------------------------------------------------------
+
+GATED = "chaos-gated"  # the resource both gates guard
+GATED_KEY = "{chaos-gated}:counter"  # on the resource server, in the gate record's slot
+GATED_TABLE = "chaos_gated"  # in PostgreSQL: one row, id 1, the counter n
+GATES = ("sql", "redis")
+
+
+class Gates:
+    """Worker side of rows 20: a counter in PostgreSQL behind ``redlease.sql.fence_gate``
+    and one on the resource server behind ``FencedRedis``. Each section reads both and
+    writes both back plus one, every read and write through its gate (a read passes it
+    too, so that a holder with an older fence that read before cannot write after).
+    ``counts``: per gate, [writes accepted, sections stopped at the gate]."""
+
+    def __init__(self, client: Any, dsn: str) -> None:
+        import psycopg
+
+        import redlease
+
+        self.redis = redlease.FencedRedis(client, GATED)
+        self.db = psycopg.connect(dsn)
+        self.counts = {gate: [0, 0] for gate in GATES}
+
+    def read(self, fence: int) -> dict[str, int | None]:
+        """Each counter, or None where the gate refused this fence (counted as stopped)."""
+        return {
+            "sql": self._stopped("sql", lambda: self._sql(fence, None)),
+            "redis": self._stopped(
+                "redis", lambda: int(self.redis.apply(fence, [("GET", GATED_KEY)])[0] or 0)
+            ),
+        }
+
+    def write(self, fence: int, seen: dict[str, int | None]) -> None:
+        """Each counter read back plus one, where its read passed the gate."""
+        sql_seen, redis_seen = seen["sql"], seen["redis"]
+        if sql_seen is not None:
+            self._accepted("sql", lambda: self._sql(fence, sql_seen + 1))
+        if redis_seen is not None:
+            self._accepted(
+                "redis", lambda: self.redis.apply(fence, [("SET", GATED_KEY, redis_seen + 1)])
+            )
+
+    def _accepted(self, gate: str, step: Callable[[], object]) -> None:
+        if self._stopped(gate, step) is not None:
+            self.counts[gate][0] += 1
+
+    def _stopped(self, gate: str, step: Callable[[], object]) -> Any:
+        from ..._base.errors import StaleFence
+
+        try:
+            result = step()
+        except StaleFence:
+            self.counts[gate][1] += 1
+            return None
+        return 0 if result is None else result
+
+    def _sql(self, fence: int, value: int | None) -> int:
+        """One transaction: the gate, then the read (value None) or the write."""
+        from ... import sql
+
+        try:
+            sql.fence_gate(self.db, GATED, fence)
+            if value is None:
+                row = self.db.execute(f"SELECT n FROM {GATED_TABLE} WHERE id = 1").fetchone()
+            else:
+                row = self.db.execute(
+                    f"UPDATE {GATED_TABLE} SET n = %s WHERE id = 1 RETURNING n", (value,)
+                ).fetchone()
+            self.db.commit()
+        except BaseException:
+            self.db.rollback()
+            raise
+        return int(row[0]) if row is not None else 0
+
+    def close(self) -> None:
+        self.db.close()
+
+
+def reset_gates(client: Any, dsn: str) -> None:
+    import psycopg
+
+    from ... import sql
+    from ..._rules.keys import gate_key
+
+    client.delete(GATED_KEY, gate_key(GATED))
+    with psycopg.connect(dsn) as db:
+        db.execute(f"DROP TABLE IF EXISTS {GATED_TABLE}, redlease_fences")
+        db.execute(f"CREATE TABLE {GATED_TABLE} (id INT PRIMARY KEY, n BIGINT NOT NULL)")
+        db.execute(f"INSERT INTO {GATED_TABLE} VALUES (1, 0)")
+        sql.create_table(db)
+
+
+def gate_state(client: Any, dsn: str) -> dict[str, int]:
+    """Each gated counter's final value."""
+    import psycopg
+
+    with psycopg.connect(dsn) as db:
+        row = db.execute(f"SELECT n FROM {GATED_TABLE} WHERE id = 1").fetchone()
+    return {"sql": int(row[0]) if row else 0, "redis": int(client.get(GATED_KEY) or 0)}

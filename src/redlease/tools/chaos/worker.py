@@ -28,7 +28,7 @@ import redis
 
 from ..._rules.keys import LockKeys
 from .. import broken
-from .resource import Resource
+from .resource import Gates, Resource
 
 # A worker planned to die while queued does so this long into a wait (it is queued by
 # then: its first try ran long before).
@@ -66,6 +66,8 @@ class _Worker:
         ]
         self.resource_client = redis.Redis.from_url(config["resource_url"])
         self.resource = Resource(self.resource_client)
+        dsn = config.get("gates_dsn")  # rows 20: the counters behind the fence gates too
+        self.gates = Gates(self.resource_client, dsn) if dsn else None
         self.audit_clients = [
             redis.Redis.from_url(url, socket_timeout=5.0) for url in config.get("audit_urls", [])
         ]
@@ -241,6 +243,7 @@ class _Worker:
             "notifications": self.notifications,
             "lost_on_release": self.lost_on_release,
             "leftovers": self.leftovers,
+            "gates": self.gates.counts if self.gates is not None else {},
         }
 
     def _doom(self, attempt: int) -> threading.Timer | None:
@@ -266,6 +269,7 @@ class _Worker:
         # A reader writes nothing; a permit only through the fence (holders beside it
         # would lose each other's updates to the plain counter, as they may).
         fenced = self.resource.fenced_read(fence) if fence is not None and mode != "r" else None
+        gated = self.gates.read(fence) if self.gates and fence is not None and mode == "x" else None
         work = self.config["work"]
         if holding.lease is not None and self.sections_done in self.config.get("forks", []):
             _fork_and_leave(holding.lease)
@@ -284,6 +288,8 @@ class _Worker:
             return [self.index, start, end, fence, start - asked, "lost", pause is not None, mode]
         if mode == "x":
             self.resource.write(value + 1)
+        if self.gates is not None and gated is not None and fence is not None:
+            self.gates.write(fence, gated)
         outcome = "none" if mode != "r" else "read"
         if fence is not None and mode != "r":
             if fenced is None:
@@ -298,6 +304,8 @@ class _Worker:
         for client in self.clients + self.audit_clients:
             client.close()
         self.resource_client.close()
+        if self.gates is not None:
+            self.gates.close()
 
 
 def _die() -> None:
