@@ -102,6 +102,9 @@ def test_a_paused_holders_write_on_another_server_is_refused(
         ([("SET", "a", "1"), ("DEL", "a", "b")], r"commands\[1\]: DEL is not taken"),
         ([("EVAL", "return 1", "0")], "EVAL is not taken"),
         ([("SET", "a", None)], r"commands\[0\]'s arguments must be str, bytes"),
+        ([("MGET", "a", "b")], r"commands\[0\]: MGET is not taken"),
+        ([("SINTER", "a", "b")], r"commands\[0\]: SINTER is not taken"),
+        ([("RPUSH", "a", *range(7001))], r"commands\[0\] has 7001 arguments"),
     ],
 )
 def test_commands_the_gate_does_not_take_are_refused_by_name(
@@ -124,6 +127,8 @@ def test_bad_arguments_are_refused_by_name(r: redis.Redis, name: str) -> None:
             redlease.FencedRedis(r, name, **bad)
     with pytest.raises(redlease.InvalidArgument, match=r"^resource must be"):
         redlease.FencedRedis(r, "")
+    with pytest.raises(redlease.InvalidArgument, match="UTF-8"):
+        redlease.FencedRedis(r, "bad\udcff")
     with pytest.raises(redlease.InvalidArgument, match="AsyncFencedRedis"):
         redlease.AsyncFencedRedis(r, name)
 
@@ -134,7 +139,10 @@ def test_on_a_cluster_keys_outside_the_resources_slot_are_refused(
     client = family.cluster(cluster[0].port)
     try:
         gate = redlease.FencedRedis(client, name)
-        tagged = f"{{{name}}}:balance"
+        assert gate.tag == f"{{{name}}}"
+        tagged = f"{gate.tag}:balance"
+        odd = redlease.FencedRedis(client, "50% {off}")  # braces and "%" in the name
+        assert odd.apply(1, [("INCR", f"{odd.tag}:k")]) == [1]
         assert gate.apply(4, [("INCRBY", tagged, 4)]) == [4]
         with pytest.raises(redlease.StaleFence):
             gate.apply(3, [("INCRBY", tagged, 3)])

@@ -6,6 +6,7 @@ promise fails when the gate lets every fence through."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import pickle
 import sqlite3
 import threading
@@ -373,17 +374,86 @@ def test_bad_arguments_are_refused_by_name(
 def test_connections_the_gate_cannot_serve_are_refused(tmp_path: Path, pg: PostgresProcess) -> None:
     with pytest.raises(redlease.InvalidArgument, match=r"conn must be .*got builtins\.object"):
         sql.fence_gate(object(), "r", 1)
-    autocommit = sqlite3.connect(tmp_path / "a.db", isolation_level=None)
-    with pytest.raises(redlease.InvalidArgument, match="autocommit"):
+    path = tmp_path / "a.db"
+    with contextlib.closing(sqlite3.connect(path)) as setup:
+        sql.create_table(setup)
+        setup.commit()
+    autocommit = sqlite3.connect(path, isolation_level=None)
+    with pytest.raises(redlease.InvalidArgument, match="outside a transaction"):
         sql.fence_gate(autocommit, "r", 1)
+    with pytest.raises(redlease.InvalidArgument, match=r"conn must be .*Cursor"):
+        sql.fence_gate(autocommit.cursor(), "r", 1)
     autocommit.close()
+    with psycopg.connect(pg.dsn) as setup:
+        sql.create_table(setup)
     with (
         psycopg.connect(pg.dsn, autocommit=True) as conn,
-        pytest.raises(redlease.InvalidArgument, match="autocommit"),
+        pytest.raises(redlease.InvalidArgument, match="outside a transaction"),
     ):
         sql.fence_gate(conn, "r", 1)
+    engine = sa.create_engine(f"postgresql+psycopg://postgres@127.0.0.1:{pg.port}/postgres")
+    with pytest.raises(redlease.InvalidArgument, match=r"conn must be .*Engine"):
+        sql.fence_gate(engine, "r", 1)
+    autocommitting = sa.create_engine(engine.url, isolation_level="AUTOCOMMIT")
+    with (
+        autocommitting.connect() as conn,
+        pytest.raises(redlease.InvalidArgument, match="outside a transaction"),
+    ):
+        sql.fence_gate(conn, "r", 1)
+    engine.dispose()
+    autocommitting.dispose()
     with pytest.raises(redlease.InvalidArgument, match=r"asyncio connection.*afence_gate"):
         sql.fence_gate(AsyncSession(), "r", 1)
+
+
+def test_a_transaction_opened_on_an_autocommit_connection_is_served(
+    tmp_path: Path, pg: PostgresProcess
+) -> None:
+    """What counts is a transaction, not the connection's setting: psycopg's
+    ``conn.transaction()`` and sqlite3's explicit BEGIN hold the gate's lock."""
+    with psycopg.connect(pg.dsn, autocommit=True) as conn:
+        sql.create_table(conn)
+        with conn.transaction():
+            sql.fence_gate(conn, "explicit", 5)
+        with pytest.raises(redlease.StaleFence), conn.transaction():
+            sql.fence_gate(conn, "explicit", 4)
+    db = sqlite3.connect(tmp_path / "begin.db", isolation_level=None)
+    sql.create_table(db)
+    db.execute("BEGIN IMMEDIATE")
+    sql.fence_gate(db, "explicit", 5)
+    db.execute("COMMIT")
+    db.close()
+
+
+def test_a_stale_fence_is_refused_in_psycopg_pipeline_mode(pg: PostgresProcess) -> None:
+    with psycopg.connect(pg.dsn) as conn:
+        sql.create_table(conn)
+        sql.fence_gate(conn, "piped", 5)
+        conn.commit()
+        with pytest.raises(redlease.StaleFence), conn.pipeline():
+            sql.fence_gate(conn, "piped", 4)
+        conn.rollback()
+
+
+def test_a_stale_fence_is_refused_with_rows_as_dicts(tmp_path: Path, pg: PostgresProcess) -> None:
+    from psycopg.rows import dict_row
+
+    with psycopg.connect(pg.dsn, row_factory=dict_row) as conn:
+        sql.create_table(conn)
+        sql.fence_gate(conn, "dicts", 5)
+        conn.commit()
+        with pytest.raises(redlease.StaleFence) as refused:
+            sql.fence_gate(conn, "dicts", 4)
+        assert refused.value.recorded == 5
+        conn.rollback()
+    db = sqlite3.connect(tmp_path / "rows.db")
+    db.row_factory = sqlite3.Row
+    sql.create_table(db)
+    sql.fence_gate(db, "rows", 5)
+    db.commit()
+    with pytest.raises(redlease.StaleFence):
+        sql.fence_gate(db, "rows", 4)
+    db.close()
 
 
 async def test_a_blocking_connection_is_refused_by_the_asyncio_gate(tmp_path: Path) -> None:
@@ -399,6 +469,7 @@ def test_fenced_update_refuses_bad_names_and_shapes(tmp_path: Path) -> None:
         (("t", {"id": 1}, {"v; --": 1}, 1), "values must be a column name"),
         (("t", {}, {"v": 1}, 1), "where must be a non-empty mapping"),
         (("t", {"id": 1}, {"fence": 1}, 1), "values must not set 'fence'"),
+        (("t", {"id": 1}, {"FENCE": 1}, 1), "values must not set 'fence'"),
     ]
     for arguments, message in cases:
         with pytest.raises(redlease.InvalidArgument, match=message):

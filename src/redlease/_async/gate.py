@@ -28,14 +28,17 @@ async def afence_gate(
 
     ``conn``: a DB-API connection (sqlite3, psycopg 3, psycopg2; asyncio: psycopg's
     ``AsyncConnection``, aiosqlite) or a SQLAlchemy ``Connection`` / ``Session``
-    (asyncio: ``AsyncConnection`` / ``AsyncSession``), on PostgreSQL or SQLite, not in
-    autocommit mode. ``table``: the gate's table (``create_table`` makes it). On
-    ``StaleFence`` roll the transaction back.
+    (asyncio: ``AsyncConnection`` / ``AsyncSession``), on PostgreSQL or SQLite, inside a
+    transaction (a gate run outside one, in autocommit, raises ``InvalidArgument``: its
+    record would lock nothing). ``table``: the gate's table (``create_table`` makes it).
+    On ``StaleFence`` roll the transaction back.
     """
     calling = _gate.calling(conn, want_async=ASYNC)
     name, value, where = _gate.resource(resource), _gate.fence(fence), _gate.table(table)
-    result = await _run(conn, calling, _gate.passing(calling, where, name, value))
-    if result.rowcount == 0:  # a greater fence is recorded: the upsert left it as it was
+    passed = await _first(conn, calling, _gate.passing(calling, where, name, value))
+    if not _gate.in_transaction(_gate.driver_connection(conn, calling)):
+        raise _gate.outside_a_transaction()
+    if passed is None:  # a greater fence is recorded: the upsert left it as it was
         recorded = await _first(conn, calling, _gate.recorded(calling, where, name))
         raise _gate.stale(name, value, recorded)
 
@@ -89,4 +92,4 @@ async def _first(conn: Any, calling: _gate.Calling, statement: tuple[Any, Any]) 
     row = result.fetchone()
     if inspect.isawaitable(row):  # unasync: async only
         row = await row  # unasync: async only
-    return None if row is None else row[0]
+    return _gate.first_value(row)

@@ -99,7 +99,15 @@ REFUSED = frozenset(
     }
 )
 # Commands that take several keys when given more than one argument.
-_ONE_KEY_ONLY = frozenset({"DEL", "UNLINK", "EXISTS", "TOUCH"})
+_ONE_KEY_ONLY = frozenset({"DEL", "UNLINK", "EXISTS", "TOUCH", "MGET", "PFCOUNT"})
+# Commands whose further arguments may be keys: refused in any form (use one per key).
+_MORE_KEYS = frozenset(
+    {"SINTER", "SUNION", "SDIFF", "ZUNION", "ZINTER", "ZDIFF", "SINTERCARD", "ZINTERCARD"}
+    | {"LCS", "GEOSEARCH", "XAUTOCLAIM", "XCLAIM", "OBJECT", "RESTORE", "DUMP"}
+)
+# A command's words after its key, at most: the script passes them to the server with
+# Lua's unpack, which takes about 8,000 values.
+MAX_WORDS = 7_000
 Word = str | bytes
 
 
@@ -109,6 +117,10 @@ def resource(value: object) -> str:
             f"resource must be a non-empty str (the name of what the fence guards), "
             f"got {shown(value)}"
         )
+    try:
+        value.encode()
+    except UnicodeEncodeError:
+        raise InvalidArgument(f"resource must be encodable as UTF-8, got {shown(value)}") from None
     return value
 
 
@@ -156,7 +168,7 @@ def commands(
                 f"got {shown(command)}"
             )
         name = command[0].upper()
-        if name in REFUSED or (name in _ONE_KEY_ONLY and len(command) > 2):
+        if name in REFUSED or name in _MORE_KEYS or (name in _ONE_KEY_ONLY and len(command) > 2):
             raise InvalidArgument(
                 f"{where}: {name} is not taken by the gate, which runs commands of one key, "
                 "given first (split a command of several keys into one per key)"
@@ -169,6 +181,11 @@ def commands(
                 f"{where}'s key {key!r} is not in the hash slot of the gate's record "
                 f"{record!r}: on a Cluster one script reaches one slot; give the keys "
                 f"the resource's hash tag ({record[record.index('{') : record.index('}') + 1]})"
+            )
+        if len(command) - 2 > MAX_WORDS:
+            raise InvalidArgument(
+                f"{where} has {len(command) - 2} arguments after its key, more than the "
+                f"{MAX_WORDS} one command may carry through the gate's script: split it"
             )
         rest = [_word(word, f"{where}'s arguments") for word in command[2:]]
         keys.append(key)

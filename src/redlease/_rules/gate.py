@@ -61,11 +61,13 @@ _CREATE = {
     ),
 }
 # The same upsert on both: a fence not smaller than the recorded one replaces it (an
-# equal one too, so that the row is locked for this transaction either way).
+# equal one too, so that the row is locked for this transaction either way), and comes
+# back as a row; a greater one recorded makes it change nothing and return no row. (A row
+# to fetch, not a row count: psycopg's pipeline mode knows no count before it syncs.)
 _PASS = (
     "INSERT INTO {table} (resource, fence, updated_at) VALUES ({resource}, {fence}, "
     "CURRENT_TIMESTAMP) ON CONFLICT (resource) DO UPDATE SET fence = excluded.fence, "
-    "updated_at = excluded.updated_at WHERE {table}.fence <= excluded.fence"
+    "updated_at = excluded.updated_at WHERE {table}.fence <= excluded.fence RETURNING fence"
 )
 _RECORDED = "SELECT fence FROM {table} WHERE resource = {resource}"
 
@@ -117,10 +119,15 @@ def calling(conn: object, *, want_async: bool) -> Calling:
     commits each statement by itself (autocommit: the gate would lock nothing)."""
     kind = type(conn)
     top = kind.__module__.split(".")[0]
-    if top != "sqlalchemy" and top not in _DRIVERS:
+    named = kind.__name__.lower()
+    if (
+        (top != "sqlalchemy" and top not in _DRIVERS)
+        or named.endswith(("cursor", "engine"))
+        or not callable(getattr(conn, "execute", None) or getattr(conn, "cursor", None))
+    ):
         raise InvalidArgument(f"conn must be {_SUPPORTED}; got {kind.__module__}.{kind.__name__}")
     # asyncio connections: aiosqlite's, and the classes named so (psycopg's, SQLAlchemy's)
-    is_async = top == "aiosqlite" or kind.__name__.startswith("Async")
+    is_async = top == "aiosqlite" or named.startswith(("async", "async_"))
     if is_async != want_async:
         raise InvalidArgument(
             f"conn is {'an asyncio' if is_async else 'a blocking'} connection "
@@ -138,15 +145,47 @@ def calling(conn: object, *, want_async: bool) -> Calling:
             f"conn is a connection to {dialect or 'an unknown database'}: the fence gate "
             "runs on PostgreSQL and SQLite (others are not tested here)"
         )
-    if getattr(conn, "autocommit", False) is True or (
-        top in ("sqlite3", "aiosqlite") and getattr(conn, "isolation_level", "") is None
-    ):
-        raise InvalidArgument(
-            "conn is in autocommit mode: each statement commits by itself, so the gate's "
-            "record would lock nothing for the writes after it; run the gate and the writes "
-            "in one transaction"
-        )
     return Calling(how, dialect, paramstyle)
+
+
+def driver_connection(conn: Any, calling: Calling) -> Any:
+    """The driver's own connection under ``conn`` (SQLAlchemy's, once it has run a
+    statement: no I/O then), through public attributes only."""
+    if calling.how != SQLALCHEMY:
+        return conn
+    conn = getattr(conn, "sync_session", None) or conn  # an AsyncSession's own Session
+    conn = getattr(conn, "sync_connection", None) or conn  # an AsyncConnection's own
+    if callable(conn.connection):  # a Session: the Connection of its transaction
+        conn = conn.connection()
+    return conn.connection.driver_connection
+
+
+def in_transaction(driver: Any) -> bool:
+    """Whether the driver's connection is inside a transaction (the gate's row lock then
+    lasts until it ends), by what each driver says of itself."""
+    if hasattr(driver, "in_transaction"):  # sqlite3, aiosqlite
+        return bool(driver.in_transaction)
+    if hasattr(driver, "get_transaction_status"):  # psycopg2: 0 is IDLE
+        return int(driver.get_transaction_status()) != 0
+    return str(driver.info.transaction_status.name) != "IDLE"  # psycopg 3
+
+
+def outside_a_transaction() -> InvalidArgument:
+    return InvalidArgument(
+        "conn ran the gate outside a transaction (autocommit): its record was committed "
+        "at once and locks nothing for the writes after it; run the gate and the writes "
+        "in one transaction (autocommit off, or psycopg's conn.transaction(), or BEGIN)"
+    )
+
+
+def first_value(row: Any) -> object:
+    """A row's first column, whatever shape the driver gives rows in (a tuple, a dict:
+    psycopg's dict_row, psycopg2's RealDictCursor; SQLAlchemy's Row)."""
+    if row is None:
+        return None
+    if isinstance(row, Mapping):
+        return next(iter(row.values()))
+    return row[0]
 
 
 def table(value: object, name: str = "table") -> Identifier:
@@ -214,7 +253,7 @@ def update(
         )
     if not isinstance(values, Mapping):
         raise InvalidArgument(f"values must be a mapping of column to value, got {shown(values)}")
-    if fence_column in values:
+    if fence_column.lower() in {str(col).lower() for col in values}:
         raise InvalidArgument(
             f"values must not set {fence_column!r}, the fence column: the update sets it"
         )

@@ -14,7 +14,7 @@ from typing import Any
 from .._clients.checks import check_client
 from .._rules import arguments as args
 from .._rules import fenced as _fenced
-from .._rules.keys import gate_key
+from .._rules.keys import gate_key, hash_tag
 from .backend import ASYNC
 from .io import SyncIO
 
@@ -28,12 +28,12 @@ class FencedRedis:
 
     ``client``: the Redis (Valkey) the data lives on, the lock's server or any other,
     standalone, Sentinel-managed or Cluster. On a Cluster every key a command writes
-    must be in the hash slot of ``resource`` (give the keys its hash tag,
-    ``{resource}``): a key outside it is refused by name. ``keep``: how long the record
-    of the greatest fence outlives the last fence that passed (a day by default: every
-    smaller fence is refused while it lives; once it is gone, the next fence passes
-    whatever it is). ``prefix``: where the record lives (``P{resource}:gate``), as the
-    locks' keys.
+    must be in the hash slot of ``resource``: give the keys the hash tag ``tag`` says
+    (``{account:7}`` for ``"account:7"``); a key outside it is refused by name.
+    ``keep``: how long the record of the greatest fence outlives the last fence that
+    passed (a day by default: every smaller fence is refused while it lives; once it is
+    gone, the next fence passes whatever it is). ``prefix``: where the record lives
+    (``P{resource}:gate``), as the locks' keys.
     """
 
     def __init__(
@@ -54,6 +54,13 @@ class FencedRedis:
     def resource(self) -> str:
         """The name of what the fence guards, as given."""
         return self._resource
+
+    @property
+    def tag(self) -> str:
+        """The hash tag to give the keys the commands write, so that on a Cluster they
+        share the record's slot: ``{resource}``, its braces and "%" escaped as the locks'
+        keys escape them (``{account:7}`` for ``"account:7"``)."""
+        return hash_tag(self._resource)
 
     @property
     def key(self) -> str:

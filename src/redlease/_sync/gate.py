@@ -27,14 +27,17 @@ def fence_gate(conn: Any, resource: str, fence: int, *, table: str = "redlease_f
 
     ``conn``: a DB-API connection (sqlite3, psycopg 3, psycopg2; asyncio: psycopg's
     ``Connection``, aiosqlite) or a SQLAlchemy ``Connection`` / ``Session``
-    (asyncio: ``Connection`` / ``Session``), on PostgreSQL or SQLite, not in
-    autocommit mode. ``table``: the gate's table (``create_table`` makes it). On
-    ``StaleFence`` roll the transaction back.
+    (asyncio: ``Connection`` / ``Session``), on PostgreSQL or SQLite, inside a
+    transaction (a gate run outside one, in autocommit, raises ``InvalidArgument``: its
+    record would lock nothing). ``table``: the gate's table (``create_table`` makes it).
+    On ``StaleFence`` roll the transaction back.
     """
     calling = _gate.calling(conn, want_async=ASYNC)
     name, value, where = _gate.resource(resource), _gate.fence(fence), _gate.table(table)
-    result = _run(conn, calling, _gate.passing(calling, where, name, value))
-    if result.rowcount == 0:  # a greater fence is recorded: the upsert left it as it was
+    passed = _first(conn, calling, _gate.passing(calling, where, name, value))
+    if not _gate.in_transaction(_gate.driver_connection(conn, calling)):
+        raise _gate.outside_a_transaction()
+    if passed is None:  # a greater fence is recorded: the upsert left it as it was
         recorded = _first(conn, calling, _gate.recorded(calling, where, name))
         raise _gate.stale(name, value, recorded)
 
@@ -86,4 +89,4 @@ def _first(conn: Any, calling: _gate.Calling, statement: tuple[Any, Any]) -> obj
     """The first column of the first row a query returns (None: no row)."""
     result = _run(conn, calling, statement)
     row = result.fetchone()
-    return None if row is None else row[0]
+    return _gate.first_value(row)
