@@ -13,6 +13,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import redis
 
@@ -26,6 +27,7 @@ from ._report import NA, Row, rate, verdict
 SECTION = "13. fence gates: the same write with and without the gate"
 SQL_BAR = 1.3  # a gated one-row transaction takes at most this times the ungated one
 REDIS_BAR = 1.5  # FencedRedis with one SET, against the SET alone
+_PG_LABEL = "PostgreSQL (psycopg 3, loopback), one-row UPDATE + COMMIT"
 # Each gated write brings a fence greater than the last, as a new lease's would: the
 # gate records it every time (a holder writing again with its fence costs the same).
 _FENCES = itertools.count(1)
@@ -56,25 +58,31 @@ def _timed(cycle: Callable[[], None], seconds: float) -> float:
             return done / (now - start)
 
 
+_UPDATE = "UPDATE accounts SET balance = balance + 1 WHERE id = 7"
+
+
+def _update_pair(label: str, db: Any) -> Pair:
+    """A one-row UPDATE and COMMIT on ``db`` (its accounts table made), with and without
+    the gate first."""
+
+    def plain() -> None:
+        db.execute(_UPDATE)
+        db.commit()
+
+    def gated() -> None:
+        sql.fence_gate(db, "account:7", next(_FENCES))
+        plain()
+
+    return Pair(label, plain, gated, SQL_BAR, db.close)
+
+
 def _sqlite_pair(path: Path) -> Pair:
     db = sqlite3.connect(path)
     sql.create_table(db)
     db.execute("CREATE TABLE accounts (id INTEGER PRIMARY KEY, balance INTEGER NOT NULL)")
     db.execute("INSERT INTO accounts VALUES (7, 0)")
     db.commit()
-
-    def plain() -> None:
-        db.execute("UPDATE accounts SET balance = balance + 1 WHERE id = 7")
-        db.commit()
-
-    def gated() -> None:
-        sql.fence_gate(db, "account:7", next(_FENCES))
-        db.execute("UPDATE accounts SET balance = balance + 1 WHERE id = 7")
-        db.commit()
-
-    return Pair(
-        "SQLite (sqlite3, a file), one-row UPDATE + COMMIT", plain, gated, SQL_BAR, db.close
-    )
+    return _update_pair("SQLite (sqlite3, a file), one-row UPDATE + COMMIT", db)
 
 
 def _postgres_pair(dsn: str) -> Pair:
@@ -85,18 +93,7 @@ def _postgres_pair(dsn: str) -> Pair:
     db.execute("CREATE TABLE IF NOT EXISTS accounts (id INT PRIMARY KEY, balance INT NOT NULL)")
     db.execute("INSERT INTO accounts VALUES (7, 0) ON CONFLICT DO NOTHING")
     db.commit()
-
-    def plain() -> None:
-        db.execute("UPDATE accounts SET balance = balance + 1 WHERE id = 7")
-        db.commit()
-
-    def gated() -> None:
-        sql.fence_gate(db, "account:7", next(_FENCES))
-        db.execute("UPDATE accounts SET balance = balance + 1 WHERE id = 7")
-        db.commit()
-
-    label = "PostgreSQL (psycopg 3, loopback), one-row UPDATE + COMMIT"
-    return Pair(label, plain, gated, SQL_BAR, db.close)
+    return _update_pair(_PG_LABEL, db)
 
 
 def _redis_pair(port: int) -> Pair:
@@ -133,9 +130,6 @@ def run(port: int, settings: Settings, seed: int = 1) -> list[Row]:
             if not isinstance(postgres, str):
                 postgres.close()
     return [row for pair in pairs for row in _rows(pair)]
-
-
-_PG_LABEL = "PostgreSQL (psycopg 3, loopback), one-row UPDATE + COMMIT"
 
 
 def _nothing() -> None:

@@ -80,6 +80,19 @@ def _contend(
     return accepted[0], stale[0]
 
 
+def _gated(db: Any, fence: int, statement: str, **table: str) -> Any:
+    """One transaction on ``db``: the gate for "counter", then ``statement``; its first
+    column (rolled back on any error, StaleFence included)."""
+    try:
+        sql.fence_gate(db, "counter", fence, **table)
+        row = db.execute(statement).fetchone()
+        db.commit()
+    except BaseException:
+        db.rollback()
+        raise
+    return None if row is None else row[0]
+
+
 def _release_quietly(lease: redlease.Lease) -> None:
     with contextlib.suppress(redlease.LockLost):
         lease.release()
@@ -125,15 +138,7 @@ def test_no_update_is_lost_through_the_sql_gate_while_holders_stall(
         return made
 
     def transaction(fence: int, statement: str) -> Any:
-        db = conn()
-        try:
-            sql.fence_gate(db, "counter", fence, table=table)
-            row = db.execute(statement).fetchone()
-            db.commit()
-        except BaseException:
-            db.rollback()
-            raise
-        return None if row is None else row[0]
+        return _gated(conn(), fence, statement, table=table)
 
     def read(fence: int) -> int:
         return int(transaction(fence, f"SELECT n FROM c_{table} WHERE id = 1"))
@@ -222,14 +227,7 @@ def test_the_sql_gate_on_sqlite_with_many_writers(
 
     def transaction(fence: int, statement: str) -> Any:
         with contextlib.closing(sqlite3.connect(path, timeout=60)) as db:
-            try:
-                sql.fence_gate(db, "counter", fence)
-                row = db.execute(statement).fetchone()
-                db.commit()
-            except BaseException:
-                db.rollback()
-                raise
-        return None if row is None else row[0]
+            return _gated(db, fence, statement)
 
     def read(fence: int) -> int:
         return int(transaction(fence, "SELECT n FROM c WHERE id = 1"))

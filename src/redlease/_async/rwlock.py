@@ -13,7 +13,7 @@ from .._clients.checks import check_client
 from .._rules import arguments as args
 from .._rules.flows import READ_WRITE, Acquisition, LockSpec
 from .._rules.lease import Holders
-from .._rules.lock import OnLost, check_replicas
+from .._rules.lock import Named, OnLost, check_replicas
 from .._rules.rwlock import READ, READERS, WRITE, Shared, SideRules
 from .backend import ASYNC, current_holder
 from .io import AsyncIO
@@ -40,7 +40,7 @@ class _AsyncSide(SideRules, AsyncOneServer):
         return lease
 
 
-class AsyncReadWriteLock:
+class AsyncReadWriteLock(Named):
     """Many readers or one writer of ``name``, on one Redis/Valkey deployment.
 
     ``rw.read`` and ``rw.write`` behave like a ``Lock``: ``with rw.read as lease``,
@@ -97,19 +97,9 @@ class AsyncReadWriteLock:
         )
         io = AsyncIO(client)
         check_replicas(specs[READ], io.direct)
-        self._spec = specs[READ]
+        self._spec = specs[READ]  # (its name and ttl, both sides')
         self.read = _AsyncSide(self, shared, READ, io)
         self.write = _AsyncSide(self, shared, WRITE, io)
-
-    @property
-    def name(self) -> str:
-        """The name, as given."""
-        return self._spec.name
-
-    @property
-    def ttl(self) -> float:
-        """The lease length, in seconds."""
-        return self._spec.ttl
 
     def __repr__(self) -> str:
         return f"<{type(self).__name__} {self.name!r} ttl={self.ttl}s>"

@@ -96,15 +96,25 @@ REFUSED = frozenset(
         "ZMPOP",
         "XREAD",
         "XREADGROUP",
+        # further arguments may be keys
+        "SINTER",
+        "SUNION",
+        "SDIFF",
+        "ZUNION",
+        "ZINTER",
+        "ZDIFF",
+        "SINTERCARD",
+        "ZINTERCARD",
+        "LCS",
+        "GEOSEARCH",
+        "XAUTOCLAIM",
+        "XCLAIM",
+        "RESTORE",
+        "DUMP",
     }
 )
 # Commands that take several keys when given more than one argument.
 _ONE_KEY_ONLY = frozenset({"DEL", "UNLINK", "EXISTS", "TOUCH", "MGET", "PFCOUNT"})
-# Commands whose further arguments may be keys: refused in any form (use one per key).
-_MORE_KEYS = frozenset(
-    {"SINTER", "SUNION", "SDIFF", "ZUNION", "ZINTER", "ZDIFF", "SINTERCARD", "ZINTERCARD"}
-    | {"LCS", "GEOSEARCH", "XAUTOCLAIM", "XCLAIM", "OBJECT", "RESTORE", "DUMP"}
-)
 # A command's words after its key, at most: the script passes them to the server with
 # Lua's unpack, which takes about 8,000 values.
 MAX_WORDS = 7_000
@@ -168,7 +178,7 @@ def commands(
                 f"got {shown(command)}"
             )
         name = command[0].upper()
-        if name in REFUSED or name in _MORE_KEYS or (name in _ONE_KEY_ONLY and len(command) > 2):
+        if name in REFUSED or (name in _ONE_KEY_ONLY and len(command) > 2):
             raise InvalidArgument(
                 f"{where}: {name} is not taken by the gate, which runs commands of one key, "
                 "given first (split a command of several keys into one per key)"

@@ -15,7 +15,7 @@ from .._clients.checks import check_client
 from .._rules import arguments as args
 from .._rules.flows import READ_WRITE, Acquisition, LockSpec
 from .._rules.lease import Holders
-from .._rules.lock import OnLost, check_replicas
+from .._rules.lock import Named, OnLost, check_replicas
 from .._rules.rwlock import READ, READERS, WRITE, Shared, SideRules
 from .backend import ASYNC, current_holder
 from .io import SyncIO
@@ -41,7 +41,7 @@ class _Side(SideRules, OneServer):
         return lease
 
 
-class ReadWriteLock:
+class ReadWriteLock(Named):
     """Many readers or one writer of ``name``, on one Redis/Valkey deployment.
 
     ``rw.read`` and ``rw.write`` behave like a ``Lock``: ``with rw.read as lease``,
@@ -96,19 +96,9 @@ class ReadWriteLock:
         )
         io = SyncIO(client)
         check_replicas(specs[READ], io.direct)
-        self._spec = specs[READ]
+        self._spec = specs[READ]  # (its name and ttl, both sides')
         self.read = _Side(self, shared, READ, io)
         self.write = _Side(self, shared, WRITE, io)
-
-    @property
-    def name(self) -> str:
-        """The name, as given."""
-        return self._spec.name
-
-    @property
-    def ttl(self) -> float:
-        """The lease length, in seconds."""
-        return self._spec.ttl
 
     def __repr__(self) -> str:
         return f"<{type(self).__name__} {self.name!r} ttl={self.ttl}s>"

@@ -171,7 +171,7 @@ class Gates:
         except StaleFence:
             self.counts[gate][1] += 1
             return None
-        return 0 if result is None else result
+        return result  # (never None: a read gives an int, a write its reply)
 
     def _sql(self, fence: int, value: int | None) -> int:
         """One transaction: the gate, then the read (value None) or the write."""
