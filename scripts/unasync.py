@@ -46,6 +46,7 @@ FILES = [
     ("_async/inspect.py", "_sync/inspect.py"),
     ("_async/gate.py", "_sync/gate.py"),
     ("_async/fenced.py", "_sync/fenced.py"),
+    ("_async/once.py", "_sync/once.py"),
 ]
 
 # Whole words (or the exact text, for the ones starting with punctuation), in order.
@@ -94,7 +95,7 @@ _PATTERNS = [
     for old, new in SUBSTITUTIONS
 ]
 # Awaitable[X] and Coroutine[Any, Any, X] are X; an import of Awaitable goes
-_AWAITABLE = re.compile(r"\b(?:Awaitable\[|Coroutine\[Any, Any, )(\w+)\]")
+_AWAITABLE = re.compile(r"\b(?:Awaitable\[|Coroutine\[Any, Any, )(\w+(?: \| \w+)*)\]")
 _AWAITABLE_IMPORT = re.compile(r"\bAwaitable, ")
 
 

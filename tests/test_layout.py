@@ -70,7 +70,8 @@ _LAYERS = [
     {"_rules"},
     {"_wire"},
     {"_async", "_sync"},
-    {"", "metrics", "sql", "testing"},  # the public face: redlease itself, redlease.metrics...
+    # the public face: redlease itself, redlease.metrics...
+    {"", "jobs", "metrics", "sql", "testing"},
     {"_cli", "tools"},
     {"__main__"},
 ]

@@ -43,6 +43,7 @@ KEYS = {
     "name": "redlease.name",
     "outcome": "redlease.outcome",
     "error_type": "error.type",
+    "reason": "redlease.reason",
 }
 
 
@@ -149,6 +150,20 @@ def test_a_timeout_and_a_busy_try(twin: Any, name: str, read: Read) -> None:
     busy, _ = read.histogram("redlease.lock.wait.duration", kind="lock", outcome="busy")
     assert busy == 1
     assert read.count("redlease.lock.acquisitions") == 1  # the holder's only
+
+
+def test_a_scheduled_jobs_runs_and_skips(twin: Any, name: str, read: Read) -> None:
+    job, hourly = twin.once(name, at_most=10), twin.once(name, at_most=10, every=3600)
+    run = job.begin()
+    assert isinstance(job.begin(), redlease.Skipped)
+    run.release()
+    hourly.begin().release()
+    assert isinstance(hourly.begin(), redlease.Skipped)
+    assert read.count("redlease.lock.acquisitions", kind="once") == 2
+    assert read.count("redlease.once.skips", kind="once", reason="running") == 1
+    assert read.count("redlease.once.skips", kind="once", reason="ran this period") == 1
+    held, _ = read.histogram("redlease.lock.hold.duration", kind="once", outcome="released")
+    assert held == 2
 
 
 def test_a_lost_lease_and_its_failed_renewal(

@@ -115,6 +115,29 @@ class AsyncLockView:
                 raise
 
 
+class AsyncOnceView:
+    """The sync face of an AsyncOnce: ``begin``, ``locked`` and the decorator (of a plain
+    function, run inside an ``async def`` job)."""
+
+    def __init__(self, portal: Portal, job: redlease.AsyncOnce) -> None:
+        self.portal, self.inner = portal, job
+        self.name = job.name
+
+    def begin(self) -> Any:
+        run = self.portal.call(self.inner.begin)
+        return run if isinstance(run, redlease.Skipped) else AsyncLeaseView(self.portal, run)
+
+    def locked(self) -> bool:
+        return self.portal.call(self.inner.locked)
+
+    def __call__(self, fn: Callable[..., T]) -> Callable[..., Any]:
+        async def job(*args: Any, **kwargs: Any) -> T:
+            return fn(*args, **kwargs)
+
+        decorated = self.inner(job)
+        return lambda *args, **kwargs: self.portal.call(decorated, *args, **kwargs)
+
+
 class SyncTwin:
     kind = "sync"
 
@@ -132,6 +155,9 @@ class SyncTwin:
 
     def fenced(self, resource: str, **options: Any) -> Any:
         return redlease.FencedRedis(self.client, resource, **options)
+
+    def once(self, name: str, **options: Any) -> Any:
+        return redlease.Once(self.client, name, **options)
 
     def close(self) -> None:
         self.client.close()
@@ -174,6 +200,9 @@ class AsyncTwin:
             key=made.key,
             resource=made.resource,
         )
+
+    def once(self, name: str, **options: Any) -> Any:
+        return AsyncOnceView(self.portal, redlease.AsyncOnce(self.client, name, **options))
 
     def close(self) -> None:
         self.portal.call(self.client.aclose)

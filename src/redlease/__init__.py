@@ -16,6 +16,7 @@ from ._async.inspect import aread_info
 from ._async.lease import AsyncLease
 from ._async.lock import AsyncLock
 from ._async.multilock import AsyncMultiLease, AsyncMultiLock
+from ._async.once import AsyncOnce, AsyncRun
 from ._async.redlock import AsyncRedlock, AsyncRedlockLease
 from ._async.rwlock import AsyncReadWriteLock
 from ._async.semaphore import AsyncSemaphore
@@ -32,15 +33,18 @@ from ._base.errors import (
 from ._base.version import __version__
 from ._rules.election import Leader
 from ._rules.inspect import Holder, LockInfo, Waiter
+from ._rules.once import Skipped
 from ._sync.election import Election, Observation
 from ._sync.fenced import FencedRedis
 from ._sync.inspect import read_info
 from ._sync.lease import Lease
 from ._sync.lock import Lock
 from ._sync.multilock import MultiLease, MultiLock
+from ._sync.once import Once, Run
 from ._sync.redlock import Redlock, RedlockLease
 from ._sync.rwlock import ReadWriteLock
 from ._sync.semaphore import Semaphore
+from .jobs import once
 
 # A library's loggers print nothing of their own accord: the application configures
 # logging (the "redlease" tree) if it wants to see them.
@@ -55,9 +59,11 @@ __all__ = [
     "AsyncMultiLease",
     "AsyncMultiLock",
     "AsyncObservation",
+    "AsyncOnce",
     "AsyncReadWriteLock",
     "AsyncRedlock",
     "AsyncRedlockLease",
+    "AsyncRun",
     "AsyncSemaphore",
     "BackendError",
     "Election",
@@ -73,16 +79,20 @@ __all__ = [
     "MultiLease",
     "MultiLock",
     "Observation",
+    "Once",
     "QuorumError",
     "ReadWriteLock",
     "RedleaseWarning",
     "Redlock",
     "RedlockLease",
+    "Run",
     "Semaphore",
+    "Skipped",
     "StaleFence",
     "Waiter",
     "__version__",
     "aread_info",
+    "once",
     "read_info",
 ]
 

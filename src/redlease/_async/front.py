@@ -104,19 +104,24 @@ class AsyncFront(FrontBase, AsyncOnly, Generic[LeaseT]):
     async def _take(self, timeout: float | None, *, wait: bool) -> LeaseT | None:
         started = _metrics.now()
         attempt = self._new_attempt(timeout, wait=wait)  # (its deadline counts the look)
+        grant = await self._attempted(attempt)
+        if grant is None:
+            self._not_granted(started, wait=wait)
+            return None
+        return self._watched(grant, started)
+
+    async def _attempted(self, attempt: Attempt) -> Grant | None:
+        """Run ``attempt`` (after the one look at the server); clean up after it if it
+        is interrupted once something reached the server."""
         await self._io.check_server_once(attempt.look_within())
         try:
-            grant = await self._io.run(attempt.run(), f"acquire {self.name!r}")
+            return await self._io.run(attempt.run(), f"acquire {self.name!r}")
         except BaseException as exc:
             if attempt.outstanding:
                 # An interruption that ends the process (Ctrl-C, exit, a signal's error:
                 # not an Exception, nor asyncio's cancellation) is cleaned up in haste.
                 await self._abandon(attempt, hurried=not isinstance(exc, (Exception, Cancelled)))
             raise
-        if grant is None:
-            self._not_granted(started, wait=wait)
-            return None
-        return self._watched(grant, started)
 
     def _watched(self, grant: Grant, started: float) -> LeaseT:
         lease = self._new_lease(grant)

@@ -51,10 +51,11 @@ METER = "redlease"
 # Attribute keys. The name is recorded only when asked for (configure): lock
 # names are the application's and may be unbounded (a lock per order, per user), and
 # every distinct attribute set is a time series a backend keeps.
-KIND = "redlease.kind"  # lock, redlock, semaphore, rwlock, multilock, election
+KIND = "redlease.kind"  # lock, redlock, semaphore, rwlock, multilock, election, once
 MODE = "redlease.mode"  # a read/write lock's side: read or write
 NAME = "redlease.name"
 OUTCOME = "redlease.outcome"  # wait: acquired, timeout, busy; hold: released, lost
+REASON = "redlease.reason"  # a skipped scheduled call's: running, ran this period
 ERROR_TYPE = "error.type"  # OpenTelemetry's own key: why a renewal failed
 
 # Seconds, from a fast local grant to a long job's hold (the API's default boundaries
@@ -241,7 +242,7 @@ class Counts:
 
 
 class Instruments:
-    """The six instruments of one meter, whether lock names go into attributes, and
+    """The seven instruments of one meter, whether lock names go into attributes, and
     whether durations are recorded."""
 
     def __init__(self, meter: Meter, observation: Any, context: Callable[[], Context]) -> None:
@@ -281,6 +282,12 @@ class Instruments:
             "redlease.lease.lost",
             unit="{lease}",
             description="Leases found lost: taken over, expired, not renewed in time",
+        )
+        self.skips: Counter = meter.create_counter(
+            "redlease.once.skips",
+            unit="{skip}",
+            description="Scheduled calls skipped (redlease.once): the name was held, or "
+            "the period's run had been made (redlease.reason says which)",
         )
         self.renewal_failures: Counter = meter.create_counter(
             "redlease.renewal.failures",
@@ -373,6 +380,10 @@ class Labels:
         if of.durations:
             value, attributes = now() - since, self.was_lost if lost else self.released
             deferred.record(of.hold, value, attributes, of.context())
+
+    def skipped(self, reason: str) -> None:
+        """A scheduled call was skipped, for ``reason``."""
+        self.of.skips.add(1, {**self.base, REASON: reason})
 
     def renewal_failed(self, error: BaseException) -> None:
         self.of.renewal_failures.add(1, {**self.base, ERROR_TYPE: type(error).__qualname__})

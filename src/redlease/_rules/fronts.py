@@ -91,7 +91,7 @@ def named(fn: object) -> str:
     return str(getattr(fn, "__qualname__", None) or repr(fn))
 
 
-def _refuse_undecorable(lock: object, fn: object, *, want_async: bool) -> None:
+def refuse_undecorable(lock: object, fn: object, *, want_async: bool) -> None:
     """A lock guards a call only if the function's work is done within the call (sync)
     or within awaiting it (asyncio): otherwise the work would run after the lock is
     given back, unguarded, and nothing would say so."""
@@ -117,9 +117,9 @@ def _refuse_undecorable(lock: object, fn: object, *, want_async: bool) -> None:
 
 def decorate(lock: AbstractContextManager[Any], fn: Callable[P, R]) -> Callable[P, R]:
     """``fn`` run under ``with lock`` at each call (refused at once if it cannot be,
-    see ``_refuse_undecorable``). The lease is not passed: ``fn`` keeps its signature,
+    see ``refuse_undecorable``). The lease is not passed: ``fn`` keeps its signature,
     and a caller that needs the lease (its fence) writes ``with lock as lease``."""
-    _refuse_undecorable(lock, fn, want_async=False)
+    refuse_undecorable(lock, fn, want_async=False)
 
     @functools.wraps(fn)
     def locked_call(*args: P.args, **kwargs: P.kwargs) -> R:
@@ -141,7 +141,7 @@ def decorate_async(
 ) -> Callable[P, Coroutine[Any, Any, R]]:
     """The asyncio twin of ``decorate``: ``fn`` (an ``async def``) awaited under
     ``async with lock`` at each call."""
-    _refuse_undecorable(lock, fn, want_async=True)
+    refuse_undecorable(lock, fn, want_async=True)
 
     @functools.wraps(fn)
     async def locked_call(*args: P.args, **kwargs: P.kwargs) -> R:

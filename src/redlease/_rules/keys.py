@@ -13,6 +13,8 @@ touches a single slot:
     P{N}:released      the token of the last release, for a retried release to find,
                        with a TTL (the release's reply bound)
     P{N}:woken         an unfair lock's waiter woken to compete, for 5 ms (UNFAIR_WOKEN)
+    P{N}:once          a scheduled job's last period run (``redlease.once(every=)``): the
+                       period's number, kept until the period ends
     P{N}:gate          the greatest fence the gate for Redis data (FencedRedis) has let
                        through for the resource N, kept a while past the last one
 
@@ -162,6 +164,11 @@ class LockKeys:
             bell_prefix=base + ":bell:",
             extra=extra,
         )
+
+    @property
+    def once(self) -> str:
+        """A scheduled job's record of its last period run (a lock's keys only)."""
+        return self.lock + ":once"
 
     def bell(self, token: str) -> str:
         return self.bell_prefix + token

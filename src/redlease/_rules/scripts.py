@@ -911,3 +911,101 @@ return redis.call('GET', KEYS[1])
 """,
     retry="it only reads",
 )
+
+
+# Scheduled jobs (``redlease.once``): a lock's scripts, wrapped. Each runs the lock's own
+# script as a function, so a job's lease is a lock's lease on the same keys (a Lock of the
+# name waits for it, ``redlease inspect`` shows it).
+
+_NOW_MS = """
+local function now_ms()
+  local t = redis.call('TIME')
+  return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+end
+"""
+
+ONCE_ACQUIRE = Script(
+    "once_acquire",
+    """
+-- A scheduled job's try: the lock's acquire (never queued), unless the job's run of this
+-- period has been made.
+-- KEYS[1..4] as acquire's  KEYS[5] the record of the last period run (P{N}:once)
+-- ARGV[1..7] as acquire's (ARGV[4] '0')  ARGV[8] the period in ms ('0': none)
+-- Reply as acquire's, but server_us is always the server's time before the grant (when
+-- the run starts), and fence = -1 when this period's run has been made (pttl: ms until
+-- the next period begins). Periods are aligned to the server's clock: period k covers
+-- [k * period, (k + 1) * period) of its TIME in ms.
+local function acquire()
+"""
+    + ACQUIRE.source
+    + """
+end
+"""
+    + _NOW_MS
+    + """
+local t = redis.call('TIME')
+local now_us = tonumber(t[1]) * 1000000 + tonumber(t[2])
+local now = math.floor(now_us / 1000)
+local period = tonumber(ARGV[8])
+local k
+if period > 0 then
+  k = math.floor(now / period)
+  local last = tonumber(redis.call('GET', KEYS[5]))
+  -- (greater: a server whose clock went back, a replica promoted, has seen a later one)
+  if last and last >= k then return {-1, (k + 1) * period - now, now_us, 0} end
+end
+local reply = acquire()
+if reply[1] > 0 and period > 0 then
+  -- kept until its period ends: a run counts from its start, however it ends
+  redis.call('SET', KEYS[5], string.format('%d', k), 'PX', (k + 1) * period - now)
+end
+reply[3] = now_us
+return reply
+""",
+    retry="the same token again finds its own grant (and the period's record) and reports it",
+)
+
+ONCE_RELEASE = Script(
+    "once_release",
+    """
+-- A scheduled job's end: the lock's release, unless the job's at-least time has not
+-- passed yet, by the server's clock; then the lock is kept until it has.
+-- KEYS as release's  ARGV[1..4] as release's  ARGV[5] the server's ms until which the
+-- name stays held (the run's start plus at-least)
+-- Reply as release's: 1 released, or kept until ARGV[5]; 0 not ours.
+local function release()
+"""
+    + RELEASE.source
+    + """
+end
+"""
+    + _NOW_MS
+    + """
+if redis.call('GET', KEYS[1]) == ARGV[1] then
+  local left = tonumber(ARGV[5]) - now_ms()
+  if left > 0 then
+    redis.call('PEXPIRE', KEYS[1], left)
+    return 1
+  end
+end
+return release()
+""",
+    retry="a second run keeps the lock until the same time, or finds the first one's release",
+)
+
+ONCE_EXTEND = Script(
+    "once_extend",
+    _NOW_MS
+    + """
+-- A scheduled job's extend: the lock's, never past the server's ms at which the job's
+-- at-most time ends.
+-- KEYS[1] lock  ARGV[1] token  ARGV[2] ttl ms  ARGV[3] the server's ms of the at-most end
+-- Reply: the ms the lease now lasts (> 0); 0: not ours (or its at-most time is over).
+if redis.call('GET', KEYS[1]) ~= ARGV[1] then return 0 end
+local left = math.min(tonumber(ARGV[2]), tonumber(ARGV[3]) - now_ms())
+if left <= 0 then return 0 end
+redis.call('PEXPIRE', KEYS[1], left)
+return left
+""",
+    retry="setting the expiry again only shortens it by the time between the two",
+)

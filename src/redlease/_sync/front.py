@@ -98,19 +98,24 @@ class SyncFront(FrontBase, Generic[LeaseT]):
     def _take(self, timeout: float | None, *, wait: bool) -> LeaseT | None:
         started = _metrics.now()
         attempt = self._new_attempt(timeout, wait=wait)  # (its deadline counts the look)
+        grant = self._attempted(attempt)
+        if grant is None:
+            self._not_granted(started, wait=wait)
+            return None
+        return self._watched(grant, started)
+
+    def _attempted(self, attempt: Attempt) -> Grant | None:
+        """Run ``attempt`` (after the one look at the server); clean up after it if it
+        is interrupted once something reached the server."""
         self._io.check_server_once(attempt.look_within())
         try:
-            grant = self._io.run(attempt.run(), f"acquire {self.name!r}")
+            return self._io.run(attempt.run(), f"acquire {self.name!r}")
         except BaseException as exc:
             if attempt.outstanding:
                 # An interruption that ends the process (Ctrl-C, exit, a signal's error:
                 # not an Exception, nor asyncio's cancellation) is cleaned up in haste.
                 self._abandon(attempt, hurried=not isinstance(exc, (Exception, Cancelled)))
             raise
-        if grant is None:
-            self._not_granted(started, wait=wait)
-            return None
-        return self._watched(grant, started)
 
     def _watched(self, grant: Grant, started: float) -> LeaseT:
         lease = self._new_lease(grant)

@@ -1,0 +1,211 @@
+"""Scheduled jobs that run once across a fleet (``redlease.once``): the rules, without I/O.
+
+A job's run is a lease of the lock of the job's name (same keys, so a ``Lock`` of that
+name waits for it and ``redlease inspect`` shows it), taken by one try that never waits:
+
+* the try (ONCE_ACQUIRE) reads the server's clock; with a period, it is refused when the
+  period's run has been made (the record ``P{N}:once``, written by the grant); a held
+  name refuses it as any try. Either way the call is skipped (``Skipped``), in one round
+  trip;
+* the lease lasts ``at_most`` (or ``ttl``, renewed until ``at_most``; ONCE_EXTEND never
+  sets it past the run's start plus ``at_most`` by the server's clock);
+* its release (ONCE_RELEASE) keeps the name held until the run's start plus
+  ``at_least`` by the server's clock, and releases it once that has passed.
+
+Every time that counts is the server's: the run's start is its ``TIME`` in the try, and
+the scripts compare it with their own ``TIME``. So nodes whose clocks disagree by
+minutes still see one run per period, and nothing kept in the process holds a name
+after it exits.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Literal
+
+from .._base.errors import BackendError, InvalidArgument, LockLost
+from .._base.timing import valid_until
+from . import arguments as args
+from .flows import ONE_FENCE, Acquisition, Flow, Grant, LockSpec, as_int
+from .scripts import ONCE_ACQUIRE, ONCE_EXTEND, ONCE_RELEASE
+
+# Why a call was skipped (``Skipped.reason``).
+RUNNING = "running"  # the name is held: a run under way, its at_least, or a Lock's holder
+RAN = "ran this period"  # the period's run has been made, or is under way (``every=``)
+LATE = "granted too late"  # the server's grant came back after its lease had run out
+
+
+@dataclass(frozen=True)
+class OnceRule:
+    """What is fixed about one scheduled job, checked once."""
+
+    at_most_ms: int
+    at_least_ms: int
+    period_ms: int  # 0: no period
+    lease_ms: int  # the lease's length: at_most, or a shorter ttl renewed until at_most
+    fence_as: str | None  # the keyword the decorated job gets its fence through
+
+    @property
+    def renews(self) -> bool:
+        return self.lease_ms < self.at_most_ms
+
+    @classmethod
+    def create(
+        cls, at_most: object, at_least: object, every: object, ttl: object, fence_as: object
+    ) -> OnceRule:
+        most = args.ttl_ms(at_most, "at_most")
+        least_s = args.seconds("at_least", at_least)
+        if least_s < 0:
+            raise InvalidArgument(f"at_least must not be negative, got {args.shown(at_least)}")
+        least = 0 if least_s == 0 else args.milliseconds(at_least, "at_least")
+        if least > most:
+            raise InvalidArgument(
+                f"at_least ({args.shown(at_least)}) must not exceed at_most "
+                f"({args.shown(at_most)}): the name is never held past at_most"
+            )
+        period = 0 if every is None else args.milliseconds(every, "every")
+        lease = most if ttl is None else args.ttl_ms(ttl, "ttl")
+        if lease > most:
+            raise InvalidArgument(
+                f"ttl ({args.shown(ttl)}) must not exceed at_most ({args.shown(at_most)}): "
+                "ttl is the length of a lease renewed until at_most"
+            )
+        if fence_as is not None and not (isinstance(fence_as, str) and fence_as.isidentifier()):
+            raise InvalidArgument(
+                f"fence_as must be None or a keyword argument's name, got {args.shown(fence_as)}"
+            )
+        return cls(most, least, period, lease, fence_as)
+
+
+class Skipped:
+    """A scheduled call that did not run: another node's run holds the name (or its
+    ``at_least`` does), or, with ``every=``, this period's run has been made. False in a
+    test (``if not run:``); what a decorated job returns instead of its result.
+
+    ``reason`` is ``"running"`` (the name is held), ``"ran this period"`` (with
+    ``every``: this period's run has been made or is under way; said first) or (rare: the
+    server's grant came back after its lease had run out) ``"granted too late"``.
+    ``retry_in``: seconds, by the server's clock, until the name may run again (the
+    holder's time left, or until the next period), when the server said; else None."""
+
+    __slots__ = ("name", "reason", "retry_in")
+
+    def __init__(self, name: str, reason: str, retry_in: float | None) -> None:
+        self.name, self.reason, self.retry_in = name, reason, retry_in
+
+    def __bool__(self) -> Literal[False]:
+        return False
+
+    def __repr__(self) -> str:
+        later = "" if self.retry_in is None else f", may run in {self.retry_in:.3f}s"
+        return f"<Skipped {self.name!r}: {self.reason}{later}>"
+
+
+@dataclass(slots=True)
+class OnceGrant(Grant):
+    """A job's grant: a lock's, and the server's time (ms) at which its run started."""
+
+    started_ms: int = 0
+
+
+class OnceAttempt(Acquisition):
+    """A job's one try (see the module's doc). ``skipped`` says why it gave no grant."""
+
+    def __init__(self, spec: LockSpec, rule: OnceRule) -> None:
+        super().__init__(spec, 0.0, wait=False)
+        self.rule = rule
+        self.skipped: Skipped | None = None
+
+    def run(self) -> Flow[Grant | None]:
+        spec = self.spec
+        sent_at = spec.clock()
+        self.outstanding = True
+        try:
+            reply = yield spec.call(
+                ONCE_ACQUIRE,
+                self.token,
+                str(spec.ttl_ms),
+                spec.fair_arg,
+                "0",
+                spec.keys.bell_prefix,
+                ONE_FENCE,
+                "",
+                str(self.rule.period_ms),
+                keys=(*spec.keys.script_keys, spec.keys.once),
+                timeout=self._bound(),
+                patient=False,
+            )
+        except BackendError as failure:
+            yield from self._wait_out(failure)  # (a try: raises it, or names a foreign key)
+            raise
+        fence, pttl, server_us, _ = (as_int(x) for x in reply)
+        if fence > 0:
+            grant = OnceGrant(
+                self.token, fence, valid_until(sent_at, pttl, spec.ttl), server_us // 1000
+            )
+            if grant.valid_until > spec.clock():
+                return grant
+            yield from self.abandon()
+            self.skipped = Skipped(spec.name, LATE, None)
+            return None
+        reason = RAN if fence < 0 else RUNNING
+        self.skipped = Skipped(spec.name, reason, pttl / 1000.0 if pttl >= 0 else None)
+        return None
+
+
+class OnceLeaseRules:
+    """What a job's lease does otherwise than a lock's: it is extended never past its
+    run's start plus ``at_most``, and its release keeps the name until the start plus
+    ``at_least`` (both by the server's clock). Mixed into the lease classes."""
+
+    _spec: LockSpec
+    _token: str
+    _kept_until_ms = 0  # the server's ms until which its release keeps the name
+    _ends_ms = 0  # the server's ms at which its at_most ends
+
+    def _run_by(self, grant: Grant, rule: OnceRule) -> None:
+        assert isinstance(grant, OnceGrant)
+        self._kept_until_ms = grant.started_ms + rule.at_least_ms
+        self._ends_ms = grant.started_ms + rule.at_most_ms
+
+    def _extend_flow(self, ttl_ms: int, wait: float | None = None) -> Flow[float]:
+        spec = self._spec
+        sent_at = spec.clock()
+        left = as_int(
+            (
+                yield spec.call(
+                    ONCE_EXTEND,
+                    self._token,
+                    str(ttl_ms),
+                    str(self._ends_ms),
+                    keys=(spec.keys.lock,),
+                    timeout=wait,
+                )
+            )
+        )
+        if left <= 0:
+            raise LockLost(
+                f"job {spec.name!r} is no longer ours: it expired, was taken over, or its "
+                "at_most time is over"
+            )
+        return valid_until(sent_at, left, ttl_ms / 1000.0)
+
+    def _release_flow(self) -> Flow[None]:
+        spec = self._spec
+        ok = yield spec.call(
+            ONCE_RELEASE,
+            self._token,
+            spec.fair_arg,
+            spec.keys.bell_prefix,
+            str(math.ceil(spec.reply_timeout * 1000)),
+            str(self._kept_until_ms),
+        )
+        if as_int(ok) != 1:
+            raise LockLost(f"job {spec.name!r} had already expired or been taken over")
+
+
+def skip_message(skipped: Skipped) -> str:
+    """The log line of a skipped call."""
+    later = "" if skipped.retry_in is None else f"; it may run in {skipped.retry_in:.3f} s"
+    return f"scheduled job {skipped.name!r} skipped: {skipped.reason}{later}"

@@ -1,0 +1,179 @@
+# Generated from _async/once.py by scripts/unasync.py: edit that file, then run
+# `python scripts/unasync.py` (the tests run it with --check).
+"""``Once``: a scheduled job that runs once across a fleet, whichever node fires it
+first, on the server's clock (the rules: ``_rules.once``). Written once, as asyncio code;
+``scripts/unasync.py`` generates the blocking twin (``Once``).
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+from collections.abc import Callable
+from datetime import timedelta
+from types import TracebackType
+from typing import Any
+
+from .._base import metrics as _metrics
+from .._clients.checks import check_client
+from .._rules import arguments as args
+from .._rules.flows import Acquisition, Grant, LockSpec
+from .._rules.fronts import P, R, pop_entered, push_entered, refuse_undecorable
+from .._rules.lock import OnLost
+from .._rules.once import OnceAttempt, OnceLeaseRules, OnceRule, Skipped, skip_message
+from .backend import ASYNC, current_holder
+from .io import SyncIO
+from .lease import Lease
+from .lock import OneServer
+
+Seconds = float | timedelta
+
+log = logging.getLogger(__name__)
+
+
+class Run(OnceLeaseRules, Lease):
+    """A scheduled job's run: the lease it holds (``fence``, ``check()``, ``lost``...).
+    Its release (the end of the job's block) keeps the name held until ``at_least`` has
+    passed since the run started, by the server's clock."""
+
+    def __init__(
+        self, spec: LockSpec, grant: Grant, io: SyncIO, on_lost: OnLost | None, rule: OnceRule
+    ) -> None:
+        super().__init__(spec, grant, io, on_lost)
+        self._run_by(grant, rule)
+
+
+class _JobLock(OneServer):
+    """The lock of a job's name, taken by the job's one try (``begin``)."""
+
+    _metric_kind = "once"
+
+    def __init__(self, client: Any, spec: LockSpec, rule: OnceRule, on_lost: OnLost | None) -> None:
+        self._spec, self._rule, self._on_lost = spec, rule, on_lost
+        self._auto_renew = rule.renews
+        # (renewal stops in time for its last lease to end by at_most; the server caps it)
+        self._max_hold = (rule.at_most_ms - rule.lease_ms) / 1000.0 if rule.renews else None
+        self._serve(client)
+
+    def _new_attempt(self, timeout: float | None, *, wait: bool) -> Acquisition:
+        return OnceAttempt(self._spec, self._rule)
+
+    def _new_lease(self, grant: Grant) -> Run:
+        lease = Run(self._spec, grant, self._io, self._on_lost, self._rule)
+        self._acquirers().note(current_holder(), lease)
+        return lease
+
+    def begin(self) -> Run | Skipped:
+        started = _metrics.now()
+        attempt = OnceAttempt(self._spec, self._rule)
+        grant = self._attempted(attempt)
+        if grant is not None:
+            run = self._watched(grant, started)
+            assert isinstance(run, Run)
+            return run
+        skipped = attempt.skipped
+        assert skipped is not None
+        self._not_granted(started, wait=False)
+        labels = self._metered()
+        if labels is not None:
+            labels.skipped(skipped.reason)
+        log.info(skip_message(skipped))
+        return skipped
+
+
+class Once:
+    """A job that runs once across every process that calls it, whichever calls first:
+    a call made while another run holds the job's name is skipped at once, never queued.
+
+    ``at_most``: the longest a run holds the name (a node that dies mid-run frees it
+    then). ``at_least``: the shortest; a run that ends sooner leaves the name held until
+    ``at_least`` after its start, by the server's clock, so that a node whose scheduler
+    fires a little later skips it (even if the first process has exited). ``every``: at
+    most one run per period of the server's clock (period k covers [k * every,
+    (k + 1) * every) of its time since the epoch), however far apart the nodes' clocks
+    are. ``ttl``: a lease that long, renewed while the job runs, never past ``at_most``
+    (default: one lease of ``at_most``). ``fence_as``: the keyword argument through which
+    the decorated job gets its run's fence. ``on_lost(run)``: called if the run's lease is
+    found lost. Every key starts with ``prefix``.
+
+    As a context manager, ``with job as run:`` gives the run (an ``Run``, the
+    lease) or a ``Skipped``, which is false: ``if not run: return``. As a decorator of an
+    ``def`` function, each call runs it in such a block and returns its result, or
+    the ``Skipped``. A skip is logged (INFO) and counted (``redlease.once.skips``).
+
+    Raises InvalidArgument, naming the argument, for one out of its range (``at_least``
+    greater than ``at_most``, ``ttl`` greater than ``at_most``).
+    """
+
+    def __init__(
+        self,
+        client: Any,
+        name: str,
+        *,
+        at_most: Seconds,
+        at_least: Seconds = 0,
+        every: Seconds | None = None,
+        ttl: Seconds | None = None,
+        fence_as: str | None = None,
+        on_lost: OnLost | None = None,
+        prefix: str = "redlease:",
+    ) -> None:
+        check_client(client, want_async=ASYNC, sync_twin="Once")
+        rule = OnceRule.create(at_most, at_least, every, ttl, fence_as)
+        spec = LockSpec.create(name, rule.lease_ms / 1000.0, prefix=prefix)
+        on_lost = args.callback(on_lost, "on_lost")  # type: ignore[assignment]
+        self._rule = rule
+        self._lock = _JobLock(client, spec, rule, on_lost)
+
+    @property
+    def name(self) -> str:
+        """The job's name (its lock's)."""
+        return self._lock.name
+
+    def begin(self) -> Run | Skipped:
+        """One try: the run, if the name was free (and, with ``every``, this period's
+        run not made yet), which the caller releases (``with run:``, or
+        ``release()``); else a ``Skipped``. Never waits: one round trip. Raises
+        BackendError if the server fails, within 2 seconds."""
+        return self._lock.begin()
+
+    def locked(self) -> bool:
+        """Whether the name is held now (a run, or its at_least), as the server says."""
+        return self._lock.locked()
+
+    def __enter__(self) -> Run | Skipped:
+        run = self.begin()
+        push_entered(self, run, current_holder())
+        return run
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        run = pop_entered(self)
+        if isinstance(run, Run):
+            run.__exit__(exc_type, exc, tb)
+
+    def __call__(self, fn: Callable[P, R]) -> Callable[P, R | Skipped]:
+        """``@job``: each call of ``fn`` runs it as the job's run, or is skipped (and
+        returns the ``Skipped``). With ``fence_as``, ``fn`` gets the run's fence as that
+        keyword argument."""
+        refuse_undecorable(self, fn, want_async=ASYNC)
+        fence_as = self._rule.fence_as
+
+        @functools.wraps(fn)
+        def run_once(*args: P.args, **kwargs: P.kwargs) -> R | Skipped:
+            run = self.begin()
+            if isinstance(run, Skipped):
+                return run
+            with run:
+                if fence_as is not None:
+                    kwargs[fence_as] = run.fence
+                return fn(*args, **kwargs)
+
+        return run_once
+
+    def __repr__(self) -> str:
+        return f"<{type(self).__name__} {self.name!r}>"

@@ -1,0 +1,386 @@
+"""Scheduled jobs that run once across the fleet (``redlease.once``, ``Once``,
+``AsyncOnce``) on real Redis and Valkey servers, sync and asyncio: a call while the name
+is held is skipped at once, in one round trip; ``at_least`` keeps the name by the
+server's clock after the job, even past the process's exit; ``at_most`` frees it after a
+node dies mid-job; ``every`` makes one run per period of the server's clock."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from typing import Any
+
+import pytest
+import redis
+import redis.asyncio as aredis
+
+import redlease
+from families import ClientFamily
+from redlease.tools import servers
+
+LOCK = "redlease:{%s}"
+
+
+def server_ms(r: redis.Redis) -> int:
+    seconds, micros = r.time()
+    return int(seconds) * 1000 + int(micros) // 1000
+
+
+def scripts_run(r: redis.Redis) -> int:
+    """Scripts the server has run (the commands they call are counted apart)."""
+    stats = r.info("commandstats")
+    return sum(stats.get(k, {}).get("calls", 0) for k in ("cmdstat_evalsha", "cmdstat_eval"))
+
+
+def test_a_call_while_a_run_holds_the_name_is_skipped_in_one_round_trip(
+    twin: Any, r: redis.Redis, name: str
+) -> None:
+    job = twin.once(name, at_most=30)
+    run = job.begin()
+    assert run
+    assert run.fence > 0
+    assert not run.lost
+    other = twin.once(name, at_most=30)
+    other.begin()  # (its first call looks at the server's settings once)
+    before = scripts_run(r)
+    skipped = other.begin()
+    assert scripts_run(r) - before == 1
+    assert isinstance(skipped, redlease.Skipped)
+    assert not skipped
+    assert (skipped.name, skipped.reason) == (name, "running")
+    assert skipped.retry_in is not None
+    assert 25 < skipped.retry_in <= 30
+    run.release()
+    assert not job.locked()
+    again = other.begin()
+    assert again
+    assert again.fence > run.fence
+    again.release()
+
+
+def test_the_decorated_job_runs_or_returns_skipped_without_running(
+    twin: Any, r: redis.Redis, name: str
+) -> None:
+    calls: list[tuple[int, int]] = []
+
+    def report(x: int, *, fence: int) -> int:
+        calls.append((x, fence))
+        return x * 2
+
+    job = twin.once(name, at_most=30, fence_as="fence")(report)
+
+    assert job(21) == 42
+    assert len(calls) == 1
+    assert calls[0][1] > 0
+    assert not r.exists(LOCK % name)  # released at its end (no at_least)
+    holder = twin.once(name, at_most=30).begin()
+    skipped = job(5)
+    assert isinstance(skipped, redlease.Skipped)
+    assert skipped.reason == "running"
+    assert len(calls) == 1  # not run
+    holder.release()
+    assert job(1) == 2
+    assert calls[-1][1] > calls[0][1]
+
+
+def test_at_least_keeps_the_name_after_a_short_job_by_the_servers_clock(
+    twin: Any, r: redis.Redis, name: str
+) -> None:
+    job = twin.once(name, at_most=30, at_least=1.5)
+    start = server_ms(r)
+    run = job.begin()
+    run.release()  # after a few ms
+    left = r.pttl(LOCK % name)
+    assert 0 < left <= 1500
+    assert start + 1500 - 100 <= server_ms(r) + left <= start + 1500 + 100
+    skipped = twin.once(name, at_most=30).begin()
+    assert isinstance(skipped, redlease.Skipped)
+    assert skipped.reason == "running"
+    time.sleep(left / 1000 + 0.05)
+    later = job.begin()
+    assert later
+    later.release()
+
+
+def test_a_job_longer_than_at_least_frees_the_name_at_its_end(
+    twin: Any, r: redis.Redis, name: str
+) -> None:
+    job = twin.once(name, at_most=30, at_least=0.2)
+    run = job.begin()
+    time.sleep(0.3)
+    run.release()
+    assert not r.exists(LOCK % name)
+
+
+def _script(port: int, body: str) -> str:
+    return textwrap.dedent(
+        f"""
+        import sys, time, redis, redlease
+        r = redis.Redis(port={port})
+        """
+    ) + textwrap.dedent(body)
+
+
+def test_at_least_holds_after_the_process_has_exited(
+    server: servers.ServerProcess, r: redis.Redis, name: str
+) -> None:
+    code = _script(
+        server.port,
+        f"""
+        @redlease.once(r, {name!r}, at_most=60, at_least=3)
+        def job():
+            return "ran"
+        print(job())
+        """,
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert done.stdout.strip() == "ran", done.stderr
+    assert r.pttl(LOCK % name) > 1000  # the process is gone; the server keeps the name
+    skipped = redlease.Once(r, name, at_most=60).begin()
+    assert isinstance(skipped, redlease.Skipped)
+
+
+def test_a_node_killed_mid_job_frees_the_name_after_at_most(
+    server: servers.ServerProcess, r: redis.Redis, name: str
+) -> None:
+    code = _script(
+        server.port,
+        f"""
+        with redlease.once(r, {name!r}, at_most=1.5) as run:
+            print(run.fence, flush=True)
+            time.sleep(60)
+        """,
+    )
+    node = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+    try:
+        assert node.stdout is not None
+        assert int(node.stdout.readline()) > 0
+        node.send_signal(signal.SIGKILL)
+        node.wait(timeout=10)
+        job = redlease.Once(r, name, at_most=60)
+        assert isinstance(job.begin(), redlease.Skipped)
+        left = r.pttl(LOCK % name)
+        assert 0 < left <= 1500
+        time.sleep(left / 1000 + 0.05)
+        run = job.begin()
+        assert run
+        run.release()
+    finally:
+        node.kill()
+        node.wait(timeout=10)
+        if node.stdout is not None:
+            node.stdout.close()
+
+
+def test_every_makes_one_run_per_period_of_the_servers_clock(
+    twin: Any, r: redis.Redis, name: str
+) -> None:
+    period_ms = 400
+    runs: list[int] = []
+
+    def hourly() -> None:
+        runs.append(server_ms(r) // period_ms)
+
+    job = twin.once(name, at_most=5, every=period_ms / 1000)(hourly)
+
+    skips = 0
+    until = time.monotonic() + 2.2
+    while time.monotonic() < until:
+        if isinstance(job(), redlease.Skipped):
+            skips += 1
+        time.sleep(0.02)
+    assert len(runs) == len(set(runs))  # never two in one period
+    assert runs == list(range(runs[0], runs[0] + len(runs)))  # and none missed
+    assert len(runs) >= 4
+    assert skips > len(runs)
+    record = r.get(LOCK % name + ":once")
+    assert record is not None
+    assert int(record) == runs[-1]
+    assert 0 < r.pttl(LOCK % name + ":once") <= period_ms
+
+
+def test_a_period_that_has_run_says_when_the_next_one_begins(
+    twin: Any, r: redis.Redis, name: str
+) -> None:
+    job = twin.once(name, at_most=5, every=3600)
+    run = job.begin()
+    run.release()
+    skipped = job.begin()
+    assert isinstance(skipped, redlease.Skipped)
+    assert skipped.reason == "ran this period"
+    next_period = (server_ms(r) // 3_600_000 + 1) * 3_600_000
+    assert skipped.retry_in is not None
+    assert abs(server_ms(r) + skipped.retry_in * 1000 - next_period) < 200
+
+
+def test_a_run_that_fails_still_counts_for_its_period(twin: Any, r: redis.Redis, name: str) -> None:
+    def failing() -> None:
+        raise RuntimeError("the job failed")
+
+    job = twin.once(name, at_most=5, every=3600)(failing)
+
+    with pytest.raises(RuntimeError, match="the job failed"):
+        job()
+    assert not r.exists(LOCK % name)  # released
+    skipped = job()
+    assert isinstance(skipped, redlease.Skipped)
+    assert skipped.reason == "ran this period"
+
+
+def test_a_renewed_lease_is_never_kept_past_at_most(twin: Any, r: redis.Redis, name: str) -> None:
+    job = twin.once(name, at_most=1.2, ttl=0.3)
+    start = server_ms(r)
+    run = job.begin()
+    ends = []
+    while run.remaining() > 0:
+        left = r.pttl(LOCK % name)
+        if left > 0:
+            assert left <= 300
+            ends.append(server_ms(r) + left)
+        time.sleep(0.02)
+    assert ends
+    assert max(ends) <= start + 1200 + 50
+    assert max(ends) >= start + 900  # it was renewed
+    assert run.lost
+
+
+def test_extend_never_goes_past_at_most(twin: Any, r: redis.Redis, name: str) -> None:
+    job = twin.once(name, at_most=2)
+    run = job.begin()
+    run.extend(100)
+    assert 1500 < r.pttl(LOCK % name) <= 2000
+    assert run.remaining() <= 2
+    run.release()
+
+
+def test_a_lock_of_the_same_name_is_kept_out_by_a_run_and_its_at_least(
+    twin: Any, name: str
+) -> None:
+    job = twin.once(name, at_most=30, at_least=1)
+    lock = twin.lock(name)
+    run = job.begin()
+    assert lock.try_acquire() is None
+    run.release()
+    assert lock.try_acquire() is None
+    lease = lock.acquire(timeout=5)  # woken once at_least has passed
+    assert isinstance(job.begin(), redlease.Skipped)
+    lease.release()
+
+
+def test_the_context_manager_gives_the_run_or_the_skip(r: redis.Redis, name: str) -> None:
+    job = redlease.once(r, name, at_most=30)
+    assert isinstance(job, redlease.Once)
+    with job as run:
+        assert isinstance(run, redlease.Run)
+        assert run
+        with job as inner:
+            assert isinstance(inner, redlease.Skipped)
+        assert job.locked()
+    assert not job.locked()
+
+
+async def test_the_asyncio_context_manager_and_decorator(
+    server: servers.ServerProcess, family: ClientFamily, name: str
+) -> None:
+    client: aredis.Redis = family.aclient(port=server.port)
+    try:
+        job = redlease.once(client, name, at_most=30, at_least=0.3)
+        assert isinstance(job, redlease.AsyncOnce)
+        async with job as run:
+            assert isinstance(run, redlease.AsyncRun)
+            async with job as inner:
+                assert not inner
+        assert await job.locked()  # its at_least
+
+        @redlease.once(client, name + ":deco", at_most=30)
+        async def nightly() -> str:
+            await asyncio.sleep(0.2)
+            return "done"
+
+        results = await asyncio.gather(*(nightly() for _ in range(20)))
+        assert results.count("done") == 1
+        assert all(isinstance(x, redlease.Skipped) for x in results if x != "done")
+    finally:
+        await client.aclose()
+
+
+def test_a_skip_is_logged(r: redis.Redis, name: str, caplog: pytest.LogCaptureFixture) -> None:
+    job = redlease.Once(r, name, at_most=30)
+    with job, caplog.at_level(logging.INFO, logger="redlease"):
+        job.begin()
+    assert f"scheduled job {name!r} skipped: running" in caplog.text
+
+
+def test_a_forked_child_skips_and_never_hangs(r: redis.Redis, name: str) -> None:
+    job = redlease.Once(r, name, at_most=30)
+    with job as run:
+        assert run
+        pid = os.fork()
+        if pid == 0:  # the child: the parent's run is not its own
+            try:
+                skipped = job.begin()
+                os._exit(0 if isinstance(skipped, redlease.Skipped) and run.lost else 1)
+            except BaseException:
+                os._exit(2)
+        _, status = os.waitpid(pid, 0)
+        assert os.waitstatus_to_exitcode(status) == 0
+    assert not r.exists(LOCK % name)
+
+
+def test_a_server_that_closes_idle_clients_is_no_bother(r: redis.Redis, name: str) -> None:
+    job = redlease.Once(r, name, at_most=30)
+    first = job.begin()
+    assert isinstance(first, redlease.Run)
+    first.release()
+    old = str(r.config_get("timeout")["timeout"])
+    r.config_set("timeout", 1)
+    try:
+        time.sleep(2.2)  # the job's connection is closed by the server meanwhile
+        run = job.begin()
+        assert run
+        run.release()
+    finally:
+        r.config_set("timeout", old)
+
+
+@pytest.mark.parametrize(
+    ("options", "named"),
+    [
+        ({"at_most": 1, "at_least": 2}, "at_least"),
+        ({"at_most": 5, "ttl": 10}, "ttl"),
+        ({"at_most": 5, "at_least": -1}, "at_least"),
+        ({"at_most": 0}, "at_most"),
+        ({"at_most": 5, "every": 0}, "every"),
+        ({"at_most": 5, "every": "1h"}, "every"),
+        ({"at_most": 5, "fence_as": "not a name"}, "fence_as"),
+        ({"at_most": 5, "on_lost": 3}, "on_lost"),
+    ],
+)
+def test_bad_arguments_are_refused_by_name(
+    r: redis.Redis, options: dict[str, Any], named: str
+) -> None:
+    with pytest.raises(redlease.InvalidArgument, match=named):
+        redlease.Once(r, "job", **options)
+
+
+def test_the_wrong_flavour_of_client_is_refused(r: redis.Redis) -> None:
+    with pytest.raises(redlease.InvalidArgument, match="AsyncOnce"):
+        redlease.AsyncOnce(r, "job", at_most=5)
+
+    async def decorate_a_plain_function() -> None:
+        client = aredis.Redis()
+        with pytest.raises(redlease.InvalidArgument, match="async def"):
+            redlease.AsyncOnce(client, "job", at_most=5)(lambda: None)  # type: ignore[arg-type, return-value]
+        await client.aclose()
+
+    asyncio.run(decorate_a_plain_function())
+    with pytest.raises(redlease.InvalidArgument, match="coroutine function"):
+
+        @redlease.Once(r, "job", at_most=5)
+        async def job() -> None: ...
