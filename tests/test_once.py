@@ -7,6 +7,7 @@ node dies mid-job; ``every`` makes one run per period of the server's clock."""
 from __future__ import annotations
 
 import asyncio
+import inspect
 import logging
 import os
 import signal
@@ -22,6 +23,8 @@ import redis.asyncio as aredis
 
 import redlease
 from families import ClientFamily
+from redlease._rules.keys import LockKeys
+from redlease._rules.scripts import ONCE_ACQUIRE, ONCE_LEAVE
 from redlease.tools import servers
 
 LOCK = "redlease:{%s}"
@@ -200,8 +203,8 @@ def test_every_makes_one_run_per_period_of_the_servers_clock(
     assert len(runs) >= 4
     assert skips > len(runs)
     record = r.get(LOCK % name + ":once")
-    assert record is not None
-    assert int(record) == runs[-1]
+    assert isinstance(record, bytes)
+    assert int(record.split(b":")[0]) == runs[-1]  # "period:token"
     assert 0 < r.pttl(LOCK % name + ":once") <= period_ms
 
 
@@ -384,3 +387,64 @@ def test_the_wrong_flavour_of_client_is_refused(r: redis.Redis) -> None:
 
         @redlease.Once(r, "job", at_most=5)
         async def job() -> None: ...
+
+
+def _acquire_args(name: str, token: str, period_ms: int) -> list[Any]:
+    keys = LockKeys.for_name(name)
+    return [
+        *keys.script_keys,
+        keys.once,
+        token,
+        "30000",
+        "1",
+        "0",
+        keys.bell_prefix,
+        "1",
+        "",
+        str(period_ms),
+    ]
+
+
+def test_a_try_sent_again_after_its_reply_was_lost_finds_its_own_grant(
+    r: redis.Redis, name: str
+) -> None:
+    token = "ab" * 16
+    first = r.eval(ONCE_ACQUIRE.source, 5, *_acquire_args(name, token, 3_600_000))
+    again = r.eval(ONCE_ACQUIRE.source, 5, *_acquire_args(name, token, 3_600_000))
+    assert int(first[0]) > 0
+    assert int(again[0]) == int(first[0])  # its grant, not "ran this period"
+    other = r.eval(ONCE_ACQUIRE.source, 5, *_acquire_args(name, "cd" * 16, 3_600_000))
+    assert int(other[0]) == -1
+
+
+def test_a_try_given_up_before_its_run_does_not_use_up_its_period(
+    r: redis.Redis, name: str
+) -> None:
+    token = "ab" * 16
+    assert int(r.eval(ONCE_ACQUIRE.source, 5, *_acquire_args(name, token, 3_600_000))[0]) > 0
+    keys = LockKeys.for_name(name)
+    r.eval(ONCE_LEAVE.source, 5, *keys.script_keys, keys.once, token, "1", keys.bell_prefix, "0")
+    assert not r.exists(keys.lock, keys.once)
+    run = redlease.Once(r, name, at_most=30, every=3600).begin()
+    assert isinstance(run, redlease.Run)
+    run.release()
+
+
+def test_fence_as_is_checked_when_decorating_and_never_overwritten(
+    r: redis.Redis, name: str
+) -> None:
+    job = redlease.Once(r, name, at_most=30, fence_as="fence")
+    with pytest.raises(redlease.InvalidArgument, match="fence_as"):
+        job(lambda: None)
+
+    def work(item: int, fence: int = 0) -> int:
+        return fence
+
+    decorated = job(work)
+    assert list(inspect.signature(decorated).parameters) == ["item"]
+    with pytest.raises(TypeError, match="fence_as"):
+        decorated(1, fence=123)
+    assert not r.exists(LOCK % name)  # refused before the name was taken
+    fence = decorated(1)
+    assert isinstance(fence, int)
+    assert fence > 0

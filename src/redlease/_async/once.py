@@ -18,7 +18,15 @@ from .._rules import arguments as args
 from .._rules.flows import Acquisition, Grant, LockSpec
 from .._rules.fronts import P, R, pop_entered, push_entered, refuse_undecorable
 from .._rules.lock import OnLost
-from .._rules.once import OnceAttempt, OnceLeaseRules, OnceRule, Skipped, skip_message
+from .._rules.once import (
+    OnceAttempt,
+    OnceLeaseRules,
+    OnceRule,
+    Skipped,
+    fence_keyword,
+    passed_fence,
+    skip_message,
+)
 from .backend import ASYNC, current_holder
 from .io import AsyncIO
 from .lease import AsyncLease
@@ -163,9 +171,11 @@ class AsyncOnce:
         keyword argument."""
         refuse_undecorable(self, fn, want_async=ASYNC)
         fence_as = self._rule.fence_as
+        shown = fence_keyword(fn, fence_as)
 
         @functools.wraps(fn)
         async def run_once(*args: P.args, **kwargs: P.kwargs) -> R | Skipped:
+            passed_fence(kwargs, fence_as, self.name)
             run = await self.begin()
             if isinstance(run, Skipped):
                 return run
@@ -174,6 +184,8 @@ class AsyncOnce:
                     kwargs[fence_as] = run.fence
                 return await fn(*args, **kwargs)
 
+        if shown is not None:
+            run_once.__signature__ = shown  # type: ignore[attr-defined]
         return run_once
 
     def __repr__(self) -> str:

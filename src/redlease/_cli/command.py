@@ -136,13 +136,16 @@ def build_parser() -> argparse.ArgumentParser:
         help="run a command while holding a lock (as flock does with a file)",
         usage=(
             "redlease run NAME [--redis URL]... [--ttl DURATION] [-n | -w DURATION] "
-            "[-E CODE] [--on-lost stop|warn] [--semaphore N | --elect] -- CMD [ARGS...]"
+            "[-E CODE] [--on-lost stop|warn] [--semaphore N | --elect | --at-least DURATION "
+            "| --every DURATION] -- CMD [ARGS...]"
         ),
         description=(
             "Take the lock NAME, run CMD while holding it (renewing the lease), release it "
             "and exit with CMD's exit code. The fencing token is passed to CMD as "
             "REDLEASE_FENCE. Durations: 30, 30s, 500ms, 5m, 1h. Repeat --redis (3 or more "
-            "independent servers) for a Redlock."
+            "independent servers) for a Redlock. With --at-least or --every, CMD is a "
+            "scheduled job run once across the hosts that run it: one try, --ttl is the "
+            "most it holds the name, and a skipped run exits with the conflict code."
         ),
         epilog=(
             "Exit codes: CMD's own (128+N if a signal N ended it); the conflict code "
@@ -201,6 +204,22 @@ def build_parser() -> argparse.ArgumentParser:
         default=EXIT_LOST,
         metavar="CODE",
         help=f"exit code when the lease was lost while CMD ran (default {EXIT_LOST})",
+    )
+    run.add_argument(
+        "--at-least",
+        type=_non_negative,
+        default=None,
+        metavar="DURATION",
+        help="a scheduled job: keep the name held until this long after CMD started, by "
+        "the server's clock, so that a host that fires a little later skips it",
+    )
+    run.add_argument(
+        "--every",
+        type=_positive,
+        default=None,
+        metavar="DURATION",
+        help="a scheduled job: at most one run per period of the server's clock (period k "
+        "covers [k*DURATION, (k+1)*DURATION) of its time since the epoch)",
     )
     kind = run.add_mutually_exclusive_group()
     kind.add_argument(
@@ -480,7 +499,7 @@ def _connection_errors() -> tuple[type[BaseException], ...]:
 
 
 def _run(args: argparse.Namespace, cmd: list[str]) -> int:
-    from .. import Election, InvalidArgument, Lock, Redlock, Semaphore
+    from .. import Election, InvalidArgument, Lock, Once, Redlock, Semaphore
     from .run import RunOptions, run_under
 
     urls = _urls(args)
@@ -488,11 +507,19 @@ def _run(args: argparse.Namespace, cmd: list[str]) -> int:
         raise CliError("run: --semaphore and --elect take one server (one --redis)")
     if args.elect and args.on_lost == "warn":
         raise CliError("run: --elect always stops CMD when leadership is lost")
+    scheduled = args.at_least is not None or args.every is not None
+    if scheduled:
+        if len(urls) > 1 or args.semaphore is not None or args.elect:
+            raise CliError("run: --at-least and --every take one server, and a lock")
+        if args.timeout is not None:
+            raise CliError("run: a scheduled job (--at-least, --every) never waits: drop -w")
+        if args.at_least is not None and args.at_least > args.ttl:
+            raise CliError("run: --at-least must not exceed --ttl (the most a run holds it)")
     clients = [make_client(url) for url in urls]
     options = RunOptions(
         name=args.name,
         ttl=args.ttl,
-        timeout=0.0 if args.nonblock else args.timeout,
+        timeout=0.0 if args.nonblock or scheduled else args.timeout,
         conflict_exit_code=args.conflict_exit_code,
         lost_exit_code=args.lost_exit_code,
         on_lost="stop" if args.elect else args.on_lost,
@@ -500,7 +527,9 @@ def _run(args: argparse.Namespace, cmd: list[str]) -> int:
         as_json=args.json,
     )
     what = "lock"
-    if args.elect:
+    if scheduled:
+        what = "scheduled job"
+    elif args.elect:
         what = "election"
     elif args.semaphore is not None:
         what = f"a permit of the semaphore (limit {args.semaphore})"
@@ -519,6 +548,17 @@ def _run(args: argparse.Namespace, cmd: list[str]) -> int:
                 election.resign()  # hands over at once, and tells the observers
 
             return election.campaign, resign
+        if scheduled:
+            job = Once(
+                clients[0],
+                args.name,
+                at_most=args.ttl,
+                at_least=args.at_least or 0,
+                every=args.every,
+                on_lost=lost,
+                prefix=args.prefix,
+            )
+            return _scheduled(job), _release
         if args.semaphore is not None:
             sem = Semaphore(clients[0], args.name, args.semaphore, auto_renew=True, **common)
             return sem.acquire, _release
@@ -537,3 +577,18 @@ def _run(args: argparse.Namespace, cmd: list[str]) -> int:
 
 def _release(lease: Any) -> None:
     lease.release()
+
+
+def _scheduled(job: Any) -> Any:
+    """A scheduled job's take: its one try, a skip said as a busy lock's (AcquireTimeout,
+    the conflict code) with the skip's words."""
+    from .. import AcquireTimeout, Skipped
+    from .._rules.once import skip_message
+
+    def take(timeout: float | None) -> Any:
+        run = job.begin()
+        if isinstance(run, Skipped):
+            raise AcquireTimeout(skip_message(run))
+        return run
+
+    return take

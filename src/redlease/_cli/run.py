@@ -205,13 +205,16 @@ def run_under(
         try:
             lease = take(options.timeout)
             state["phase"] = "running"
-        except AcquireTimeout:
-            waited = "one try" if options.timeout == 0 else f"{options.timeout:g} s"
-            report.say(
-                "busy",
-                f"{what} {options.name!r} is held by others; gave up after {waited} without "
-                "running the command",
-            )
+        except AcquireTimeout as busy:
+            if what == "scheduled job":  # (its skip says why: running, or ran this period)
+                said = f"{busy}; the command was not run"
+            else:
+                waited = "one try" if options.timeout == 0 else f"{options.timeout:g} s"
+                said = (
+                    f"{what} {options.name!r} is held by others; gave up after {waited} "
+                    "without running the command"
+                )
+            report.say("busy", said)
             return options.conflict_exit_code
         except Interrupted as exc:
             report.say("interrupted", f"{exc} while waiting for {what} {options.name!r}")

@@ -20,15 +20,17 @@ after it exits.
 
 from __future__ import annotations
 
+import inspect
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal
 
 from .._base.errors import BackendError, InvalidArgument, LockLost
 from .._base.timing import valid_until
 from . import arguments as args
 from .flows import ONE_FENCE, Acquisition, Flow, Grant, LockSpec, as_int
-from .scripts import ONCE_ACQUIRE, ONCE_EXTEND, ONCE_RELEASE
+from .scripts import ONCE_ACQUIRE, ONCE_EXTEND, ONCE_LEAVE, ONCE_RELEASE
 
 # Why a call was skipped (``Skipped.reason``).
 RUNNING = "running"  # the name is held: a run under way, its at_least, or a Lock's holder
@@ -153,6 +155,22 @@ class OnceAttempt(Acquisition):
         self.skipped = Skipped(spec.name, reason, pttl / 1000.0 if pttl >= 0 else None)
         return None
 
+    def leave(self, *, keep: bool) -> Flow[Grant | None]:
+        """Given up before its run began: the grant, if any, and the period's record it
+        wrote go (a run that never began does not use up its period)."""
+        spec = self.spec
+        yield spec.call(
+            ONCE_LEAVE,
+            self.token,
+            spec.fair_arg,
+            spec.keys.bell_prefix,
+            "0",
+            keys=(*spec.keys.script_keys, spec.keys.once),
+            timeout=self._bound(),
+            patient=False,
+        )
+        return None
+
 
 class OnceLeaseRules:
     """What a job's lease does otherwise than a lock's: it is extended never past its
@@ -203,6 +221,35 @@ class OnceLeaseRules:
         )
         if as_int(ok) != 1:
             raise LockLost(f"job {spec.name!r} had already expired or been taken over")
+
+
+def fence_keyword(fn: Callable[..., Any], fence_as: str | None) -> inspect.Signature | None:
+    """The signature a decorated job shows, without ``fence_as`` (None: not changed);
+    refused at once (InvalidArgument) if ``fn`` cannot take that keyword."""
+    if fence_as is None:
+        return None
+    try:
+        signature = inspect.signature(fn)
+    except (TypeError, ValueError):  # (a callable whose signature cannot be read)
+        return None
+    params = signature.parameters
+    taken = params.get(fence_as)
+    if taken is None:
+        if any(p.kind is p.VAR_KEYWORD for p in params.values()):
+            return None
+        raise InvalidArgument(
+            f"fence_as={fence_as!r}, but {getattr(fn, '__qualname__', fn)!r} takes no such "
+            "keyword argument"
+        )
+    if taken.kind is taken.POSITIONAL_ONLY:
+        raise InvalidArgument(f"fence_as={fence_as!r} names a positional-only parameter")
+    return signature.replace(parameters=[p for p in params.values() if p.name != fence_as])
+
+
+def passed_fence(kwargs: dict[str, Any], fence_as: str | None, name: str) -> None:
+    """Refuse a call that passes the keyword the job gets its fence through."""
+    if fence_as is not None and fence_as in kwargs:
+        raise TypeError(f"job {name!r} gets {fence_as!r} from its run (fence_as): do not pass it")
 
 
 def skip_message(skipped: Skipped) -> str:

@@ -929,7 +929,8 @@ ONCE_ACQUIRE = Script(
     """
 -- A scheduled job's try: the lock's acquire (never queued), unless the job's run of this
 -- period has been made.
--- KEYS[1..4] as acquire's  KEYS[5] the record of the last period run (P{N}:once)
+-- KEYS[1..4] as acquire's  KEYS[5] the record of the last period run (P{N}:once,
+-- "period:token")
 -- ARGV[1..7] as acquire's (ARGV[4] '0')  ARGV[8] the period in ms ('0': none)
 -- Reply as acquire's, but server_us is always the server's time before the grant (when
 -- the run starts), and fence = -1 when this period's run has been made (pttl: ms until
@@ -950,19 +951,41 @@ local period = tonumber(ARGV[8])
 local k
 if period > 0 then
   k = math.floor(now / period)
-  local last = tonumber(redis.call('GET', KEYS[5]))
-  -- (greater: a server whose clock went back, a replica promoted, has seen a later one)
-  if last and last >= k then return {-1, (k + 1) * period - now, now_us, 0} end
+  local last = tonumber(string.match(redis.call('GET', KEYS[5]) or '', '^(%d+)'))
+  -- (greater: a server whose clock went back, a replica promoted, has seen a later one;
+  -- a try sent again after its reply was lost finds its own grant in acquire)
+  if last and last >= k and redis.call('GET', KEYS[1]) ~= ARGV[1] then
+    return {-1, (k + 1) * period - now, now_us, 0}
+  end
 end
 local reply = acquire()
 if reply[1] > 0 and period > 0 then
-  -- kept until its period ends: a run counts from its start, however it ends
-  redis.call('SET', KEYS[5], string.format('%d', k), 'PX', (k + 1) * period - now)
+  -- "k:token", kept until the period ends: a run counts from its start, however it ends
+  -- (a try given up before its run, ONCE_LEAVE, takes its record back)
+  redis.call('SET', KEYS[5], string.format('%d', k) .. ':' .. ARGV[1], 'PX', (k + 1) * period - now)
 end
 reply[3] = now_us
 return reply
 """,
     retry="the same token again finds its own grant (and the period's record) and reports it",
+)
+
+ONCE_LEAVE = Script(
+    "once_leave",
+    """
+-- A scheduled job's try given up (interrupted, or its grant came too late): the lock's
+-- leave, and the period's record taken back if this try wrote it (its run never began).
+-- KEYS as ONCE_ACQUIRE's  ARGV[1..4] as leave's (ARGV[4] '0')  Reply as leave's.
+local function leave()
+"""
+    + LEAVE.source
+    + """
+end
+local record = redis.call('GET', KEYS[5])
+if record and string.match(record, ':(%x+)$') == ARGV[1] then redis.call('DEL', KEYS[5]) end
+return leave()
+""",
+    retry="a second run finds the record and the grant gone",
 )
 
 ONCE_RELEASE = Script(

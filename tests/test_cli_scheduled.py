@@ -1,0 +1,96 @@
+"""``redlease run --at-least / --every``: a cron entry on several hosts runs its command
+once. Through real processes: a skipped run exits with the conflict code and never runs
+the command; the name stays held for --at-least after the command's start by the server's
+clock, after redlease has exited; --every makes one run per period."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import pytest
+import redis
+
+from cli_helpers import finish, start
+from redlease.tools import servers
+from waiting_helpers import lock_key
+
+pytestmark = pytest.mark.slow
+
+
+def test_a_run_holds_the_name_for_at_least_after_it_started_and_others_skip(
+    server: servers.ServerProcess, r: redis.Redis, name: str, tmp_path: Path
+) -> None:
+    ran = tmp_path / "ran"
+    cmd = ["sh", "-c", f'echo "$REDLEASE_FENCE" >> {ran}']
+    code, _, err = finish(
+        start(["run", name, "--at-least", "3s", "-n", "--", *cmd], REDLEASE_URL=server.url)
+    )
+    assert code == 0, err
+    assert int(ran.read_text()) > 0
+    left = r.pttl(lock_key(name))
+    assert 0 < left <= 3000  # redlease has exited; the server keeps the name
+    code, _, err = finish(
+        start(["run", name, "--at-least", "3s", "--", *cmd], REDLEASE_URL=server.url)
+    )
+    assert code == 1
+    assert f"scheduled job {name!r} skipped: running" in err
+    code, _, _ = finish(
+        start(["run", name, "--at-least", "3s", "-E", "9", "--", *cmd], REDLEASE_URL=server.url)
+    )
+    assert code == 9
+    assert len(ran.read_text().split()) == 1  # neither skipped run ran the command
+    time.sleep(r.pttl(lock_key(name)) / 1000 + 0.05)
+    code, _, _ = finish(
+        start(["run", name, "--at-least", "3s", "--", *cmd], REDLEASE_URL=server.url)
+    )
+    assert code == 0
+    assert len(ran.read_text().split()) == 2
+
+
+def test_hosts_firing_at_once_run_the_command_once(
+    server: servers.ServerProcess, name: str, tmp_path: Path
+) -> None:
+    ran = tmp_path / "ran"
+    cmd = ["sh", "-c", f"echo x >> {ran}; sleep 0.2"]
+    hosts = [
+        start(["run", name, "--at-least", "5s", "-n", "--", *cmd], REDLEASE_URL=server.url)
+        for _ in range(4)
+    ]
+    codes = sorted(finish(host)[0] for host in hosts)
+    assert codes == [0, 1, 1, 1]
+    assert ran.read_text().split() == ["x"]
+
+
+def test_every_runs_once_per_period(
+    server: servers.ServerProcess, name: str, tmp_path: Path
+) -> None:
+    ran = tmp_path / "ran"
+    cmd = ["sh", "-c", f"echo x >> {ran}"]
+    argv = ["run", name, "--every", "1h", "--", *cmd]
+    assert finish(start(argv, REDLEASE_URL=server.url))[0] == 0
+    code, _, err = finish(start(argv, REDLEASE_URL=server.url))
+    assert code == 1
+    assert "skipped: ran this period" in err
+    assert ran.read_text().split() == ["x"]
+
+
+@pytest.mark.parametrize(
+    ("options", "said"),
+    [
+        (["--at-least", "1m", "--ttl", "30s"], "--at-least must not exceed --ttl"),
+        (["--every", "1m", "-w", "5"], "never waits"),
+        (["--every", "1m", "--semaphore", "2"], "take one server, and a lock"),
+        (["--at-least", "1s", "--elect"], "take one server, and a lock"),
+        (["--every", "0"], "positive"),
+    ],
+)
+def test_what_a_scheduled_run_refuses(
+    server: servers.ServerProcess, name: str, options: list[str], said: str
+) -> None:
+    code, out, err = finish(
+        start(["run", name, *options, "--", "echo", "ran"], REDLEASE_URL=server.url)
+    )
+    assert code == 2
+    assert out == ""
+    assert said in err
