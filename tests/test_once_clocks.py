@@ -135,8 +135,8 @@ def test_skewed_nodes_make_one_run_per_period_of_the_servers_clock(
 ) -> None:
     """Two pairs of schedulers, 300 ms and 5 s apart, fire the job every second for 20 s
     (every=1 s): exactly one run per second of the server's clock, and none missed. A
-    pair 1 s apart fires every 3 s a job of 10 ms with at_least=2 s: the late node never
-    runs it (the name is held for 2 s after each run, after the job has ended)."""
+    pair 1 s apart fires every 4 s a job of 10 ms with at_least=2 s: the late node does
+    not run it again (the name is held for 2 s after each run, after the job has ended)."""
     duration = 20.0
     every = {"at_most": 0.9, "every": 1.0}
     pairs = {
@@ -159,13 +159,16 @@ def test_skewed_nodes_make_one_run_per_period_of_the_servers_clock(
             duration,
         ),
     }
+    # (fired every 4 s: a run's at_least, 2 s, ends before the next fire of either node,
+    # whichever node ran; fired every 3 s, the late node's run would hold the name until
+    # the early one's next fire, to the millisecond)
     at_least = _nodes(
         tmp_path,
         server.port,
         f"{name}:late",
         {"at_most": 2.5, "at_least": 2.0},
         [("+0", "sync"), ("-1", "async")],
-        3.0,
+        4.0,
         duration - 2,
     )
     for job, nodes in pairs.items():
@@ -179,10 +182,12 @@ def test_skewed_nodes_make_one_run_per_period_of_the_servers_clock(
         assert sum(s["calls"] - s["skips"] for s in said) == len(runs)
     said = _ended(at_least)
     runs = _runs(r, f"{name}:late")
-    assert len(runs) >= 4, runs
-    assert {node for _, node in runs} == {"0"}, runs  # the late node never ran it
-    assert said[1]["calls"] >= 4
-    assert said[1]["skips"] == said[1]["calls"], said
+    assert len(runs) >= 3, runs
+    assert said[1]["calls"] >= 3, said
+    # The late node fires 1 s after each of the early node's runs, within its at_least:
+    # it skips every time (but, perhaps, once at the start, when it fired first).
+    assert said[1]["skips"] >= said[1]["calls"] - 1, (said, runs)
+    assert [node for _, node in runs][1:] == ["0"] * (len(runs) - 1), runs
     gaps = [b - a for (a, _), (b, _) in itertools.pairwise(runs)]
     assert min(gaps) >= 2000, runs
 
