@@ -28,6 +28,7 @@ from . import (
     memory,
     primitives,
     renewal,
+    scheduled,
     uncontended,
     waiters,
 )
@@ -46,6 +47,7 @@ SECTIONS = (
     "memory",
     "primitives",
     "gates",
+    "scheduled",
 )
 SECTION_HELP = {
     "single": "1. uncontended cycles on one server, sync and asyncio",
@@ -59,6 +61,7 @@ SECTION_HELP = {
     "memory": "9. server memory kept for 1,000,000 lock names taken once each",
     "primitives": "10-12. semaphore and read/write lock under N processes; election failover",
     "gates": "13. fence gates: a write with and without the gate (SQLite, PostgreSQL, Redis)",
+    "scheduled": "14. scheduled jobs: a skipped call and a run of redlease.once",
 }
 
 
@@ -193,6 +196,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         if "gates" in wanted:
             report.add_all(gates.run(port, settings))
             progress.step(SECTION_HELP["gates"])
+        if "scheduled" in wanted:
+            report.add_all(scheduled.run(port, settings))
+            progress.step(SECTION_HELP["scheduled"])
     report.notes.extend(notes(settings, wanted, time.monotonic() - started))
     print(report.text())
     if args.json:
@@ -260,6 +266,8 @@ def notes(settings: Settings, wanted: Sequence[str], elapsed: float) -> list[str
         out.append(memory.note(settings))
     if "gates" in wanted:
         out.append(gates.note(settings))
+    if "scheduled" in wanted:
+        out.append(scheduled.note(settings))
     out.append(f"whole run: {elapsed:.0f} s.")
     return out
 

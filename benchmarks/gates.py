@@ -6,12 +6,8 @@ PostgreSQL (``redlease.sql.fence_gate`` first), and one ``SET`` on Redis
 from __future__ import annotations
 
 import itertools
-import random
 import sqlite3
 import tempfile
-import time
-from collections.abc import Callable
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -21,8 +17,9 @@ import redlease
 from redlease import sql
 from redlease.tools.postgres import PostgresProcess
 
-from ._common import Settings, describe_error, median
-from ._report import NA, Row, rate, verdict
+from ._common import Settings, describe_error
+from ._pairs import Pair, measure, rows
+from ._report import NA, Row
 
 SECTION = "13. fence gates: the same write with and without the gate"
 SQL_BAR = 1.3  # a gated one-row transaction takes at most this times the ungated one
@@ -31,31 +28,6 @@ _PG_LABEL = "PostgreSQL (psycopg 3, loopback), one-row UPDATE + COMMIT"
 # Each gated write brings a fence greater than the last, as a new lease's would: the
 # gate records it every time (a holder writing again with its fence costs the same).
 _FENCES = itertools.count(1)
-
-
-@dataclass
-class Pair:
-    """One kind of write, measured plain and through its gate."""
-
-    label: str
-    plain: Callable[[], None]
-    gated: Callable[[], None]
-    bar: float
-    close: Callable[[], None] = lambda: None
-    rates: dict[str, list[float]] = field(default_factory=lambda: {"plain": [], "gated": []})
-    problem: str | None = None
-
-
-def _timed(cycle: Callable[[], None], seconds: float) -> float:
-    done, start = 0, time.perf_counter()
-    end = start + seconds
-    while True:
-        for _ in range(10):
-            cycle()
-        done += 10
-        now = time.perf_counter()
-        if now >= end:
-            return done / (now - start)
 
 
 _UPDATE = "UPDATE accounts SET balance = balance + 1 WHERE id = 7"
@@ -123,13 +95,13 @@ def run(port: int, settings: Settings, seed: int = 1) -> list[Row]:
             else:
                 pairs.append(_postgres_pair(postgres.dsn))
             pairs.append(_redis_pair(port))
-            _measure(pairs, settings, seed)
+            measure(pairs, settings, seed)
         finally:
             for pair in pairs:
                 pair.close()
             if not isinstance(postgres, str):
                 postgres.close()
-    return [row for pair in pairs for row in _rows(pair)]
+    return [row for pair in pairs for row in rows(SECTION, pair)]
 
 
 def _nothing() -> None:
@@ -142,60 +114,6 @@ def _start_postgres() -> PostgresProcess | str:
         return PostgresProcess().start()
     except Exception as exc:
         return f"{NA} ({describe_error(exc)})"
-
-
-def _measure(pairs: list[Pair], settings: Settings, seed: int) -> None:
-    rng = random.Random(seed)
-    live = [p for p in pairs if p.problem is None]
-    for pair in live:  # warm-up: tables, scripts, connections
-        for kind in ("plain", "gated"):
-            _timed(getattr(pair, kind), min(0.05, settings.round_seconds))
-    for _ in range(settings.rounds):
-        order = [(p, k) for p in live for k in ("plain", "gated")]
-        rng.shuffle(order)
-        for pair, kind in order:
-            if pair.problem is not None:
-                continue
-            try:
-                pair.rates[kind].append(_timed(getattr(pair, kind), settings.round_seconds))
-            except Exception as exc:
-                pair.problem = f"error: {describe_error(exc)}"
-
-
-def _rows(pair: Pair) -> list[Row]:
-    bar = f"<= {pair.bar:g}x ungated"
-    figure = "time, gated / ungated"
-    if pair.problem is not None:
-        return [Row(SECTION, pair.label, figure, None, pair.problem, bar=bar, verdict=NA)]
-    plain, gated = median(pair.rates["plain"]), median(pair.rates["gated"])
-    cost = plain / gated
-    return [
-        Row(
-            SECTION,
-            f"{pair.label}: ungated",
-            "writes/s",
-            plain,
-            rate(plain),
-            extra={"rounds": pair.rates["plain"]},
-        ),
-        Row(
-            SECTION,
-            f"{pair.label}: gated",
-            "writes/s",
-            gated,
-            rate(gated),
-            extra={"rounds": pair.rates["gated"]},
-        ),
-        Row(
-            SECTION,
-            pair.label,
-            figure,
-            cost,
-            f"{cost:.2f}x",
-            bar=bar,
-            verdict=verdict(cost <= pair.bar),
-        ),
-    ]
 
 
 def note(settings: Settings) -> str:

@@ -28,6 +28,7 @@ from benchmarks import (  # noqa: E402
     memory,
     primitives,
     renewal,
+    scheduled,
     uncontended,
     waiters,
 )
@@ -171,5 +172,15 @@ def test_the_fence_gates_cost_is_measured(server: servers.ServerProcess) -> None
     assert_no_errors(rows)
     assert len(measured(rows, "writes/s")) == 6  # SQLite, PostgreSQL, Redis: each both ways
     for row in measured(rows, "time, gated / ungated"):
+        assert row.value is not None, row
+        assert row.value > 0, row
+
+
+def test_the_scheduled_jobs_cost_is_measured(server: servers.ServerProcess) -> None:
+    rows = scheduled.run(server.port, TINY)
+    assert_no_errors(rows)
+    assert len(measured(rows, "calls/s")) == 4  # two skips, each with its busy try
+    assert len(measured(rows, "cycles/s")) == 2
+    for row in measured(rows, "time, once / Lock"):
         assert row.value is not None, row
         assert row.value > 0, row
