@@ -26,6 +26,7 @@ from families import ClientFamily
 from redlease._rules.keys import LockKeys
 from redlease._rules.scripts import ONCE_ACQUIRE, ONCE_LEAVE
 from redlease.tools import servers
+from waiting_helpers import wait_until
 
 LOCK = "redlease:{%s}"
 
@@ -250,6 +251,16 @@ def test_a_renewed_lease_is_never_kept_past_at_most(twin: Any, r: redis.Redis, n
     assert ends
     assert max(ends) <= start + 1200 + 50
     assert max(ends) >= start + 900  # it was renewed
+    assert run.lost
+    assert run.lost_reason == "its at_most time is over"
+
+
+def test_on_lost_is_told_once_at_most_has_passed_while_the_job_runs(twin: Any, name: str) -> None:
+    told: list[str | None] = []
+    job = twin.once(name, at_most=0.5, on_lost=lambda run: told.append(run.lost_reason))
+    run = job.begin()
+    wait_until(lambda: bool(told), 10)  # the job still runs: nobody looked at the lease
+    assert told == ["its at_most time is over"]
     assert run.lost
 
 

@@ -132,9 +132,11 @@ class AsyncFront(FrontBase, AsyncOnly, Generic[LeaseT]):
         # unasync: end
         if self._auto_renew:
             _renewer_async.watch(lease, self._io, self._max_hold)
+        elif self._watches:
+            _renewer_async.watch(lease, self._io, 0.0)  # watch its validity, never renew
         # unasync: async only
         elif self._cancel_on_lost:
-            _renewer_async.watch(lease, self._io, 0.0)  # watch its validity, never renew
+            _renewer_async.watch(lease, self._io, 0.0)
         # unasync: end
         return lease
 

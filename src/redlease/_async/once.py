@@ -57,6 +57,7 @@ class _AsyncJobLock(AsyncOneServer):
     def __init__(self, client: Any, spec: LockSpec, rule: OnceRule, on_lost: OnLost | None) -> None:
         self._spec, self._rule, self._on_lost = spec, rule, on_lost
         self._auto_renew = rule.renews
+        self._watches = on_lost is not None  # (on_lost told when at_most has passed)
         # (renewal stops in time for its last lease to end by at_most; the server caps it)
         self._max_hold = (rule.at_most_ms - rule.lease_ms) / 1000.0 if rule.renews else None
         self._cancel_on_lost = False  # unasync: async only
@@ -100,8 +101,10 @@ class AsyncOnce:
     (k + 1) * every) of its time since the epoch), however far apart the nodes' clocks
     are. ``ttl``: a lease that long, renewed while the job runs, never past ``at_most``
     (default: one lease of ``at_most``). ``fence_as``: the keyword argument through which
-    the decorated job gets its run's fence. ``on_lost(run)``: called if the run's lease is
-    found lost. Every key starts with ``prefix``.
+    the decorated job gets its run's fence. ``on_lost(run)``: called once the run's lease
+    is lost while the job runs (its at_most has passed: the renewer watches it; or a
+    renewal found it gone), from the renewer's thread (asyncio: in the loop). Every key
+    starts with ``prefix``.
 
     As a context manager, ``async with job as run:`` gives the run (an ``AsyncRun``, the
     lease) or a ``Skipped``, which is false: ``if not run: return``. As a decorator of an

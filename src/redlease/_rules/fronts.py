@@ -156,6 +156,7 @@ class FrontBase:
 
     _auto_renew: bool
     _max_hold: float | None
+    _watches = False  # without auto_renew: its leases' validity watched, to tell on_lost
     _holding: Holders | None = None  # reentrant: each holder's lease
     _refuses_nesting = False  # a nested `with` by its holder is refused (a Lock's)
     _noun = "lock"  # what errors call it

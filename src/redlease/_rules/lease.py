@@ -45,6 +45,9 @@ _TRANSITIONS = _fork.ThreadLock()
 class LeaseState:
     """What a holder knows about its lease without asking the server."""
 
+    # Why it is lost when its hold's end comes (the renewer stopped at max_hold, or, a
+    # scheduled job's, at_most) and its validity runs out.
+    _held_out = "renewal stopped at max_hold and its validity ran out"
     # Set by the front when metrics are recorded: the lock's attribute sets, and when
     # the hold started (its end is recorded by _mark_released / _mark_lost).
     _labels: Labels | None = None
@@ -298,6 +301,11 @@ def hold_again(lease: LeaseState) -> None:
 def metered(lease: LeaseState, labels: Labels, since: float) -> None:
     """Record the end of its hold in ``labels``; it started at ``since``."""
     lease._labels, lease._since = labels, since
+
+
+def held_out(lease: LeaseState) -> str:
+    """Why it is lost once its hold's end has come and its validity run out."""
+    return lease._held_out
 
 
 def labels_of(lease: LeaseState) -> Labels | None:

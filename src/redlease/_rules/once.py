@@ -179,6 +179,7 @@ class OnceLeaseRules:
 
     _spec: LockSpec
     _token: str
+    _held_out = "its at_most time is over"
     _kept_until_ms = 0  # the server's ms until which its release keeps the name
     _ends_ms = 0  # the server's ms at which its at_most ends
 

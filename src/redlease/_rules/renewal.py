@@ -44,6 +44,7 @@ from .._base.errors import BackendError, LockLost
 from .lease import (
     LeaseState,
     extend_flow,
+    held_out,
     is_held,
     labels_of,
     mark_lost,
@@ -233,7 +234,7 @@ def _failed_renewal(lease: LeaseState, error: BaseException) -> None:
 
 def _why_ran_out(renewal: Renewal) -> str:
     if not renewal.renewable_at(renewal.lease.valid_until):
-        return "renewal stopped at max_hold and its validity ran out"
+        return held_out(renewal.lease)
     if renewal.retry_at is not None:
         return "renewals failed until its validity ran out"
     return "its validity ran out before a renewal was confirmed"

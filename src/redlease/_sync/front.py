@@ -122,6 +122,8 @@ class SyncFront(FrontBase, Generic[LeaseT]):
         self._opened(lease, started)
         if self._auto_renew:
             _renewer_sync.watch(lease, self._io, self._max_hold)
+        elif self._watches:
+            _renewer_sync.watch(lease, self._io, 0.0)  # watch its validity, never renew
         return lease
 
     def _abandon(self, attempt: Attempt, *, hurried: bool = False) -> None:
