@@ -27,8 +27,8 @@ def run(port: int, settings: Settings, seed: int = 1) -> list[Row]:
     held = redlease.Lock(client, "bench:once:held", ttl=3600).acquire()
     busy = redlease.Lock(client, "bench:once:held")
     free = redlease.Lock(client, "bench:once:lock")
-    hourly = redlease.Once(client, "bench:once:hourly", at_most=60, every=86400)(_nothing)
-    hourly()  # the day's run: every later call is skipped (a new day's would run, once)
+    daily = redlease.Once(client, "bench:once:daily", at_most=60, every=86400)(_nothing)
+    daily()  # the day's run: every later call is skipped (a new day's would run, once)
 
     def busy_try() -> None:
         busy.try_acquire()
@@ -49,7 +49,7 @@ def run(port: int, settings: Settings, seed: int = 1) -> list[Row]:
         Pair(
             "a skipped call (every=, the period run) against a busy try_acquire",
             busy_try,
-            hourly,
+            daily,
             BAR,
             names=_NAMES,
             unit="calls/s",

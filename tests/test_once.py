@@ -188,8 +188,12 @@ def test_every_makes_one_run_per_period_of_the_servers_clock(
     period_ms = 400
     runs: list[int] = []
 
+    records: list[tuple[bytes | None, int]] = []
+
     def hourly() -> None:
         runs.append(server_ms(r) // period_ms)
+        key = LOCK % name + ":once"  # (written by the grant, kept until the period ends)
+        records.append((r.get(key), r.pttl(key)))  # type: ignore[arg-type]
 
     job = twin.once(name, at_most=5, every=period_ms / 1000)(hourly)
 
@@ -203,10 +207,10 @@ def test_every_makes_one_run_per_period_of_the_servers_clock(
     assert runs == list(range(runs[0], runs[0] + len(runs)))  # and none missed
     assert len(runs) >= 4
     assert skips > len(runs)
-    record = r.get(LOCK % name + ":once")
-    assert isinstance(record, bytes)
-    assert int(record.split(b":")[0]) == runs[-1]  # "period:token"
-    assert 0 < r.pttl(LOCK % name + ":once") <= period_ms
+    for period, (record, left) in zip(runs, records, strict=True):
+        assert record is not None
+        assert int(record.split(b":")[0]) == period  # "period:token"
+        assert 0 < left <= period_ms
 
 
 def test_a_period_that_has_run_says_when_the_next_one_begins(
@@ -262,6 +266,20 @@ def test_on_lost_is_told_once_at_most_has_passed_while_the_job_runs(twin: Any, n
     wait_until(lambda: bool(told), 10)  # the job still runs: nobody looked at the lease
     assert told == ["its at_most time is over"]
     assert run.lost
+
+
+def test_a_run_given_back_before_its_job_frees_the_name_and_the_period(
+    twin: Any, r: redis.Redis, name: str
+) -> None:
+    job = twin.once(name, at_most=30, at_least=10, every=3600)
+    run = job.begin()
+    run.abandon()  # no at_least: the job never began
+    assert not r.exists(LOCK % name, LOCK % name + ":once")
+    assert run.released
+    again = job.begin()
+    assert again
+    again.release()
+    assert isinstance(job.begin(), redlease.Skipped)  # this one counted
 
 
 def test_extend_never_goes_past_at_most(twin: Any, r: redis.Redis, name: str) -> None:
@@ -456,6 +474,11 @@ def test_fence_as_is_checked_when_decorating_and_never_overwritten(
     with pytest.raises(TypeError, match="fence_as"):
         decorated(1, fence=123)
     assert not r.exists(LOCK % name)  # refused before the name was taken
+    with pytest.raises(TypeError, match="multiple values"):
+        decorated(1, 123)  # the fence given by position
+    with pytest.raises(TypeError, match="cannot be called so"):
+        decorated()  # type: ignore[call-arg]  # (a call the job cannot take)
+    assert not r.exists(LOCK % name)
     fence = decorated(1)
     assert isinstance(fence, int)
     assert fence > 0

@@ -68,6 +68,11 @@ class AsyncLeaseView:
     def release(self) -> None:
         self.portal.call(self.inner.release)
 
+    def abandon(self) -> None:  # (a scheduled job's run)
+        run = self.inner
+        assert isinstance(run, redlease.AsyncRun)
+        self.portal.call(run.abandon)
+
 
 class AsyncLockView:
     """The sync face of an AsyncLock (or AsyncSemaphore)."""

@@ -44,6 +44,9 @@ def duration(text: str) -> float:
     return value
 
 
+DEFAULT_RUN_TTL = 30.0  # `run`'s lease, renewed while the command runs
+
+
 def _positive(text: str) -> float:
     value = duration(text)
     if not value > 0:
@@ -136,8 +139,8 @@ def build_parser() -> argparse.ArgumentParser:
         help="run a command while holding a lock (as flock does with a file)",
         usage=(
             "redlease run NAME [--redis URL]... [--ttl DURATION] [-n | -w DURATION] "
-            "[-E CODE] [--on-lost stop|warn] [--semaphore N | --elect | --at-least DURATION "
-            "| --every DURATION] -- CMD [ARGS...]"
+            "[-E CODE] [--on-lost stop|warn] [--semaphore N | --elect | [--at-least DURATION] "
+            "[--every DURATION]] -- CMD [ARGS...]"
         ),
         description=(
             "Take the lock NAME, run CMD while holding it (renewing the lease), release it "
@@ -159,7 +162,11 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("name", help="lock name")
     _add_redis(run)
     run.add_argument(
-        "--ttl", type=_positive, default=30.0, help="lease, renewed while CMD runs (default 30s)"
+        "--ttl",
+        type=_positive,
+        default=None,
+        help="lease, renewed while CMD runs (default 30s); a scheduled job's (--at-least, "
+        "--every; then required): the most a run holds the name, not renewed",
     )
     wait = run.add_mutually_exclusive_group()
     wait.add_argument(
@@ -513,12 +520,18 @@ def _run(args: argparse.Namespace, cmd: list[str]) -> int:
             raise CliError("run: --at-least and --every take one server, and a lock")
         if args.timeout is not None:
             raise CliError("run: a scheduled job (--at-least, --every) never waits: drop -w")
+        if args.ttl is None:
+            raise CliError(
+                "run: a scheduled job (--at-least, --every) needs --ttl: the most a run may "
+                "hold the name (a command still running then is stopped)"
+            )
         if args.at_least is not None and args.at_least > args.ttl:
             raise CliError("run: --at-least must not exceed --ttl (the most a run holds it)")
+    ttl = DEFAULT_RUN_TTL if args.ttl is None else args.ttl
     clients = [make_client(url) for url in urls]
     options = RunOptions(
         name=args.name,
-        ttl=args.ttl,
+        ttl=ttl,
         timeout=0.0 if args.nonblock or scheduled else args.timeout,
         conflict_exit_code=args.conflict_exit_code,
         lost_exit_code=args.lost_exit_code,
@@ -540,7 +553,7 @@ def _run(args: argparse.Namespace, cmd: list[str]) -> int:
         def lost(lease: Any) -> None:
             on_lost(lease.lost_reason or "it was found lost")
 
-        common: dict[str, Any] = {"ttl": args.ttl, "prefix": args.prefix, "on_lost": lost}
+        common: dict[str, Any] = {"ttl": ttl, "prefix": args.prefix, "on_lost": lost}
         if args.elect:
             election = Election(clients[0], args.name, **common)
 
@@ -552,7 +565,7 @@ def _run(args: argparse.Namespace, cmd: list[str]) -> int:
             job = Once(
                 clients[0],
                 args.name,
-                at_most=args.ttl,
+                at_most=ttl,
                 at_least=args.at_least or 0,
                 every=args.every,
                 on_lost=lost,
@@ -580,15 +593,15 @@ def _release(lease: Any) -> None:
 
 
 def _scheduled(job: Any) -> Any:
-    """A scheduled job's take: its one try, a skip said as a busy lock's (AcquireTimeout,
-    the conflict code) with the skip's words."""
-    from .. import AcquireTimeout, Skipped
-    from .._rules.once import skip_message
+    """A scheduled job's take: its one try; a skip raises SkippedRun (the conflict code,
+    with the skip's words)."""
+    from .. import Skipped
+    from .run import SkippedRun
 
     def take(timeout: float | None) -> Any:
         run = job.begin()
         if isinstance(run, Skipped):
-            raise AcquireTimeout(skip_message(run))
+            raise SkippedRun(run)
         return run
 
     return take

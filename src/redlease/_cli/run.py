@@ -75,6 +75,17 @@ class Reporter:
         print(line, file=sys.stderr, flush=True)
 
 
+class SkippedRun(Exception):
+    """A scheduled job's call skipped (``redlease.Skipped``): exits with the conflict
+    code, saying why."""
+
+    def __init__(self, skipped: Any) -> None:
+        from .._rules.once import skip_message
+
+        super().__init__(skip_message(skipped))
+        self.skipped = skipped
+
+
 class Interrupted(BaseException):
     """A signal that came before the command started: stop waiting for the lease. Not an
     Exception, as KeyboardInterrupt is not: nothing on the way catches it as a failure,
@@ -205,16 +216,21 @@ def run_under(
         try:
             lease = take(options.timeout)
             state["phase"] = "running"
-        except AcquireTimeout as busy:
-            if what == "scheduled job":  # (its skip says why: running, or ran this period)
-                said = f"{busy}; the command was not run"
-            else:
-                waited = "one try" if options.timeout == 0 else f"{options.timeout:g} s"
-                said = (
-                    f"{what} {options.name!r} is held by others; gave up after {waited} "
-                    "without running the command"
-                )
-            report.say("busy", said)
+        except SkippedRun as skip:
+            report.say(
+                "busy",
+                f"{skip}; the command was not run",
+                reason=skip.skipped.reason,
+                retry_in=skip.skipped.retry_in,
+            )
+            return options.conflict_exit_code
+        except AcquireTimeout:
+            waited = "one try" if options.timeout == 0 else f"{options.timeout:g} s"
+            report.say(
+                "busy",
+                f"{what} {options.name!r} is held by others; gave up after {waited} "
+                "without running the command",
+            )
             return options.conflict_exit_code
         except Interrupted as exc:
             report.say("interrupted", f"{exc} while waiting for {what} {options.name!r}")
@@ -223,6 +239,8 @@ def run_under(
             code = _run_command(supervisor, cmd, lease, options, what, report, state)
         finally:
             state["phase"] = "releasing"
+            if supervisor.child is None:  # the command never started (a signal, no CMD)
+                give_back = _given_up(give_back)
             try:
                 if state["signalled"]:
                     _release_within(SIGNALLED_RELEASE, give_back, lease, report, what, options)
@@ -239,6 +257,22 @@ def run_under(
         code = options.lost_exit_code
     report.say("exit", None, code=code, lost=state["lost"])
     return code
+
+
+def _given_up(give_back: Callable[[Any], None]) -> Callable[[Any], None]:
+    """What gives a lease back when its command never started: a scheduled job's run is
+    abandoned (its name and its period freed, as if it had never been granted), any
+    other lease given back as usual."""
+
+    from .. import Run
+
+    def give_up(lease: Any) -> None:
+        if isinstance(lease, Run):
+            lease.abandon()
+        else:
+            give_back(lease)
+
+    return give_up
 
 
 def _release_within(

@@ -210,6 +210,18 @@ class OnceLeaseRules:
             )
         return valid_until(sent_at, left, ttl_ms / 1000.0)
 
+    def _abandon_flow(self) -> Flow[None]:
+        """The run given back before its job began: the name and the period's run go."""
+        spec = self._spec
+        yield spec.call(
+            ONCE_LEAVE,
+            self._token,
+            spec.fair_arg,
+            spec.keys.bell_prefix,
+            "0",
+            keys=(*spec.keys.script_keys, spec.keys.once),
+        )
+
     def _release_flow(self) -> Flow[None]:
         spec = self._spec
         ok = yield spec.call(
@@ -224,33 +236,52 @@ class OnceLeaseRules:
             raise LockLost(f"job {spec.name!r} had already expired or been taken over")
 
 
-def fence_keyword(fn: Callable[..., Any], fence_as: str | None) -> inspect.Signature | None:
-    """The signature a decorated job shows, without ``fence_as`` (None: not changed);
-    refused at once (InvalidArgument) if ``fn`` cannot take that keyword."""
-    if fence_as is None:
-        return None
-    try:
-        signature = inspect.signature(fn)
-    except (TypeError, ValueError):  # (a callable whose signature cannot be read)
-        return None
-    params = signature.parameters
-    taken = params.get(fence_as)
-    if taken is None:
-        if any(p.kind is p.VAR_KEYWORD for p in params.values()):
-            return None
-        raise InvalidArgument(
-            f"fence_as={fence_as!r}, but {getattr(fn, '__qualname__', fn)!r} takes no such "
-            "keyword argument"
+class JobCall:
+    """How a decorated job is called. A call is checked before the job's name is taken
+    (one that cannot bind would fail after the grant, and with ``every=`` use up the
+    period), and gets the run's fence as the keyword ``fence_as``, which the caller may
+    not pass. ``shown``: the signature the decorated job shows (None: as ``fn``'s)."""
+
+    def __init__(self, fn: Callable[..., Any], fence_as: str | None) -> None:
+        self.fence_as = fence_as
+        self.shown: inspect.Signature | None = None
+        try:
+            self.signature: inspect.Signature | None = inspect.signature(fn)
+        except (TypeError, ValueError):  # (a callable whose signature cannot be read)
+            self.signature = None
+        if fence_as is None or self.signature is None:
+            return
+        params = self.signature.parameters
+        taken = params.get(fence_as)
+        if taken is None:
+            if any(p.kind is p.VAR_KEYWORD for p in params.values()):
+                return
+            raise InvalidArgument(
+                f"fence_as={fence_as!r}, but {getattr(fn, '__qualname__', fn)!r} takes no "
+                "such keyword argument"
+            )
+        if taken.kind is taken.POSITIONAL_ONLY:
+            raise InvalidArgument(f"fence_as={fence_as!r} names a positional-only parameter")
+        self.shown = self.signature.replace(
+            parameters=[p for p in params.values() if p.name != fence_as]
         )
-    if taken.kind is taken.POSITIONAL_ONLY:
-        raise InvalidArgument(f"fence_as={fence_as!r} names a positional-only parameter")
-    return signature.replace(parameters=[p for p in params.values() if p.name != fence_as])
 
-
-def passed_fence(kwargs: dict[str, Any], fence_as: str | None, name: str) -> None:
-    """Refuse a call that passes the keyword the job gets its fence through."""
-    if fence_as is not None and fence_as in kwargs:
-        raise TypeError(f"job {name!r} gets {fence_as!r} from its run (fence_as): do not pass it")
+    def check(self, args: tuple[Any, ...], kwargs: dict[str, Any], name: str) -> None:
+        """Raise TypeError for a call the job cannot take, or that passes its fence."""
+        fence_as = self.fence_as
+        if fence_as is not None and fence_as in kwargs:
+            raise TypeError(
+                f"job {name!r} gets {fence_as!r} from its run (fence_as): do not pass it"
+            )
+        if self.signature is None:
+            return
+        try:
+            if fence_as is None:
+                self.signature.bind(*args, **kwargs)
+            else:
+                self.signature.bind(*args, **kwargs, **{fence_as: 0})
+        except TypeError as wrong:
+            raise TypeError(f"job {name!r} cannot be called so: {wrong}") from None
 
 
 def skip_message(skipped: Skipped) -> str:

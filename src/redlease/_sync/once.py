@@ -19,14 +19,14 @@ from .._clients.checks import check_client
 from .._rules import arguments as args
 from .._rules.flows import Acquisition, Grant, LockSpec
 from .._rules.fronts import P, R, pop_entered, push_entered, refuse_undecorable
+from .._rules.lease import is_held
 from .._rules.lock import OnLost
 from .._rules.once import (
+    JobCall,
     OnceAttempt,
     OnceLeaseRules,
     OnceRule,
     Skipped,
-    fence_keyword,
-    passed_fence,
     skip_message,
 )
 from .backend import ASYNC, current_holder
@@ -49,6 +49,16 @@ class Run(OnceLeaseRules, Lease):
     ) -> None:
         super().__init__(spec, grant, io, on_lost)
         self._run_by(grant, rule)
+
+    def abandon(self) -> None:
+        """Give the run back before its job has begun: the name is freed at once (no
+        ``at_least``) and, with ``every``, the period too, so another call may run it.
+        A no-op once released or lost."""
+        if not is_held(self):
+            return
+        self._not_forked()
+        with self._releasing():
+            self._io.run(self._abandon_flow(), "abandon")
 
 
 class _JobLock(OneServer):
@@ -173,11 +183,11 @@ class Once:
         keyword argument."""
         refuse_undecorable(self, fn, want_async=ASYNC)
         fence_as = self._rule.fence_as
-        shown = fence_keyword(fn, fence_as)
+        call = JobCall(fn, fence_as)
 
         @functools.wraps(fn)
         def run_once(*args: P.args, **kwargs: P.kwargs) -> R | Skipped:
-            passed_fence(kwargs, fence_as, self.name)
+            call.check(args, kwargs, self.name)
             run = self.begin()
             if isinstance(run, Skipped):
                 return run
@@ -186,8 +196,8 @@ class Once:
                     kwargs[fence_as] = run.fence
                 return fn(*args, **kwargs)
 
-        if shown is not None:
-            run_once.__signature__ = shown  # type: ignore[attr-defined]
+        if call.shown is not None:
+            run_once.__signature__ = call.shown  # type: ignore[attr-defined]
         return run_once
 
     def __repr__(self) -> str:
