@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import socket
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 import redis
@@ -72,3 +73,55 @@ def test_a_server_out_of_reach_says_so_and_where() -> None:
         line = _one_line(argv, f"redis://127.0.0.1:{port}")
         assert line.startswith("redlease: cannot reach the server"), (argv, line)
         assert f"127.0.0.1:{port}" in line, (argv, line)
+
+
+def test_an_acl_user_without_a_command_is_told_which_to_add(
+    binary: servers.ServerBinary,
+) -> None:
+    """A user the ACL lets read and write but not run scripts (or SCAN): each command says
+    which command to add to its rule, and where the whole rule is."""
+    with servers.ServerProcess(binary) as proc:
+        admin: Any = redis.Redis(port=proc.port)
+        admin.execute_command(
+            "ACL",
+            "SETUSER",
+            "limited",
+            "reset",
+            "on",
+            ">pw",
+            "~*",
+            "+get",
+            "+set",
+            "+hello",
+            "+client",
+            "+ping",
+            "+config|get",
+        )
+        admin.close()
+        url = f"redis://limited:pw@127.0.0.1:{proc.port}"
+        for argv, command in [*((a, "EVAL") for a in COMMANDS[1:]), (COMMANDS[0], "SCAN")]:
+            line = _one_line(argv, url)
+            assert f"may not run {command}: add +{command.lower()} to its rule" in line, line
+            assert "least-privilege" in line, line
+            assert f"127.0.0.1:{proc.port}" in line, line
+        line = _one_line(("run", "job", "--ttl", "1m", "--every", "1h"), url)
+        assert "may not run EVAL" in line, line  # (a scheduled job's try, the same way)
+
+
+def test_a_read_only_replica_says_to_point_at_the_master(
+    master_and_replica: tuple[servers.ServerProcess, servers.ServerProcess],
+) -> None:
+    master, replica = master_and_replica
+    client = redis.Redis(port=master.port)
+    client.set("redlease:{held}", "someone", px=60_000)  # a lock held, seen on the replica
+    assert client.wait(1, 10_000) == 1
+    client.close()
+    url = f"redis://127.0.0.1:{replica.port}"
+    for argv in (("run", "job", "-n"), ("release", "held", "--force", "--yes")):
+        line = _one_line(argv, url)
+        assert "the server is a read-only replica: point redlease at the master" in line, line
+        assert f"127.0.0.1:{replica.port}" in line, line
+    # reading works there: inspect says who holds it (exit 0)
+    code, out, err = finish(start(["inspect", "held", "--redis", url]))
+    assert code == 0, err
+    assert "held" in out
