@@ -167,3 +167,35 @@ def test_n_and_w_keep_their_bounds_against_a_hung_server(bound: list[str], longe
     assert code == 2, err  # unreachable: the server did not answer
     assert "did not answer" in err
     assert took < longest, f"gave up {took:.2f}s after its first word"
+
+
+_MULTI_ON_A_HUNG_SERVER = """
+import sys, redis, redlease
+client = redis.Redis(port=int(sys.argv[1]), socket_timeout=60)
+lock = redlease.MultiLock(client, ["a", "b", "c"], ttl=10.0)
+try:
+    lock.acquire(timeout=30)
+except KeyboardInterrupt:
+    sys.exit(130)
+"""
+
+
+def test_ctrl_c_in_a_multilock_acquire_gives_back_in_haste() -> None:
+    """Ctrl-C while a MultiLock's acquire waits on a hung server: its clean-up (giving
+    back whatever may have been taken) is bounded as a lock's is, not a release of each
+    name waited out in full (10 s each, 30 s for three names)."""
+    import sys
+
+    with _HungServer() as hung:
+        proc = subprocess.Popen(
+            [sys.executable, "-c", _MULTI_ON_A_HUNG_SERVER, str(hung.port)],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        hung.wait_for(b"EVAL")  # the acquire is sent; it waits for the reply
+        time.sleep(0.2)
+        assert proc.poll() is None
+        took, status, err = _ended_within(proc, signal.SIGINT)
+    assert status == 130, err
+    assert took < PROMPT, (took, err)

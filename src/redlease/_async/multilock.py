@@ -21,9 +21,11 @@ from .._rules import arguments as args
 from .._rules import flows as _flows
 from .._rules.flows import Grant, new_token
 from .._rules.fronts import P, R, decorate_async, metered_as, pop_entered, push_entered
+from .._rules.lease import spec_of as spec_of_lease
+from .._rules.lease import stop_watching
 from .._rules.lock import OnLost, spec_of
 from .._rules.multilock import MultiLeaseState, checked_names, try_all
-from .backend import ASYNC, shielded
+from .backend import ASYNC, Cancelled, shielded
 from .front import handed_out
 from .lease import AsyncLease
 from .lock import AsyncLock, driver_of
@@ -150,7 +152,7 @@ class AsyncMultiLock(AsyncOnly):
                 return AsyncMultiLease(self._names, leases)
             # A name taken first ran out while a later one was waited for: what is
             # held is no longer all of them. Give it back and start over.
-            await shielded(functools.partial(_give_all_back, leases))
+            await shielded(functools.partial(self._give_all_back, leases))
             if not wait or deadline.expired():
                 return None
 
@@ -165,11 +167,12 @@ class AsyncMultiLock(AsyncOnly):
                 if lease is None:
                     break
                 held[lock.name] = lease
-        except BaseException:
-            await shielded(functools.partial(_give_all_back, held))
+        except BaseException as exc:
+            hurried = _going_away(exc)
+            await shielded(functools.partial(self._give_all_back, held, hurried=hurried))
             raise
         if len(held) < len(self._locks):
-            await shielded(functools.partial(_give_all_back, held))
+            await shielded(functools.partial(self._give_all_back, held))
             return None
         return held
 
@@ -179,8 +182,9 @@ class AsyncMultiLock(AsyncOnly):
         started, sent_at = _metrics.now(), self._specs[0].clock()
         try:
             fences = await self._io.run(try_all(self._specs, token), f"acquire {self._names!r}")
-        except BaseException:
-            await shielded(functools.partial(self._give_back_token, token))  # it may have landed
+        except BaseException as exc:  # (it may have landed)
+            hurried = _going_away(exc)
+            await shielded(functools.partial(self._give_back_token, token, hurried=hurried))
             raise
         if fences is None:
             return None
@@ -195,10 +199,32 @@ class AsyncMultiLock(AsyncOnly):
         }
         return AsyncMultiLease(self._names, leases)
 
-    async def _give_back_token(self, token: str) -> None:
+    async def _give_back_token(self, token: str, *, hurried: bool = False) -> None:
+        """Release each name held with ``token``. ``hurried`` (the process is going
+        away): each release bounded, and the first that fails ends the clean-up (the
+        names share one server: the others would wait on it too); what is left
+        expires with the ttl."""
         for spec in self._specs:
+            try:
+                await self._io.run(_flows.release(spec, token, hurried=hurried), "clean up")
+            except Exception:
+                if hurried:
+                    return
+
+    async def _give_all_back(self, leases: dict[str, AsyncLease], *, hurried: bool = False) -> None:
+        """Give back the leases taken one by one (what is left expires with the ttl);
+        ``hurried``: as for ``_give_back_token``, each lease's renewal stopped first."""
+        for lease in leases.values():
+            if hurried:
+                stop_watching(lease)
+                spec = spec_of_lease(lease)
+                try:
+                    await self._io.run(_flows.release(spec, lease.token, hurried=True), "clean up")
+                except Exception:
+                    return
+                continue
             with contextlib.suppress(Exception):
-                await self._io.run(_flows.release(spec, token), "clean up")
+                await lease.release()
 
     async def __aenter__(self) -> AsyncMultiLease:
         leases = await self.acquire()
@@ -221,7 +247,7 @@ class AsyncMultiLock(AsyncOnly):
         return decorate_async(self, fn)
 
 
-async def _give_all_back(leases: dict[str, AsyncLease]) -> None:
-    for lease in leases.values():
-        with contextlib.suppress(Exception):  # what is left expires with its ttl
-            await lease.release()
+def _going_away(exc: BaseException) -> bool:
+    """An interruption that ends the process (Ctrl-C, exit, a signal's error: not an
+    Exception, nor asyncio's cancellation): its clean-up is made in haste."""
+    return not isinstance(exc, (Exception, Cancelled))

@@ -531,15 +531,26 @@ def extend(spec: LockSpec, token: str, ttl_ms: int, wait: float | None = None) -
     return valid_until(sent_at, ttl_ms, ttl_ms / 1000.0)
 
 
-def release(spec: LockSpec, token: str, *, forced: bool = False) -> Flow[None]:
+def release(
+    spec: LockSpec, token: str, *, forced: bool = False, hurried: bool = False
+) -> Flow[None]:
     """Delete the lock if it is still ours and serve the next waiter, atomically.
-    ``forced``: an operator frees someone else's hold (``redlease release --force``)."""
+    ``forced``: an operator frees someone else's hold (``redlease release --force``).
+    ``hurried``: the process is going away (see ``Acquisition.abandon``): PAST_DEADLINE
+    for the reply and no retry; what a server that does not answer keeps expires."""
     # The release mark lasts as long as the release may be retried (its reply's bound);
     # a forced one leaves none to speak of, or the holder's own release would take it for
     # its retried one and never learn that its lease had been taken away.
     mark_ms = "1" if forced else str(math.ceil(spec.reply_timeout * 1000))
     ok = yield spec.call(
-        spec.kind.release, token, spec.fair_arg, spec.keys.bell_prefix, mark_ms, *spec.extra
+        spec.kind.release,
+        token,
+        spec.fair_arg,
+        spec.keys.bell_prefix,
+        mark_ms,
+        *spec.extra,
+        timeout=min(spec.reply_timeout, PAST_DEADLINE) if hurried else None,
+        patient=not hurried,
     )
     if as_int(ok) != 1:
         raise LockLost(f"{spec.kind.noun} {spec.name!r} had already expired or been taken over")

@@ -22,9 +22,11 @@ from .._rules import arguments as args
 from .._rules import flows as _flows
 from .._rules.flows import Grant, new_token
 from .._rules.fronts import P, R, decorate, metered_as, pop_entered, push_entered
+from .._rules.lease import spec_of as spec_of_lease
+from .._rules.lease import stop_watching
 from .._rules.lock import OnLost, spec_of
 from .._rules.multilock import MultiLeaseState, checked_names, try_all
-from .backend import ASYNC, shielded
+from .backend import ASYNC, Cancelled, shielded
 from .front import handed_out
 from .lease import Lease
 from .lock import Lock, driver_of
@@ -149,7 +151,7 @@ class MultiLock:
                 return MultiLease(self._names, leases)
             # A name taken first ran out while a later one was waited for: what is
             # held is no longer all of them. Give it back and start over.
-            shielded(functools.partial(_give_all_back, leases))
+            shielded(functools.partial(self._give_all_back, leases))
             if not wait or deadline.expired():
                 return None
 
@@ -164,11 +166,12 @@ class MultiLock:
                 if lease is None:
                     break
                 held[lock.name] = lease
-        except BaseException:
-            shielded(functools.partial(_give_all_back, held))
+        except BaseException as exc:
+            hurried = _going_away(exc)
+            shielded(functools.partial(self._give_all_back, held, hurried=hurried))
             raise
         if len(held) < len(self._locks):
-            shielded(functools.partial(_give_all_back, held))
+            shielded(functools.partial(self._give_all_back, held))
             return None
         return held
 
@@ -178,8 +181,9 @@ class MultiLock:
         started, sent_at = _metrics.now(), self._specs[0].clock()
         try:
             fences = self._io.run(try_all(self._specs, token), f"acquire {self._names!r}")
-        except BaseException:
-            shielded(functools.partial(self._give_back_token, token))  # it may have landed
+        except BaseException as exc:  # (it may have landed)
+            hurried = _going_away(exc)
+            shielded(functools.partial(self._give_back_token, token, hurried=hurried))
             raise
         if fences is None:
             return None
@@ -194,10 +198,32 @@ class MultiLock:
         }
         return MultiLease(self._names, leases)
 
-    def _give_back_token(self, token: str) -> None:
+    def _give_back_token(self, token: str, *, hurried: bool = False) -> None:
+        """Release each name held with ``token``. ``hurried`` (the process is going
+        away): each release bounded, and the first that fails ends the clean-up (the
+        names share one server: the others would wait on it too); what is left
+        expires with the ttl."""
         for spec in self._specs:
+            try:
+                self._io.run(_flows.release(spec, token, hurried=hurried), "clean up")
+            except Exception:
+                if hurried:
+                    return
+
+    def _give_all_back(self, leases: dict[str, Lease], *, hurried: bool = False) -> None:
+        """Give back the leases taken one by one (what is left expires with the ttl);
+        ``hurried``: as for ``_give_back_token``, each lease's renewal stopped first."""
+        for lease in leases.values():
+            if hurried:
+                stop_watching(lease)
+                spec = spec_of_lease(lease)
+                try:
+                    self._io.run(_flows.release(spec, lease.token, hurried=True), "clean up")
+                except Exception:
+                    return
+                continue
             with contextlib.suppress(Exception):
-                self._io.run(_flows.release(spec, token), "clean up")
+                lease.release()
 
     def __enter__(self) -> MultiLease:
         leases = self.acquire()
@@ -220,7 +246,7 @@ class MultiLock:
         return decorate(self, fn)
 
 
-def _give_all_back(leases: dict[str, Lease]) -> None:
-    for lease in leases.values():
-        with contextlib.suppress(Exception):  # what is left expires with its ttl
-            lease.release()
+def _going_away(exc: BaseException) -> bool:
+    """An interruption that ends the process (Ctrl-C, exit, a signal's error: not an
+    Exception, nor asyncio's cancellation): its clean-up is made in haste."""
+    return not isinstance(exc, (Exception, Cancelled))
