@@ -327,6 +327,35 @@ def test_a_candidate_interrupted_while_it_announces_hands_leadership_on(
     assert candidate.leader() is None
 
 
+def test_a_candidate_interrupted_as_the_process_goes_away_resigns_in_haste(
+    binary: servers.ServerBinary, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Ctrl-C while the new leader announces itself, the server hung from then on: the
+    leadership is given back within half a second (what the server keeps expires with
+    the ttl), not waited for a ttl and more."""
+    with servers.ServerProcess(binary) as proc:
+        client = redis.Redis(port=proc.port, socket_timeout=60)
+        tell = redlease.Election._tell
+
+        def interrupted(self: redlease.Election, what: str) -> None:
+            if what == "elected":
+                proc.pause()  # the server hangs from here on
+                raise KeyboardInterrupt
+            tell(self, what)
+
+        monkeypatch.setattr(redlease.Election, "_tell", interrupted)
+        candidate = redlease.Election(client, "leader", ttl=10.0, identity="candidate")
+        started = time.monotonic()
+        try:
+            with pytest.raises(KeyboardInterrupt):
+                candidate.campaign(timeout=5)
+            took = time.monotonic() - started
+        finally:
+            proc.resume()
+        client.close()
+    assert took < 3.0
+
+
 def test_bad_arguments_are_named(r: redis.Redis, ar: aredis.Redis, name: str) -> None:
     for identity in ("", 5, b"x", "x" * 257, "\ud800"):
         with pytest.raises(redlease.InvalidArgument, match="identity"):

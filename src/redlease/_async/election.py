@@ -22,10 +22,11 @@ from .._rules.election import (
     retry_after,
     rung,
 )
-from .._rules.flows import ELECTION, LockSpec, new_token
+from .._rules.flows import ELECTION, LockSpec, new_token, release
+from .._rules.lease import spec_of, stop_watching
 from .._rules.lock import OnLost, check_replicas
 from .._rules.ops import Box
-from .backend import ASYNC, Flag, shielded
+from .backend import ASYNC, Cancelled, Flag, shielded
 from .io import AsyncIO
 from .lease import AsyncLease
 from .lock import AsyncOneServer
@@ -120,10 +121,25 @@ class AsyncElection(ElectionRules):
         self._lease = lease
         try:
             await self._tell("elected")
-        except BaseException:  # interrupted before the caller had the lease: hand it on
-            await shielded(self.resign)
+        except BaseException as exc:  # interrupted before the caller had the lease
+            if isinstance(exc, (Exception, Cancelled)):
+                await shielded(self.resign)  # hand it on, and say so
+            else:  # the process is going away: in haste (see _rules.flows.release)
+                await shielded(self._resign_in_haste)
             raise
         return lease
+
+    async def _resign_in_haste(self) -> None:
+        """Give leadership back within half a second, no retry, no announcement:
+        what a server that does not answer keeps expires with the ttl (and observers
+        see the change when they next look)."""
+        lease, self._lease = self._lease, None
+        if lease is None:
+            return
+        stop_watching(lease)
+        with contextlib.suppress(Exception):
+            flow = release(spec_of(lease), lease.token, hurried=True)
+            await self._io.run(flow, f"resign {self.name!r}")
 
     async def resign(self) -> None:
         """Stop leading (if this candidate leads): the next candidate leads at once."""
