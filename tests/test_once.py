@@ -26,6 +26,7 @@ from families import ClientFamily
 from redlease._rules.keys import LockKeys
 from redlease._rules.scripts import ONCE_ACQUIRE, ONCE_LEAVE
 from redlease.tools import servers
+from redlease.tools.chaos.proxy import FaultProxy
 from waiting_helpers import wait_until
 
 LOCK = "redlease:{%s}"
@@ -482,3 +483,62 @@ def test_fence_as_is_checked_when_decorating_and_never_overwritten(
     fence = decorated(1)
     assert isinstance(fence, int)
     assert fence > 0
+
+
+# -- production conditions: the job's connections killed, the server restarted, a slow
+# link (the driver is the lock's; these pin that a job's run and skip go through it)
+
+
+def test_a_run_survives_its_connections_being_killed(r: redis.Redis, name: str) -> None:
+    job = redlease.Once(r, name, at_most=30, at_least=5)
+    run = job.begin()
+    assert isinstance(run, redlease.Run)
+    admin: Any = redis.Redis(port=r.connection_pool.connection_kwargs["port"])
+    assert admin.execute_command("CLIENT", "KILL", "TYPE", "normal", "SKIPME", "yes") >= 1
+    admin.close()
+    run.release()  # on a new connection: at_least kept
+    assert 0 < r.pttl(LOCK % name) <= 5000
+    assert isinstance(job.begin(), redlease.Skipped)
+
+
+@pytest.mark.parametrize("kept", [True, False], ids=["with-data", "without-data"])
+def test_a_restart_keeps_at_least_and_the_period_only_with_the_data(
+    binary: servers.ServerBinary, name: str, kept: bool
+) -> None:
+    """With the data (an append-only file), a restart keeps the name held for at_least
+    and the period run; without it, both are forgotten and the job may run again (the
+    documented limit)."""
+    with servers.ServerProcess(binary, appendfsync_always=kept) as proc:
+        client = redis.Redis(port=proc.port)
+        job = redlease.Once(client, name, at_most=30, at_least=20, every=3600)
+        run = job.begin()
+        assert isinstance(run, redlease.Run)
+        run.release()
+        proc.restart()
+        again = job.begin()
+        if kept:
+            assert isinstance(again, redlease.Skipped)
+            assert 0 < client.pttl(LOCK % name) <= 20_000
+        else:
+            assert isinstance(again, redlease.Run)
+            again.release()
+        client.close()
+
+
+def test_a_slow_link_still_skips_in_one_try_and_runs(
+    server: servers.ServerProcess, name: str
+) -> None:
+    with FaultProxy("127.0.0.1", server.port).start() as proxy:
+        proxy.set_mode("delay", delay_ms=100)
+        client = redis.Redis(port=proxy.port)
+        job = redlease.Once(client, name, at_most=30, at_least=5)
+        run = job.begin()
+        assert isinstance(run, redlease.Run)
+        started = time.monotonic()
+        skipped = redlease.Once(client, name, at_most=30).begin()
+        took = time.monotonic() - started
+        assert isinstance(skipped, redlease.Skipped)
+        assert took < 2.0  # a try's bound, whatever the link
+        run.release()
+        assert client.pttl(LOCK % name) > 0  # at_least kept through the slow link
+        client.close()
