@@ -15,7 +15,7 @@ from typing import Any
 from .._base import metrics as _metrics
 from .._clients.checks import check_client
 from .._rules import arguments as args
-from .._rules.flows import Acquisition, Grant, LockSpec
+from .._rules.flows import Grant, LockSpec
 from .._rules.fronts import P, R, pop_entered, push_entered, refuse_undecorable
 from .._rules.lease import is_held
 from .._rules.lock import OnLost
@@ -72,9 +72,6 @@ class _AsyncJobLock(AsyncOneServer):
         self._max_hold = (rule.at_most_ms - rule.lease_ms) / 1000.0 if rule.renews else None
         self._cancel_on_lost = False  # unasync: async only
         self._serve(client)
-
-    def _new_attempt(self, timeout: float | None, *, wait: bool) -> Acquisition:
-        return OnceAttempt(self._spec, self._rule)
 
     def _new_lease(self, grant: Grant) -> AsyncRun:
         lease = AsyncRun(self._spec, grant, self._io, self._on_lost, self._rule)

@@ -532,23 +532,32 @@ def extend(spec: LockSpec, token: str, ttl_ms: int, wait: float | None = None) -
 
 
 def release(
-    spec: LockSpec, token: str, *, forced: bool = False, hurried: bool = False
+    spec: LockSpec,
+    token: str,
+    *,
+    forced: bool = False,
+    hurried: bool = False,
+    script: Script | None = None,
+    also: tuple[str, ...] = (),
 ) -> Flow[None]:
     """Delete the lock if it is still ours and serve the next waiter, atomically.
     ``forced``: an operator frees someone else's hold (``redlease release --force``).
     ``hurried``: the process is going away (see ``Acquisition.abandon``): PAST_DEADLINE
-    for the reply and no retry; what a server that does not answer keeps expires."""
+    for the reply and no retry; what a server that does not answer keeps expires.
+    ``script``: another release script with the same arguments and reply (by default the
+    kind's), given ``also`` after them (a scheduled job's: until when it keeps the name)."""
     # The release mark lasts as long as the release may be retried (its reply's bound);
     # a forced one leaves none to speak of, or the holder's own release would take it for
     # its retried one and never learn that its lease had been taken away.
     mark_ms = "1" if forced else str(math.ceil(spec.reply_timeout * 1000))
     ok = yield spec.call(
-        spec.kind.release,
+        script or spec.kind.release,
         token,
         spec.fair_arg,
         spec.keys.bell_prefix,
         mark_ms,
         *spec.extra,
+        *also,
         timeout=min(spec.reply_timeout, PAST_DEADLINE) if hurried else None,
         patient=not hurried,
     )

@@ -21,7 +21,6 @@ after it exits.
 from __future__ import annotations
 
 import inspect
-import math
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -29,7 +28,7 @@ from typing import Any, Literal
 from .._base.errors import BackendError, InvalidArgument, LockLost
 from .._base.timing import valid_until
 from . import arguments as args
-from .flows import ONE_FENCE, Acquisition, Flow, Grant, LockSpec, as_int
+from .flows import ONE_FENCE, Acquisition, Flow, Grant, LockSpec, as_int, release
 from .scripts import ONCE_ACQUIRE, ONCE_EXTEND, ONCE_LEAVE, ONCE_RELEASE
 
 # Why a call was skipped (``Skipped.reason``).
@@ -158,18 +157,24 @@ class OnceAttempt(Acquisition):
     def leave(self, *, keep: bool) -> Flow[Grant | None]:
         """Given up before its run began: the grant, if any, and the period's record it
         wrote go (a run that never began does not use up its period)."""
-        spec = self.spec
-        yield spec.call(
-            ONCE_LEAVE,
-            self.token,
-            spec.fair_arg,
-            spec.keys.bell_prefix,
-            "0",
-            keys=(*spec.keys.script_keys, spec.keys.once),
-            timeout=self._bound(),
-            patient=False,
-        )
+        yield from _given_up(self.spec, self.token, self._bound(), patient=False)
         return None
+
+
+def _given_up(
+    spec: LockSpec, token: str, timeout: float | None = None, *, patient: bool = True
+) -> Flow[None]:
+    """ONCE_LEAVE: ``token``'s grant and the period's record it wrote go."""
+    yield spec.call(
+        ONCE_LEAVE,
+        token,
+        spec.fair_arg,
+        spec.keys.bell_prefix,
+        "0",
+        keys=(*spec.keys.script_keys, spec.keys.once),
+        timeout=timeout,
+        patient=patient,
+    )
 
 
 class OnceLeaseRules:
@@ -212,28 +217,11 @@ class OnceLeaseRules:
 
     def _abandon_flow(self) -> Flow[None]:
         """The run given back before its job began: the name and the period's run go."""
-        spec = self._spec
-        yield spec.call(
-            ONCE_LEAVE,
-            self._token,
-            spec.fair_arg,
-            spec.keys.bell_prefix,
-            "0",
-            keys=(*spec.keys.script_keys, spec.keys.once),
-        )
+        return _given_up(self._spec, self._token)
 
     def _release_flow(self) -> Flow[None]:
-        spec = self._spec
-        ok = yield spec.call(
-            ONCE_RELEASE,
-            self._token,
-            spec.fair_arg,
-            spec.keys.bell_prefix,
-            str(math.ceil(spec.reply_timeout * 1000)),
-            str(self._kept_until_ms),
-        )
-        if as_int(ok) != 1:
-            raise LockLost(f"job {spec.name!r} had already expired or been taken over")
+        kept_until = str(self._kept_until_ms)
+        return release(self._spec, self._token, script=ONCE_RELEASE, also=(kept_until,))
 
 
 class JobCall:

@@ -23,13 +23,12 @@ from .._rules.election import (
     retry_after,
     rung,
 )
-from .._rules.flows import ELECTION, LockSpec, new_token, release
-from .._rules.lease import spec_of, stop_watching
+from .._rules.flows import ELECTION, LockSpec, new_token
 from .._rules.lock import OnLost, check_replicas
 from .._rules.ops import Box
 from .backend import ASYNC, Cancelled, Flag, shielded
 from .io import SyncIO
-from .lease import Lease
+from .lease import Lease, give_back_in_haste
 from .lock import OneServer
 
 Seconds = float | timedelta
@@ -131,12 +130,9 @@ class Election(ElectionRules):
         what a server that does not answer keeps expires with the ttl (and observers
         see the change when they next look)."""
         lease, self._lease = self._lease, None
-        if lease is None:
-            return
-        stop_watching(lease)
-        with contextlib.suppress(Exception):
-            flow = release(spec_of(lease), lease.token, hurried=True)
-            self._io.run(flow, f"resign {self.name!r}")
+        if lease is not None:
+            with contextlib.suppress(Exception):
+                give_back_in_haste(lease)
 
     def resign(self) -> None:
         """Stop leading (if this candidate leads): the next candidate leads at once."""

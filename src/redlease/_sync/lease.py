@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 from .._base.errors import LockLost, QuorumError
 from .._rules import flows as _flows
-from .._rules.lease import RELEASED, LeaseState, lost_at_block_end
+from .._rules.lease import RELEASED, LeaseState, lost_at_block_end, spec_of, stop_watching
 from .backend import Cancelled, shielded
 
 if TYPE_CHECKING:
@@ -111,3 +111,13 @@ class Lease(SyncLeaseBlock):
     ) -> None:
         super().__init__(spec, grant, on_lost)
         self._io = io
+
+
+def give_back_in_haste(lease: Lease) -> None:
+    """Give back a one-server lease as the process goes away: its renewal stopped, its
+    release bounded to half a second with no retry (``_rules.flows.release``'s
+    ``hurried``); BackendError if that fails, and what the server keeps then expires
+    with the ttl."""
+    stop_watching(lease)
+    flow = _flows.release(spec_of(lease), lease.token, hurried=True)
+    lease._io.run(flow, f"give back {lease.name!r}")

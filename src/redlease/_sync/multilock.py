@@ -22,13 +22,11 @@ from .._rules import arguments as args
 from .._rules import flows as _flows
 from .._rules.flows import Grant, new_token
 from .._rules.fronts import P, R, decorate, metered_as, pop_entered, push_entered
-from .._rules.lease import spec_of as spec_of_lease
-from .._rules.lease import stop_watching
 from .._rules.lock import OnLost, spec_of
 from .._rules.multilock import MultiLeaseState, checked_names, try_all
 from .backend import ASYNC, Cancelled, shielded
 from .front import handed_out
-from .lease import Lease
+from .lease import Lease, give_back_in_haste
 from .lock import Lock, driver_of
 
 Seconds = float | timedelta
@@ -215,10 +213,8 @@ class MultiLock:
         ``hurried``: as for ``_give_back_token``, each lease's renewal stopped first."""
         for lease in leases.values():
             if hurried:
-                stop_watching(lease)
-                spec = spec_of_lease(lease)
                 try:
-                    self._io.run(_flows.release(spec, lease.token, hurried=True), "clean up")
+                    give_back_in_haste(lease)
                 except Exception:
                     return
                 continue

@@ -17,7 +17,7 @@ from typing import Any
 from .._base import metrics as _metrics
 from .._clients.checks import check_client
 from .._rules import arguments as args
-from .._rules.flows import Acquisition, Grant, LockSpec
+from .._rules.flows import Grant, LockSpec
 from .._rules.fronts import P, R, pop_entered, push_entered, refuse_undecorable
 from .._rules.lease import is_held
 from .._rules.lock import OnLost
@@ -73,9 +73,6 @@ class _JobLock(OneServer):
         # (renewal stops in time for its last lease to end by at_most; the server caps it)
         self._max_hold = (rule.at_most_ms - rule.lease_ms) / 1000.0 if rule.renews else None
         self._serve(client)
-
-    def _new_attempt(self, timeout: float | None, *, wait: bool) -> Acquisition:
-        return OnceAttempt(self._spec, self._rule)
 
     def _new_lease(self, grant: Grant) -> Run:
         lease = Run(self._spec, grant, self._io, self._on_lost, self._rule)
