@@ -1,7 +1,8 @@
 """Section 13: what a fence gate costs. The same work with and without the gate, in
 interleaved rounds of one run: a one-row ``UPDATE`` transaction on SQLite and on
-PostgreSQL (``redlease.sql.fence_gate`` first), and one ``SET`` on Redis
-(``FencedRedis.apply``) against the plain command."""
+PostgreSQL (``redlease.sql.fence_gate`` first; and ``fenced_update``, the fence kept on
+the row), one ``SET`` on Redis (``FencedRedis.apply``) against the plain command, and for
+reference what any statement more costs in the PostgreSQL transaction."""
 
 from __future__ import annotations
 
@@ -25,6 +26,7 @@ SECTION = "13. fence gates: the same write with and without the gate"
 SQL_BAR = 1.3  # a gated one-row transaction takes at most this times the ungated one
 REDIS_BAR = 1.5  # FencedRedis with one SET, against the SET alone
 _PG_LABEL = "PostgreSQL (psycopg 3, loopback), one-row UPDATE + COMMIT"
+_SQLITE_LABEL = "SQLite (sqlite3, a file), one-row UPDATE + COMMIT"
 # Each gated write brings a fence greater than the last, as a new lease's would: the
 # gate records it every time (a holder writing again with its fence costs the same).
 _FENCES = itertools.count(1)
@@ -35,7 +37,7 @@ _UPDATE = "UPDATE accounts SET balance = balance + 1 WHERE id = 7"
 
 def _update_pair(label: str, db: Any) -> Pair:
     """A one-row UPDATE and COMMIT on ``db`` (its accounts table made), with and without
-    the gate first."""
+    the gate first (``db`` is closed with this pair)."""
 
     def plain() -> None:
         db.execute(_UPDATE)
@@ -45,27 +47,77 @@ def _update_pair(label: str, db: Any) -> Pair:
         sql.fence_gate(db, "account:7", next(_FENCES))
         plain()
 
-    return Pair(label, plain, gated, SQL_BAR, db.close)
+    return Pair(f"{label}, fence_gate first", plain, gated, SQL_BAR, db.close)
 
 
-def _sqlite_pair(path: Path) -> Pair:
+def _row_pair(label: str, db: Any, placeholder: str) -> Pair:
+    """A one-row UPDATE of a value and COMMIT, against the same through
+    ``fenced_update``: the fence kept on the row, checked inside the statement."""
+    values = itertools.count(1)
+    ungated = f"UPDATE accounts SET balance = {placeholder} WHERE id = 7"
+
+    def plain() -> None:
+        db.execute(ungated, (next(values),))
+        db.commit()
+
+    def gated() -> None:
+        balance = {"balance": next(values)}
+        if not sql.fenced_update(db, "accounts", {"id": 7}, balance, next(_FENCES)):
+            raise AssertionError("fenced_update refused a fence greater than any before")
+        db.commit()
+
+    return Pair(f"{label}, fenced_update", plain, gated, SQL_BAR)
+
+
+def _statement_pair(label: str, db: Any) -> Pair:
+    """For reference: the same transaction with ``SELECT 1`` first, what any statement
+    more costs there (the table gate is one)."""
+
+    def plain() -> None:
+        db.execute(_UPDATE)
+        db.commit()
+
+    def gated() -> None:
+        db.execute("SELECT 1").fetchone()
+        plain()
+
+    return Pair(
+        f"{label}, SELECT 1 first (reference: one statement more)",
+        plain,
+        gated,
+        None,
+        names=("the transaction", "with SELECT 1"),
+    )
+
+
+def _sqlite_pairs(path: Path) -> list[Pair]:
     db = sqlite3.connect(path)
     sql.create_table(db)
-    db.execute("CREATE TABLE accounts (id INTEGER PRIMARY KEY, balance INTEGER NOT NULL)")
-    db.execute("INSERT INTO accounts VALUES (7, 0)")
+    db.execute(
+        "CREATE TABLE accounts (id INTEGER PRIMARY KEY, balance INTEGER NOT NULL, "
+        "fence INTEGER NOT NULL DEFAULT 0)"
+    )
+    db.execute("INSERT INTO accounts (id, balance) VALUES (7, 0)")
     db.commit()
-    return _update_pair("SQLite (sqlite3, a file), one-row UPDATE + COMMIT", db)
+    return [_update_pair(_SQLITE_LABEL, db), _row_pair(_SQLITE_LABEL, db, "?")]
 
 
-def _postgres_pair(dsn: str) -> Pair:
+def _postgres_pairs(dsn: str) -> list[Pair]:
     import psycopg
 
     db = psycopg.connect(dsn)
     sql.create_table(db)
-    db.execute("CREATE TABLE IF NOT EXISTS accounts (id INT PRIMARY KEY, balance INT NOT NULL)")
-    db.execute("INSERT INTO accounts VALUES (7, 0) ON CONFLICT DO NOTHING")
+    db.execute(
+        "CREATE TABLE IF NOT EXISTS accounts (id INT PRIMARY KEY, balance INT NOT NULL, "
+        "fence BIGINT NOT NULL DEFAULT 0)"
+    )
+    db.execute("INSERT INTO accounts (id, balance) VALUES (7, 0) ON CONFLICT DO NOTHING")
     db.commit()
-    return _update_pair(_PG_LABEL, db)
+    return [
+        _update_pair(_PG_LABEL, db),
+        _row_pair(_PG_LABEL, db, "%s"),
+        _statement_pair(_PG_LABEL, db),
+    ]
 
 
 def _redis_pair(port: int) -> Pair:
@@ -87,13 +139,13 @@ def _redis_pair(port: int) -> Pair:
 def run(port: int, settings: Settings, seed: int = 1) -> list[Row]:
     pairs: list[Pair] = []
     with tempfile.TemporaryDirectory(prefix="redlease-bench-gates-") as tmp:
-        pairs.append(_sqlite_pair(Path(tmp) / "gate.db"))
+        pairs.extend(_sqlite_pairs(Path(tmp) / "gate.db"))
         postgres = _start_postgres()
         try:
             if isinstance(postgres, str):
                 pairs.append(Pair(_PG_LABEL, _nothing, _nothing, SQL_BAR, problem=postgres))
             else:
-                pairs.append(_postgres_pair(postgres.dsn))
+                pairs.extend(_postgres_pairs(postgres.dsn))
             pairs.append(_redis_pair(port))
             measure(pairs, settings, seed)
         finally:
@@ -118,9 +170,10 @@ def _start_postgres() -> PostgresProcess | str:
 
 def note(settings: Settings) -> str:
     return (
-        f"fence gates: {settings.rounds} interleaved rounds of {settings.round_seconds:g} s "
-        "for each write, with and without its gate; time ratio = ungated writes/s over "
-        "gated writes/s (medians). The SQL rows commit each transaction; PostgreSQL is a "
-        "private server on loopback with fsync off, so a round trip weighs more there than "
-        "on a disk-bound server."
+        f"fence gates: {settings.rounds} rounds of {2 * settings.round_seconds:g} s per "
+        "write, in which the ungated and the gated write take turns, one write each, each "
+        "timed by itself; time ratio = ungated writes/s over gated writes/s (medians of "
+        "rounds). The SQL rows commit each transaction; PostgreSQL is a private server on "
+        "loopback with fsync off, so a round trip weighs more there than on a disk-bound "
+        "server."
     )

@@ -33,6 +33,7 @@ from benchmarks import (  # noqa: E402
     waiters,
 )
 from benchmarks._common import TINY, Crew  # noqa: E402
+from benchmarks._pairs import Pair, alternated  # noqa: E402
 from benchmarks._report import FAIL, NA, Report, Row  # noqa: E402
 
 from redlease.tools import servers  # noqa: E402
@@ -170,10 +171,31 @@ def test_primitives_sections_run(server: servers.ServerProcess, crew: Crew) -> N
 def test_the_fence_gates_cost_is_measured(server: servers.ServerProcess) -> None:
     rows = gates.run(server.port, TINY)
     assert_no_errors(rows)
-    assert len(measured(rows, "writes/s")) == 6  # SQLite, PostgreSQL, Redis: each both ways
-    for row in measured(rows, "time, gated / ungated"):
+    # SQLite: the table gate and fenced_update; PostgreSQL: the same and SELECT 1; Redis:
+    # FencedRedis. Each both ways.
+    assert len(measured(rows, "writes/s")) == 12
+    costs = measured(rows, "time, gated / ungated")
+    assert len(costs) == 5
+    for row in costs:
         assert row.value is not None, row
         assert row.value > 0, row
+        assert row.bar, row
+    (reference,) = measured(rows, "time, with SELECT 1 / the transaction")
+    assert reference.value is not None
+    assert reference.value > 0
+    assert not reference.bar
+    assert not reference.verdict
+
+
+def test_a_pair_takes_turns_cycle_by_cycle() -> None:
+    """Both sides of a cost run under the same machine state: one cycle each, in turn."""
+    calls: list[str] = []
+    pair = Pair("turns", lambda: calls.append("plain"), lambda: calls.append("gated"), None)
+    plain, gated = alternated(pair, 0.01)
+    assert calls[:4] == ["plain", "gated", "gated", "plain"]
+    assert calls.count("plain") == calls.count("gated")
+    assert plain > 0
+    assert gated > 0
 
 
 def test_the_scheduled_jobs_cost_is_measured(server: servers.ServerProcess) -> None:

@@ -13,6 +13,7 @@ pass in the order of their fences.
 
 from __future__ import annotations
 
+import functools
 import re
 import string
 from collections.abc import Mapping
@@ -84,29 +85,42 @@ class Calling:
         """``template`` with its ``{fields}`` written for this connection (an
         ``Identifier`` into the text; any other value as a parameter), and the
         parameters in the shape its driver takes."""
-        parts: list[str] = []
-        named: dict[str, Any] = {}
-        positional: list[Any] = []
-        for literal, field, _, _ in string.Formatter().parse(template):
-            parts.append(literal)
-            if field is None:
-                continue
-            value = values[field]
-            if isinstance(value, Identifier):
-                parts.append(value)
-            elif self.paramstyle in ("qmark", "format"):
-                parts.append("?" if self.paramstyle == "qmark" else "%s")
-                positional.append(value)
-            else:
-                parts.append(f"%({field})s" if self.paramstyle == "pyformat" else f":{field}")
-                named[field] = value
-        sql = "".join(parts)
-        params = tuple(positional) if self.paramstyle in ("qmark", "format") else named
-        if self.how == SQLALCHEMY:
-            from sqlalchemy import text  # (only a SQLAlchemy connection gets here)
+        names = tuple(sorted((k, v) for k, v in values.items() if isinstance(v, Identifier)))
+        sql, fields = _written(template, names, self.paramstyle, self.how)
+        if self.paramstyle in ("qmark", "format"):
+            return sql, tuple(values[f] for f in fields)
+        return sql, {f: values[f] for f in fields}
 
-            return text(sql), params
-        return sql, params
+
+@functools.lru_cache(maxsize=512)
+def _written(
+    template: str, names: tuple[tuple[str, str], ...], paramstyle: str, how: str
+) -> tuple[Any, tuple[str, ...]]:
+    """A statement's text for one paramstyle (SQLAlchemy's ``text()`` of it), and the
+    fields its parameters are, in order: the same for every call with the same template
+    and identifiers, so it is written once."""
+    identifiers = dict(names)
+    parts: list[str] = []
+    fields: list[str] = []
+    for literal, field, _, _ in string.Formatter().parse(template):
+        parts.append(literal)
+        if field is None:
+            continue
+        if field in identifiers:
+            parts.append(identifiers[field])
+        else:
+            fields.append(field)
+            parts.append(
+                {"qmark": "?", "format": "%s", "pyformat": f"%({field})s"}.get(
+                    paramstyle, f":{field}"
+                )
+            )
+    sql = "".join(parts)
+    if how == SQLALCHEMY:
+        from sqlalchemy import text  # (only a SQLAlchemy connection gets here)
+
+        return text(sql), tuple(fields)
+    return sql, tuple(fields)
 
 
 class Identifier(str):
@@ -257,15 +271,20 @@ def update(
         raise InvalidArgument(
             f"values must not set {fence_column!r}, the fence column: the update sets it"
         )
-    named: dict[str, object] = {}
-    sets, conditions = [], []
-    for i, (col, val) in enumerate(values.items()):
-        sets.append(f"{column(col, 'values')} = {{v{i}}}")
-        named[f"v{i}"] = val
-    for i, (col, val) in enumerate(where.items()):
-        conditions.append(f"{column(col, 'where')} = {{w{i}}}")
-        named[f"w{i}"] = val
-    sets.append(f"{fence_column} = {{fence}}")
-    conditions.append(f"{fence_column} <= {{fence}}")
-    template = f"UPDATE {{table}} SET {', '.join(sets)} WHERE {' AND '.join(conditions)}"
+    template = _update_template(tuple(values), tuple(where), fence_column)
+    named = {f"v{i}": val for i, val in enumerate(values.values())}
+    named.update((f"w{i}", val) for i, val in enumerate(where.values()))
     return calling.statement(template, table=table_name, fence=value, **named)
+
+
+@functools.lru_cache(maxsize=256)
+def _update_template(
+    sets: tuple[object, ...], matches: tuple[object, ...], fence_column: str
+) -> str:
+    """``update``'s statement for these columns (checked here: a name that is no column
+    raises before anything is cached)."""
+    assigned = [f"{column(col, 'values')} = {{v{i}}}" for i, col in enumerate(sets)]
+    conditions = [f"{column(col, 'where')} = {{w{i}}}" for i, col in enumerate(matches)]
+    assigned.append(f"{fence_column} = {{fence}}")
+    conditions.append(f"{fence_column} <= {{fence}}")
+    return f"UPDATE {{table}} SET {', '.join(assigned)} WHERE {' AND '.join(conditions)}"
