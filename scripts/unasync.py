@@ -68,6 +68,7 @@ SUBSTITUTIONS = [
     ("afence_gate", "fence_gate"),
     ("afenced_update", "fenced_update"),
     ("acreate_table", "create_table"),
+    ("agated_execute", "gated_execute"),
     (", AsyncOnly", ""),
     ("(AsyncOnly)", ""),
     ("AsyncIO", "SyncIO"),

@@ -12,7 +12,7 @@ import sqlite3
 import threading
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -79,6 +79,15 @@ class Database:
             return await self.engine.connect()
         assert self.kind == "sqlalchemy-async-sqlite"
         return AsyncSession(self.engine)
+
+    def setting(self, value: str) -> tuple[str, Any]:
+        """An UPDATE of the test row to ``value``, written as this kind of connection takes
+        a statement and its parameters."""
+        table = f"acct_{self.table}"
+        if self.alchemy:
+            return f"UPDATE {table} SET v = :v WHERE id = 7", {"v": value}
+        mark = "?" if "sqlite" in self.kind else "%s"
+        return f"UPDATE {table} SET v = {mark} WHERE id = 7", (value,)
 
     def _statement(self, text: str) -> Any:
         return sa.text(text) if self.alchemy else text
@@ -254,6 +263,70 @@ def test_an_older_holder_finishes_before_a_newer_one_writes(db: Database) -> Non
         newer.close()
 
 
+def test_gated_execute_runs_the_statement_behind_the_gate(db: Database) -> None:
+    conn = db.open()
+    try:
+        done = sql.gated_execute(conn, "acct:7", 5, *db.setting("five"), table=db.table)
+        assert done.rowcount == 1
+        conn.commit()
+        with pytest.raises(redlease.StaleFence) as refused:
+            sql.gated_execute(conn, "acct:7", 4, *db.setting("four"), table=db.table)
+        assert refused.value.recorded == 5
+        conn.rollback()
+        assert db.scalar(conn, f"SELECT v FROM acct_{db.table} WHERE id = 7") == "five"
+        sql.gated_execute(conn, "acct:7", 5, *db.setting("five again"), table=db.table)
+        conn.commit()  # the same fence passes again
+        assert db.scalar(conn, f"SELECT fence FROM {db.table} WHERE resource = 'acct:7'") == 5
+    finally:
+        conn.close()
+
+
+def test_gated_execute_never_runs_the_statement_for_a_stale_fence(db: Database) -> None:
+    """A statement whose effect outlives a rollback (a sequence's next value) shows that
+    it never ran: the gate refused first."""
+    if "sqlite" in db.kind:
+        pytest.skip("SQLite has no sequences; its gate runs first, as fence_gate")
+    conn = db.open()
+    sequence = f"seq_{db.table}"
+    try:
+        db.run(conn, f"CREATE SEQUENCE {sequence}")
+        sql.fence_gate(conn, "acct:7", 5, table=db.table)
+        conn.commit()
+        with pytest.raises(redlease.StaleFence):
+            sql.gated_execute(conn, "acct:7", 4, f"SELECT nextval('{sequence}')", table=db.table)
+        conn.rollback()
+        assert db.scalar(conn, f"SELECT is_called FROM {sequence}") is False
+        ran = sql.gated_execute(conn, "acct:7", 5, f"SELECT nextval('{sequence}')", table=db.table)
+        assert ran.fetchone()[0] == 1
+        conn.commit()
+    finally:
+        conn.close()
+
+
+def test_a_stale_gated_execute_waits_for_the_newer_transaction_then_is_refused(
+    db: Database,
+) -> None:
+    newer, older = db.open(), db.open()
+    try:
+        sql.gated_execute(newer, "acct:7", 8, *db.setting("newer"), table=db.table)
+
+        def late_write() -> None:
+            sql.gated_execute(older, "acct:7", 7, *db.setting("older"), table=db.table)
+            older.commit()
+
+        thread, outcome = _in_thread(late_write)
+        thread.join(BLOCKED)
+        assert thread.is_alive(), "the older holder passed while the newer one's write was open"
+        newer.commit()
+        thread.join(60)
+        assert isinstance(outcome[0], redlease.StaleFence)
+        older.rollback()
+        assert db.scalar(older, f"SELECT v FROM acct_{db.table} WHERE id = 7") == "newer"
+    finally:
+        newer.close()
+        older.close()
+
+
 def test_fenced_update_writes_only_with_a_fence_not_older_than_the_rows(db: Database) -> None:
     conn = db.open()
     table = f"row_{db.table}"
@@ -304,6 +377,23 @@ async def test_an_asyncio_stale_holder_waits_then_is_refused(adb: Database) -> N
     finally:
         await newer.close()
         await older.close()
+
+
+async def test_asyncio_gated_execute(adb: Database) -> None:
+    conn = await adb.aopen()
+    try:
+        statement, params = adb.setting("nine")
+        done = await sql.agated_execute(conn, "acct:7", 9, statement, params, table=adb.table)
+        assert done.rowcount == 1
+        await conn.commit()
+        statement, params = adb.setting("eight")
+        with pytest.raises(redlease.StaleFence) as refused:
+            await sql.agated_execute(conn, "acct:7", 8, statement, params, table=adb.table)
+        assert refused.value.recorded == 9
+        await conn.rollback()
+        assert await adb.ascalar(conn, f"SELECT v FROM acct_{adb.table} WHERE id = 7") == "nine"
+    finally:
+        await conn.close()
 
 
 async def test_asyncio_fenced_update(adb: Database) -> None:
@@ -488,3 +578,138 @@ def test_a_stale_fence_survives_pickling() -> None:
         4,
         str(refused),
     )
+
+
+def test_gated_execute_sends_the_gate_with_the_statement(
+    pg: PostgresProcess, tmp_path: Path
+) -> None:
+    """psycopg's own protocol trace: the gate costs no round trip of its own. A transaction
+    is BEGIN, the gated statement, COMMIT: three messages that wait for the server, as
+    without the gate (fence_gate then the statement: four)."""
+    with psycopg.connect(pg.dsn) as conn:
+        sql.create_table(conn)
+        conn.execute("CREATE TABLE IF NOT EXISTS traced (id INT PRIMARY KEY, v INT)")
+        conn.execute("INSERT INTO traced VALUES (1, 0) ON CONFLICT DO NOTHING")
+        conn.commit()
+
+        def waits(write: Callable[[], object]) -> int:
+            trace = tmp_path / f"trace-{uuid.uuid4().hex}"
+            with trace.open("w") as sink:
+                conn.pgconn.trace(sink.fileno())
+                write()
+                conn.commit()
+                conn.pgconn.untrace()
+            sent = [
+                line.split("\t")[3] for line in trace.read_text().splitlines() if "\tF\t" in line
+            ]
+            return sum(1 for message in sent if message in ("Query", "Sync"))
+
+        update = "UPDATE traced SET v = v + 1 WHERE id = %s"
+        fences = iter(range(1, 100))
+        plain = waits(lambda: conn.execute(update, (1,)))
+        gated = waits(lambda: sql.gated_execute(conn, "traced", next(fences), update, (1,)))
+
+        def gate_then_update() -> None:
+            sql.fence_gate(conn, "traced", next(fences))
+            conn.execute(update, (1,))
+
+        apart = waits(gate_then_update)
+        assert (plain, gated, apart) == (3, 3, 4)
+
+
+def test_gated_execute_takes_each_way_of_writing_parameters(pg: PostgresProcess) -> None:
+    from psycopg.rows import dict_row
+
+    def first(cursor: Any) -> Any:
+        row = cursor.fetchone()
+        return next(iter(row.values())) if isinstance(row, dict) else row[0]
+
+    for connect in (
+        lambda: psycopg.connect(pg.dsn, row_factory=dict_row),
+        lambda: psycopg2.connect(pg.dsn),
+    ):
+        conn = connect()
+        try:
+            sql.create_table(conn)
+            fence = 10**9 + uuid.uuid4().int % 10**9
+            assert first(sql.gated_execute(conn, "params", fence, "SELECT '100%'")) == "100%"
+            named = sql.gated_execute(conn, "params", fence, "SELECT %(a)s", {"a": "named"})
+            assert first(named) == "named"
+            positional = sql.gated_execute(conn, "params", fence, "SELECT %s || '%%'", ("pos",))
+            assert first(positional) == "pos%"
+            with pytest.raises(redlease.InvalidArgument, match="must not name redlease_fence"):
+                sql.gated_execute(conn, "params", fence, "SELECT 1", {"redlease_fence": 1})
+            with pytest.raises(redlease.InvalidArgument, match=r"^params must be a sequence"):
+                sql.gated_execute(conn, "params", fence, "SELECT %s", "x")
+            with pytest.raises(redlease.InvalidArgument, match=r"^statement must be the SQL"):
+                sql.gated_execute(conn, "params", fence, b"SELECT 1")
+            conn.commit()
+        finally:
+            conn.close()
+
+
+def test_gated_execute_refuses_autocommit_before_sending_anything(pg: PostgresProcess) -> None:
+    table = "gate_" + uuid.uuid4().hex[:12]
+    with psycopg.connect(pg.dsn) as setup:
+        sql.create_table(setup, table=table)
+    for conn in (psycopg.connect(pg.dsn, autocommit=True), psycopg2.connect(pg.dsn)):
+        conn.autocommit = True
+        try:
+            with pytest.raises(redlease.InvalidArgument, match="nothing was sent"):
+                sql.gated_execute(conn, "auto", 5, "SELECT 1", table=table)
+            cursor: Any = conn.cursor()
+            cursor.execute(f"SELECT count(*) FROM {table}")
+            assert cursor.fetchone()[0] == 0
+        finally:
+            conn.close()
+    with psycopg.connect(pg.dsn, autocommit=True) as conn, conn.transaction():
+        sql.gated_execute(conn, "auto", 5, "SELECT 1", table=table)  # a transaction: served
+
+
+def test_gated_execute_on_a_table_without_its_function_says_what_to_run(
+    pg: PostgresProcess,
+) -> None:
+    table = "gate_" + uuid.uuid4().hex[:12]
+    with psycopg.connect(pg.dsn) as conn:
+        sql.create_table(conn, table=table)
+        conn.execute(f"DROP FUNCTION {table}_pass")  # a table made before there was one
+        conn.commit()
+        with pytest.raises(redlease.InvalidArgument, match=r"has no gate function .*create_table"):
+            sql.gated_execute(conn, "old", 5, "SELECT 1", table=table)
+        conn.rollback()
+        sql.create_table(conn, table=table)
+        sql.gated_execute(conn, "old", 5, "SELECT 1", table=table)
+        conn.commit()
+
+
+def test_gated_execute_in_psycopg_pipeline_mode(pg: PostgresProcess) -> None:
+    with psycopg.connect(pg.dsn) as conn:
+        sql.create_table(conn)
+        with conn.pipeline():
+            sql.gated_execute(conn, "piped-trip", 5, "SELECT 1")
+        conn.commit()
+        with pytest.raises(redlease.StaleFence), conn.pipeline():
+            sql.gated_execute(conn, "piped-trip", 4, "SELECT 1")
+        conn.rollback()
+
+
+def test_the_guides_postgresql_ddl_makes_a_working_gate(pg: PostgresProcess) -> None:
+    """The fencing guide's DDL, for a migration of one's own, run as written in a schema
+    of its own: the gate and gated_execute work on what it makes, as on create_table's."""
+    guide = (Path(__file__).parent.parent / "docs" / "guides" / "fencing.md").read_text()
+    ddl = guide[guide.index("-- PostgreSQL\n") : guide.index("-- SQLite\n")]
+    schema = "ddl_" + uuid.uuid4().hex[:12]
+    with psycopg.connect(pg.dsn) as conn:
+        conn.execute(f"CREATE SCHEMA {schema}")
+        conn.execute(f"SET search_path TO {schema}")
+        conn.execute(ddl.encode())  # several statements: sent as they are, no parameters
+        conn.commit()
+        sql.gated_execute(conn, "ddl", 5, "SELECT 1")
+        conn.commit()
+        with pytest.raises(redlease.StaleFence) as refused:
+            sql.gated_execute(conn, "ddl", 4, "SELECT 1")
+        assert refused.value.recorded == 5
+        conn.rollback()
+        with pytest.raises(redlease.StaleFence):
+            sql.fence_gate(conn, "ddl", 4)
+        conn.rollback()

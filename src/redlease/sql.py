@@ -6,14 +6,16 @@
 
 ``fence_gate`` records the greatest fence that has passed for a resource in a table of
 its own (``create_table``), inside the caller's transaction, and refuses a smaller one
-with ``StaleFence``; ``fenced_update`` is the one-statement form for a fence kept on the
-row itself. The ``a``-prefixed twins take asyncio connections. See the fencing guide.
+with ``StaleFence``; ``gated_execute`` is the same gate sent with the transaction's first
+statement (one round trip on PostgreSQL); ``fenced_update`` is the one-statement form
+for a fence kept on the row itself. The ``a``-prefixed twins take asyncio connections.
+See the fencing guide.
 """
 
-from ._async.gate import acreate_table, afence_gate, afenced_update
+from ._async.gate import acreate_table, afence_gate, afenced_update, agated_execute
 from ._base.errors import StaleFence
 from ._rules.gate import DEFAULT_TABLE
-from ._sync.gate import create_table, fence_gate, fenced_update
+from ._sync.gate import create_table, fence_gate, fenced_update, gated_execute
 
 __all__ = [
     "DEFAULT_TABLE",
@@ -21,9 +23,11 @@ __all__ = [
     "acreate_table",
     "afence_gate",
     "afenced_update",
+    "agated_execute",
     "create_table",
     "fence_gate",
     "fenced_update",
+    "gated_execute",
 ]
 
 for _name in __all__:

@@ -70,11 +70,60 @@ async def afenced_update(
     return bool(result.rowcount and result.rowcount > 0)
 
 
-async def acreate_table(conn: Any, *, table: str = "redlease_fences") -> None:
-    """Create the gate's table if it does not exist (in the caller's transaction: commit
-    it). Its DDL, for a migration of your own, is in the fencing guide."""
+async def agated_execute(
+    conn: Any,
+    resource: str,
+    fence: int,
+    statement: Any,
+    params: Any = None,
+    *,
+    table: str = "redlease_fences",
+) -> Any:
+    """Pass the gate and run ``statement``, the transaction's first write, behind it: on
+    PostgreSQL through psycopg 3 or psycopg2, in one round trip.
+
+    The same gate as ``afence_gate`` (its rules, its ``StaleFence``, its row locked until
+    the transaction ends, so the writes after ``statement`` are behind it too), sent in
+    one query with ``statement``: the gate's function (``create_table`` makes it beside
+    the table) raises for a stale fence, so ``statement`` never runs then. Returns what
+    running ``statement`` on ``conn`` returns: psycopg's cursor (a ``ClientCursor``: the
+    parameters are bound in the client, as psycopg2 always binds them), psycopg2's,
+    sqlite3's, SQLAlchemy's ``Result``.
+
+    ``statement`` and ``params`` are what ``conn.execute`` takes: SQL with the driver's
+    placeholders (``%s`` or ``%(name)s`` for psycopg, ``?`` for sqlite3; with
+    ``params=None`` a ``%`` is a plain ``%``), or for SQLAlchemy a ``str`` or ``text()``
+    with ``:name`` and a mapping. On SQLite, through SQLAlchemy and in psycopg's pipeline
+    mode the gate and the statement are sent one after the other, as ``afence_gate`` and
+    then ``execute``.
+    On ``StaleFence`` roll the transaction back.
+    """
     calling = _gate.calling(conn, want_async=ASYNC)
-    await _run(conn, calling, _gate.create(calling, _gate.table(table)))
+    name, value, where = _gate.resource(resource), _gate.fence(fence), _gate.table(table)
+    trip = _gate.one_trip(conn, calling, where, name, value, statement, params)
+    if trip is None:
+        await afence_gate(conn, name, value, table=where)
+        return await _run(conn, calling, _gate.as_given(calling, statement, params))
+    if conn.autocommit and not _gate.in_transaction(conn):
+        raise _gate.outside_a_transaction(sent=False)
+    cursor = _gate.one_trip_cursor(conn, calling, want_async=ASYNC)
+    try:
+        await cursor.execute(*trip)
+    except Exception as exc:
+        refused = _gate.refusal(exc, where, name, value)
+        if refused is None:
+            raise
+        raise refused from exc
+    return _gate.on_statement(cursor, calling)
+
+
+async def acreate_table(conn: Any, *, table: str = "redlease_fences") -> None:
+    """Create the gate's table if it does not exist, and on PostgreSQL its function
+    (``gated_execute``'s; replaced if it exists), in the caller's transaction: commit
+    it. Their DDL, for a migration of your own, is in the fencing guide."""
+    calling = _gate.calling(conn, want_async=ASYNC)
+    for statement in _gate.create(calling, _gate.table(table)):
+        await _run(conn, calling, statement)
 
 
 async def _run(conn: Any, calling: _gate.Calling, statement: tuple[Any, Any]) -> Any:

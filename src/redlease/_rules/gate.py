@@ -16,7 +16,7 @@ from __future__ import annotations
 import functools
 import re
 import string
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -72,6 +72,26 @@ _PASS = (
 )
 _RECORDED = "SELECT fence FROM {table} WHERE resource = {resource}"
 
+# PostgreSQL: the same pass as a function, for a gate sent in one query with the
+# transaction's first statement (``gated_execute``): the upsert above, and a refusal
+# raised as an error with its own SQLSTATE, the recorded fence in its DETAIL. (No "%"
+# anywhere: the DDL goes through drivers that read "%" as a placeholder.)
+STALE_SQLSTATE = "RL409"
+_UNDEFINED_FUNCTION = "42883"
+_FUNCTION = (
+    "CREATE OR REPLACE FUNCTION {function}(gate_resource TEXT, gate_fence BIGINT) "
+    "RETURNS BIGINT LANGUAGE plpgsql AS $redlease$ DECLARE passed BIGINT; BEGIN "
+    + _PASS.replace("{resource}", "gate_resource").replace("{fence}", "gate_fence")
+    + " INTO passed; IF passed IS NULL THEN "
+    "SELECT fence INTO passed FROM {table} WHERE resource = gate_resource; "
+    f"RAISE EXCEPTION USING ERRCODE = '{STALE_SQLSTATE}', "
+    "MESSAGE = 'redlease: fence ' || gate_fence || ' for ' || gate_resource || "
+    "' is stale: fence ' || passed || ' has passed the gate', DETAIL = passed::text; "
+    "END IF; RETURN passed; END $redlease$"
+)
+# the gate's parameters among a caller's named ones
+_RESOURCE_PARAM, _FENCE_PARAM = "redlease_resource", "redlease_fence"
+
 
 @dataclass(frozen=True)
 class Calling:
@@ -80,6 +100,7 @@ class Calling:
     how: str
     dialect: str
     paramstyle: str  # DB-API's name; "named" for SQLAlchemy's text()
+    driver: str = ""  # the DB-API module ("psycopg", "sqlite3", ...); "" under SQLAlchemy
 
     def statement(self, template: str, **values: Any) -> tuple[Any, Any]:
         """``template`` with its ``{fields}`` written for this connection (an
@@ -148,18 +169,20 @@ def calling(conn: object, *, want_async: bool) -> Calling:
             f"({kind.__name__}): use the {'asyncio' if is_async else 'blocking'} gate "
             f"(redlease.sql.{'a' if is_async else ''}fence_gate and its kin)"
         )
+    driver = ""
     if top == "sqlalchemy":
         bind = conn.get_bind() if hasattr(conn, "get_bind") else conn  # a Session's engine
         dialect = getattr(getattr(bind, "dialect", None), "name", "")
         paramstyle, how = "named", SQLALCHEMY
     else:
         dialect, paramstyle, how = _DRIVERS[top]
+        driver = top
     if dialect not in _CREATE:
         raise InvalidArgument(
             f"conn is a connection to {dialect or 'an unknown database'}: the fence gate "
             "runs on PostgreSQL and SQLite (others are not tested here)"
         )
-    return Calling(how, dialect, paramstyle)
+    return Calling(how, dialect, paramstyle, driver)
 
 
 def driver_connection(conn: Any, calling: Calling) -> Any:
@@ -184,11 +207,19 @@ def in_transaction(driver: Any) -> bool:
     return str(driver.info.transaction_status.name) != "IDLE"  # psycopg 3
 
 
-def outside_a_transaction() -> InvalidArgument:
+def outside_a_transaction(*, sent: bool = True) -> InvalidArgument:
+    """The refusal of a gate outside a transaction: after its statement ran (``sent``), or
+    before anything was sent."""
+    if sent:
+        what = "ran the gate outside a transaction (autocommit): its record was committed at once"
+    else:
+        what = (
+            "is in autocommit with no transaction open (nothing was sent): the gate's "
+            "record would be committed at once"
+        )
     return InvalidArgument(
-        "conn ran the gate outside a transaction (autocommit): its record was committed "
-        "at once and locks nothing for the writes after it; run the gate and the writes "
-        "in one transaction (autocommit off, or psycopg's conn.transaction(), or BEGIN)"
+        f"conn {what} and locks nothing for the writes after it; run the gate and the "
+        "writes in one transaction (autocommit off, or psycopg's conn.transaction(), or BEGIN)"
     )
 
 
@@ -236,8 +267,104 @@ def fence(value: object) -> int:
     return value
 
 
-def create(calling: Calling, table_name: Identifier) -> tuple[Any, Any]:
-    return calling.statement(_CREATE[calling.dialect], table=table_name)
+def create(calling: Calling, table_name: Identifier) -> list[tuple[Any, Any]]:
+    """The statements that make the gate: its table, and on PostgreSQL its function."""
+    made = [calling.statement(_CREATE[calling.dialect], table=table_name)]
+    if calling.dialect == POSTGRESQL:
+        function = function_name(table_name)
+        made.append(calling.statement(_FUNCTION, table=table_name, function=function))
+    return made
+
+
+def as_given(calling: Calling, statement: object, params: object) -> tuple[Any, Any]:
+    """A caller's own statement and parameters, as its connection runs them."""
+    if calling.how == SQLALCHEMY and isinstance(statement, str):
+        from sqlalchemy import text  # (only a SQLAlchemy connection gets here)
+
+        statement = text(statement)
+    if params is None:
+        params = {} if calling.how == SQLALCHEMY else ()
+    return statement, params
+
+
+def function_name(table_name: Identifier) -> Identifier:
+    """The gate's PostgreSQL function, beside its table: ``<table>_pass``."""
+    return Identifier(f"{table_name}_pass")
+
+
+def one_trip(
+    conn: Any,
+    calling: Calling,
+    table_name: Identifier,
+    name: str,
+    value: int,
+    statement: object,
+    params: object,
+) -> tuple[str, Any] | None:
+    """The gate's function and ``statement`` as one query, with its parameters, for a
+    driver that binds parameters in the client and so sends several statements as one
+    (psycopg 3 through a ``ClientCursor``, psycopg2); None for the others, where the gate
+    and the statement go one after the other: other drivers, and psycopg in pipeline mode
+    (whose statements travel together anyway, one each)."""
+    if calling.driver not in ("psycopg", "psycopg2"):
+        return None
+    if calling.driver == "psycopg" and conn.pgconn.pipeline_status:
+        return None
+    if not isinstance(statement, str) or not statement.strip():
+        raise InvalidArgument(
+            f"statement must be the SQL of one statement (a non-empty str, with "
+            f"{calling.driver}'s placeholders: %s or %(name)s), got {shown(statement)}"
+        )
+    call = f"SELECT {function_name(table_name)}("
+    if params is None:  # the statement's own "%" is then no placeholder
+        return f"{call}%s, %s); {statement.replace('%', '%%')}", (name, value)
+    if isinstance(params, Mapping):
+        clash = sorted({_RESOURCE_PARAM, _FENCE_PARAM} & set(params))
+        if clash:
+            raise InvalidArgument(f"params must not name {', '.join(clash)}: the gate's own")
+        bound = {**params, _RESOURCE_PARAM: name, _FENCE_PARAM: value}
+        return f"{call}%({_RESOURCE_PARAM})s, %({_FENCE_PARAM})s); {statement}", bound
+    if isinstance(params, (str, bytes)) or not isinstance(params, Sequence):
+        raise InvalidArgument(
+            f"params must be a sequence, a mapping or None (the statement's parameters), "
+            f"got {shown(params)}"
+        )
+    return f"{call}%s, %s); {statement}", (name, value, *params)
+
+
+def one_trip_cursor(conn: Any, calling: Calling, *, want_async: bool) -> Any:
+    """A cursor of ``conn`` that binds parameters in the client (psycopg2's always do)."""
+    if calling.driver == "psycopg2":
+        return conn.cursor()
+    import psycopg  # (only a psycopg connection gets here)
+
+    return psycopg.AsyncClientCursor(conn) if want_async else psycopg.ClientCursor(conn)
+
+
+def on_statement(cursor: Any, calling: Calling) -> Any:
+    """``cursor`` moved from the gate's result to the statement's (psycopg2 keeps only
+    the last result of a query)."""
+    if calling.driver == "psycopg":
+        cursor.nextset()
+    return cursor
+
+
+def refusal(exc: BaseException, table_name: Identifier, name: str, value: int) -> Exception | None:
+    """What a driver's error from a one-trip gate means to the caller: ``StaleFence``
+    (the function refused the fence), ``InvalidArgument`` (the table has no function:
+    made before there was one), or None: an error of the statement's own."""
+    code = getattr(exc, "sqlstate", None) or getattr(exc, "pgcode", None)
+    if code == STALE_SQLSTATE:
+        detail = getattr(getattr(exc, "diag", None), "message_detail", None)
+        return stale(name, value, int(detail) if detail and detail.isdigit() else None)
+    function = function_name(table_name)
+    if code == _UNDEFINED_FUNCTION and function.lower() in str(exc).lower():
+        return InvalidArgument(
+            f"table={str(table_name)!r} has no gate function {function}: create_table makes "
+            "it beside the table (one made by an earlier redlease has none); run "
+            "redlease.sql.create_table(conn, table=...) again, or the DDL in the fencing guide"
+        )
+    return None
 
 
 def passing(calling: Calling, table_name: Identifier, name: str, value: int) -> tuple[Any, Any]:
