@@ -213,15 +213,26 @@ def _in_thread(fn: Any) -> tuple[threading.Thread, list[BaseException | None]]:
     return thread, outcome
 
 
-def test_a_stale_holder_waits_for_the_newer_transaction_then_is_refused(db: Database) -> None:
+def _gated_write(db: Database, conn: Any, fence: int, value: str, via: str) -> None:
+    """Set the test row to ``value`` behind the gate, by ``via``: the gate first and the
+    update after it, or the update sent with the gate."""
+    if via == "gated_execute":
+        sql.gated_execute(conn, "acct:7", fence, *db.setting(value), table=db.table)
+        return
+    sql.fence_gate(conn, "acct:7", fence, table=db.table)
+    db.run(conn, f"UPDATE acct_{db.table} SET v = '{value}' WHERE id = 7")
+
+
+@pytest.mark.parametrize("via", ["fence_gate", "gated_execute"])
+def test_a_stale_holder_waits_for_the_newer_transaction_then_is_refused(
+    db: Database, via: str
+) -> None:
     newer, older = db.open(), db.open()
     try:
-        sql.fence_gate(newer, "acct:7", 8, table=db.table)
-        db.run(newer, f"UPDATE acct_{db.table} SET v = 'newer' WHERE id = 7")
+        _gated_write(db, newer, 8, "newer", via)
 
         def late_write() -> None:
-            sql.fence_gate(older, "acct:7", 7, table=db.table)
-            db.run(older, f"UPDATE acct_{db.table} SET v = 'older' WHERE id = 7")
+            _gated_write(db, older, 7, "older", via)
             older.commit()
 
         thread, outcome = _in_thread(late_write)
@@ -301,30 +312,6 @@ def test_gated_execute_never_runs_the_statement_for_a_stale_fence(db: Database) 
         conn.commit()
     finally:
         conn.close()
-
-
-def test_a_stale_gated_execute_waits_for_the_newer_transaction_then_is_refused(
-    db: Database,
-) -> None:
-    newer, older = db.open(), db.open()
-    try:
-        sql.gated_execute(newer, "acct:7", 8, *db.setting("newer"), table=db.table)
-
-        def late_write() -> None:
-            sql.gated_execute(older, "acct:7", 7, *db.setting("older"), table=db.table)
-            older.commit()
-
-        thread, outcome = _in_thread(late_write)
-        thread.join(BLOCKED)
-        assert thread.is_alive(), "the older holder passed while the newer one's write was open"
-        newer.commit()
-        thread.join(60)
-        assert isinstance(outcome[0], redlease.StaleFence)
-        older.rollback()
-        assert db.scalar(older, f"SELECT v FROM acct_{db.table} WHERE id = 7") == "newer"
-    finally:
-        newer.close()
-        older.close()
 
 
 def test_fenced_update_writes_only_with_a_fence_not_older_than_the_rows(db: Database) -> None:
@@ -624,25 +611,27 @@ def test_gated_execute_takes_each_way_of_writing_parameters(pg: PostgresProcess)
         row = cursor.fetchone()
         return next(iter(row.values())) if isinstance(row, dict) else row[0]
 
+    table = "gate_" + uuid.uuid4().hex[:12]
     for connect in (
         lambda: psycopg.connect(pg.dsn, row_factory=dict_row),
         lambda: psycopg2.connect(pg.dsn),
     ):
         conn = connect()
+
+        def gated(statement: Any, params: Any = None, conn: Any = conn) -> Any:
+            return sql.gated_execute(conn, "params", 5, statement, params, table=table)
+
         try:
-            sql.create_table(conn)
-            fence = 10**9 + uuid.uuid4().int % 10**9
-            assert first(sql.gated_execute(conn, "params", fence, "SELECT '100%'")) == "100%"
-            named = sql.gated_execute(conn, "params", fence, "SELECT %(a)s", {"a": "named"})
-            assert first(named) == "named"
-            positional = sql.gated_execute(conn, "params", fence, "SELECT %s || '%%'", ("pos",))
-            assert first(positional) == "pos%"
+            sql.create_table(conn, table=table)
+            assert first(gated("SELECT '100%'")) == "100%"
+            assert first(gated("SELECT %(a)s", {"a": "named"})) == "named"
+            assert first(gated("SELECT %s || '%%'", ("pos",))) == "pos%"
             with pytest.raises(redlease.InvalidArgument, match="must not name redlease_fence"):
-                sql.gated_execute(conn, "params", fence, "SELECT 1", {"redlease_fence": 1})
+                gated("SELECT 1", {"redlease_fence": 1})
             with pytest.raises(redlease.InvalidArgument, match=r"^params must be a sequence"):
-                sql.gated_execute(conn, "params", fence, "SELECT %s", "x")
+                gated("SELECT %s", "x")
             with pytest.raises(redlease.InvalidArgument, match=r"^statement must be the SQL"):
-                sql.gated_execute(conn, "params", fence, b"SELECT 1")
+                gated(b"SELECT 1")
             conn.commit()
         finally:
             conn.close()
