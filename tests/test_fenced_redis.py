@@ -105,6 +105,10 @@ def test_a_paused_holders_write_on_another_server_is_refused(
         ([("MGET", "a", "b")], r"commands\[0\]: MGET is not taken"),
         ([("SINTER", "a", "b")], r"commands\[0\]: SINTER is not taken"),
         ([("RPUSH", "a", *range(7001))], r"commands\[0\] has 7001 arguments"),
+        # the key after a subcommand: not where the gate routes and checks it
+        ([("XGROUP", "CREATE", "events", "g", "$")], r"commands\[0\]: XGROUP is not taken"),
+        ([("SET", "k\ud800", "1")], r"commands\[0\]'s key must be encodable as UTF-8"),
+        ([("SET", "k", "\ud800")], r"commands\[0\]'s arguments must be encodable as UTF-8"),
     ],
 )
 def test_commands_the_gate_does_not_take_are_refused_by_name(

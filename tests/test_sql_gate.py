@@ -30,7 +30,13 @@ from redlease import sql
 from redlease.tools.postgres import PostgresProcess
 
 SYNC_KINDS = ["sqlite3", "psycopg", "psycopg2", "sqlalchemy-pg", "sqlalchemy-sqlite-session"]
-ASYNC_KINDS = ["psycopg-async", "aiosqlite", "sqlalchemy-async-pg", "sqlalchemy-async-sqlite"]
+ASYNC_KINDS = [
+    "psycopg-async",
+    "aiosqlite",
+    "sqlalchemy-async-pg",
+    "sqlalchemy-asyncpg",
+    "sqlalchemy-async-sqlite",
+]
 BLOCKED = 0.3  # s: a gate that should wait is still waiting after this long
 
 
@@ -49,6 +55,8 @@ class Database:
             self.engine = sa.create_engine(f"sqlite:///{path}", connect_args={"timeout": 30})
         elif kind == "sqlalchemy-async-pg":
             self.engine = create_async_engine(pg_url)
+        elif kind == "sqlalchemy-asyncpg":
+            self.engine = create_async_engine(pg_url.replace("+psycopg", "+asyncpg"))
         elif kind == "sqlalchemy-async-sqlite":
             self.engine = create_async_engine(
                 f"sqlite+aiosqlite:///{path}", connect_args={"timeout": 30}
@@ -75,7 +83,7 @@ class Database:
             return await psycopg.AsyncConnection.connect(self.pg.dsn)
         if self.kind == "aiosqlite":
             return await aiosqlite.connect(self.path, timeout=30)
-        if self.kind == "sqlalchemy-async-pg":
+        if self.kind in ("sqlalchemy-async-pg", "sqlalchemy-asyncpg"):
             return await self.engine.connect()
         assert self.kind == "sqlalchemy-async-sqlite"
         return AsyncSession(self.engine)
@@ -429,6 +437,8 @@ def test_a_paused_holders_write_is_refused_at_the_gate(
     [
         ({"resource": "", "fence": 1}, "resource"),
         ({"resource": 7, "fence": 1}, "resource"),
+        ({"resource": "acct\ud800", "fence": 1}, "resource"),
+        ({"resource": "acct\x00", "fence": 1}, "resource"),
         ({"resource": "r", "fence": True}, "fence"),
         ({"resource": "r", "fence": -1}, "fence"),
         ({"resource": "r", "fence": "5"}, "fence"),
@@ -456,18 +466,19 @@ def test_connections_the_gate_cannot_serve_are_refused(tmp_path: Path, pg: Postg
         sql.create_table(setup)
         setup.commit()
     autocommit = sqlite3.connect(path, isolation_level=None)
-    with pytest.raises(redlease.InvalidArgument, match="outside a transaction"):
+    with pytest.raises(redlease.InvalidArgument, match=r"outside a transaction .*nothing was sent"):
         sql.fence_gate(autocommit, "r", 1)
+    assert autocommit.execute("SELECT count(*) FROM redlease_fences").fetchone() == (0,)
     with pytest.raises(redlease.InvalidArgument, match=r"conn must be .*Cursor"):
         sql.fence_gate(autocommit.cursor(), "r", 1)
     autocommit.close()
     with psycopg.connect(pg.dsn) as setup:
         sql.create_table(setup)
-    with (
-        psycopg.connect(pg.dsn, autocommit=True) as conn,
-        pytest.raises(redlease.InvalidArgument, match="outside a transaction"),
-    ):
-        sql.fence_gate(conn, "r", 1)
+    with psycopg.connect(pg.dsn, autocommit=True) as conn:
+        with pytest.raises(redlease.InvalidArgument, match="nothing was sent"):
+            sql.fence_gate(conn, "refused-before", 1)
+        recorded = conn.execute("SELECT 1 FROM redlease_fences WHERE resource = 'refused-before'")
+        assert recorded.fetchone() is None
     engine = sa.create_engine(f"postgresql+psycopg://postgres@127.0.0.1:{pg.port}/postgres")
     with pytest.raises(redlease.InvalidArgument, match=r"conn must be .*Engine"):
         sql.fence_gate(engine, "r", 1)
@@ -542,11 +553,12 @@ async def test_a_blocking_connection_is_refused_by_the_asyncio_gate(tmp_path: Pa
 
 def test_fenced_update_refuses_bad_names_and_shapes(tmp_path: Path) -> None:
     conn = sqlite3.connect(tmp_path / "c.db")
-    cases = [
+    cases: list[tuple[tuple[str, dict[str, Any], dict[str, Any], int], str]] = [
         (("t", {"id": 1}, {"v; --": 1}, 1), "values must be a column name"),
         (("t", {}, {"v": 1}, 1), "where must be a non-empty mapping"),
         (("t", {"id": 1}, {"fence": 1}, 1), "values must not set 'fence'"),
         (("t", {"id": 1}, {"FENCE": 1}, 1), "values must not set 'fence'"),
+        (("t", {"id": None}, {"v": 1}, 1), "where must not compare a column with None"),
     ]
     for arguments, message in cases:
         with pytest.raises(redlease.InvalidArgument, match=message):
@@ -646,6 +658,8 @@ def test_gated_execute_refuses_autocommit_before_sending_anything(pg: PostgresPr
         try:
             with pytest.raises(redlease.InvalidArgument, match="nothing was sent"):
                 sql.gated_execute(conn, "auto", 5, "SELECT 1", table=table)
+            with pytest.raises(redlease.InvalidArgument, match="nothing was sent"):
+                sql.fence_gate(conn, "auto", 5, table=table)
             cursor: Any = conn.cursor()
             cursor.execute(f"SELECT count(*) FROM {table}")
             assert cursor.fetchone()[0] == 0
@@ -701,4 +715,112 @@ def test_the_guides_postgresql_ddl_makes_a_working_gate(pg: PostgresProcess) -> 
         conn.rollback()
         with pytest.raises(redlease.StaleFence):
             sql.fence_gate(conn, "ddl", 4)
+        conn.rollback()
+
+
+def test_fenced_update_says_what_it_did_in_psycopg_pipeline_mode(pg: PostgresProcess) -> None:
+    """A row count is unknown in pipeline mode until the pipeline syncs: the update's
+    answer comes from the rows it returns."""
+    table = "row_" + uuid.uuid4().hex[:12]
+    with psycopg.connect(pg.dsn) as conn:
+        conn.execute(f"CREATE TABLE {table} (id INT PRIMARY KEY, v TEXT, fence BIGINT NOT NULL)")
+        conn.execute(f"INSERT INTO {table} VALUES (7, 'start', 0)")
+        conn.commit()
+        with conn.pipeline():
+            assert sql.fenced_update(conn, table, {"id": 7}, {"v": "five"}, 5) is True
+            assert sql.fenced_update(conn, table, {"id": 7}, {"v": "four"}, 4) is False
+        conn.commit()
+        assert conn.execute(f"SELECT v, fence FROM {table}").fetchone() == ("five", 5)
+
+
+async def test_asyncio_fenced_update_in_psycopg_pipeline_mode(pg: PostgresProcess) -> None:
+    table = "row_" + uuid.uuid4().hex[:12]
+    async with await psycopg.AsyncConnection.connect(pg.dsn) as conn:
+        await conn.execute(f"CREATE TABLE {table} (id INT PRIMARY KEY, v TEXT, fence BIGINT)")
+        await conn.execute(f"INSERT INTO {table} VALUES (7, 'start', 0)")
+        async with conn.pipeline():
+            assert await sql.afenced_update(conn, table, {"id": 7}, {"v": "five"}, 5) is True
+        await conn.commit()
+
+
+def test_subclasses_and_scoped_sessions_are_served(tmp_path: Path, pg: PostgresProcess) -> None:
+    """What a connection is, not what its class is called: a subclass of a connection or
+    session the gate takes (an application's own, a framework's) is served, and a scoped
+    session stands for its current session."""
+    from sqlalchemy.orm import scoped_session, sessionmaker
+
+    class AppConnection(sqlite3.Connection):
+        pass
+
+    db = sqlite3.connect(tmp_path / "sub.db", factory=AppConnection)
+    sql.create_table(db)
+    sql.fence_gate(db, "sub", 5)
+    db.commit()
+    db.close()
+
+    class AppPsycopg(psycopg.Connection[Any]):
+        pass
+
+    with AppPsycopg.connect(pg.dsn) as conn:
+        sql.create_table(conn)
+        sql.fence_gate(conn, "sub", 5)
+
+    class AppSession(Session):
+        pass
+
+    engine = sa.create_engine(f"sqlite:///{tmp_path / 'sub.db'}")
+    with AppSession(engine) as session, session.begin():
+        sql.fence_gate(session, "sub-session", 5)
+    scoped = scoped_session(sessionmaker(engine))
+    sql.fence_gate(scoped, "scoped", 5)
+    scoped.commit()
+    with pytest.raises(redlease.StaleFence):
+        sql.fence_gate(scoped, "scoped", 4)
+    scoped.rollback()
+    scoped.remove()
+    engine.dispose()
+
+
+async def test_an_asyncio_scoped_session_is_served(tmp_path: Path) -> None:
+    from sqlalchemy.ext.asyncio import async_scoped_session, async_sessionmaker
+
+    engine = create_async_engine(f"sqlite+aiosqlite:///{tmp_path / 'scoped.db'}")
+    async with engine.begin() as conn:
+        await sql.acreate_table(conn)
+    scoped = async_scoped_session(async_sessionmaker(engine), scopefunc=asyncio.current_task)
+    await sql.afence_gate(scoped, "scoped", 5)
+    await scoped.commit()
+    with pytest.raises(redlease.StaleFence):
+        await sql.afence_gate(scoped, "scoped", 4)
+    await scoped.rollback()
+    await scoped.remove()
+    await engine.dispose()
+
+
+def test_the_gate_runs_whatever_cursors_and_rows_the_connection_makes(
+    pg: PostgresProcess,
+) -> None:
+    """The gate's own statements run on a cursor of its own: a connection whose cursors
+    take $1 placeholders (RawCursor) or make rows of a class (class_row) is served."""
+    from dataclasses import dataclass
+
+    from psycopg.rows import class_row
+
+    @dataclass
+    class Row:
+        fence: int
+
+    table = "gate_" + uuid.uuid4().hex[:12]
+    with psycopg.connect(pg.dsn, cursor_factory=psycopg.RawCursor) as conn:
+        sql.create_table(conn, table=table)
+        sql.fence_gate(conn, "raw", 5, table=table)
+        conn.commit()
+        with pytest.raises(redlease.StaleFence) as refused:
+            sql.fence_gate(conn, "raw", 4, table=table)
+        assert refused.value.recorded == 5
+        conn.rollback()
+    with psycopg.connect(pg.dsn, row_factory=class_row(Row)) as conn:
+        with pytest.raises(redlease.StaleFence) as refused:
+            sql.fence_gate(conn, "raw", 3, table=table)
+        assert refused.value.recorded == 5
         conn.rollback()

@@ -86,6 +86,10 @@ REFUSED = frozenset(
         "SUBSCRIBE",
         "WAIT",
         "OBJECT",
+        # the key follows a subcommand
+        "XGROUP",
+        "XINFO",
+        "MEMORY",
         "BLPOP",
         "BRPOP",
         "BZPOPMIN",
@@ -127,11 +131,17 @@ def resource(value: object) -> str:
             f"resource must be a non-empty str (the name of what the fence guards), "
             f"got {shown(value)}"
         )
-    try:
-        value.encode()
-    except UnicodeEncodeError:
-        raise InvalidArgument(f"resource must be encodable as UTF-8, got {shown(value)}") from None
+    if not _encodable(value):
+        raise InvalidArgument(f"resource must be encodable as UTF-8, got {shown(value)}")
     return value
+
+
+def _encodable(text: str) -> bool:
+    try:
+        text.encode()
+    except UnicodeEncodeError:  # a lone surrogate
+        return False
+    return True
 
 
 def fence(value: object) -> int:
@@ -147,6 +157,8 @@ def keep_ms(value: object) -> int:
 
 
 def _word(value: object, where: str) -> Word:
+    if isinstance(value, str) and not _encodable(value):
+        raise InvalidArgument(f"{where} must be encodable as UTF-8, got {shown(value)}")
     if isinstance(value, (str, bytes)):
         return value
     if isinstance(value, (int, float)) and not isinstance(value, bool):

@@ -148,31 +148,66 @@ class Identifier(str):
     """A table or column name, checked: written into a statement's text."""
 
 
-def calling(conn: object, *, want_async: bool) -> Calling:
-    """How ``conn`` runs statements; InvalidArgument if it is none of the kinds the gate
-    knows, is the other flavour's (an asyncio connection given to the blocking gate), or
-    commits each statement by itself (autocommit: the gate would lock nothing)."""
-    kind = type(conn)
-    top = kind.__module__.split(".")[0]
-    named = kind.__name__.lower()
+# SQLAlchemy's drivers the gate knows, by dialect: those whose transaction state it reads
+_ALCHEMY_DRIVERS = {
+    POSTGRESQL: ("psycopg", "psycopg2", "asyncpg"),
+    SQLITE: ("pysqlite", "aiosqlite"),
+}
+_SCOPED = ("scoped_session", "async_scoped_session")
+SQLITE_RETURNING = (3, 35)  # the first SQLite with RETURNING, which the gate's statements use
+
+
+def _known(kind: type) -> type | None:
+    """The class of ``kind``'s ancestry that comes from a module the gate knows: a
+    subclass of a known connection or session is one too."""
+    for ancestor in kind.__mro__:
+        top = ancestor.__module__.split(".")[0]
+        if top == "sqlalchemy" or top in _DRIVERS:
+            return ancestor
+    return None
+
+
+def connection(conn: object, *, want_async: bool) -> tuple[Any, Calling]:
+    """The connection the gate runs on (a SQLAlchemy scoped session's current session,
+    else ``conn``) and how it runs statements there; InvalidArgument if it is none of
+    the kinds the gate knows, or the other flavour's (an asyncio connection given to
+    the blocking gate). Nothing is sent."""
+    known = _known(type(conn))
     if (
-        (top != "sqlalchemy" and top not in _DRIVERS)
+        known is not None
+        and known.__module__.startswith("sqlalchemy")
+        and known.__name__ in _SCOPED
+    ):
+        conn = conn()  # type: ignore[operator]  # the registry's current session
+        known = _known(type(conn))
+    named = known.__name__.lower() if known is not None else ""
+    if (
+        known is None
         or named.endswith(("cursor", "engine"))
         or not callable(getattr(conn, "execute", None) or getattr(conn, "cursor", None))
     ):
+        kind = type(conn)
         raise InvalidArgument(f"conn must be {_SUPPORTED}; got {kind.__module__}.{kind.__name__}")
+    top = known.__module__.split(".")[0]
     # asyncio connections: aiosqlite's, and the classes named so (psycopg's, SQLAlchemy's)
     is_async = top == "aiosqlite" or named.startswith(("async", "async_"))
     if is_async != want_async:
         raise InvalidArgument(
             f"conn is {'an asyncio' if is_async else 'a blocking'} connection "
-            f"({kind.__name__}): use the {'asyncio' if is_async else 'blocking'} gate "
+            f"({type(conn).__name__}): use the {'asyncio' if is_async else 'blocking'} gate "
             f"(redlease.sql.{'a' if is_async else ''}fence_gate and its kin)"
         )
     driver = ""
     if top == "sqlalchemy":
-        bind = conn.get_bind() if hasattr(conn, "get_bind") else conn  # a Session's engine
+        bind = conn.get_bind() if hasattr(conn, "get_bind") else conn
         dialect = getattr(getattr(bind, "dialect", None), "name", "")
+        through = getattr(getattr(bind, "dialect", None), "driver", "")
+        if dialect in _ALCHEMY_DRIVERS and through not in _ALCHEMY_DRIVERS[dialect]:
+            raise InvalidArgument(
+                f"conn is a SQLAlchemy connection to {dialect} through {through or 'a driver'}"
+                f": the fence gate runs there through {', '.join(_ALCHEMY_DRIVERS[dialect])} "
+                "(others are not tested here)"
+            )
         paramstyle, how = "named", SQLALCHEMY
     else:
         dialect, paramstyle, how = _DRIVERS[top]
@@ -182,7 +217,15 @@ def calling(conn: object, *, want_async: bool) -> Calling:
             f"conn is a connection to {dialect or 'an unknown database'}: the fence gate "
             "runs on PostgreSQL and SQLite (others are not tested here)"
         )
-    return Calling(how, dialect, paramstyle, driver)
+    if dialect == SQLITE:
+        import sqlite3  # (pysqlite and aiosqlite run on it)
+
+        if sqlite3.sqlite_version_info < SQLITE_RETURNING:
+            raise InvalidArgument(
+                f"conn is a connection to SQLite {sqlite3.sqlite_version}: the fence gate "
+                "needs SQLite 3.35 or later (its statements use RETURNING)"
+            )
+    return conn, Calling(how, dialect, paramstyle, driver)
 
 
 def driver_connection(conn: Any, calling: Calling) -> Any:
@@ -200,11 +243,27 @@ def driver_connection(conn: Any, calling: Calling) -> Any:
 def in_transaction(driver: Any) -> bool:
     """Whether the driver's connection is inside a transaction (the gate's row lock then
     lasts until it ends), by what each driver says of itself."""
+    if hasattr(driver, "is_in_transaction"):  # asyncpg
+        return bool(driver.is_in_transaction())
     if hasattr(driver, "in_transaction"):  # sqlite3, aiosqlite
         return bool(driver.in_transaction)
     if hasattr(driver, "get_transaction_status"):  # psycopg2: 0 is IDLE
         return int(driver.get_transaction_status()) != 0
     return str(driver.info.transaction_status.name) != "IDLE"  # psycopg 3
+
+
+def autocommitting(conn: Any, calling: Calling) -> bool:
+    """Whether a DB-API connection would commit the gate's statement by itself (autocommit,
+    no transaction open), read before anything is sent. (A SQLAlchemy connection's is
+    read from its driver after the gate's statement: before, it may have none.)"""
+    if calling.how == SQLALCHEMY or in_transaction(conn):
+        return False
+    if calling.dialect == SQLITE:
+        mode = getattr(conn, "autocommit", None)  # sqlite3 from Python 3.12: True, False or -1
+        if isinstance(mode, bool):
+            return mode
+        return conn.isolation_level is None
+    return bool(conn.autocommit)
 
 
 def outside_a_transaction(*, sent: bool = True) -> InvalidArgument:
@@ -214,8 +273,8 @@ def outside_a_transaction(*, sent: bool = True) -> InvalidArgument:
         what = "ran the gate outside a transaction (autocommit): its record was committed at once"
     else:
         what = (
-            "is in autocommit with no transaction open (nothing was sent): the gate's "
-            "record would be committed at once"
+            "is outside a transaction (autocommit; nothing was sent): the gate's record "
+            "would be committed at once"
         )
     return InvalidArgument(
         f"conn {what} and locks nothing for the writes after it; run the gate and the "
@@ -256,6 +315,12 @@ def resource(value: object) -> str:
             f"resource must be a non-empty str of at most {MAX_RESOURCE} characters "
             f"(the name of what the fence guards), got {shown(value)}"
         )
+    try:
+        value.encode()
+    except UnicodeEncodeError:  # a lone surrogate
+        raise InvalidArgument(f"resource must be encodable as UTF-8, got {shown(value)}") from None
+    if "\x00" in value:
+        raise InvalidArgument(f"resource must be free of NUL characters, got {shown(value)}")
     return value
 
 
@@ -332,6 +397,20 @@ def one_trip(
     return f"{call}%s, %s); {statement}", (name, value, *params)
 
 
+def own_cursor(conn: Any, calling: Calling, *, want_async: bool) -> Any:
+    """A cursor for the gate's own statements, whatever the connection's own cursors are
+    (psycopg: tuple rows, server-side binding); None: run them with ``conn.execute``."""
+    if calling.driver == "psycopg2":
+        return conn.cursor()
+    if calling.driver != "psycopg":
+        return None
+    import psycopg  # (only a psycopg connection gets here)
+    from psycopg.rows import tuple_row
+
+    cursor = psycopg.AsyncCursor if want_async else psycopg.Cursor
+    return cursor(conn, row_factory=tuple_row)
+
+
 def one_trip_cursor(conn: Any, calling: Calling, *, want_async: bool) -> Any:
     """A cursor of ``conn`` that binds parameters in the client (psycopg2's always do)."""
     if calling.driver == "psycopg2":
@@ -394,6 +473,11 @@ def update(
         )
     if not isinstance(values, Mapping):
         raise InvalidArgument(f"values must be a mapping of column to value, got {shown(values)}")
+    if any(val is None for val in where.values()):
+        raise InvalidArgument(
+            f'where must not compare a column with None ("= NULL" matches no row), got '
+            f"{shown(where)}"
+        )
     if fence_column.lower() in {str(col).lower() for col in values}:
         raise InvalidArgument(
             f"values must not set {fence_column!r}, the fence column: the update sets it"
@@ -414,4 +498,9 @@ def _update_template(
     conditions = [f"{column(col, 'where')} = {{w{i}}}" for i, col in enumerate(matches)]
     assigned.append(f"{fence_column} = {{fence}}")
     conditions.append(f"{fence_column} <= {{fence}}")
-    return f"UPDATE {{table}} SET {', '.join(assigned)} WHERE {' AND '.join(conditions)}"
+    # RETURNING: rows to fetch, not a row count (psycopg's pipeline mode knows no count
+    # before it syncs)
+    return (
+        f"UPDATE {{table}} SET {', '.join(assigned)} WHERE {' AND '.join(conditions)} "
+        f"RETURNING {fence_column}"
+    )

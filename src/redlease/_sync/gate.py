@@ -32,8 +32,10 @@ def fence_gate(conn: Any, resource: str, fence: int, *, table: str = "redlease_f
     record would lock nothing). ``table``: the gate's table (``create_table`` makes it).
     On ``StaleFence`` roll the transaction back.
     """
-    calling = _gate.calling(conn, want_async=ASYNC)
+    conn, calling = _gate.connection(conn, want_async=ASYNC)
     name, value, where = _gate.resource(resource), _gate.fence(fence), _gate.table(table)
+    if _gate.autocommitting(conn, calling):
+        raise _gate.outside_a_transaction(sent=False)
     passed = _first(conn, calling, _gate.passing(calling, where, name, value))
     if not _gate.in_transaction(_gate.driver_connection(conn, calling)):
         raise _gate.outside_a_transaction()
@@ -56,7 +58,7 @@ def fenced_update(
     than ``fence``: the check and the write in one statement, for a fence kept on the
     row itself. True if a row was updated; False if none was: a newer holder wrote it
     (the lease of this fence was lost), or no row matches. Nothing is committed."""
-    calling = _gate.calling(conn, want_async=ASYNC)
+    conn, calling = _gate.connection(conn, want_async=ASYNC)
     statement = _gate.update(
         calling,
         _gate.table(table),
@@ -66,7 +68,8 @@ def fenced_update(
         _gate.column(fence_column, "fence_column"),
     )
     result = _run(conn, calling, statement)
-    return bool(result.rowcount and result.rowcount > 0)
+    rows = result.fetchall()
+    return len(rows) > 0
 
 
 def gated_execute(
@@ -97,13 +100,13 @@ def gated_execute(
     then ``execute``.
     On ``StaleFence`` roll the transaction back.
     """
-    calling = _gate.calling(conn, want_async=ASYNC)
+    conn, calling = _gate.connection(conn, want_async=ASYNC)
     name, value, where = _gate.resource(resource), _gate.fence(fence), _gate.table(table)
     trip = _gate.one_trip(conn, calling, where, name, value, statement, params)
     if trip is None:
         fence_gate(conn, name, value, table=where)
-        return _run(conn, calling, _gate.as_given(calling, statement, params))
-    if conn.autocommit and not _gate.in_transaction(conn):
+        return _run(conn, calling, _gate.as_given(calling, statement, params), own=False)
+    if _gate.autocommitting(conn, calling):
         raise _gate.outside_a_transaction(sent=False)
     cursor = _gate.one_trip_cursor(conn, calling, want_async=ASYNC)
     try:
@@ -120,18 +123,23 @@ def create_table(conn: Any, *, table: str = "redlease_fences") -> None:
     """Create the gate's table if it does not exist, and on PostgreSQL its function
     (``gated_execute``'s; replaced if it exists), in the caller's transaction: commit
     it. Their DDL, for a migration of your own, is in the fencing guide."""
-    calling = _gate.calling(conn, want_async=ASYNC)
+    conn, calling = _gate.connection(conn, want_async=ASYNC)
     for statement in _gate.create(calling, _gate.table(table)):
         _run(conn, calling, statement)
 
 
-def _run(conn: Any, calling: _gate.Calling, statement: tuple[Any, Any]) -> Any:
+def _run(conn: Any, calling: _gate.Calling, statement: tuple[Any, Any], *, own: bool = True) -> Any:
+    """Run a statement: one of the gate's own on a cursor of its own (``own``: see
+    ``_gate.own_cursor``), a caller's as the connection runs it; its cursor or result."""
     sql, params = statement
-    if calling.how == _gate.CURSOR:
-        cursor = conn.cursor()
-        cursor.execute(sql, params)
-        return cursor
-    return conn.execute(sql, params)
+    if own:
+        cursor = _gate.own_cursor(conn, calling, want_async=ASYNC)
+    else:
+        cursor = conn.cursor() if calling.how == _gate.CURSOR else None
+    if cursor is None:
+        return conn.execute(sql, params)
+    cursor.execute(sql, params)
+    return cursor
 
 
 def _first(conn: Any, calling: _gate.Calling, statement: tuple[Any, Any]) -> object:
