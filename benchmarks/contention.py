@@ -69,6 +69,7 @@ class Tally:
     lost: int = 0
     commands: list[float] = field(default_factory=list)  # server commands per section
     cpu: list[float] = field(default_factory=list)  # server CPU seconds per section
+    alone: list[float] = field(default_factory=list)  # sections/s of one process, no rival
     processes: set[int] = field(default_factory=set)
     problem: str | None = None
 
@@ -105,10 +106,16 @@ def one_round(
     }
 
 
+# Also measured with one process (no rival, nothing to wait for or wake): the ceiling of
+# an unfair lock's rate, whose releasing process barges back in and sets the pace alone.
+ALONE = ("redlease-unfair", "redis-py")
+
+
 def measure(
     crew: Crew, server_kind: str, settings: Settings, kinds: Sequence[str] = CONTENTION
 ) -> list[Tally]:
-    """Every contender's rounds, each on a fresh ``server_kind`` server."""
+    """Every contender's rounds, each on a fresh ``server_kind`` server (the ``ALONE``
+    ones also with one process, on the same server after the contended round)."""
     tallies = [Tally(k) for k in kinds]
     for round_no in range(settings.contention_rounds):
         order = tallies if round_no % 2 == 0 else tallies[::-1]
@@ -126,6 +133,17 @@ def measure(
                         f"{tally.kind}:{round_no}",
                         settings.start_margin,
                     )
+                    if tally.kind in ALONE:
+                        alone = one_round(
+                            crew,
+                            tally.kind,
+                            fresh[0].port,
+                            1,
+                            settings.contention_seconds,
+                            f"{tally.kind}:{round_no}:alone",
+                            settings.start_margin,
+                        )
+                        tally.alone.append(alone["rate"])
             except Exception as exc:
                 tally.problem = f"error: {describe_error(exc)}"
                 continue
@@ -176,6 +194,7 @@ def rows(tallies: Sequence[Tally], processes: int) -> list[Row]:
     by_kind = {t.kind: t for t in tallies}
     ref = by_kind.get("redis-py")
     ref_rate = median(ref.rates) if ref and ref.problem is None else float("nan")
+    ref_alone = median(ref.alone) if ref and ref.alone else float("nan")
     out: list[Row] = []
     for t in tallies:
         label = KINDS[t.kind]
@@ -212,6 +231,19 @@ def rows(tallies: Sequence[Tally], processes: int) -> list[Row]:
                 extra={"rounds": [round(x, 1) for x in t.rates]},
             )
         )
+        if t.alone:
+            alone = median(t.alone)
+            out.append(
+                Row(
+                    section,
+                    label,
+                    "sections/s of 1 process alone (the same loop, no rival)",
+                    alone,
+                    rate(alone),
+                    ratio=times(alone / ref_alone, "redis-py") if t.kind != "redis-py" else "",
+                    extra={"rounds": [round(x, 1) for x in t.alone]},
+                )
+            )
         slowest, fastest = min(t.rates), max(t.rates)
         steady = slowest / fastest if fastest else float("nan")
         out.append(

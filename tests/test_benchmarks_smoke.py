@@ -94,7 +94,9 @@ def test_contention_loses_no_update(server: servers.ServerProcess, crew: Crew) -
         assert 0 < tally.fairness[0] <= 1
         assert min(tally.waits) >= 0
     assert {t.kind: t.lost for t in tallies}["redlease"] == 0
+    assert {t.kind for t in tallies if t.alone} == set(contention.ALONE)
     rows = contention.rows(tallies, TINY.processes)
+    assert len([r for r in rows if r.figure.startswith("sections/s of 1 process alone")]) == 2
     assert [r.verdict for r in rows if r.figure == "lost updates"].count(FAIL) == 0
 
 
