@@ -108,7 +108,7 @@ class AsyncFront(FrontBase, AsyncOnly, Generic[LeaseT]):
         if grant is None:
             self._not_granted(started, wait=wait)
             return None
-        return self._watched(grant, started)
+        return await self._handed(attempt, grant, started)
 
     async def _attempted(self, attempt: Attempt) -> Grant | None:
         """Run ``attempt`` (after the one look at the server); clean up after it if it
@@ -123,21 +123,35 @@ class AsyncFront(FrontBase, AsyncOnly, Generic[LeaseT]):
                 await self._abandon(attempt, hurried=not isinstance(exc, (Exception, Cancelled)))
             raise
 
+    async def _handed(self, attempt: Attempt, grant: Grant, started: float) -> LeaseT:
+        """The lease of ``attempt``'s grant (``_watched``). Interrupted before the caller
+        has it (an error raised by a signal handler while its renewal starts), the grant
+        is given back as an interrupted attempt's is: no one else could release it."""
+        try:
+            return self._watched(grant, started)
+        except BaseException as exc:
+            await self._abandon(attempt, hurried=not isinstance(exc, (Exception, Cancelled)))
+            raise
+
     def _watched(self, grant: Grant, started: float) -> LeaseT:
         lease = self._new_lease(grant)
-        self._opened(lease, started)
-        # unasync: async only
-        if self._cancel_on_lost:
-            set_holder(lease, current_holder())
-        # unasync: end
-        if self._auto_renew:
-            _renewer_async.watch(lease, self._io, self._max_hold)
-        elif self._watches:
-            _renewer_async.watch(lease, self._io, 0.0)  # watch its validity, never renew
-        # unasync: async only
-        elif self._cancel_on_lost:
-            _renewer_async.watch(lease, self._io, 0.0)
-        # unasync: end
+        try:
+            self._opened(lease, started)
+            # unasync: async only
+            if self._cancel_on_lost:
+                set_holder(lease, current_holder())
+            # unasync: end
+            if self._auto_renew:
+                _renewer_async.watch(lease, self._io, self._max_hold)
+            elif self._watches:
+                _renewer_async.watch(lease, self._io, 0.0)  # watch its validity, never renew
+            # unasync: async only
+            elif self._cancel_on_lost:
+                _renewer_async.watch(lease, self._io, 0.0)
+            # unasync: end
+        except BaseException:
+            lease._mark_released()  # here only: its renewal stops, the server's is the caller's
+            raise
         return lease
 
     async def _abandon(self, attempt: Attempt, *, hurried: bool = False) -> None:

@@ -83,7 +83,7 @@ class _AsyncJobLock(AsyncOneServer):
         attempt = OnceAttempt(self._spec, self._rule)
         grant = await self._attempted(attempt)
         if grant is not None:
-            run = self._watched(grant, started)
+            run = await self._handed(attempt, grant, started)
             assert isinstance(run, AsyncRun)
             return run
         skipped = attempt.skipped

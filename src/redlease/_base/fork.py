@@ -7,11 +7,11 @@ callbacks registered with ``in_child`` (the lease and renewer bookkeeping).
 
 Locks: a fork copies every lock as it is, and one that another thread of the parent held
 at that moment stays held in the child for good (that thread does not exist there). So a
-lock that outlives one call is never taken in a child before it is made anew: a
+lock that outlives one call is never taken in a child before it is made anew or freed: a
 module-level one through ``in_child``, an object's through ``renew_in_child``, whose
 ``_after_fork`` runs in the child right after the fork, where the forking thread is the
-only one and nothing can be inside a critical section. Checking ``generation`` after
-taking such a lock is too late.
+only one and nothing can be inside a critical section (``thread_lock``'s are freed there).
+Checking ``generation`` after taking such a lock is too late.
 """
 
 from __future__ import annotations
@@ -53,6 +53,9 @@ def _after_fork_in_child() -> None:
     global generation
     generation += 1
     # The locks first: the callbacks may take some.
+    for lock in list(_LOCKS):
+        if lock.locked():
+            lock.release()
     for fresh in [owner._after_fork for owner in list(_OWNERS)] + _CALLBACKS:
         try:
             fresh()
@@ -60,24 +63,23 @@ def _after_fork_in_child() -> None:
             log.exception("making a lock anew in a forked child failed")
 
 
-class ThreadLock:
-    """A thread lock that a forked child gets anew, for state shared by threads of either
-    flavour that the rules keep (they import no thread module themselves)."""
+# Locks made by thread_lock, freed in a child (weak: a lock lives no longer for it)
+_LOCKS: weakref.WeakSet[threading.Lock] = weakref.WeakSet()
 
-    __slots__ = ("__weakref__", "_lock")
 
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        renew_in_child(self)
+def thread_lock() -> threading.Lock:
+    """A thread lock that a forked child finds free, for state shared by threads of either
+    flavour that the rules keep (they import no thread module themselves).
 
-    def _after_fork(self) -> None:
-        self._lock = threading.Lock()
-
-    def __enter__(self) -> None:
-        self._lock.acquire()
-
-    def __exit__(self, *exc: object) -> None:
-        self._lock.release()
+    A plain ``threading.Lock``, used in ``with`` as it is: its enter and exit are the
+    lock's own, with no Python code between taking it and the ``with`` block owning it,
+    where an exception raised by a signal handler (a Ctrl-C the application catches)
+    would leave it taken for good. It stays the same object in a child, where
+    ``_after_fork_in_child`` frees it if the fork caught it taken (a primitive lock may be
+    released by any thread)."""
+    lock = threading.Lock()
+    _LOCKS.add(lock)
+    return lock
 
 
 if hasattr(os, "register_at_fork"):  # not on Windows, where there is no fork

@@ -39,7 +39,7 @@ HELD, RELEASED, LOST = "held", "released", "lost"
 
 # Guards state transitions of all leases (held -> released | lost): they are rare and
 # short, and one process-wide lock keeps each lease cheap to create on the hot path.
-_TRANSITIONS = _fork.ThreadLock()
+_TRANSITIONS = _fork.thread_lock()
 
 
 class LeaseState:

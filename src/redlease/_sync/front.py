@@ -102,7 +102,7 @@ class SyncFront(FrontBase, Generic[LeaseT]):
         if grant is None:
             self._not_granted(started, wait=wait)
             return None
-        return self._watched(grant, started)
+        return self._handed(attempt, grant, started)
 
     def _attempted(self, attempt: Attempt) -> Grant | None:
         """Run ``attempt`` (after the one look at the server); clean up after it if it
@@ -117,13 +117,27 @@ class SyncFront(FrontBase, Generic[LeaseT]):
                 self._abandon(attempt, hurried=not isinstance(exc, (Exception, Cancelled)))
             raise
 
+    def _handed(self, attempt: Attempt, grant: Grant, started: float) -> LeaseT:
+        """The lease of ``attempt``'s grant (``_watched``). Interrupted before the caller
+        has it (an error raised by a signal handler while its renewal starts), the grant
+        is given back as an interrupted attempt's is: no one else could release it."""
+        try:
+            return self._watched(grant, started)
+        except BaseException as exc:
+            self._abandon(attempt, hurried=not isinstance(exc, (Exception, Cancelled)))
+            raise
+
     def _watched(self, grant: Grant, started: float) -> LeaseT:
         lease = self._new_lease(grant)
-        self._opened(lease, started)
-        if self._auto_renew:
-            _renewer_sync.watch(lease, self._io, self._max_hold)
-        elif self._watches:
-            _renewer_sync.watch(lease, self._io, 0.0)  # watch its validity, never renew
+        try:
+            self._opened(lease, started)
+            if self._auto_renew:
+                _renewer_sync.watch(lease, self._io, self._max_hold)
+            elif self._watches:
+                _renewer_sync.watch(lease, self._io, 0.0)  # watch its validity, never renew
+        except BaseException:
+            lease._mark_released()  # here only: its renewal stops, the server's is the caller's
+            raise
         return lease
 
     def _abandon(self, attempt: Attempt, *, hurried: bool = False) -> None:

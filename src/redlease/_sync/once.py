@@ -84,7 +84,7 @@ class _JobLock(OneServer):
         attempt = OnceAttempt(self._spec, self._rule)
         grant = self._attempted(attempt)
         if grant is not None:
-            run = self._watched(grant, started)
+            run = self._handed(attempt, grant, started)
             assert isinstance(run, Run)
             return run
         skipped = attempt.skipped

@@ -28,14 +28,18 @@ class Renewer:
     def __init__(self, clock: Clock = MONOTONIC) -> None:
         self._clock = clock
         self._schedule = Schedule()
-        self._cond = threading.Condition()
+        # Entered as the lock itself, never as the Condition, whose enter and exit are
+        # Python code: an error raised there by a signal handler (a Ctrl-C the application
+        # catches) could leave the lock taken for good (see _base.fork.thread_lock).
+        self._lock = threading.RLock()
+        self._cond = threading.Condition(self._lock)
         self._thread: threading.Thread | None = None
         self._sender: threading.Thread | None = None
         self._job: list[Batch] | None = None  # batches handed to the sender
         self._wake_at = math.inf
 
     def register(self, lease: LeaseState, io: Any, max_hold: float | None) -> None:
-        with self._cond:
+        with self._lock:
             renewal = self._schedule.add(lease, io, self._clock(), max_hold)
             watched(lease, lambda: self._forget(renewal))
             if self._thread is None:
@@ -44,7 +48,7 @@ class Renewer:
                 self._cond.notify_all()
 
     def _forget(self, renewal: Renewal) -> None:
-        with self._cond:
+        with self._lock:
             self._schedule.discard(renewal)
             if not self._schedule:
                 self._cond.notify_all()  # nothing left: let the threads end now
@@ -55,12 +59,12 @@ class Renewer:
                 pass
         except BaseException:
             log.exception("lease renewer stopped")
-            with self._cond:
+            with self._lock:
                 self._thread = None
             raise
 
     def _step(self) -> bool:
-        with self._cond:
+        with self._lock:
             now = self._clock()
             losses = self._schedule.expire(now)
             if not self._schedule:
@@ -85,7 +89,7 @@ class Renewer:
 
     def _send(self) -> None:
         while True:
-            with self._cond:
+            with self._lock:
                 while self._job is None:
                     if not self._schedule:
                         self._sender = None
@@ -94,7 +98,7 @@ class Renewer:
                 batches = self._job
             try:
                 for batch in batches:
-                    with self._cond:
+                    with self._lock:
                         calls, _ = self._schedule.start(batch, self._clock())
                     if not calls:
                         continue
@@ -102,18 +106,19 @@ class Renewer:
                         results = batch.io.execute_many(calls)
                     except Exception as exc:
                         results = failed(exc, len(calls))
-                    with self._cond:
+                    with self._lock:
                         losses = self._schedule.settle(batch, results, self._clock())
                     tell(losses)
             finally:
-                with self._cond:
+                with self._lock:
                     self._job = None
                     self._cond.notify_all()
 
     def _after_fork_in_child(self) -> list[Renewal]:
         # The parent's threads do not exist here and its lock may have been held at the
         # fork: start over with fresh state.
-        self._cond = threading.Condition()
+        self._lock = threading.RLock()
+        self._cond = threading.Condition(self._lock)
         self._thread = self._sender = self._job = None
         self._wake_at = math.inf
         return self._schedule.clear()
