@@ -643,7 +643,12 @@ def test_gated_execute_takes_each_way_of_writing_parameters(pg: PostgresProcess)
             with pytest.raises(redlease.InvalidArgument, match=r"^params must be a sequence"):
                 gated("SELECT %s", "x")
             with pytest.raises(redlease.InvalidArgument, match=r"^statement must be the SQL"):
-                gated(b"SELECT 1")
+                gated(5)
+            assert first(gated(b"SELECT 'bytes'")) == "bytes"
+            composed = type(conn).__module__.split(".")[0] + ".sql"
+            driver_sql: Any = __import__(composed, fromlist=["SQL"])
+            query = driver_sql.SQL("SELECT {}").format(driver_sql.Literal("com%posed"))
+            assert first(gated(query)) == "com%posed"
             conn.commit()
         finally:
             conn.close()
@@ -824,3 +829,72 @@ def test_the_gate_runs_whatever_cursors_and_rows_the_connection_makes(
             sql.fence_gate(conn, "raw", 3, table=table)
         assert refused.value.recorded == 5
         conn.rollback()
+
+
+def test_only_the_gates_own_errors_become_its_refusals(pg: PostgresProcess) -> None:
+    """An error of the statement's own comes out as the driver raised it, even one with
+    the gate's SQLSTATE, or an undefined function's."""
+    with psycopg.connect(pg.dsn) as conn:
+        sql.create_table(conn)
+        conn.execute(
+            "CREATE OR REPLACE FUNCTION mine_raises() RETURNS INT LANGUAGE plpgsql AS "
+            "$f$ BEGIN RAISE EXCEPTION USING ERRCODE = 'RL409', DETAIL = '123'; END $f$"
+        )
+        conn.commit()
+        with pytest.raises(psycopg.errors.UndefinedFunction):
+            sql.gated_execute(conn, "own", 5, "SELECT no_such_function(1)")
+        conn.rollback()
+        with pytest.raises(psycopg.Error) as raised:
+            sql.gated_execute(conn, "own", 5, "SELECT mine_raises()")
+        assert not isinstance(raised.value, redlease.StaleFence)
+        assert raised.value.sqlstate == "RL409"
+        conn.rollback()
+
+
+def test_create_table_again_is_harmless(pg: PostgresProcess) -> None:
+    """At every start, from many processes at once, or as a role that does not own the
+    function: nothing fails, nothing changes."""
+    table = "gate_" + uuid.uuid4().hex[:12]
+    errors: list[BaseException] = []
+
+    def make() -> None:
+        try:
+            for _ in range(8):
+                with psycopg.connect(pg.dsn) as conn:
+                    sql.create_table(conn, table=table)
+        except BaseException as exc:
+            errors.append(exc)
+
+    makers = [threading.Thread(target=make) for _ in range(4)]
+    for maker in makers:
+        maker.start()
+    for maker in makers:
+        maker.join(120)
+    assert errors == []
+    role = "app_" + uuid.uuid4().hex[:8]
+    with psycopg.connect(pg.dsn, autocommit=True) as admin:
+        admin.execute(f"CREATE ROLE {role} LOGIN")
+        admin.execute(f"GRANT CREATE, USAGE ON SCHEMA public TO {role}")
+        admin.execute(f"GRANT SELECT, INSERT, UPDATE ON {table} TO {role}")
+    with psycopg.connect(pg.dsn, user=role) as conn:
+        sql.create_table(conn, table=table)  # its function is the admin's: left as it is
+        sql.gated_execute(conn, "app", 5, "SELECT 1", table=table)
+
+
+def test_gated_execute_in_pipeline_mode_keeps_a_plain_percent(pg: PostgresProcess) -> None:
+    with psycopg.connect(pg.dsn) as conn:
+        sql.create_table(conn)
+        with conn.pipeline():
+            got = sql.gated_execute(conn, "piped-percent", 5, "SELECT 'a%'")
+        assert got.fetchone() == ("a%",)
+        conn.commit()
+
+
+def test_a_gate_table_name_leaves_room_for_its_function() -> None:
+    conn = sqlite3.connect(":memory:")
+    sql.create_table(conn, table="t" * 58)
+    with pytest.raises(redlease.InvalidArgument, match=r"^table must be a name of at most 58"):
+        sql.create_table(conn, table="t" * 59)
+    with pytest.raises(redlease.InvalidArgument, match=r"^table must be a name of at most 58"):
+        sql.fence_gate(conn, "long", 1, table="s." + "t" * 59)
+    conn.close()

@@ -34,7 +34,7 @@ async def afence_gate(
     On ``StaleFence`` roll the transaction back.
     """
     conn, calling = _gate.connection(conn, want_async=ASYNC)
-    name, value, where = _gate.resource(resource), _gate.fence(fence), _gate.table(table)
+    name, value, where = _gate.resource(resource), _gate.fence(fence), _gate.gate_table(table)
     if _gate.autocommitting(conn, calling):
         raise _gate.outside_a_transaction(sent=False)
     passed = await _first(conn, calling, _gate.passing(calling, where, name, value))
@@ -104,7 +104,7 @@ async def agated_execute(
     On ``StaleFence`` roll the transaction back.
     """
     conn, calling = _gate.connection(conn, want_async=ASYNC)
-    name, value, where = _gate.resource(resource), _gate.fence(fence), _gate.table(table)
+    name, value, where = _gate.resource(resource), _gate.fence(fence), _gate.gate_table(table)
     trip = _gate.one_trip(conn, calling, where, name, value, statement, params)
     if trip is None:
         await afence_gate(conn, name, value, table=where)
@@ -127,7 +127,7 @@ async def acreate_table(conn: Any, *, table: str = "redlease_fences") -> None:
     (``gated_execute``'s; replaced if it exists), in the caller's transaction: commit
     it. Their DDL, for a migration of your own, is in the fencing guide."""
     conn, calling = _gate.connection(conn, want_async=ASYNC)
-    for statement in _gate.create(calling, _gate.table(table)):
+    for statement in _gate.create(calling, _gate.gate_table(table)):
         await _run(conn, calling, statement)
 
 

@@ -77,6 +77,7 @@ _RECORDED = "SELECT fence FROM {table} WHERE resource = {resource}"
 # raised as an error with its own SQLSTATE, the recorded fence in its DETAIL. (No "%"
 # anywhere: the DDL goes through drivers that read "%" as a placeholder.)
 STALE_SQLSTATE = "RL409"
+_STALE_SAYS = "redlease gate: fence "  # how its message begins: an error of its own
 _UNDEFINED_FUNCTION = "42883"
 _FUNCTION = (
     "CREATE OR REPLACE FUNCTION {function}(gate_resource TEXT, gate_fence BIGINT) "
@@ -85,7 +86,7 @@ _FUNCTION = (
     + " INTO passed; IF passed IS NULL THEN "
     "SELECT fence INTO passed FROM {table} WHERE resource = gate_resource; "
     f"RAISE EXCEPTION USING ERRCODE = '{STALE_SQLSTATE}', "
-    "MESSAGE = 'redlease: fence ' || gate_fence || ' for ' || gate_resource || "
+    "MESSAGE = 'redlease gate: fence ' || gate_fence || ' for ' || gate_resource || "
     "' is stale: fence ' || passed || ' has passed the gate', DETAIL = passed::text; "
     "END IF; RETURN passed; END $redlease$"
 )
@@ -301,6 +302,19 @@ def table(value: object, name: str = "table") -> Identifier:
     return Identifier(value)
 
 
+def gate_table(value: object) -> Identifier:
+    """The gate's table: a table name whose own part leaves room for its function's
+    suffix within PostgreSQL's 63 characters (a longer name would be cut, and two tables
+    could share one function)."""
+    checked = table(value)
+    if len(checked.rsplit(".", 1)[-1]) > _LONGEST_GATE_TABLE:
+        raise InvalidArgument(
+            f"table must be a name of at most {_LONGEST_GATE_TABLE} characters (after any "
+            f"schema): its gate function adds {_FUNCTION_SUFFIX!r}, got {shown(value)}"
+        )
+    return checked
+
+
 def column(value: object, name: str) -> Identifier:
     if not isinstance(value, str) or not _IDENTIFIER.match(value) or "." in value:
         raise InvalidArgument(
@@ -332,13 +346,29 @@ def fence(value: object) -> int:
     return value
 
 
+# PostgreSQL: concurrent makers wait for one another (CREATE ... IF NOT EXISTS is not safe
+# against a concurrent one), and the function is made only where it is missing, so that
+# running create_table again, as a role that does not own the function, changes nothing.
+_MAKING = "SELECT pg_advisory_xact_lock(hashtext({lock}))"
+_IF_MISSING = (
+    "DO $redlease_make$ BEGIN "
+    "IF to_regprocedure('{function}(text, bigint)') IS NULL THEN {make}; END IF; "
+    "END $redlease_make$"
+)
+
+
 def create(calling: Calling, table_name: Identifier) -> list[tuple[Any, Any]]:
     """The statements that make the gate: its table, and on PostgreSQL its function."""
-    made = [calling.statement(_CREATE[calling.dialect], table=table_name)]
-    if calling.dialect == POSTGRESQL:
-        function = function_name(table_name)
-        made.append(calling.statement(_FUNCTION, table=table_name, function=function))
-    return made
+    table_ddl = calling.statement(_CREATE[calling.dialect], table=table_name)
+    if calling.dialect != POSTGRESQL:
+        return [table_ddl]
+    function = function_name(table_name)
+    make = _IF_MISSING.replace("{make}", _FUNCTION)
+    return [
+        calling.statement(_MAKING, lock=f"redlease gate {table_name}"),
+        table_ddl,
+        calling.statement(make, table=table_name, function=function),
+    ]
 
 
 def as_given(calling: Calling, statement: object, params: object) -> tuple[Any, Any]:
@@ -347,14 +377,20 @@ def as_given(calling: Calling, statement: object, params: object) -> tuple[Any, 
         from sqlalchemy import text  # (only a SQLAlchemy connection gets here)
 
         statement = text(statement)
-    if params is None:
-        params = {} if calling.how == SQLALCHEMY else ()
+    if params is None and calling.how == SQLALCHEMY:
+        params = {}
+    elif params is None and calling.dialect == SQLITE:
+        params = ()  # (psycopg keeps None: with parameters, "%" would be a placeholder)
     return statement, params
+
+
+_FUNCTION_SUFFIX = "_pass"
+_LONGEST_GATE_TABLE = 63 - len(_FUNCTION_SUFFIX)
 
 
 def function_name(table_name: Identifier) -> Identifier:
     """The gate's PostgreSQL function, beside its table: ``<table>_pass``."""
-    return Identifier(f"{table_name}_pass")
+    return Identifier(f"{table_name}{_FUNCTION_SUFFIX}")
 
 
 def one_trip(
@@ -375,6 +411,10 @@ def one_trip(
         return None
     if calling.driver == "psycopg" and conn.pgconn.pipeline_status:
         return None
+    if hasattr(statement, "as_string"):  # the driver's composed SQL (psycopg.sql, psycopg2.sql)
+        statement = statement.as_string(conn)
+    if isinstance(statement, bytes):
+        statement = statement.decode()
     if not isinstance(statement, str) or not statement.strip():
         raise InvalidArgument(
             f"statement must be the SQL of one statement (a non-empty str, with "
@@ -433,11 +473,13 @@ def refusal(exc: BaseException, table_name: Identifier, name: str, value: int) -
     (the function refused the fence), ``InvalidArgument`` (the table has no function:
     made before there was one), or None: an error of the statement's own."""
     code = getattr(exc, "sqlstate", None) or getattr(exc, "pgcode", None)
-    if code == STALE_SQLSTATE:
-        detail = getattr(getattr(exc, "diag", None), "message_detail", None)
+    diag = getattr(exc, "diag", None)
+    said = str(getattr(diag, "message_primary", None) or "").lower()
+    if code == STALE_SQLSTATE and said.startswith(_STALE_SAYS):
+        detail = getattr(diag, "message_detail", None)
         return stale(name, value, int(detail) if detail and detail.isdigit() else None)
     function = function_name(table_name)
-    if code == _UNDEFINED_FUNCTION and function.lower() in str(exc).lower():
+    if code == _UNDEFINED_FUNCTION and said.startswith(f"function {function.lower()}("):
         return InvalidArgument(
             f"table={str(table_name)!r} has no gate function {function}: create_table makes "
             "it beside the table (one made by an earlier redlease has none); run "
