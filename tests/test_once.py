@@ -24,7 +24,7 @@ import redis.asyncio as aredis
 import redlease
 from families import ClientFamily
 from redlease._rules.keys import LockKeys
-from redlease._rules.scripts import ONCE_ACQUIRE, ONCE_LEAVE
+from redlease._rules.scripts import ONCE_ACQUIRE, ONCE_EXTEND, ONCE_LEAVE
 from redlease.tools import servers
 from redlease.tools.chaos.proxy import FaultProxy
 from waiting_helpers import wait_until
@@ -111,6 +111,35 @@ def test_at_least_keeps_the_name_after_a_short_job_by_the_servers_clock(
     later = job.begin()
     assert later
     later.release()
+
+
+def test_a_renewal_that_lands_after_the_release_keeps_at_least(r: redis.Redis, name: str) -> None:
+    """The renewer's extend and the run's release race (two connections): an extend
+    that reaches the server after the release kept the name for at_least must not cut
+    that time down to the lease's ttl."""
+    job = redlease.once(r, name, at_most=60, ttl=0.3, at_least=30)
+    run = job.begin()
+    assert run
+    token = r.get(LOCK % name)
+    assert token is not None
+    run.release()  # kept for at_least: about 30 s
+    at_most_end = server_ms(r) + 60_000
+    assert r.eval(ONCE_EXTEND.source, 1, LOCK % name, token, 300, at_most_end) > 25_000
+    assert r.pttl(LOCK % name) > 25_000
+
+
+def test_a_skip_after_the_periods_run_says_when_the_name_is_free(r: redis.Redis, name: str) -> None:
+    """retry_in is when a call may run: the next period, or later if the name is held
+    past it (here at_least outlasts the period)."""
+    job = redlease.once(r, name, at_most=20, at_least=10, every=2)
+    run = job.begin()
+    assert run
+    run.release()
+    skipped = job.begin()
+    assert isinstance(skipped, redlease.Skipped)
+    assert skipped.reason in ("ran this period", "running")  # (a period may have begun)
+    assert skipped.retry_in is not None
+    assert skipped.retry_in > 8
 
 
 def test_a_job_longer_than_at_least_frees_the_name_at_its_end(

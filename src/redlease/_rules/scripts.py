@@ -934,7 +934,7 @@ ONCE_ACQUIRE = Script(
 -- ARGV[1..7] as acquire's (ARGV[4] '0')  ARGV[8] the period in ms ('0': none)
 -- Reply as acquire's, but server_us is always the server's time before the grant (when
 -- the run starts), and fence = -1 when this period's run has been made (pttl: ms until
--- the next period begins). Periods are aligned to the server's clock: period k covers
+-- the next period begins, or the name is free if that is later). Periods are aligned to the server's clock: period k covers
 -- [k * period, (k + 1) * period) of its TIME in ms.
 local function acquire()
 """
@@ -955,7 +955,9 @@ if period > 0 then
   -- (greater: a server whose clock went back, a replica promoted, has seen a later one;
   -- a try sent again after its reply was lost finds its own grant in acquire)
   if last and last >= k and redis.call('GET', KEYS[1]) ~= ARGV[1] then
-    return {-1, (k + 1) * period - now, now_us, 0}
+    -- may run again when the next period begins and the name is free (a run, or its
+    -- at-least time, may hold it past the period's end)
+    return {-1, math.max((k + 1) * period - now, redis.call('PTTL', KEYS[1])), now_us, 0}
   end
 end
 local reply = acquire()
@@ -1021,12 +1023,16 @@ ONCE_EXTEND = Script(
     _NOW_MS
     + """
 -- A scheduled job's extend: the lock's, never past the server's ms at which the job's
--- at-most time ends.
+-- at-most time ends, and never shortening it: a renewal that reaches the server after
+-- the run's release kept the name for its at-least time must not cut that short (while
+-- the run holds it, its expiry is never later than this extend's).
 -- KEYS[1] lock  ARGV[1] token  ARGV[2] ttl ms  ARGV[3] the server's ms of the at-most end
 -- Reply: the ms the lease now lasts (> 0); 0: not ours (or its at-most time is over).
 if redis.call('GET', KEYS[1]) ~= ARGV[1] then return 0 end
 local left = math.min(tonumber(ARGV[2]), tonumber(ARGV[3]) - now_ms())
 if left <= 0 then return 0 end
+local kept = redis.call('PTTL', KEYS[1])
+if kept > left then return kept end
 redis.call('PEXPIRE', KEYS[1], left)
 return left
 """,
