@@ -102,9 +102,11 @@ def test_a_skip_in_json_says_why(server: servers.ServerProcess, name: str) -> No
 def test_a_command_that_never_started_does_not_use_up_the_period(
     server: servers.ServerProcess, name: str, tmp_path: Path
 ) -> None:
-    argv = ["run", name, "--ttl", "1m", "--every", "1h", "--"]
+    argv = ["run", name, "--ttl", "1m", "--every", "1h", "--json", "--"]
     code, _, err = finish(start([*argv, str(tmp_path / "missing")], REDLEASE_URL=server.url))
     assert code == 127, err
+    events = {line["event"]: line for line in map(json.loads, err.splitlines())}
+    assert "cannot run" in events["error"]["message"]  # why, in the JSON too
     ran = tmp_path / "ran"
     code, _, err = finish(start([*argv, "sh", "-c", f"echo x > {ran}"], REDLEASE_URL=server.url))
     assert code == 0, err  # the period was given back: this one runs

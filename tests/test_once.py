@@ -504,7 +504,7 @@ def test_fence_as_is_checked_when_decorating_and_never_overwritten(
     with pytest.raises(TypeError, match="fence_as"):
         decorated(1, fence=123)
     assert not r.exists(LOCK % name)  # refused before the name was taken
-    with pytest.raises(TypeError, match="multiple values"):
+    with pytest.raises(TypeError, match="cannot be called so: too many positional"):
         decorated(1, 123)  # the fence given by position
     with pytest.raises(TypeError, match="cannot be called so"):
         decorated()  # type: ignore[call-arg]  # (a call the job cannot take)
@@ -512,6 +512,34 @@ def test_fence_as_is_checked_when_decorating_and_never_overwritten(
     fence = decorated(1)
     assert isinstance(fence, int)
     assert fence > 0
+
+
+def test_parameters_after_the_fence_are_shown_and_taken_by_keyword(
+    r: redis.Redis, name: str
+) -> None:
+    """The fence goes by keyword, so a parameter after it cannot be given by position
+    (it would reach the fence's place): the decorated job shows it keyword-only."""
+    job = redlease.Once(r, name, at_most=30, fence_as="fence")
+
+    def work(fence: int, item: int, more: int = 2) -> tuple[int, int]:
+        return item, more
+
+    decorated = job(work)
+    shown = inspect.signature(decorated)
+    assert [(p.name, p.kind) for p in shown.parameters.values()] == [
+        ("item", inspect.Parameter.KEYWORD_ONLY),
+        ("more", inspect.Parameter.KEYWORD_ONLY),
+    ]
+    with pytest.raises(TypeError, match="cannot be called so"):
+        decorated(1)  # type: ignore[call-arg]  # (the typed signature is work's own)
+    assert not r.exists(LOCK % name)
+    assert decorated(item=1) == (1, 2)  # type: ignore[call-arg]
+
+    def spread(fence: int, *items: int) -> None:
+        pass
+
+    with pytest.raises(redlease.InvalidArgument, match=r"before \*items"):
+        redlease.Once(r, name + ":2", at_most=30, fence_as="fence")(spread)
 
 
 # -- production conditions: the job's connections killed, the server restarted, a slow

@@ -326,6 +326,7 @@ def _run_command(
     try:
         supervisor.start(cmd, env)
     except OSError as exc:
-        report.say("error", f"cannot run {cmd[0]!r}: {exc.strerror or exc}")
+        why = f"cannot run {cmd[0]!r}: {exc.strerror or exc}"
+        report.say("error", why, message=why)
         return 127 if isinstance(exc, FileNotFoundError) else 126
     return supervisor.wait()

@@ -250,9 +250,23 @@ class JobCall:
             )
         if taken.kind is taken.POSITIONAL_ONLY:
             raise InvalidArgument(f"fence_as={fence_as!r} names a positional-only parameter")
-        self.shown = self.signature.replace(
-            parameters=[p for p in params.values() if p.name != fence_as]
-        )
+        # The fence goes by keyword: the parameters after it can then be given by keyword
+        # only (a positional argument would reach the fence's place first).
+        shown: list[inspect.Parameter] = []
+        after = False
+        for p in params.values():
+            if p.name == fence_as:
+                after = taken.kind is p.POSITIONAL_OR_KEYWORD
+                continue
+            if after and p.kind is p.VAR_POSITIONAL:
+                raise InvalidArgument(
+                    f"fence_as={fence_as!r} names a parameter before *{p.name}: positional "
+                    "arguments would reach it; make it keyword-only"
+                )
+            shown.append(
+                p.replace(kind=p.KEYWORD_ONLY) if after and p.kind is p.POSITIONAL_OR_KEYWORD else p
+            )
+        self.shown = self.signature.replace(parameters=shown)
 
     def check(self, args: tuple[Any, ...], kwargs: dict[str, Any], name: str) -> None:
         """Raise TypeError for a call the job cannot take, or that passes its fence."""
@@ -264,7 +278,9 @@ class JobCall:
         if self.signature is None:
             return
         try:
-            if fence_as is None:
+            if self.shown is not None:  # the job as its callers see it, without the fence
+                self.shown.bind(*args, **kwargs)
+            elif fence_as is None:
                 self.signature.bind(*args, **kwargs)
             else:
                 self.signature.bind(*args, **kwargs, **{fence_as: 0})

@@ -934,8 +934,8 @@ ONCE_ACQUIRE = Script(
 -- ARGV[1..7] as acquire's (ARGV[4] '0')  ARGV[8] the period in ms ('0': none)
 -- Reply as acquire's, but server_us is always the server's time before the grant (when
 -- the run starts), and fence = -1 when this period's run has been made (pttl: ms until
--- the next period begins, or the name is free if that is later). Periods are aligned to the server's clock: period k covers
--- [k * period, (k + 1) * period) of its TIME in ms.
+-- the next period begins, or the name is free if that is later). Periods are aligned to
+-- the server's clock: period k covers [k * period, (k + 1) * period) of its TIME in ms.
 local function acquire()
 """
     + ACQUIRE.source
