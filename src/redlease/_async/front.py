@@ -37,7 +37,10 @@ from .._rules.fronts import (
     push_entered,
     refuse_nested,
 )
-from .._rules.lease import stop_watching  # unasync: async only
+from .._rules.lease import (
+    stop_watching,  # unasync: async only
+    unhanded,
+)
 from . import renewer as _renewer_async
 from .backend import Cancelled, current_holder, shielded
 from .lease import (
@@ -150,7 +153,7 @@ class AsyncFront(FrontBase, AsyncOnly, Generic[LeaseT]):
                 _renewer_async.watch(lease, self._io, 0.0)
             # unasync: end
         except BaseException:
-            lease._mark_released()  # here only: its renewal stops, the server's is the caller's
+            unhanded(lease)
             raise
         return lease
 

@@ -321,6 +321,12 @@ def stop_watching(lease: LeaseState) -> None:
     lease._stop_watching()
 
 
+def unhanded(lease: LeaseState) -> None:
+    """A lease that never reached its caller: released here (its renewal and watch stop,
+    its metrics end); the caller gives its grant back on the server."""
+    lease._mark_released()
+
+
 def renewed(lease: LeaseState, valid_until: float) -> None:
     lease._renewed(valid_until)
 

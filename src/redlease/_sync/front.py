@@ -34,6 +34,9 @@ from .._rules.fronts import (
     push_entered,
     refuse_nested,
 )
+from .._rules.lease import (
+    unhanded,
+)
 from . import renewer as _renewer_sync
 from .backend import Cancelled, current_holder, shielded
 from .lease import (
@@ -136,7 +139,7 @@ class SyncFront(FrontBase, Generic[LeaseT]):
             elif self._watches:
                 _renewer_sync.watch(lease, self._io, 0.0)  # watch its validity, never renew
         except BaseException:
-            lease._mark_released()  # here only: its renewal stops, the server's is the caller's
+            unhanded(lease)
             raise
         return lease
 
