@@ -96,9 +96,9 @@ async def agated_execute(
     sqlite3's, SQLAlchemy's ``Result``.
 
     ``statement`` and ``params`` are what ``conn.execute`` takes: SQL with the driver's
-    placeholders (``%s`` or ``%(name)s`` for psycopg, ``?`` for sqlite3; with
-    ``params=None`` a ``%`` is a plain ``%``), or for SQLAlchemy a ``str`` or ``text()``
-    with ``:name`` and a mapping. On SQLite, through SQLAlchemy and in psycopg's pipeline
+    placeholders (``%s`` or ``%(name)s`` for psycopg, also its composed ``sql.SQL``;
+    ``?`` for sqlite3; with ``params=None`` a ``%`` is a plain ``%``), or for SQLAlchemy
+    a ``str`` or ``text()`` with ``:name`` and a mapping. On SQLite, through SQLAlchemy and in psycopg's pipeline
     mode the gate and the statement are sent one after the other, as ``afence_gate`` and
     then ``execute``.
     On ``StaleFence`` roll the transaction back.
@@ -124,8 +124,9 @@ async def agated_execute(
 
 async def acreate_table(conn: Any, *, table: str = "redlease_fences") -> None:
     """Create the gate's table if it does not exist, and on PostgreSQL its function
-    (``gated_execute``'s; replaced if it exists), in the caller's transaction: commit
-    it. Their DDL, for a migration of your own, is in the fencing guide."""
+    (``gated_execute``'s) if it is missing, in the caller's transaction: commit it.
+    Concurrent calls wait for one another; running it again changes nothing. Their DDL,
+    for a migration of your own, is in the fencing guide."""
     conn, calling = _gate.connection(conn, want_async=ASYNC)
     for statement in _gate.create(calling, _gate.gate_table(table)):
         await _run(conn, calling, statement)
