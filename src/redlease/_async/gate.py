@@ -98,9 +98,9 @@ async def agated_execute(
     ``statement`` and ``params`` are what ``conn.execute`` takes: SQL with the driver's
     placeholders (``%s`` or ``%(name)s`` for psycopg, also its composed ``sql.SQL``;
     ``?`` for sqlite3; with ``params=None`` a ``%`` is a plain ``%``), or for SQLAlchemy
-    a ``str`` or ``text()`` with ``:name`` and a mapping. On SQLite, through SQLAlchemy and in psycopg's pipeline
-    mode the gate and the statement are sent one after the other, as ``afence_gate`` and
-    then ``execute``.
+    a ``str`` or ``text()`` with ``:name`` and a mapping. On SQLite, through SQLAlchemy
+    and in psycopg's pipeline mode the gate and the statement are sent one after the
+    other, as ``afence_gate`` and then ``execute``.
     On ``StaleFence`` roll the transaction back.
     """
     conn, calling = _gate.connection(conn, want_async=ASYNC)
