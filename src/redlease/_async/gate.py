@@ -108,7 +108,7 @@ async def agated_execute(
     trip = _gate.one_trip(conn, calling, where, name, value, statement, params)
     if trip is None:
         await afence_gate(conn, name, value, table=where)
-        return await _run(conn, calling, _gate.as_given(calling, statement, params), own=False)
+        return await conn.execute(*_gate.as_given(calling, statement, params))
     if _gate.autocommitting(conn, calling):
         raise _gate.outside_a_transaction(sent=False)
     cursor = _gate.one_trip_cursor(conn, calling, want_async=ASYNC)
@@ -132,16 +132,11 @@ async def acreate_table(conn: Any, *, table: str = "redlease_fences") -> None:
         await _run(conn, calling, statement)
 
 
-async def _run(
-    conn: Any, calling: _gate.Calling, statement: tuple[Any, Any], *, own: bool = True
-) -> Any:
-    """Run a statement: one of the gate's own on a cursor of its own (``own``: see
-    ``_gate.own_cursor``), a caller's as the connection runs it; its cursor or result."""
+async def _run(conn: Any, calling: _gate.Calling, statement: tuple[Any, Any]) -> Any:
+    """Run one of the gate's own statements, on a cursor of its own (``_gate.own_cursor``);
+    its cursor or result."""
     sql, params = statement
-    if own:
-        cursor = _gate.own_cursor(conn, calling, want_async=ASYNC)
-    else:
-        cursor = conn.cursor() if calling.how == _gate.CURSOR else None
+    cursor = _gate.own_cursor(conn, calling, want_async=ASYNC)
     if cursor is None:
         return await conn.execute(sql, params)
     await cursor.execute(sql, params)

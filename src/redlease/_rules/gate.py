@@ -372,7 +372,9 @@ def create(calling: Calling, table_name: Identifier) -> list[tuple[Any, Any]]:
 
 
 def as_given(calling: Calling, statement: object, params: object) -> tuple[Any, Any]:
-    """A caller's own statement and parameters, as its connection runs them."""
+    """A caller's own statement and parameters, as its connection's ``execute`` takes
+    them (the connections ``gated_execute`` sends them to apart from the gate: SQLite's,
+    SQLAlchemy's, psycopg's in pipeline mode; psycopg2 always takes the one trip)."""
     if calling.how == SQLALCHEMY and isinstance(statement, str):
         from sqlalchemy import text  # (only a SQLAlchemy connection gets here)
 

@@ -105,7 +105,7 @@ def gated_execute(
     trip = _gate.one_trip(conn, calling, where, name, value, statement, params)
     if trip is None:
         fence_gate(conn, name, value, table=where)
-        return _run(conn, calling, _gate.as_given(calling, statement, params), own=False)
+        return conn.execute(*_gate.as_given(calling, statement, params))
     if _gate.autocommitting(conn, calling):
         raise _gate.outside_a_transaction(sent=False)
     cursor = _gate.one_trip_cursor(conn, calling, want_async=ASYNC)
@@ -129,14 +129,11 @@ def create_table(conn: Any, *, table: str = "redlease_fences") -> None:
         _run(conn, calling, statement)
 
 
-def _run(conn: Any, calling: _gate.Calling, statement: tuple[Any, Any], *, own: bool = True) -> Any:
-    """Run a statement: one of the gate's own on a cursor of its own (``own``: see
-    ``_gate.own_cursor``), a caller's as the connection runs it; its cursor or result."""
+def _run(conn: Any, calling: _gate.Calling, statement: tuple[Any, Any]) -> Any:
+    """Run one of the gate's own statements, on a cursor of its own (``_gate.own_cursor``);
+    its cursor or result."""
     sql, params = statement
-    if own:
-        cursor = _gate.own_cursor(conn, calling, want_async=ASYNC)
-    else:
-        cursor = conn.cursor() if calling.how == _gate.CURSOR else None
+    cursor = _gate.own_cursor(conn, calling, want_async=ASYNC)
     if cursor is None:
         return conn.execute(sql, params)
     cursor.execute(sql, params)
