@@ -185,9 +185,11 @@ def test_skewed_nodes_make_one_run_per_period_of_the_servers_clock(
     assert len(runs) >= 3, runs
     assert said[1]["calls"] >= 3, said
     # The late node fires 1 s after each of the early node's runs, within its at_least:
-    # it skips every time (but, perhaps, once at the start, when it fired first).
-    assert said[1]["skips"] >= said[1]["calls"] - 1, (said, runs)
-    assert [node for _, node in runs][1:] == ["0"] * (len(runs) - 1), runs
+    # it skips every time, but perhaps twice at the start: when it fired first, its run
+    # may hold the name until the early node's next fire, and a first call slowed by a
+    # loaded machine (connections, scripts) shifts that run by up to a second.
+    assert said[1]["skips"] >= said[1]["calls"] - 2, (said, runs)
+    assert [node for _, node in runs][2:] == ["0"] * (len(runs) - 2), runs
     gaps = [b - a for (a, _), (b, _) in itertools.pairwise(runs)]
     assert min(gaps) >= 2000, runs
 
