@@ -6,6 +6,7 @@ subprocess against a real server; none prints a traceback."""
 
 from __future__ import annotations
 
+import json
 import socket
 from collections.abc import Iterator
 from typing import Any
@@ -73,6 +74,25 @@ def test_a_server_out_of_reach_says_so_and_where() -> None:
         line = _one_line(argv, f"redis://127.0.0.1:{port}")
         assert line.startswith("redlease: cannot reach the server"), (argv, line)
         assert f"127.0.0.1:{port}" in line, (argv, line)
+
+
+def test_run_json_says_a_failure_as_json(guarded: int) -> None:
+    """``run --json`` (a job run by cron, whose log is read by a program) says why it
+    failed as one of its JSON events, with the exit code: a server out of reach, and a
+    server that refused."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        nobody = probe.getsockname()[1]
+    for url, meaning in (
+        (f"redis://127.0.0.1:{nobody}", "cannot reach the server"),
+        (f"redis://:wrong@127.0.0.1:{guarded}", "authentication failed"),
+    ):
+        code, out, err = finish(start(["run", "wh", "-n", "--json", "--redis", url, "--", "true"]))
+        assert code == 2, (url, out, err)
+        (line,) = err.splitlines()
+        event = json.loads(line)
+        assert (event["event"], event["name"], event["code"]) == ("error", "wh", 2), event
+        assert meaning in event["message"], event
 
 
 def test_an_acl_user_without_a_command_is_told_which_to_add(

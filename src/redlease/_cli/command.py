@@ -386,14 +386,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.command == "release":
             return _operate.force_release(args, _urls(args), sys.stdout)
     except CliError as exc:
-        print(f"redlease: {exc}", file=sys.stderr)
-        return exc.code
+        return _complain(args, str(exc), exc.code)
     except _connection_errors() as exc:
-        print(f"redlease: {_failure(exc)}", file=sys.stderr)
-        return EXIT_USAGE
+        return _complain(args, _failure(exc), EXIT_USAGE)
     except LockError as exc:  # said in a lock's terms (a key of another type...)
-        print(f"redlease: {exc} (on {_where(_urls(args))})", file=sys.stderr)
-        return EXIT_USAGE
+        return _complain(args, f"{exc} (on {_where(_urls(args))})", EXIT_USAGE)
     except KeyboardInterrupt:
         print("\nredlease: interrupted", file=sys.stderr)
         return 130
@@ -469,6 +466,17 @@ def _demo(args: argparse.Namespace) -> int:
     for result in failed:
         print(f"redlease demo: {result.label}: {result.errors[0]}", file=sys.stderr)
     return 1 if failed else 0
+
+
+def _complain(args: argparse.Namespace, text: str, code: int) -> int:
+    """Say why the command failed, on stderr: for ``run --json`` as its JSON events are
+    (a job run by cron logs one kind of line), else as a line of text. Returns ``code``."""
+    if args.command == "run" and args.json:
+        event = {"event": "error", "name": args.name, "message": text, "code": code}
+        print(json.dumps(event), file=sys.stderr, flush=True)
+    else:
+        print(f"redlease: {text}", file=sys.stderr)
+    return code
 
 
 def _exit_on_sigterm() -> Any:
