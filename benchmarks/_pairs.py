@@ -1,6 +1,6 @@
 """A cost measured as a pair: the same work without and with what it costs (a fence gate,
-a scheduled job's guard), in interleaved rounds of one run; the ratio of their medians
-against a bar (or, for a reference figure, none)."""
+a scheduled job's guard), in interleaved rounds of one run; the median of the rounds'
+ratios against a bar (or, for a reference figure, none)."""
 
 from __future__ import annotations
 
@@ -98,7 +98,8 @@ def rows(section: str, pair: Pair) -> list[Row]:
         flag = NA if bar else ""
         return [Row(section, pair.label, figure, None, pair.problem, bar=bar, verdict=flag)]
     plain, gated = median(pair.rates["plain"]), median(pair.rates["gated"])
-    cost = plain / gated
+    # the ratio within each round, where both sides had the same machine; its median
+    cost = median([p / g for p, g in zip(pair.rates["plain"], pair.rates["gated"], strict=True)])
     return [
         Row(
             section,

@@ -75,6 +75,7 @@ def note(settings: Settings) -> str:
     return (
         f"scheduled jobs: {settings.rounds} rounds of {2 * settings.round_seconds:g} s per "
         "figure, in which once's call and the lock's take turns, one call each, each timed "
-        "by itself; time ratio = the lock's calls/s over once's (medians of rounds). A "
+        "by itself; time ratio = the lock's calls/s over once's in the same round, the "
+        "median of rounds (rates: medians of rounds). A "
         "skipped call and a busy try are one round trip each; a run and a lock's cycle, two."
     )
