@@ -14,8 +14,8 @@ from redis.retry import Retry
 
 from redlease.tools import servers
 from redlease.tools.chaos import resource
-from redlease.tools.chaos.checker import Section, longest_gap, overlapping
-from redlease.tools.chaos.harness import BROKEN, SCENARIOS, run_broken, run_scenario
+from redlease.tools.chaos.checker import Record, Section, check, longest_gap, overlapping
+from redlease.tools.chaos.harness import BROKEN, SCENARIOS, Plan, run_broken, run_scenario
 from redlease.tools.chaos.proxy import FaultProxy
 from redlease.tools.chaos.report import Row, row_failures
 
@@ -91,6 +91,59 @@ def test_overlaps_are_found_between_workers_only() -> None:
     assert [(a.worker, b.worker) for a, b in overlapping(sections)] == [(0, 1)]
 
 
+def _multilock_record(sections: list[Section]) -> Record:
+    state = resource.ResourceState(
+        unfenced=len(sections),
+        fenced=sum(1 for s in sections if s.outcome == "accepted"),
+        accepted_fences=sorted(
+            f for s in sections if s.outcome == "accepted" and (f := s.fence) is not None
+        ),
+        rejected=sum(1 for s in sections if s.outcome == "rejected"),
+        stale_accepted=0,
+    )
+    workers = [
+        {"worker": w, "sections": [list(vars(s).values()) for s in sections if s.worker == w]}
+        for w in sorted({s.worker for s in sections})
+    ]
+    return Record(Plan(primitive="multilock"), workers, state, [], 0.0)
+
+
+def test_a_grant_from_before_a_data_loss_is_no_regression() -> None:
+    # Row 19b4, seed 12, as captured (times from the run's start): worker 1, queued for
+    # both names since 0.697, is handed the first one (fence ...547079) at 0.800, just as
+    # the server is killed; it then waits for the second. The server comes back empty,
+    # worker 0 takes both names (fence ...608420) and works; worker 1 gets the second
+    # name after it, and begins with the least of its fences, the earlier one: refused
+    # by the resource, as it should be. The grants did rise, each name's fences too; only
+    # their sections began in the other order.
+    def s(worker: int, asked: float, start: float, end: float, fence: int, outcome: str) -> Section:
+        return Section(worker, start, end, 1795801837000000 + fence, start - asked, outcome, False)
+
+    sections = [
+        s(2, 0.6451, 0.7490, 0.7999, 495389, "accepted"),
+        s(0, 0.7485, 0.8622, 0.9134, 608420, "accepted"),
+        s(1, 0.6969, 0.9146, 0.9664, 547079, "rejected"),
+        s(2, 0.9054, 0.9671, 1.0182, 660551, "accepted"),
+    ]
+    outcome = check(_multilock_record(sections))
+    assert outcome.grant_regressions == 0
+    assert outcome.fenced_violations == 0
+
+
+def test_a_grant_below_one_made_before_it_was_asked_for_is_a_regression() -> None:
+    def s(worker: int, asked: float, start: float, fence: int) -> Section:
+        return Section(worker, start, start + 0.05, fence, start - asked, "accepted", False)
+
+    # worker 1 asked after worker 0's acquire had returned: its grant came later, and
+    # its fence must be higher (worker 2's is: above every one before)
+    sections = [s(0, 0.0, 0.1, 500), s(1, 0.15, 0.2, 400), s(2, 0.3, 0.35, 600)]
+    assert check(_multilock_record(sections)).grant_regressions == 1
+    # worker 2 asked after both 0 and 1 had begun: its fence must top both, not only
+    # the fence of the one that began last (1 and 0 were granted in either order)
+    sections = [s(0, 0.0, 0.1, 500), s(1, 0.05, 0.2, 400), s(2, 0.3, 0.35, 450)]
+    assert check(_multilock_record(sections)).grant_regressions == 1
+
+
 def test_proxy_drop_replies_applies_the_command(server: servers.ServerProcess) -> None:
     with FaultProxy("127.0.0.1", server.port) as proxy:
         client = redis.Redis(port=proxy.port, socket_timeout=0.3, retry=Retry(NoBackoff(), 0))
@@ -158,5 +211,6 @@ def test_the_harness_prints_a_json_summary(capfd: pytest.CaptureFixture[str]) ->
     assert row["row"] == "1"
     assert row["runs"] == 1
     assert row["failures"] == []
+    assert row["violations"] == {}  # (by seed, for the runs that failed)
     assert summary["broken"] == []
     assert "row 1: ok" in err  # progress

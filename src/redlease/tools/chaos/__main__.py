@@ -13,8 +13,17 @@ import os
 import sys
 
 from .. import servers
+from .checker import Outcome
 from .harness import BROKEN, SCENARIOS, run_broken, run_scenario
-from .report import BrokenRow, Row, broken_failures, render, row_failures, timeline_svg
+from .report import (
+    BrokenRow,
+    Row,
+    broken_failures,
+    outcome_failures,
+    render,
+    row_failures,
+    timeline_svg,
+)
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -54,6 +63,27 @@ _progress = sys.stdout  # stderr with --json, whose stdout carries the summary a
 
 def _print(text: str) -> None:
     print(text, file=_progress, flush=True)
+
+
+def _counts(o: Outcome) -> dict[str, object]:
+    """A run's violation counters that are not zero (the JSON summary's detail)."""
+    counts: dict[str, object] = {
+        "overlaps": len(o.overlaps),
+        "overlaps_unpaused": o.overlaps_unpaused,
+        "lost_updates": max(0, o.lost_updates),
+        "excess_permits": o.excess,
+        "fenced_lost_updates": max(0, o.fenced_lost_updates),
+        "stale_accepted": o.stale_accepted,
+        "token_regressions": o.token_regressions,
+        "grant_regressions": o.grant_regressions,
+        "keys_without_ttl": o.keys_without_ttl,
+        "leftovers": o.leftovers,
+        "negative_lead_ms": o.min_lead_ms if (o.min_lead_ms or 0) < 0 else 0,
+        "gate_violations": o.gate_violations,
+        "crashed_workers": o.crashed_workers,
+        "errors": o.errors,
+    }
+    return {k: v for k, v in counts.items() if v}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -127,6 +157,12 @@ def main(argv: list[str] | None = None) -> int:
                     "runs": len(r.outcomes),
                     "note": r.note or None,
                     "failures": row_failures(r),
+                    # what each failing run counted, by seed
+                    "violations": {
+                        str(seed): _counts(o)
+                        for seed, o in zip(seeds, r.outcomes, strict=False)
+                        if outcome_failures(r.scenario, o)
+                    },
                 }
                 for r in rows
             ],

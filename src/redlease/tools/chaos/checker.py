@@ -7,7 +7,8 @@
   those where neither section was one the harness paused, which only a lock that frees
   someone else's lease (a wrong release) produces;
 - fenced: lost updates (accepted writes minus the final fenced counter), stale writes the
-  resource accepted, accepted tokens that went down, grants whose token did not increase;
+  resource accepted, accepted tokens that went down, grants whose token did not increase
+  over a grant known to have come before them (see ``grant_regressions``);
 - keys without TTL on the lock servers (fence counters excluded: they are meant to stay);
 - keys left behind: nodes still holding a token just released (when the plan audits);
 - lost-lease notifications and their lead time (end of validity minus notification).
@@ -15,6 +16,7 @@
 
 from __future__ import annotations
 
+import bisect
 import itertools
 import statistics
 from dataclasses import dataclass, field
@@ -153,6 +155,33 @@ def longest_gap(sections: list[Section]) -> float:
     return longest
 
 
+def grant_regressions(sections: list[Section]) -> int:
+    """Exclusive sections whose fence is not above every fence of the sections that
+    began before they asked for the lock: the grants known to have come before theirs.
+
+    A section's grant lies between its ``asked`` (``start - latency``) and its ``start``,
+    so a section that began before another asked was granted first. Sections that merely
+    began in some order were not always granted in it: after the server loses its data,
+    a holder granted before the loss can begin after a newcomer granted since (a
+    multi-lock's first name taken before the loss while it waited for the next; a reply
+    read late on a loaded machine). A multi-lock's section carries the least of its
+    fences: each name's fences rise, so the least does too.
+    """
+    # (start, asked, fence) of each exclusive section with a fence, in the order they began
+    grants = sorted(
+        (s.start, s.start - s.latency, fence)
+        for s in sections
+        if s.mode == "x" and (fence := s.fence) is not None
+    )
+    starts = [start for start, _, _ in grants]
+    highest = list(itertools.accumulate((fence for _, _, fence in grants), max))
+    found = 0
+    for _, asked, fence in grants:
+        before = bisect.bisect_left(starts, asked)  # how many began before it asked
+        found += before > 0 and fence <= highest[before - 1]
+    return found
+
+
 def _percentile(values: list[float], q: float) -> float:
     if not values:
         return 0.0
@@ -165,13 +194,8 @@ def check(record: Record) -> Outcome:
     wrote = [s for s in sections if s.outcome != "lost"]
     overlaps = overlapping(wrote)
     accepted = sum(1 for s in wrote if s.outcome == "accepted")
-    # Grants must raise the fence in the order they began, among exclusive sections
-    # (shared ones are granted side by side, and may begin in either order).
-    exclusive = sorted((s for s in sections if s.mode == "x"), key=lambda s: s.start)
-    tokens = [s.fence for s in exclusive if s.fence is not None]
     primitive = getattr(record.plan, "primitive", "")
     limit = int(primitive.split(":")[1]) if primitive.startswith("semaphore:") else 0
-    grant_regressions = sum(1 for a, b in itertools.pairwise(tokens) if b <= a)
     recovery = None
     for heal in record.heals:
         after = [s.start - heal for s in sections if s.start >= heal]
@@ -192,7 +216,9 @@ def check(record: Record) -> Outcome:
         stale_accepted=record.resource.stale_accepted,
         rejected=sum(1 for s in wrote if s.outcome == "rejected"),
         token_regressions=record.resource.fence_regressions,
-        grant_regressions=grant_regressions,
+        # Grants must raise the fence, among exclusive sections (shared ones are granted
+        # side by side, in either order).
+        grant_regressions=grant_regressions(sections),
         keys_without_ttl=record.keys_without_ttl,
         leftovers=sum(int(w.get("leftovers", 0)) for w in record.workers),
         acquisitions_per_s=len(sections) / duration,
