@@ -26,11 +26,7 @@ from ._report import NA, Row
 SECTION = "13. fence gates: the same write with and without the gate"
 SQL_BAR = 1.3  # a gated one-row transaction takes at most this times the ungated one
 REDIS_BAR = 1.5  # FencedRedis with one SET, against the SET alone
-_PG_LABEL = "PostgreSQL (psycopg 3, loopback, fsync off), one-row UPDATE + COMMIT"
-_DURABLE_LABEL = (
-    "PostgreSQL (psycopg 3, loopback, its default fsync and synchronous commits), "
-    "one-row UPDATE + COMMIT"
-)
+_PG_LABEL = "PostgreSQL (psycopg 3, loopback), one-row UPDATE + COMMIT"
 _SQLITE_LABEL = "SQLite (sqlite3, a file), one-row UPDATE + COMMIT"
 # Each gated write brings a fence greater than the last, as a new lease's would: the
 # gate records it every time (a holder writing again with its fence costs the same).
@@ -59,7 +55,7 @@ def _update_pair(label: str, db: Any, bar: float | None = SQL_BAR) -> Pair:
     return Pair(label, plain, gated, bar, db.close)
 
 
-def _one_trip_pair(label: str, db: Any, close: bool = False) -> Pair:
+def _one_trip_pair(label: str, db: Any) -> Pair:
     """The same transaction with its UPDATE sent behind the gate by ``gated_execute``:
     on PostgreSQL the gate and the statement in one query."""
 
@@ -71,7 +67,7 @@ def _one_trip_pair(label: str, db: Any, close: bool = False) -> Pair:
         sql.gated_execute(db, "account:7", next(_FENCES), _UPDATE)
         db.commit()
 
-    return Pair(f"{label}, gated_execute", plain, gated, SQL_BAR, db.close if close else _nothing)
+    return Pair(f"{label}, gated_execute", plain, gated, SQL_BAR)
 
 
 def _row_pair(label: str, db: Any, placeholder: str) -> Pair:
@@ -126,8 +122,7 @@ def _sqlite_pairs(path: Path) -> list[Pair]:
     return [_update_pair(_SQLITE_LABEL, db), _row_pair(_SQLITE_LABEL, db, "?")]
 
 
-def _postgres_db(dsn: str) -> Any:
-    """A connection to the server at ``dsn``, its gate and accounts tables made."""
+def _postgres_pairs(dsn: str) -> list[Pair]:
     import psycopg
 
     db = psycopg.connect(dsn)
@@ -138,11 +133,6 @@ def _postgres_db(dsn: str) -> Any:
     )
     db.execute("INSERT INTO accounts (id, balance) VALUES (7, 0) ON CONFLICT DO NOTHING")
     db.commit()
-    return db
-
-
-def _postgres_pairs(dsn: str) -> list[Pair]:
-    db = _postgres_db(dsn)
     return [
         _one_trip_pair(_PG_LABEL, db),
         _update_pair(_PG_LABEL, db, bar=None),
@@ -171,24 +161,19 @@ def run(port: int, settings: Settings, seed: int = 1) -> list[Row]:
     pairs: list[Pair] = []
     with tempfile.TemporaryDirectory(prefix="redlease-bench-gates-") as tmp:
         pairs.extend(_sqlite_pairs(Path(tmp) / "gate.db"))
-        postgres, durable = _start_postgres(), _start_postgres(durable=True)
+        postgres = _start_postgres()
         try:
             if isinstance(postgres, str):
                 pairs.append(Pair(_PG_LABEL, _nothing, _nothing, SQL_BAR, problem=postgres))
             else:
                 pairs.extend(_postgres_pairs(postgres.dsn))
-            if isinstance(durable, str):
-                pairs.append(Pair(_DURABLE_LABEL, _nothing, _nothing, SQL_BAR, problem=durable))
-            else:
-                pairs.append(_one_trip_pair(_DURABLE_LABEL, _postgres_db(durable.dsn), True))
             pairs.append(_redis_pair(port))
             measure(pairs, settings, seed)
         finally:
             for pair in pairs:
                 pair.close()
-            for server in (postgres, durable):
-                if not isinstance(server, str):
-                    server.close()
+            if not isinstance(postgres, str):
+                postgres.close()
     return [row for pair in pairs for row in rows(SECTION, pair)]
 
 
@@ -196,10 +181,10 @@ def _nothing() -> None:
     return None
 
 
-def _start_postgres(durable: bool = False) -> PostgresProcess | str:
+def _start_postgres() -> PostgresProcess | str:
     """A private PostgreSQL server, or why there is none (a str)."""
     try:
-        return PostgresProcess(durable=durable).start()
+        return PostgresProcess().start()
     except Exception as exc:
         return f"{NA} ({describe_error(exc)})"
 
@@ -210,8 +195,7 @@ def note(settings: Settings) -> str:
         "write, in which the ungated and the gated write take turns, one write each, each "
         "timed by itself; time ratio = ungated writes/s over gated writes/s in the same "
         "round, the median of rounds (rates: medians of rounds). The SQL rows commit each "
-        "transaction. PostgreSQL is a private server on loopback, with fsync and "
-        "synchronous commits off (a round trip and the server's work weigh most there: the "
-        "gate's worst case), and with PostgreSQL's defaults (each commit waits for its WAL "
-        "to reach the disk, as on a production server)."
+        "transaction; PostgreSQL is a private server on "
+        "loopback with fsync off, so a round trip weighs more there than on a disk-bound "
+        "server."
     )

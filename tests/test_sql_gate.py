@@ -898,34 +898,3 @@ def test_a_gate_table_name_leaves_room_for_its_function() -> None:
     with pytest.raises(redlease.InvalidArgument, match=r"^table must be a name of at most 58"):
         sql.fence_gate(conn, "long", 1, table="s." + "t" * 59)
     conn.close()
-
-
-def test_the_gate_on_a_durable_server(pg: PostgresProcess) -> None:
-    """A server with PostgreSQL's own durability settings (``durable=True``: the
-    benchmark measures the gate on one beside the fast one) serves the gate the same way;
-    the session's server has fsync off."""
-
-    def settings(dsn: str) -> tuple[str, str]:
-        with psycopg.connect(dsn) as conn:
-            fsync = conn.execute("SHOW fsync").fetchone()
-            synchronous = conn.execute("SHOW synchronous_commit").fetchone()
-        assert fsync is not None
-        assert synchronous is not None
-        return str(fsync[0]), str(synchronous[0])
-
-    assert settings(pg.dsn) == ("off", "off")
-    with PostgresProcess(durable=True) as durable:
-        assert settings(durable.dsn) == ("on", "on")
-        with psycopg.connect(durable.dsn) as conn:
-            sql.create_table(conn)
-            conn.execute("CREATE TABLE accounts (id INT PRIMARY KEY, balance INT NOT NULL)")
-            conn.execute("INSERT INTO accounts VALUES (7, 0)")
-            conn.commit()
-            update = "UPDATE accounts SET balance = balance + 1 WHERE id = 7"
-            sql.gated_execute(conn, "account:7", 2, update)
-            conn.commit()
-            with pytest.raises(redlease.StaleFence):
-                sql.gated_execute(conn, "account:7", 1, update)
-            conn.rollback()
-            row = conn.execute("SELECT balance FROM accounts WHERE id = 7").fetchone()
-            assert row == (1,)

