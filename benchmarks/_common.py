@@ -52,6 +52,9 @@ class Settings:
     memory_processes: int = 2
     memory_tasks: int = 32
     memory_grace: float = 30.0  # after the bound, for the server's active expiry
+    # CPU per gated transaction (section 13): chunks per side, transactions per chunk
+    cpu_chunks: int = 4
+    cpu_cycles: int = 3000
 
 
 FULL = Settings()
@@ -68,6 +71,8 @@ QUICK = Settings(
     waiting_tasks=(10, 1000),
     waiting_threads=(10, 300),
     memory_names=100_000,
+    cpu_chunks=2,
+    cpu_cycles=1500,
 )
 # For the smoke test: every code path, no meaningful figures.
 TINY = Settings(
@@ -94,6 +99,8 @@ TINY = Settings(
     memory_processes=1,
     memory_tasks=4,
     memory_grace=1.0,
+    cpu_chunks=1,
+    cpu_cycles=20,
 )
 
 

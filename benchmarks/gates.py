@@ -8,8 +8,10 @@ more costs in the PostgreSQL transaction."""
 from __future__ import annotations
 
 import itertools
+import os
 import sqlite3
 import tempfile
+import time
 from pathlib import Path
 from typing import Any
 
@@ -122,7 +124,62 @@ def _sqlite_pairs(path: Path) -> list[Pair]:
     return [_update_pair(_SQLITE_LABEL, db), _row_pair(_SQLITE_LABEL, db, "?")]
 
 
-def _postgres_pairs(dsn: str) -> list[Pair]:
+class _Cpu:
+    """CPU time of a PostgreSQL connection's two ends: its server process's (user + system,
+    from ``/proc``: Linux only) and this process's."""
+
+    def __init__(self, db: Any) -> None:
+        row = db.execute("SELECT pg_backend_pid()").fetchone()
+        db.commit()
+        self.stat = Path(f"/proc/{row[0]}/stat")
+        self.tick = os.sysconf("SC_CLK_TCK")
+
+    def now(self) -> tuple[float, float]:
+        fields = self.stat.read_text().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / self.tick, time.process_time()
+
+
+def _cpu_rows(pair: Pair, db: Any, settings: Settings) -> list[Row]:
+    """CPU per transaction at both ends, ungated and through ``gated_execute``: sides
+    alternating in chunks. What the wall-clock ratio weighs on a loopback server, where a
+    transaction is mostly CPU: unlike the wall clock, it does not change with the
+    machine's speed of the moment."""
+    label = f"{pair.label}: CPU per transaction"
+    try:
+        cpu = _Cpu(db)
+        spent = {"plain": [0.0, 0.0], "gated": [0.0, 0.0]}
+        for _ in range(settings.cpu_chunks):
+            for kind in ("plain", "gated"):
+                cycle = getattr(pair, kind)
+                server, client = cpu.now()
+                for _ in range(settings.cpu_cycles):
+                    cycle()
+                after = cpu.now()
+                spent[kind][0] += after[0] - server
+                spent[kind][1] += after[1] - client
+    except Exception as exc:
+        return [Row(SECTION, label, "CPU", None, f"{NA} ({describe_error(exc)})")]
+    done = settings.cpu_chunks * settings.cpu_cycles
+    us = {kind: [1e6 * t / done for t in ends] for kind, ends in spent.items()}
+    out = []
+    for kind, name in (("plain", "ungated"), ("gated", "gated")):
+        server, client = us[kind]
+        out.append(
+            Row(
+                SECTION,
+                f"{label}, {name}",
+                "us CPU: server + client",
+                server + client,
+                f"{server:.0f} + {client:.0f} us",
+            )
+        )
+    cost = sum(us["gated"]) / sum(us["plain"])
+    out.append(Row(SECTION, label, "CPU, gated / ungated", cost, f"{cost:.2f}x"))
+    return out
+
+
+def _postgres_pairs(dsn: str) -> tuple[list[Pair], Any]:
+    """The PostgreSQL pairs, ``gated_execute``'s first, and their connection."""
     import psycopg
 
     db = psycopg.connect(dsn)
@@ -133,12 +190,13 @@ def _postgres_pairs(dsn: str) -> list[Pair]:
     )
     db.execute("INSERT INTO accounts (id, balance) VALUES (7, 0) ON CONFLICT DO NOTHING")
     db.commit()
-    return [
+    pairs = [
         _one_trip_pair(_PG_LABEL, db),
         _update_pair(_PG_LABEL, db, bar=None),
         _row_pair(_PG_LABEL, db, "%s"),
         _statement_pair(_PG_LABEL, db),
     ]
+    return pairs, db
 
 
 def _redis_pair(port: int) -> Pair:
@@ -159,6 +217,7 @@ def _redis_pair(port: int) -> Pair:
 
 def run(port: int, settings: Settings, seed: int = 1) -> list[Row]:
     pairs: list[Pair] = []
+    cpu: dict[int, list[Row]] = {}  # rows to follow a pair's (by its place)
     with tempfile.TemporaryDirectory(prefix="redlease-bench-gates-") as tmp:
         pairs.extend(_sqlite_pairs(Path(tmp) / "gate.db"))
         postgres = _start_postgres()
@@ -166,15 +225,22 @@ def run(port: int, settings: Settings, seed: int = 1) -> list[Row]:
             if isinstance(postgres, str):
                 pairs.append(Pair(_PG_LABEL, _nothing, _nothing, SQL_BAR, problem=postgres))
             else:
-                pairs.extend(_postgres_pairs(postgres.dsn))
+                found, db = _postgres_pairs(postgres.dsn)
+                pairs.extend(found)
             pairs.append(_redis_pair(port))
             measure(pairs, settings, seed)
+            if not isinstance(postgres, str) and found[0].problem is None:
+                cpu[pairs.index(found[0])] = _cpu_rows(found[0], db, settings)
         finally:
             for pair in pairs:
                 pair.close()
             if not isinstance(postgres, str):
                 postgres.close()
-    return [row for pair in pairs for row in rows(SECTION, pair)]
+    return [
+        row
+        for place, pair in enumerate(pairs)
+        for row in (*rows(SECTION, pair), *cpu.get(place, ()))
+    ]
 
 
 def _nothing() -> None:
@@ -197,5 +263,7 @@ def note(settings: Settings) -> str:
         "round, the median of rounds (rates: medians of rounds). The SQL rows commit each "
         "transaction; PostgreSQL is a private server on "
         "loopback with fsync off, so a round trip weighs more there than on a disk-bound "
-        "server."
+        f"server. CPU per transaction: {settings.cpu_chunks} chunks of "
+        f"{settings.cpu_cycles} transactions per side, in turn; the server's is its "
+        "process's user and system time (from /proc), the client's this process's."
     )

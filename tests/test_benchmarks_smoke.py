@@ -185,6 +185,12 @@ def test_the_fence_gates_cost_is_measured(server: servers.ServerProcess) -> None
         "PostgreSQL (psycopg 3, loopback), one-row UPDATE + COMMIT, fence_gate first "
         "(a statement of its own; reference)"
     ]
+    # gated_execute's CPU at both ends, either way, and their ratio (no bar)
+    assert len(measured(rows, "us CPU: server + client")) == 2
+    (cpu,) = measured(rows, "CPU, gated / ungated")
+    assert cpu.value is not None
+    assert cpu.value > 0
+    assert not cpu.bar
     (reference,) = measured(rows, "time, with SELECT 1 / the transaction")
     assert reference.value is not None
     assert reference.value > 0
