@@ -131,6 +131,33 @@ def test_list_scans_the_prefix_for_what_is_held(
     assert (code, out.strip(), err) == (1, "[]", "")  # JSON: an empty list, nothing else
 
 
+def test_output_cut_off_by_a_closed_pipe_ends_quietly(
+    server: servers.ServerProcess, r: redis.Redis, name: str
+) -> None:
+    """``redlease list | head -1``: the reader goes away while redlease still writes; it
+    ends as a program killed by SIGPIPE would (128 + 13), with no traceback."""
+    with r.pipeline(transaction=False) as pipe:
+        for n in range(3000):  # more lines than a pipe holds
+            pipe.set(lock_key(f"{name}:{n}"), f"holder{n}", px=60_000)
+        pipe.execute()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "redlease", "list", f"{name}:*"],
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        env={**os.environ, "REDLEASE_URL": server.url},
+    )
+    assert proc.stdout is not None
+    assert proc.stderr is not None
+    assert proc.stdout.readline().startswith(b"KIND")
+    proc.stdout.close()
+    err = proc.stderr.read().decode()
+    proc.stderr.close()
+    assert proc.wait(60) == 128 + signal.SIGPIPE, err
+    assert "Traceback" not in err
+    assert err == ""
+
+
 def test_release_force_frees_a_dead_jobs_lock_for_the_next_waiter(
     server: servers.ServerProcess, r: redis.Redis, name: str
 ) -> None:

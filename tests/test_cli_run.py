@@ -78,9 +78,13 @@ def test_redlease_url_may_name_several_servers_for_a_redlock(
     proc = _start(["run", name, "--json", "--", *_py(probe)], REDLEASE_URL=",".join(urls))
     code, _, err = _finish(proc)
     assert code == 0, err
-    # (also on stderr: a warning that the test servers keep nothing on disk)
+    # (also on stderr: a warning that the test servers keep nothing on disk, in the
+    # command's own words, not as Python shows a warning: a source file and line)
     events = [json.loads(line)["event"] for line in err.splitlines() if line.startswith("{")]
     assert events == ["acquired", "exit"]
+    said = [line for line in err.splitlines() if not line.startswith("{")]
+    assert said, err
+    assert all(line.startswith("redlease: warning: ") for line in said), err
     for url in urls:
         assert redis.Redis.from_url(url).exists(lock_key(name)) == 0  # released on each
 

@@ -95,6 +95,29 @@ def test_no_page_cites_a_file_outside_the_repository(page: Path) -> None:
     assert outside == []
 
 
+def _split_tables(text: str) -> list[int]:
+    """Lines (1-based, outside code blocks) where rows of a table begin without being a
+    table: not after a blank line (Markdown reads them as the paragraph's text), or not
+    followed by the header's |---| line (rows cut off from their table by a paragraph or
+    a blank line)."""
+    found, fenced, previous = [], False, ""
+    lines = text.splitlines()
+    for number, line in enumerate(lines, 1):
+        if line.startswith("```"):
+            fenced = not fenced
+        follows = lines[number] if number < len(lines) else ""
+        begins = not fenced and line.startswith("|") and not previous.startswith("|")
+        if begins and (previous.strip() or not re.match(r"\|\s*:?-", follows)):
+            found.append(number)
+        previous = line
+    return found
+
+
+@pytest.mark.parametrize("page", PAGES, ids=_relative)
+def test_no_table_is_cut_in_two(page: Path) -> None:
+    assert _split_tables(page.read_text()) == []
+
+
 def test_the_checks_catch_what_they_are_for() -> None:
     assert _MD_MENTION.findall("see SPEC.md and ../shared/STYLE.md") == [
         "SPEC.md",
@@ -106,6 +129,9 @@ def test_the_checks_catch_what_they_are_for() -> None:
     ]
     assert _OUTSIDE.findall("cat /work/shared/BENCH.md; ls /home/me /tmp") != []
     assert _OUTSIDE.findall("/etc/cron.d/report, /srv/app/.venv/bin/redlease") == []
+    assert _split_tables("| a | b |\n|---|---|\n| 1 | 2 |\n\n| 3 | 4 |\n") == [5]
+    assert _split_tables("| a |\n|---|\n| 1 |\n\ntext\n| 2 |\n") == [6]
+    assert _split_tables("| a |\n|---|\n\n| b |\n|---|\n") == []  # two tables
     assert not _resolves_inside(DOCS, "../../shared/STYLE.md")
     assert _resolves_inside(DOCS, "../README.md")
 

@@ -21,8 +21,9 @@ import signal
 import sys
 import threading
 import urllib.parse
+import warnings
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, TextIO
 
 from .._base.errors import LockError
 from .._rules.keys import DEFAULT_PREFIX
@@ -356,6 +357,32 @@ def _add_json(parser: argparse.ArgumentParser, what: str = "print JSON") -> None
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    with warnings.catch_warnings():
+        warnings.showwarning = _warn  # (restored on the way out)
+        try:
+            return _main(argv)
+        except BrokenPipeError:
+            # Whoever read stdout stopped (``redlease list | head -1``): end quietly, as a
+            # program killed by SIGPIPE would, with nothing more written to the pipe.
+            devnull = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(devnull, sys.stdout.fileno())
+            os.close(devnull)
+            return 128 + signal.SIGPIPE
+
+
+def _warn(
+    message: Warning | str,
+    category: type[Warning],
+    filename: str,
+    lineno: int,
+    file: TextIO | None = None,
+    line: str | None = None,
+) -> None:
+    """A warning as one line of the command's own (not a Python source location)."""
+    print(f"redlease: warning: {message}", file=sys.stderr if file is None else file)
+
+
+def _main(argv: Sequence[str] | None) -> int:
     args_in = list(sys.argv[1:] if argv is None else argv)
     if args_in and args_in[0] == "chaos":
         return _chaos(args_in[1:])
