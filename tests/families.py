@@ -127,6 +127,16 @@ def aretry(retries: int) -> Any:
     return _current.asyncio.retry.Retry(_current.sync.backoff.NoBackoff(), retries)
 
 
+def slow_retry(retries: int, seconds: float) -> Any:
+    """The current family's sync retry policy: ``retries`` tries, ``seconds`` apart."""
+    return _current.sync.retry.Retry(_current.sync.backoff.ConstantBackoff(seconds), retries)
+
+
+def aslow_retry(retries: int, seconds: float) -> Any:
+    """The same for its asyncio clients."""
+    return _current.asyncio.retry.Retry(_current.sync.backoff.ConstantBackoff(seconds), retries)
+
+
 def errors() -> ModuleType:
     """The current family's exceptions module."""
     return _current.exceptions

@@ -1,10 +1,13 @@
 """``try_acquire()`` never waits: against a server that is down (nothing listens) or hung
 (a paused process: connections are accepted, nothing answers) it raises BackendError
 within ``TRY_BOUND`` seconds, whatever the client's retry policy and the lock's ttl, on
-both twins. An ``acquire`` that waits keeps its own bound (its timeout)."""
+both twins. An ``acquire`` that waits keeps its own bound (its timeout), whatever the
+back-off of the client's retry policy; the policy's count of retries is followed."""
 
 from __future__ import annotations
 
+import socket
+import threading
 import time
 from collections.abc import Awaitable, Callable, Iterator
 from typing import Any
@@ -96,3 +99,76 @@ async def test_an_async_try_against_a_paused_server_gives_up_within_the_bound(
     assert took < TRY_BOUND + SLACK, f"try_acquire took {took:.2f}s"
     paused.resume()
     await client.aclose()
+
+
+# A policy whose back-off alone outlasts every bound below: one sleep of it, and the
+# bound is gone (redis-py 8's default backs off for up to seconds too).
+SLOW = 10.0
+
+
+@pytest.mark.parametrize("timeout", [0.0, 0.3])
+def test_acquire_keeps_its_bound_whatever_the_policys_back_off(
+    server_kind: str, timeout: float
+) -> None:
+    client = families.client(port=servers.free_port(), retry=families.slow_retry(5, SLOW))
+    lock = redlease.Lock(client, "down", ttl=TTL)
+    took, error = _timed(lambda: lock.acquire(timeout=timeout))
+    assert isinstance(error, redlease.BackendError), error
+    # the bound, then half a second each for a try sent as it ran out and its clean-up
+    assert took < timeout + TRY_BOUND + SLACK, f"acquire took {took:.2f}s"
+    client.close()
+
+
+@pytest.mark.parametrize("timeout", [0.0, 0.3])
+async def test_an_async_acquire_keeps_its_bound_whatever_the_policys_back_off(
+    server_kind: str, timeout: float
+) -> None:
+    client = families.aclient(port=servers.free_port(), retry=families.aslow_retry(5, SLOW))
+    lock = redlease.AsyncLock(client, "down", ttl=TTL)
+    took, error = await _atimed(lambda: lock.acquire(timeout=timeout))
+    assert isinstance(error, redlease.BackendError), error
+    assert took < timeout + TRY_BOUND + SLACK, f"acquire took {took:.2f}s"
+    await client.aclose()
+
+
+@pytest.fixture
+def slammed() -> Iterator[tuple[int, list[int]]]:
+    """A port whose listener closes every connection at once, and how many it took."""
+    listener = socket.create_server(("127.0.0.1", 0))
+    accepted = [0]
+
+    def serve() -> None:
+        while True:
+            try:
+                conn, _ = listener.accept()
+            except OSError:  # closed: the test is over
+                return
+            accepted[0] += 1
+            conn.close()
+
+    thread = threading.Thread(target=serve, daemon=True)
+    thread.start()
+    yield listener.getsockname()[1], accepted
+    listener.close()
+    thread.join(5)
+
+
+def test_a_failed_connection_is_tried_again_as_often_as_the_policy_says(
+    server_kind: str, slammed: tuple[int, list[int]]
+) -> None:
+    port, accepted = slammed
+    tried = {}
+    for retries in (0, 2, 5):
+        accepted[0] = 0
+        client = families.client(port=port, retry=families.retry(retries))
+        with pytest.raises(redlease.BackendError):
+            redlease.Lock(client, "slammed", ttl=TTL).acquire(timeout=0)
+        tried[retries] = accepted[0]
+        client.close()
+    assert tried[0] >= 2, tried  # once more at least: a reply lost with its connection
+    if not hasattr(families.retry(0), "get_retries"):  # (valkey-py: its count is private)
+        assert tried[0] == tried[2] == tried[5], tried  # DEFAULT_RETRIES, the same for all
+        return
+    # one more per retry the policy allows
+    assert tried[0] < tried[2] < tried[5], tried
+    assert tried[5] - tried[2] >= 3, tried

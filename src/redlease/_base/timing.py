@@ -42,6 +42,10 @@ UNFAIR_STARVING = 0.1
 # pass, after a back-off from this base up to this cap.
 PASSING_RETRY_BASE = 0.05
 PASSING_RETRY_CAP = 1.0
+# A failed connection is tried again at once, then after a back-off from this base up to
+# this cap, cut off by the operation's bound.
+CONNECT_RETRY_BASE = 0.01
+CONNECT_RETRY_CAP = 0.25
 
 
 def backoff(failures: int, base: float, cap: float, rng: random.Random | None = None) -> float:

@@ -8,10 +8,10 @@ The asyncio flavour is this source; ``scripts/unasync.py`` generates the blockin
 A client redlease knows (``_wire.endpoint``) is served on redlease's own connections
 (``_async.conn``: a pool per server, and under asyncio per event loop); anything else
 (``RedisCluster``, other client types) through the client's public methods, which route
-each script to the node owning the lock's hash slot. Connection failures follow the
-client's own retry policy, as its commands do, but only where sending again is safe: a
-command that never left, or a script that says why a second run is harmless
-(``Script.retry``); never past the operation's bound.
+each script to the node owning the lock's hash slot. A connection failure is tried
+again as many times as the client's own retry policy says, but only where sending again
+is safe (a command that never left, or a script that says why a second run is harmless:
+``Script.retry``) and never past the operation's bound.
 """
 
 from __future__ import annotations
@@ -24,6 +24,7 @@ from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
 
 from .._base.errors import warn
+from .._base.timing import CONNECT_RETRY_BASE, CONNECT_RETRY_CAP, backoff
 from .._rules import flows as _flows
 from .._rules.classify import (
     backend_error,
@@ -37,7 +38,15 @@ from .._rules.ops import LATE_WAKE, Call, Command, Listen, Op, Replicas, Sleep, 
 from .._rules.quorum import MIN_READ_WAIT, UNREAD, Unsent, said_yes
 from .._wire import resp as _resp
 from .._wire import stale as _stale
-from .._wire.endpoint import Kind, caught, endpoint_of, node_of, read_bound, reloading
+from .._wire.endpoint import (
+    Kind,
+    caught,
+    endpoint_of,
+    node_of,
+    read_bound,
+    reloading,
+    retries_of,
+)
 from .backend import ASYNC, bounded, gate, meet_cluster, sleep
 from .conn import Connection, Pool, node_pool, pool_for
 from .hub import Box, Hub
@@ -219,12 +228,11 @@ class SyncIO:
     ) -> T:
         """``work(conn, time_left)`` on one of redlease's connections, within ``timeout``.
 
-        A connection failure is retried as the client's retry policy says (a client
-        without one, such as valkey-py's or redis-py 5's default: once), while time is
-        left, if nothing was written yet or the work is ``safe`` to do twice (not after
-        a timeout: the server may still be doing it). The first try is made outside the
-        policy (the hot path), so the first retry comes at once. Not ``patient`` (a try):
-        once more at once, never after the policy's back-off."""
+        A connection failure is retried as many times as the client's retry policy says
+        (``retries_of``: a client without one, such as valkey-py's or redis-py 5's
+        default, once), while time is left (``_retrying``), if nothing was written yet or
+        the work is ``safe`` to do twice (not after a timeout: the server may still be
+        doing it). Not ``patient`` (a try): once more at once, and no more."""
         pool = self.pool
         assert pool is not None
         end = time.monotonic() + timeout
@@ -233,7 +241,7 @@ class SyncIO:
         except _Final as final:
             raise final.error from final.error.__cause__
         except backend_failures() as first:
-            retry = pool.endpoint.retry if patient else None
+            retries = retries_of(pool.endpoint.retry) if patient else 1
             failed = [first]  # the last failure, if a retry finds no time left
 
         def once() -> T:
@@ -247,10 +255,7 @@ class SyncIO:
                 raise
 
         try:
-            if retry is None:  # a client without a policy: one more try, at once
-                return once()
-            retried: T = retry.call_with_retry(once, _ignore)
-            return retried
+            return _retrying(once, retries, end)
         except _Final as final:
             raise final.error from final.error.__cause__
 
@@ -431,8 +436,22 @@ class SyncIO:
             raise _Owed from None
 
 
-def _ignore(error: Exception) -> None:
-    """The retry policy's failure hook: the failed connection is already dropped."""
+def _retrying(once: Callable[[], T], retries: int, end: float) -> T:
+    """``once`` (a retry: the first try failed) up to ``retries`` times while it fails:
+    the first at once, then each after a back-off of redlease's own that would not end
+    before ``end``, the operation's bound, else not at all. (The client's retry policy
+    gives the count; its back-off is not public, and redis-py's default sleeps for
+    seconds, past any bound.)"""
+    failures = 0
+    while True:
+        try:
+            return once()
+        except backend_failures():
+            failures += 1
+            delay = backoff(failures, CONNECT_RETRY_BASE, CONNECT_RETRY_CAP)
+            if failures >= retries or time.monotonic() + delay >= end:
+                raise
+            sleep(delay)
 
 
 class _Owed(Exception):

@@ -64,6 +64,22 @@ class Kind(enum.Enum):
 CLIENT_CALLS = 8
 
 
+# How often a failed connection is tried again when the client's retry policy does not
+# say (its ``get_retries()``: redis-py from 5.1, valkey-py).
+DEFAULT_RETRIES = 3
+
+
+def retries_of(retry: Any) -> int:
+    """How many times in a row a failed connection is tried again: as many as the
+    client's retry policy says (a negative count: as long as the operation's bound
+    lasts), DEFAULT_RETRIES for a policy that does not say, and at least once (a client
+    without a policy too), so that a reply lost with its connection does not fail an
+    operation."""
+    get = getattr(retry, "get_retries", None)
+    count = get() if callable(get) else (1 if retry is None else DEFAULT_RETRIES)
+    return sys.maxsize if count < 0 else max(1, int(count))
+
+
 @dataclass(frozen=True)
 class Endpoint:
     """One server as a client reaches it."""
