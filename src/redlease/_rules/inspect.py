@@ -55,11 +55,15 @@ class Holder:
 
 @dataclass(frozen=True)
 class Waiter:
-    """One queued waiter, in queue order."""
+    """One queued waiter, in queue order. ``live``: it would be served now (its entry's
+    deadline has not passed, and the process waiting is still listening for its turn);
+    a waiter that gave up, or whose process died, is not, though its entry stays in the
+    queue until a release meets it. ``remaining``: seconds until its entry's deadline
+    (negative when past)."""
 
     token: str
-    live: bool  # its entry's deadline has not passed (a waiter gone or timed out: not)
-    remaining: float  # seconds until its entry's deadline (negative when past)
+    live: bool
+    remaining: float
 
 
 @dataclass(frozen=True)
@@ -91,7 +95,7 @@ def kind_of(kind: Kind) -> str:
 def inspect(keys: LockKeys, name: str, kind: str, timeout: float) -> Flow[LockInfo]:
     """The flow: one INSPECT, decoded."""
     shared = "shared" if keys.extra else "single"
-    reply = yield Call(INSPECT, keys.script_keys, (shared,), timeout)
+    reply = yield Call(INSPECT, keys.script_keys, (shared, keys.bell_prefix), timeout)
     return decode(name, kind, reply)
 
 

@@ -127,16 +127,24 @@ local function forget(queue, waiters, token)
   return true
 end
 
+-- whether a waiter's hub listens for its rings here (not: its process is gone, or its
+-- connection dropped), and the channel: a hub whose id starts with "s" listens on a
+-- Cluster node, through sharded pub/sub (then SHARDED is true). The one rule of whether
+-- a waiter with a hub can be served (ring below, and INSPECT's report).
+local function hub_listens(bells, hub)
+  local channel = bells .. '@' .. hub
+  local sharded = string.sub(hub, 1, 1) == 's'
+  local heard = redis.call('PUBSUB', sharded and 'SHARDNUMSUB' or 'NUMSUB', channel)
+  return heard[2] ~= 0, channel, sharded
+end
+
 -- false when the waiter cannot hear it (its hub does not listen here: its process is
 -- gone). Nothing is published then: a copy would still reach a hub that listens on a
 -- replica (replication carries PUBLISH), which must never hear of a grant undone.
 local function ring(bells, w, hub, granted, taken, now, ttl)
   if hub then
-    local channel = bells .. '@' .. hub
-    -- a hub whose id starts with "s" listens on a Cluster node: sharded pub/sub
-    local sharded = string.sub(hub, 1, 1) == 's'
-    local heard = redis.call('PUBSUB', sharded and 'SHARDNUMSUB' or 'NUMSUB', channel)
-    if heard[2] == 0 then return false end
+    local heard, channel, sharded = hub_listens(bells, hub)
+    if not heard then return false end
     local message = string.format('%s:%d:%d:%d', w, granted, now, taken)
     redis.call(sharded and 'SPUBLISH' or 'PUBLISH', channel, message)
     return true
@@ -829,11 +837,13 @@ INSPECT = Script(
 -- KEYS[1] lock (a semaphore's or read/write lock's: holders)  KEYS[2] fence
 -- KEYS[3] queue  KEYS[4] waiters  KEYS[5] fences (semaphore, read/write lock only)
 -- ARGV[1] 'shared' (KEYS[1] is a sorted set of holds) or 'single' (a lock's key)
+-- ARGV[2] the bells' prefix (a waiter's hub listens on it)
 -- Reply {server_us, fence counter ('' if none), holders, waiters}. holders: flat, per
 -- holder {token, ms left (-1: the key has no TTL), its hold's fence ('' if the server
 -- keeps none per hold), 'w' (exclusive) or 'r' (shared)}. waiters: flat, in queue
--- order, per queued token that still has an entry {token, 1 live or 0 dead, us from now
--- to its entry's deadline (negative: past)}.
+-- order, per queued token that still has an entry {token, 1 live or 0 dead (past its
+-- deadline, or its hub gone: it would not be served), us from now to its entry's
+-- deadline (negative: past)}.
 local now = now_us()
 local holders = {}
 if ARGV[1] == 'shared' then
@@ -859,7 +869,9 @@ for _, token in ipairs(redis.call('LRANGE', KEYS[3], 0, -1)) do
   local entry = redis.call('HGET', KEYS[4], token)
   if entry then
     waiters[#waiters + 1] = token
-    waiters[#waiters + 1] = entry_live(entry, now) and 1 or 0
+    local hub = ARGV[1] == 'shared' and shared_hub(entry) or entry_hub(entry)
+    local live = entry_live(entry, now) and (not hub or hub_listens(ARGV[2], hub))
+    waiters[#waiters + 1] = live and 1 or 0
     waiters[#waiters + 1] = entry_deadline(entry) - now
   end
 end
