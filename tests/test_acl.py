@@ -18,6 +18,7 @@ import pytest
 import families
 import redlease
 from redlease._rules.acl import PARTS, acl_rule, script_commands
+from redlease._rules.keys import LockKeys
 from redlease.tools import servers
 from waiting_helpers import lock_key, wait_until
 
@@ -295,6 +296,18 @@ def test_without_the_optional_parts_locks_still_work(one_server: servers.ServerP
         redlease.Lock(client, "foreign").acquire(timeout=5)
     assert not isinstance(caught.value, redlease.BackendError)
     admin.config_set("maxmemory-policy", "noeviction")
+    # Looking while a waiter with every right queues through a hub: this user may not
+    # ask whether the hub listens, so the waiter is judged by its entry's deadline
+    held = redlease.Lock(admin, "x", ttl=30.0).acquire(timeout=5)
+    other = redlease.Lock(admin, "x", ttl=30.0)
+    waiting = threading.Thread(target=lambda: other.acquire(timeout=60).release())
+    waiting.start()
+    wait_until(lambda: admin.llen(LockKeys.for_name("x").queue) == 1, 30)
+    assert lock.waiting() == 1
+    (waiter,) = redlease.read_info(client, "x").waiters
+    assert waiter.live
+    held.release()
+    waiting.join(60)
     admin.close()
     client.close()
 

@@ -78,13 +78,19 @@ def test_redlease_url_may_name_several_servers_for_a_redlock(
     proc = _start(["run", name, "--json", "--", *_py(probe)], REDLEASE_URL=",".join(urls))
     code, _, err = _finish(proc)
     assert code == 0, err
-    # (also on stderr: a warning that the test servers keep nothing on disk, in the
-    # command's own words, not as Python shows a warning: a source file and line)
-    events = [json.loads(line)["event"] for line in err.splitlines() if line.startswith("{")]
-    assert events == ["acquired", "exit"]
-    said = [line for line in err.splitlines() if not line.startswith("{")]
-    assert said, err
-    assert all(line.startswith("redlease: warning: ") for line in said), err
+    # every line a JSON event, the warning that the test servers keep nothing on disk too
+    events = [json.loads(line) for line in err.splitlines()]
+    warned = [e for e in events if e["event"] == "warning"]
+    assert warned, err
+    assert all("keeps nothing on disk" in e["message"] for e in warned), err
+    assert [e["event"] for e in events if e["event"] != "warning"] == ["acquired", "exit"]
+    # without --json, a warning is a line of redlease's own, not Python's source location
+    code, _, err = _finish(_start(["run", name, "--", "true"], REDLEASE_URL=",".join(urls)))
+    assert code == 0, err
+    warned_lines = [line for line in err.splitlines() if "keeps nothing on disk" in line]
+    assert warned_lines, err
+    assert all(line.startswith("redlease: warning: ") for line in warned_lines), err
+    assert "sys.exit" not in err  # (the source line Python shows with a warning)
     for url in urls:
         assert redis.Redis.from_url(url).exists(lock_key(name)) == 0  # released on each
 

@@ -379,7 +379,18 @@ def _warn(
     line: str | None = None,
 ) -> None:
     """A warning as one line of the command's own (not a Python source location)."""
-    print(f"redlease: warning: {message}", file=sys.stderr if file is None else file)
+    text = str(message).replace("\n", " ")
+    print(f"redlease: warning: {text}", file=sys.stderr if file is None else file)
+
+
+def _warn_json(name: str) -> Any:
+    """``run --json``'s warnings: one JSON event each, as its other messages."""
+
+    def warn(message: Warning | str, *_: object, **__: object) -> None:
+        event = {"event": "warning", "name": name, "message": str(message)}
+        print(json.dumps(event), file=sys.stderr, flush=True)
+
+    return warn
 
 
 def _main(argv: Sequence[str] | None) -> int:
@@ -393,6 +404,8 @@ def _main(argv: Sequence[str] | None) -> int:
     parser = build_parser()
     args, extra = parser.parse_known_args(args_in)
     usage = args.parsers.get(args.command, parser)  # (the subcommand's, if it has one)
+    if args.command == "run" and args.json:
+        warnings.showwarning = _warn_json(args.name)  # (main restores it)
     if extra:
         if args.command == "run" and not cmd and not extra[0].startswith("-"):
             usage.error(f"put -- before the command: redlease run NAME -- {extra[0]} ...")

@@ -130,11 +130,18 @@ end
 -- whether a waiter's hub listens for its rings here (not: its process is gone, or its
 -- connection dropped), and the channel: a hub whose id starts with "s" listens on a
 -- Cluster node, through sharded pub/sub (then SHARDED is true). The one rule of whether
--- a waiter with a hub can be served (ring below, and INSPECT's report).
-local function hub_listens(bells, hub)
+-- a waiter with a hub can be served (ring below, and INSPECT's report). LENIENT (a
+-- report): a caller not allowed to ask (ACL) is told it listens, not refused.
+local function hub_listens(bells, hub, lenient)
   local channel = bells .. '@' .. hub
   local sharded = string.sub(hub, 1, 1) == 's'
-  local heard = redis.call('PUBSUB', sharded and 'SHARDNUMSUB' or 'NUMSUB', channel)
+  local heard
+  if lenient then
+    heard = redis.pcall('PUBSUB', sharded and 'SHARDNUMSUB' or 'NUMSUB', channel)
+    if heard.err then return true, channel, sharded end
+  else
+    heard = redis.call('PUBSUB', sharded and 'SHARDNUMSUB' or 'NUMSUB', channel)
+  end
   return heard[2] ~= 0, channel, sharded
 end
 
@@ -842,8 +849,9 @@ INSPECT = Script(
 -- holder {token, ms left (-1: the key has no TTL), its hold's fence ('' if the server
 -- keeps none per hold), 'w' (exclusive) or 'r' (shared)}. waiters: flat, in queue
 -- order, per queued token that still has an entry {token, 1 live or 0 dead (past its
--- deadline, or its hub gone: it would not be served), us from now to its entry's
--- deadline (negative: past)}.
+-- deadline, or its hub gone: it would not be served; a caller that may not ask whether
+-- a hub listens judges by the deadline alone), us from now to its entry's deadline
+-- (negative: past)}.
 local now = now_us()
 local holders = {}
 if ARGV[1] == 'shared' then
@@ -870,7 +878,7 @@ for _, token in ipairs(redis.call('LRANGE', KEYS[3], 0, -1)) do
   if entry then
     waiters[#waiters + 1] = token
     local hub = ARGV[1] == 'shared' and shared_hub(entry) or entry_hub(entry)
-    local live = entry_live(entry, now) and (not hub or hub_listens(ARGV[2], hub))
+    local live = entry_live(entry, now) and (not hub or hub_listens(ARGV[2], hub, true))
     waiters[#waiters + 1] = live and 1 or 0
     waiters[#waiters + 1] = entry_deadline(entry) - now
   end
