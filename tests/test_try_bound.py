@@ -18,6 +18,7 @@ import families
 import redlease
 from redlease._rules.flows import TRY_BOUND
 from redlease.tools import servers
+from waiting_helpers import lock_key
 
 TTL = 30.0  # the reply bound of a lock's ops follows the ttl: a try must not
 # Time the machine may add on top of the bound (2 cores, shared): far less than the
@@ -172,3 +173,21 @@ def test_a_failed_connection_is_tried_again_as_often_as_the_policy_says(
     # one more per retry the policy allows
     assert tried[0] < tried[2] < tried[5], tried
     assert tried[5] - tried[2] >= 3, tried
+
+
+def test_a_release_rides_out_a_restart_of_a_moment(binary: servers.ServerBinary) -> None:
+    """The policy's few retries are spread over the release's bound (at most a second
+    apart), so a server that restarts (keeping its data) while a release is on its way
+    is waited out, not reported as down: retries spent in a few milliseconds could not."""
+    with servers.ServerProcess(binary, appendfsync_always=True) as server:
+        client = families.client(port=server.port, retry=families.retry(3))
+        lease = redlease.Lock(client, "restarting", ttl=TTL).acquire(timeout=5)
+        server.kill()
+        back = threading.Timer(0.3, server.restart)  # down for 0.3 s and its start
+        back.start()
+        try:
+            lease.release()  # no BackendError: a retry found the server back
+        finally:
+            back.join(30)
+        assert client.exists(lock_key("restarting")) == 0
+        client.close()

@@ -438,18 +438,27 @@ class AsyncIO:
 
 async def _retrying(once: Callable[[], Awaitable[T]], retries: int, end: float) -> T:
     """``once`` (a retry: the first try failed) up to ``retries`` times while it fails:
-    the first at once, then each after a back-off of redlease's own that would not end
-    before ``end``, the operation's bound, else not at all. (The client's retry policy
-    gives the count; its back-off is not public, and redis-py's default sleeps for
-    seconds, past any bound.)"""
+    the first at once, then the others spread over the time left before ``end``, the
+    operation's bound: each after an equal share of it, but at most CONNECT_RETRY_CAP
+    apart and at least redlease's own back-off, so that a server restarting for a moment
+    is waited out; none is begun that would not start before ``end``. (The client's
+    retry policy gives the count; its back-off is not public, and redis-py's default
+    sleeps for seconds, past any bound.)"""
     failures = 0
     while True:
         try:
             return await once()
         except backend_failures():
             failures += 1
-            delay = backoff(failures, CONNECT_RETRY_BASE, CONNECT_RETRY_CAP)
-            if failures >= retries or time.monotonic() + delay >= end:
+            if failures >= retries:
+                raise
+            left = end - time.monotonic()
+            share = left / (retries - failures + 1)
+            delay = max(
+                min(share, CONNECT_RETRY_CAP),
+                backoff(failures, CONNECT_RETRY_BASE, CONNECT_RETRY_CAP),
+            )
+            if delay >= left:
                 raise
             await sleep(delay)
 

@@ -42,10 +42,11 @@ UNFAIR_STARVING = 0.1
 # pass, after a back-off from this base up to this cap.
 PASSING_RETRY_BASE = 0.05
 PASSING_RETRY_CAP = 1.0
-# A failed connection is tried again at once, then after a back-off from this base up to
-# this cap, cut off by the operation's bound.
+# A failed connection is tried again at once, then its other retries spread over the
+# operation's bound, at most the cap apart (a restart of a second or two is waited out by
+# a few retries), at least a back-off from the base up to the cap (for a count without end).
 CONNECT_RETRY_BASE = 0.01
-CONNECT_RETRY_CAP = 0.25
+CONNECT_RETRY_CAP = 1.0
 
 
 def backoff(failures: int, base: float, cap: float, rng: random.Random | None = None) -> float:
