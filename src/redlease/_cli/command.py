@@ -383,12 +383,14 @@ def _warn(
     print(f"redlease: warning: {text}", file=sys.stderr if file is None else file)
 
 
-def _warn_json(name: str) -> Any:
-    """``run --json``'s warnings: one JSON event each, as its other messages."""
+def _warn_as_events(name: str) -> Any:
+    """``run --json``'s warnings: one of its JSON events each (``run.Reporter``)."""
+    from .run import Reporter
+
+    report = Reporter(name, as_json=True)
 
     def warn(message: Warning | str, *_: object, **__: object) -> None:
-        event = {"event": "warning", "name": name, "message": str(message)}
-        print(json.dumps(event), file=sys.stderr, flush=True)
+        report.say("warning", None, message=str(message))
 
     return warn
 
@@ -405,7 +407,7 @@ def _main(argv: Sequence[str] | None) -> int:
     args, extra = parser.parse_known_args(args_in)
     usage = args.parsers.get(args.command, parser)  # (the subcommand's, if it has one)
     if args.command == "run" and args.json:
-        warnings.showwarning = _warn_json(args.name)  # (main restores it)
+        warnings.showwarning = _warn_as_events(args.name)  # (main restores it)
     if extra:
         if args.command == "run" and not cmd and not extra[0].startswith("-"):
             usage.error(f"put -- before the command: redlease run NAME -- {extra[0]} ...")
@@ -509,11 +511,13 @@ def _demo(args: argparse.Namespace) -> int:
 
 
 def _complain(args: argparse.Namespace, text: str, code: int) -> int:
-    """Say why the command failed, on stderr: for ``run --json`` as its JSON events are
-    (a job run by cron logs one kind of line), else as a line of text. Returns ``code``."""
-    if args.command == "run" and args.json:
-        event = {"event": "error", "name": args.name, "message": text, "code": code}
-        print(json.dumps(event), file=sys.stderr, flush=True)
+    """Say why the command failed, on stderr, in a line of text; ``run`` says it as its
+    other messages (``run.Reporter``: a JSON event with ``--json``, for a job run by cron
+    logs one kind of line). Returns ``code``."""
+    if args.command == "run":
+        from .run import Reporter
+
+        Reporter(args.name, args.json).say("error", text, message=text, code=code)
     else:
         print(f"redlease: {text}", file=sys.stderr)
     return code

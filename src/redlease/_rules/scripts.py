@@ -135,7 +135,7 @@ end
 local function hub_listens(bells, hub, lenient)
   local channel = bells .. '@' .. hub
   local sharded = string.sub(hub, 1, 1) == 's'
-  local heard
+  local heard  -- (each call written out: the ACL rule is read from the calls' text)
   if lenient then
     heard = redis.pcall('PUBSUB', sharded and 'SHARDNUMSUB' or 'NUMSUB', channel)
     if heard.err then return true, channel, sharded end

@@ -65,7 +65,7 @@ CLIENT_CALLS = 8
 
 
 # How often a failed connection is tried again when the client's retry policy does not
-# say (its ``get_retries()``: redis-py from 5.1, valkey-py).
+# say: one without a public ``get_retries()`` (valkey-py's, older redis-py's).
 DEFAULT_RETRIES = 3
 
 
