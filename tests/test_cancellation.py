@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 import redis.asyncio as aredis
 
+import families
 import redlease
 from redlease._async.io import AsyncIO
 from waiting_helpers import lock_key
@@ -115,3 +116,163 @@ async def test_wait_for_timeout_around_acquire(ar: aredis.Redis, name: str) -> N
     assert (await lock_state(ar, name))[1:] == (0, 0)
     await holder.release()
     assert (await lock_state(ar, name))[0] is None
+
+
+# -- An acquire that reaches the server after its own clean-up --------------------------
+#
+# A cancelled acquire's connection is dropped with its script in flight, and the clean-up
+# goes out on another connection: nothing orders the two. The proxy holds what was sent
+# on the connection open when the acquire began, so the server runs the clean-up first
+# and the acquire after it, every time: the acquire must then take nothing.
+
+
+def _primitives(client: Any, name: str) -> dict[str, Any]:
+    """Per primitive: (a coroutine function that takes it, the kind read_info reads)."""
+    rw = redlease.AsyncReadWriteLock(client, name, ttl=30.0)
+    multi = redlease.AsyncMultiLock(client, [name, name + ":2"], ttl=30.0)
+    election = redlease.AsyncElection(client, name, ttl=30.0, identity="node-a")
+    job = redlease.AsyncOnce(client, name, at_most=30.0, every=3600.0)
+    return {
+        "lock": (redlease.AsyncLock(client, name, ttl=30.0).acquire, "lock"),
+        "unfair-lock": (redlease.AsyncLock(client, name, ttl=30.0, fair=False).acquire, "lock"),
+        "semaphore": (
+            redlease.AsyncSemaphore(client, name, limit=2, ttl=30.0).acquire,
+            "semaphore",
+        ),
+        "read": (rw.read.acquire, "rwlock"),
+        "write": (rw.write.acquire, "rwlock"),
+        "multilock": (multi.acquire, "lock"),
+        "election": (election.campaign, "election"),
+        "once-every": (job.begin, "lock"),
+    }
+
+
+_PRIMITIVES = ("lock", "unfair-lock", "semaphore", "read", "write", "multilock", "election")
+
+
+@pytest.mark.parametrize("primitive", [*_PRIMITIVES, "once-every"])
+async def test_an_acquire_landing_after_its_clean_up_takes_nothing(
+    server: Any, family: Any, r: Any, name: str, primitive: str
+) -> None:
+    from redlease.tools.chaos.proxy import FaultProxy
+
+    with FaultProxy("127.0.0.1", server.port) as proxy:
+        client = family.aclient(port=proxy.port)
+        try:
+            # one connection in redlease's pool, through the proxy (the server looked at)
+            await (await redlease.AsyncLock(client, name + ":warm", ttl=30.0).acquire()).release()
+            take, kind = _primitives(client, name)[primitive]
+            proxy.hold_open()
+            task = asyncio.ensure_future(take())
+            for _ in range(5000):  # until the acquire is on its way, held
+                if proxy.stats.holding:
+                    break
+                await asyncio.sleep(0.001)
+            assert proxy.stats.holding, "the acquire never left"
+            task.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await task  # its clean-up went out on a new connection, and ran
+            assert not redlease.read_info(r, name, kind=kind).held
+            proxy.let_go()  # now the acquire reaches the server
+            for _ in range(5000):
+                if not proxy.stats.holding:
+                    break
+                await asyncio.sleep(0.001)
+            await asyncio.sleep(0.3)
+            assert not redlease.read_info(r, name, kind=kind).held
+            assert r.get(lock_key(name) + ":once") is None  # no period used up
+            if primitive == "election":
+                assert r.get(lock_key(name) + ":elect") is None  # nobody leads
+        finally:
+            await client.aclose()
+
+
+# -- Cancelled at random moments, against a server other clients keep busy ---------------
+
+# About a millisecond of server time per run: the other clients' scripts, between which
+# each of ours waits its turn (so a cancellation finds it in flight more often).
+_BUSY = "local n = 0 for i = 1, 100000 do n = n + i end return n"
+
+
+class _BusyServer:
+    """Other clients' scripts, back to back, on a connection of their own."""
+
+    def __init__(self, port: int) -> None:
+        import threading
+
+        self.client = families.client(port=port)
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        while not self.stop.is_set():
+            self.client.eval(_BUSY, 0)
+
+    def __enter__(self) -> _BusyServer:
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop.set()
+        self.thread.join(10)
+        self.client.close()
+
+
+async def _cancelled_at_random(take: Any, tries: int, tasks: int, seed: int) -> list[Any]:
+    """``tries`` takes in all by ``tasks`` tasks, each cut short at a random moment of its
+    first 3 ms (before its script is sent, in flight, after the reply); what was taken
+    is given back. The runs (leases) that reached their caller."""
+    import random
+
+    rng = random.Random(seed)
+    reached: list[Any] = []
+
+    async def one(count: int) -> None:
+        loop = asyncio.get_running_loop()
+        for _ in range(count):
+            task = asyncio.ensure_future(take())
+            timer = loop.call_later(rng.uniform(0.0, 0.003), task.cancel)
+            try:
+                got = await task
+            except asyncio.CancelledError:
+                continue
+            finally:
+                timer.cancel()
+            if isinstance(got, redlease.Skipped):
+                continue
+            reached.append(got)
+            await got.release()
+
+    await asyncio.gather(*(one(tries // tasks) for _ in range(tasks)))
+    return reached
+
+
+@pytest.mark.parametrize("primitive", [*_PRIMITIVES, "once"])
+async def test_cancelled_at_random_moments_leaves_nothing_behind(
+    server: Any, ar: aredis.Redis, r: Any, name: str, primitive: str
+) -> None:
+    names = [f"{name}:{i}" for i in range(10)]  # shared by the tasks: some wait
+    picked = iter(range(1 << 30))
+    made = {n: _primitives(ar, n) for n in names}
+
+    async def take() -> Any:
+        n = names[next(picked) % len(names)]
+        if primitive == "once":  # every=: a period used up by a run that never began shows
+            job = redlease.AsyncOnce(ar, n, at_most=30.0, every=3600.0)
+            return await job.begin()
+        return await made[n][primitive][0]()
+
+    with _BusyServer(server.port):
+        seed = sum(map(ord, primitive))
+        reached = await _cancelled_at_random(take, tries=1000, tasks=8, seed=seed)
+    await asyncio.sleep(0.5)  # a late script still on its way lands
+    kind = "lock" if primitive == "once" else made[names[0]][primitive][1]
+    held = [n for n in names if redlease.read_info(r, n, kind=kind).held]
+    assert held == [], f"left held after every task ended: {held}"
+    ran = {run.token for run in reached} if primitive == "once" else set()
+    for n in names:
+        record = r.get(lock_key(n) + ":once")
+        # a period is used up only by a run that reached its caller
+        assert record is None or record.decode().split(":")[1] in ran, n
+        if primitive == "election":
+            assert r.get(lock_key(n) + ":elect") is None  # nobody leads

@@ -482,7 +482,13 @@ def test_a_try_given_up_before_its_run_does_not_use_up_its_period(
     token = "ab" * 16
     assert int(r.eval(ONCE_ACQUIRE.source, 5, *_acquire_args(name, token, 3_600_000))[0]) > 0
     keys = LockKeys.for_name(name)
-    r.eval(ONCE_LEAVE.source, 5, *keys.script_keys, keys.once, token, "1", keys.bell_prefix, "0")
+    leave = (token, "1", keys.bell_prefix, "0", "60000")
+    r.eval(ONCE_LEAVE.source, 5, *keys.script_keys, keys.once, *leave)
+    assert not r.exists(keys.lock, keys.once)
+    # the same try arriving again after its clean-up (in flight on a dropped connection)
+    # takes neither the name nor the period
+    late = r.eval(ONCE_ACQUIRE.source, 5, *_acquire_args(name, token, 3_600_000))
+    assert int(late[0]) == 0
     assert not r.exists(keys.lock, keys.once)
     run = redlease.Once(r, name, at_most=30, every=3600).begin()
     assert isinstance(run, redlease.Run)

@@ -198,13 +198,16 @@ class AsyncMultiLock(AsyncOnly):
         return AsyncMultiLease(self._names, leases)
 
     async def _give_back_token(self, token: str, *, hurried: bool = False) -> None:
-        """Release each name held with ``token``. ``hurried`` (the process is going
-        away): each release bounded, and the first that fails ends the clean-up (the
-        names share one server: the others would wait on it too); what is left
-        expires with the ttl."""
+        """Release each name held with ``token``, and mark the try given up (the
+        first name's leave does: a try still on its way then takes nothing, see
+        ``_rules.flows.leave``). ``hurried`` (the process is going away): each release
+        bounded, and the first that fails ends the clean-up (the names share one server:
+        the others would wait on it too); what is left expires with the ttl."""
+        timeout = _flows.PAST_DEADLINE if hurried else None
         for spec in self._specs:
+            flow = _flows.leave(spec, token, keep=False, timeout=timeout, patient=not hurried)
             try:
-                await self._io.run(_flows.release(spec, token, hurried=hurried), "clean up")
+                await self._io.run(flow, "clean up")
             except Exception:
                 if hurried:
                     return

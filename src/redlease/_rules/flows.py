@@ -67,6 +67,9 @@ MIN_LOOK = 0.01  # less time than this left: the look waits for a later acquire
 # the settings look, its own ops, and the clean-up after a failed one (PAST_DEADLINE).
 TRY_BOUND = 2.0
 TRY_OPS = TRY_BOUND - SETTINGS_WAIT - PAST_DEADLINE
+# The mark of an attempt given up outlives the longest wait for an acquire's reply by
+# this factor (see LockSpec.given_up_ms).
+GIVEN_UP_FOR = 2
 # Fences a grant asks for: one. (The scripts can take several at once and report how
 # many they took; nothing asks for more since grants are no longer lent out in batches.)
 ONE_FENCE = "1"
@@ -225,6 +228,14 @@ class LockSpec:
     @property
     def fair_arg(self) -> str:
         return "1" if self.fair else "0"
+
+    @property
+    def given_up_ms(self) -> str:
+        """How long the mark of an attempt given up lasts on the server (see the LEAVE
+        script): an acquire of it still on its way (sent on a connection dropped with it
+        in flight) is refused when it lands. Twice the longest an acquire's reply is
+        waited for: a link that holds one longer than that is one no client waits on."""
+        return str(math.ceil(GIVEN_UP_FOR * self.reply_timeout * 1000))
 
     def call(
         self,
@@ -467,30 +478,16 @@ class Acquisition:
         return True
 
     def leave(self, *, keep: bool) -> Flow[Grant | None]:
-        spec = self.spec
-        replicas = self._replicas() if keep else None
-        sent_at = spec.clock()
-        reply, acked = spec.unpack(
-            (
-                yield spec.call(
-                    spec.kind.leave,
-                    self.token,
-                    spec.fair_arg,
-                    spec.keys.bell_prefix,
-                    "1" if keep else "0",
-                    *spec.extra,
-                    replicas=replicas,
-                    timeout=self._bound(),
-                    patient=self.wait and not self.hurried,
-                )
-            ),
-            replicas,
+        return (
+            yield from leave(
+                self.spec,
+                self.token,
+                keep=keep,
+                replicas=self._replicas() if keep else None,
+                timeout=self._bound(),
+                patient=self.wait and not self.hurried,
+            )
         )
-        fence, pttl, _ = (as_int(x) for x in reply)
-        if fence > 0:
-            spec.check_acked(acked, "acquire", replicas)
-            return Grant(self.token, fence, valid_until(sent_at, pttl, spec.ttl))
-        return None
 
     def abandon(self, *, hurried: bool = False) -> Flow[None]:
         """Leave the queue and release whatever may have been granted to this attempt.
@@ -500,6 +497,45 @@ class Acquisition:
         (a queue entry with its deadline, a grant with its ttl)."""
         self.hurried = self.hurried or hurried
         yield from self.leave(keep=False)
+
+
+def leave(
+    spec: LockSpec,
+    token: str,
+    *,
+    keep: bool,
+    replicas: Replicas | None = None,
+    timeout: float | None = None,
+    patient: bool = True,
+) -> Flow[Grant | None]:
+    """The attempt of ``token`` is over: out of the queue, and a grant made to it
+    meanwhile kept (``keep``: returned) or given back. Unless a grant is kept, the
+    server keeps a mark of it (``given_up_ms``) that an acquire of ``token`` still on its
+    way obeys: whichever of the two the server runs first, nothing is left granted to a
+    token nobody waits for."""
+    sent_at = spec.clock()
+    reply, acked = spec.unpack(
+        (
+            yield spec.call(
+                spec.kind.leave,
+                token,
+                spec.fair_arg,
+                spec.keys.bell_prefix,
+                "1" if keep else "0",
+                spec.given_up_ms,
+                *spec.extra,
+                replicas=replicas,
+                timeout=timeout,
+                patient=patient,
+            )
+        ),
+        replicas,
+    )
+    fence, pttl, _ = (as_int(x) for x in reply)
+    if fence > 0:
+        spec.check_acked(acked, "acquire", replicas)
+        return Grant(token, fence, valid_until(sent_at, pttl, spec.ttl))
+    return None
 
 
 def extend(spec: LockSpec, token: str, ttl_ms: int, wait: float | None = None) -> Flow[float]:

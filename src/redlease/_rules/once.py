@@ -171,6 +171,7 @@ def _given_up(
         spec.fair_arg,
         spec.keys.bell_prefix,
         "0",
+        spec.given_up_ms,
         keys=(*spec.keys.script_keys, spec.keys.once),
         timeout=timeout,
         patient=patient,

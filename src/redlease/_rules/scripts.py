@@ -236,15 +236,20 @@ ACQUIRE = Script(
 -- ARGV[7] the waiter's hub ('': rung on its bell)
 -- Reply {fence, pttl, server_us, taken}. fence > 0: acquired, the highest fence taken,
 -- and taken of them; pttl = ms of validity left. fence = 0: held by another, pttl = its
--- ms left (-2: free but promised to a waiter).
+-- ms left (-2: free but promised to a waiter), or the token's attempt was given up.
+-- A token whose attempt was given up (LEAVE left its mark, lock .. ':left:' .. token) is
+-- never granted nor queued: an acquire of that attempt that reaches the server after its
+-- clean-up (sent on a connection dropped with it in flight) takes nothing.
 """
     + _FENCES
     + """
--- Fast path first, before the other helpers are defined: the lock is free and either
--- nobody is queued (so nobody can have been granted or promised it) or it is unfair (a
--- free lock is anyone's; a queued caller that takes it leaves the queue, and its woken
--- mark goes).
-if (ARGV[3] == '0' or redis.call('EXISTS', KEYS[3]) == 0)
+-- Fast path first, before the other helpers are defined: the token's attempt goes on,
+-- the lock is free and either nobody is queued (so nobody can have been granted or
+-- promised it) or it is unfair (a free lock is anyone's; a queued caller that takes it
+-- leaves the queue, and its woken mark goes). (One EXISTS asks for the mark and, fair,
+-- the queue.)
+local given_up = KEYS[1] .. ':left:' .. ARGV[1]
+if redis.call('EXISTS', given_up, ARGV[3] == '0' and given_up or KEYS[3]) == 0
     and redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then
   -- (a woken mark names a queued waiter only: the caller's, if it was queued)
   if ARGV[3] == '0' and redis.call('HDEL', KEYS[4], ARGV[1]) == 1 then
@@ -271,6 +276,7 @@ if holder == token then
   local f, taken = held_fence(fence, bell)
   return {f, redis.call('PTTL', lock), 0, taken}
 end
+if redis.call('EXISTS', given_up) == 1 then return {0, redis.call('PTTL', lock), 0, 0} end
 local now = now_us()
 if not holder and fair == '1' then
   local first = live_head(queue, waiters, now)
@@ -395,8 +401,11 @@ LEAVE = Script(
 -- KEYS[1] lock  KEYS[2] fence  KEYS[3] queue  KEYS[4] waiters
 -- ARGV[1] token  ARGV[2] fair ('1'/'0')  ARGV[3] bell key prefix
 -- ARGV[4] '1': keep a lock granted to us meanwhile; '0': release it
+-- ARGV[5] ms the attempt's mark lasts (lock .. ':left:' .. token): an acquire of this
+-- token that reaches the server after this leave (it was in flight on a connection
+-- dropped with it) finds it, and takes nothing
 -- Reply {fence, pttl, taken}: fence > 0 when a grant was kept (taken of its fences are
--- ours); {0, 0, 0} otherwise.
+-- ours); {0, 0, 0} otherwise, and the attempt is over.
 local lock, fence, queue, waiters = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
 local token, bell = ARGV[1], ARGV[3] .. ARGV[1]
 forget(queue, waiters, token)
@@ -409,6 +418,7 @@ if holder == token then
   holder = false
 end
 redis.call('DEL', bell)
+redis.call('SET', lock .. ':left:' .. token, '1', 'PX', ARGV[5])
 -- a free lock may have been waiting for us (fair) or woken us (not fair): pass it on
 if not holder then hand_on(lock, fence, queue, waiters, ARGV[3], ARGV[2]) end
 return {0, 0, 0}
@@ -427,8 +437,10 @@ MULTI_ACQUIRE = Script(
 -- turn  ARGV[1] token  ARGV[2] ttl ms
 -- Reply {fence of each}: all taken, with one token (a lock held with it already, by an
 -- earlier run whose reply was lost, is ours: its fence is its counter's); {}: one of
--- them is held by another, or has waiters (who come first), so none is taken.
+-- them is held by another, or has waiters (who come first), so none is taken; or the
+-- try was given up (its clean-up, a LEAVE of each name in turn, marked the first).
 local n = #KEYS / 3
+if redis.call('EXISTS', KEYS[1] .. ':left:' .. ARGV[1]) == 1 then return {} end
 for i = 0, n - 1 do
   local holder = redis.call('GET', KEYS[3 * i + 1])
   if holder and holder ~= ARGV[1] then return {} end
@@ -572,6 +584,9 @@ local limit, mode = tonumber(ARGV[8]), ARGV[9]
 local now = now_us()
 held_now(holders, fences, now)
 local held = ours(holders, fences, token, now)
+if not held and redis.call('EXISTS', holders .. ':left:' .. token) == 1 then
+  return {0, -2, now, 0}  -- the token's attempt was given up: as the lock's acquire
+end
 local server_us = 0  -- (a grant found: it was made before this call)
 local mine = ARGV[10]
 if not held and mine and mine ~= '' and redis.call('ZSCORE', holders, mine) then
@@ -676,7 +691,8 @@ SHARED_LEAVE = Script(
     + """
 -- A waiter gives up: as the lock's leave. KEYS as the acquire's; ARGV[1] token
 -- ARGV[2] fair (unused)  ARGV[3] bell key prefix  ARGV[4] '1': keep a hold granted to
--- us meanwhile; '0': give it back  ARGV[5] limit  ARGV[6] mode
+-- us meanwhile; '0': give it back  ARGV[5] ms the attempt's mark lasts (holders ..
+-- ':left:' .. token, as the lock's)  ARGV[6] limit  ARGV[7] mode
 -- Reply {fence, pttl, taken}: fence > 0 when a hold was kept; {0, 0, 0} otherwise.
 local holders, fence, queue, waiters, fences = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
 local token = ARGV[1]
@@ -689,6 +705,7 @@ if held then
   if ARGV[4] == '1' then return {held[1], held[2], 1} end
   drop(holders, fences, token)
 end
+redis.call('SET', holders .. ':left:' .. token, '1', 'PX', ARGV[5])
 -- what we held, or our place in the queue (a waiter we held back), may be due to others
 hand_on(holders, fences, fence, queue, waiters, ARGV[3], now)
 return {0, 0, 0}
@@ -997,7 +1014,7 @@ ONCE_LEAVE = Script(
     """
 -- A scheduled job's try given up (interrupted, or its grant came too late): the lock's
 -- leave, and the period's record taken back if this try wrote it (its run never began).
--- KEYS as ONCE_ACQUIRE's  ARGV[1..4] as leave's (ARGV[4] '0')  Reply as leave's.
+-- KEYS as ONCE_ACQUIRE's  ARGV[1..5] as leave's (ARGV[4] '0')  Reply as leave's.
 local function leave()
 """
     + LEAVE.source

@@ -11,6 +11,9 @@
                                             # connect, until another mode is set
     proxy.reset_connections()               # one-shot reset; the mode stays as it is
     proxy.retarget("127.0.0.1", other_port) # new connections go there (a moved address)
+    proxy.hold_open()                       # the bytes clients send on the connections
+                                            # open now are held (new ones pass)...
+    proxy.let_go()                          # ...and delivered now, in order
     proxy.set_mode("pass")                  # back to normal
     proxy.stop()
 
@@ -29,6 +32,12 @@ Modes (``MODES``):
   lost reply), after which the mode goes back to ``pass`` by itself.
 - ``reset``: existing connections are aborted with an RST, new ones are reset on accept.
 
+Besides the modes, ``hold_open()`` stalls the connections open at that moment, one way:
+what their clients send (a close included) is held until ``let_go()``, while new
+connections pass. So a command in flight on a connection its client then drops reaches
+the server after what the client sent next on another connection: the order two
+connections deliver in is not the order they were written in.
+
 The proxy runs its own asyncio loop in a daemon thread, so it works under sync and async
 code alike; ``set_mode`` may be called from any thread and applies to the next chunk read.
 It listens on 127.0.0.1 only. ``stats`` counts connections and bytes forwarded/dropped.
@@ -43,6 +52,7 @@ import socket
 import struct
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 __all__ = ["MODES", "FaultProxy", "ProxyStats"]
@@ -58,6 +68,7 @@ class ProxyStats:
     resets: int = 0
     bytes_forwarded: int = 0
     bytes_dropped: int = 0
+    holding: int = 0  # connections with something held by hold_open() now
 
 
 def _abort(writer: asyncio.StreamWriter) -> None:
@@ -76,6 +87,8 @@ class _Link:
         self.client = client
         self.server = server
         self.tasks: list[asyncio.Task[None]] = []
+        self.open = asyncio.Event()  # cleared: what the client sends is held (hold_open)
+        self.open.set()
 
     def abort(self) -> None:
         _abort(self.client)
@@ -139,6 +152,29 @@ class FaultProxy:
 
             loop.call_soon_threadsafe(reset_all)
             done.wait(5.0)
+
+    def hold_open(self) -> None:
+        """Hold what clients send on the connections open now (a close included) until
+        ``let_go()``; connections made later pass."""
+        self._on_links(lambda link: link.open.clear())
+
+    def let_go(self) -> None:
+        """Deliver, in order, what ``hold_open()`` held, and stop holding."""
+        self._on_links(lambda link: link.open.set())
+
+    def _on_links(self, change: Callable[[_Link], None]) -> None:
+        loop = self._loop
+        if loop is None or not loop.is_running():
+            return
+        done = threading.Event()
+
+        def each() -> None:
+            for link in list(self._links):
+                change(link)
+            done.set()
+
+        loop.call_soon_threadsafe(each)
+        done.wait(5.0)
 
     def start(self, timeout: float = 10.0) -> FaultProxy:
         if self._thread is not None:
@@ -244,7 +280,7 @@ class FaultProxy:
         """Copy one direction. Chunks go through a queue stamped with their release time
         so a delay adds latency without serialising the chunks behind each other."""
         queue: asyncio.Queue[tuple[float, bytes] | None] = asyncio.Queue()
-        sender = asyncio.create_task(self._send(queue, writer))
+        sender = asyncio.create_task(self._send(queue, writer, None if replies else link))
         try:
             while True:
                 try:
@@ -273,10 +309,19 @@ class FaultProxy:
             link.server.transport.abort()
 
     async def _send(
-        self, queue: asyncio.Queue[tuple[float, bytes] | None], writer: asyncio.StreamWriter
+        self,
+        queue: asyncio.Queue[tuple[float, bytes] | None],
+        writer: asyncio.StreamWriter,
+        link: _Link | None,  # the client's side: held while link.open is clear
     ) -> None:
         while True:
             item = await queue.get()
+            if link is not None and not link.open.is_set():
+                self.stats.holding += 1
+                try:
+                    await link.open.wait()
+                finally:
+                    self.stats.holding -= 1
             if item is None:
                 return
             release_at, data = item
