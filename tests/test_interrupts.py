@@ -7,9 +7,12 @@ from __future__ import annotations
 
 import subprocess
 import sys
+from typing import Any
 
 import pytest
+import redis
 
+import redlease
 from redlease.tools import servers
 
 _SCRIPT = r"""
@@ -63,3 +66,213 @@ def test_interrupts_at_random_moments_never_leave_the_process_hung(
     said, interrupted = done.stdout.split()[:2]
     assert said == "done"
     assert int(interrupted) > 100  # the interrupts did land, many of them inside the calls
+
+
+_HELD_SCRIPT = r"""
+import faulthandler, random, signal, sys, time
+import redis, redlease
+faulthandler.dump_traceback_later(float(sys.argv[3]), exit=True)
+r = redis.Redis(port=int(sys.argv[1]))
+prefix, blocks = sys.argv[2], int(sys.argv[4])
+
+def interrupt(*_):
+    raise KeyboardInterrupt
+
+def make(kind, name):
+    options = dict(ttl=2, auto_renew=True)
+    if kind == "lock":
+        return redlease.Lock(r, name, **options), [(name, "lock")]
+    if kind == "semaphore":
+        return redlease.Semaphore(r, name, limit=2, **options), [(name, "semaphore")]
+    if kind in ("read", "write"):
+        return getattr(redlease.ReadWriteLock(r, name, **options), kind), [(name, "rwlock")]
+    both = [(name, "lock"), (name + ":b", "lock")]
+    return redlease.MultiLock(r, [name, name + ":b"], **options), both
+
+signal.signal(signal.SIGALRM, interrupt)
+rng = random.Random(3)
+for kind in ("lock", "semaphore", "read", "write", "multilock"):
+    names, interrupted = [], 0
+    for i in range(blocks):
+        lock, read = make(kind, f"{prefix}:{kind}:{i}")
+        names.append(read)
+        try:
+            signal.setitimer(signal.ITIMER_REAL, rng.uniform(1e-6, 8e-4))
+            try:
+                with lock:
+                    pass
+            except redlease.LockError:
+                pass
+            time.sleep(0.001)  # (the timer fires at the latest here)
+        except KeyboardInterrupt:
+            interrupted += 1
+    signal.setitimer(signal.ITIMER_REAL, 0)
+    def held():
+        return sum(any(redlease.read_info(r, n, kind=k).held for n, k in each) for each in names)
+    now = held()
+    time.sleep(2.5)  # a block left held and not renewed has expired by now
+    print(kind, interrupted, now, held(), flush=True)
+"""
+
+
+@pytest.mark.timeout(300)
+def test_interrupts_at_random_moments_leave_no_name_held_or_renewed(
+    server: servers.ServerProcess, name: str
+) -> None:
+    """SIGALRM at a random moment of 1,500 blocks per primitive (1-800 us in: acquire,
+    the block's start, its end, the release): at most one block in 1,000 leaves its name
+    held, and none is renewed after its block (2 s leases, renewed)."""
+    blocks = 1500
+    done = subprocess.run(
+        [sys.executable, "-c", _HELD_SCRIPT, str(server.port), name, "240", str(blocks)],
+        capture_output=True,
+        text=True,
+        timeout=280,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    for line in done.stdout.splitlines():
+        _, interrupted, held, renewed = line.split()
+        assert int(interrupted) > blocks // 2, line  # most landed inside the block's calls
+        assert int(held) <= blocks // 1000, line
+        assert int(renewed) == 0, line
+    assert len(done.stdout.splitlines()) == 5, done.stdout
+
+
+# -- An interrupt at each step of a block's start and end, landed deterministically ----
+#
+# A trace function that raises as a given function starts is what a signal handler's
+# error at that moment does (CPython runs handlers as a function begins): the function's
+# body never runs.
+
+
+def _interrupt_at(qualname: str, nth: int = 1) -> None:
+    """Raise KeyboardInterrupt as the ``nth`` call of ``qualname`` in this thread starts."""
+    seen = 0
+
+    def tracer(frame: Any, event: str, arg: Any) -> None:
+        nonlocal seen
+        if event == "call" and getattr(frame.f_code, "co_qualname", "") == qualname:
+            seen += 1
+            if seen == nth:
+                sys.settrace(None)
+                raise KeyboardInterrupt
+
+    sys.settrace(tracer)
+
+
+def _primitive(r: redis.Redis, name: str, kind: str) -> tuple[Any, str]:
+    """A block's lock of ``kind``, renewed (its renewal must end with the block), and
+    the kind ``read_info`` reads."""
+    if kind == "lock":
+        return redlease.Lock(r, name, ttl=30.0, auto_renew=True), "lock"
+    if kind == "reentrant":
+        return redlease.Lock(r, name, ttl=30.0, auto_renew=True, reentrant=True), "lock"
+    if kind == "semaphore":
+        return redlease.Semaphore(r, name, limit=2, ttl=30.0, auto_renew=True), "semaphore"
+    if kind == "write":
+        return redlease.ReadWriteLock(r, name, ttl=30.0, auto_renew=True).write, "rwlock"
+    return redlease.MultiLock(r, [name, name + ":b"], ttl=30.0, auto_renew=True), "lock"
+
+
+def _left_held(r: redis.Redis, name: str, kind: str) -> list[str]:
+    names = [name, name + ":b"] if kind == "lock" else [name]
+    return [n for n in names if redlease.read_info(r, n, kind=kind).held]
+
+
+# (window, the function whose start is interrupted, which call of it, the primitives)
+_ENTERING = [
+    ("grant-to-lease", "SyncFront._watched", 1, ("lock", "semaphore", "write")),
+    ("noted-for-the-block", "push_entered", 1, ("lock", "semaphore", "write", "multi")),
+    ("multi-second-lease", "SyncFront._watched", 2, ("multi",)),
+    ("multi-leased", "MultiLock._leased", 1, ("multi",)),
+]
+_ENDING = [
+    ("exit-finds-its-note", "close_entered", 1, ("lock", "semaphore", "write", "multi")),
+    ("exit-knows-its-lease", "entered_lease", 1, ("lock", "semaphore", "write", "multi")),
+    ("lease-exit", "SyncLeaseBlock.__exit__", 1, ("lock", "semaphore", "write")),
+    ("release-begins", "SyncLeaseBlock.release", 1, ("lock", "semaphore", "write")),
+    ("release-before-its-script", "LeaseState._release_flow", 1, ("lock", "semaphore")),
+    ("release-sending", "SocketConnection.send", 1, ("lock", "semaphore", "write")),
+    ("multi-release", "MultiLease.release", 1, ("multi",)),
+    ("multi-after-first-name", "SyncLeaseBlock.release", 2, ("multi",)),
+]
+
+
+def _cases(windows: list[tuple[str, str, int, tuple[str, ...]]]) -> list[Any]:
+    return [
+        pytest.param(function, nth, kind, id=f"{window}-{kind}")
+        for window, function, nth, kinds in windows
+        for kind in kinds
+    ]
+
+
+@pytest.mark.parametrize(("function", "nth", "kind"), _cases(_ENTERING))
+def test_an_interrupt_as_a_block_opens_leaves_nothing_held(
+    r: redis.Redis, name: str, function: str, nth: int, kind: str
+) -> None:
+    lock, read_as = _primitive(r, name, "lock" if kind == "multi" else kind)
+    if kind == "multi":
+        lock = redlease.MultiLock(r, [name, name + ":b"], ttl=30.0, auto_renew=True)
+    _interrupt_at(function, nth)
+    try:
+        with pytest.raises(KeyboardInterrupt), lock:
+            pytest.fail("the block ran")
+    finally:
+        sys.settrace(None)
+    assert _left_held(r, name, read_as) == []
+    with lock:  # and the next block opens at once (nothing noted stays in the way)
+        pass
+
+
+@pytest.mark.parametrize(("function", "nth", "kind"), _cases(_ENDING))
+def test_an_interrupt_as_a_block_ends_leaves_nothing_held(
+    r: redis.Redis, name: str, function: str, nth: int, kind: str
+) -> None:
+    lock, read_as = _primitive(r, name, "lock" if kind == "multi" else kind)
+    if kind == "multi":
+        lock = redlease.MultiLock(r, [name, name + ":b"], ttl=30.0, auto_renew=True)
+    try:
+        with pytest.raises(KeyboardInterrupt), lock:
+            _interrupt_at(function, nth)
+    finally:
+        sys.settrace(None)
+    assert _left_held(r, name, read_as) == []
+    with lock:
+        pass
+
+
+def test_an_interrupt_as_a_nested_reentrant_block_ends_keeps_the_outer_hold(
+    r: redis.Redis, name: str
+) -> None:
+    lock = redlease.Lock(r, name, ttl=30.0, reentrant=True)
+    with lock as outer:
+        try:
+            with pytest.raises(KeyboardInterrupt), lock:
+                _interrupt_at("LeaseState.check")  # (its inner release's look)
+        finally:
+            sys.settrace(None)
+        assert outer.hold_count == 1
+        assert redlease.read_info(r, name).held  # the outer block's hold stands
+    assert not redlease.read_info(r, name).held
+
+
+def test_an_interrupt_before_exit_runs_is_given_back_when_its_statement_runs_again(
+    r: redis.Redis, name: str
+) -> None:
+    """The one point no code of redlease's can cover: an error raised as ``__exit__``
+    starts, before its first line. The block's note stays; the next block its holder
+    opens at the same statement (or after its frame returned) gives the lease back."""
+    names = [f"{name}:{i}" for i in range(2)]
+    interrupted = []
+    for i, each in enumerate(names):
+        lock = redlease.Lock(r, each, ttl=30.0, auto_renew=True)
+        try:
+            with lock:
+                if i == 0:
+                    _interrupt_at(type(lock).__exit__.__qualname__)
+        except KeyboardInterrupt:
+            sys.settrace(None)
+            interrupted.append(each)
+            assert redlease.read_info(r, each).held  # (redlease had no line to run)
+    assert interrupted == names[:1]
+    assert [n for n in names if redlease.read_info(r, n).held] == []

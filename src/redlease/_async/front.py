@@ -15,42 +15,110 @@ from __future__ import annotations
 
 import asyncio  # unasync: async only
 import contextlib
-import inspect  # unasync: async only
+import inspect
 from collections.abc import Awaitable, Callable, Coroutine
 from datetime import timedelta
-from types import TracebackType
+from types import FrameType, TracebackType
 from typing import Any, Generic, TypeVar
 
 from .._base import metrics as _metrics
-from .._base.errors import AcquireTimeout, InvalidArgument, LockLost
+from .._base.errors import AcquireTimeout, InvalidArgument, LockError, LockLost
 from .._base.misuse import AsyncOnly  # unasync: async only
 from .._rules import arguments as args
 from .._rules.flows import Grant
 from .._rules.fronts import (
     Attempt,
     FrontBase,
+    Opening,
     P,
     R,
+    close_entered,
+    close_stale,
     decorate_async,
+    entered_lease,
+    forget_entered,
     named,
-    pop_entered,
+    opening,
     push_entered,
     refuse_nested,
+    stale_entered,
+    tidy_entered,
 )
 from .._rules.lease import (
+    LeaseState,
+    drop_hold,
     stop_watching,  # unasync: async only
     unhanded,
 )
+from .._rules.multilock import MultiLeaseState
 from . import renewer as _renewer_async
 from .backend import Cancelled, current_holder, shielded
 from .lease import (
     AsyncDriver,
     AsyncLeaseBlock,
+    finish_in_haste,
+    release_calls,
     set_holder,  # unasync: async only
 )
 
 Seconds = float | timedelta
 LeaseT = TypeVar("LeaseT", bound=AsyncLeaseBlock)
+
+
+async def end_block(
+    block: object,
+    exc_type: type[BaseException] | None,
+    exc: BaseException | None,
+    tb: TracebackType | None,
+) -> None:
+    """The end of a `with` block of ``block`` (a lock, a multi-lock, a job; their
+    ``__aexit__`` itself, so that no call comes before its ``try``): its lease is
+    released, whatever interrupts the end (an error raised by a signal handler, at any
+    step): a release that had not begun by then is made in haste (a lease's own release
+    finishes one that had), and the block's note is dropped."""
+    entry = None
+    lease: Any = None  # (a lease, a multi-lease; a job's Skipped holds nothing)
+    calls = 0
+    try:
+        entry = close_entered(block)
+        lease = entered_lease(entry)
+        if _releases(lease):
+            calls = release_calls(lease)
+            await lease.__aexit__(exc_type, exc, tb)
+    except BaseException as failure:
+        if not isinstance(failure, LockError):
+            if lease is None:  # interrupted before its lease was known
+                if entry is None:  # (or before its note was found)
+                    entry = close_entered(block, missing_ok=True)
+                lease = entered_lease(entry)
+            if release_calls(lease) == calls:
+                await finish_in_haste(lease)
+        raise
+    finally:
+        tidy_entered()
+
+
+async def opened(frame: FrameType | None) -> Opening:
+    """A `with` block opened by the current holder from ``frame`` (the caller of
+    ``__aenter__``); what the holder's blocks found over hold (``stale_entered``) is
+    given back first, in haste."""
+    at = opening(current_holder(), frame)
+    for stale in stale_entered(at):
+        await finish_in_haste(entered_lease(stale))
+        close_stale(stale)
+    return at
+
+
+def caller() -> FrameType | None:
+    """The frame that called the caller (``__aenter__``'s: the `with` statement's)."""
+    frame = inspect.currentframe()
+    return None if frame is None or frame.f_back is None else frame.f_back.f_back
+
+
+def _releases(entered: object) -> bool:
+    """Whether what a block noted is released as it ends (a lease, a multi-lease; a
+    job's Skipped holds nothing)."""
+    return isinstance(entered, (LeaseState, MultiLeaseState))
 
 
 class AsyncFront(FrontBase, AsyncOnly, Generic[LeaseT]):
@@ -92,48 +160,76 @@ class AsyncFront(FrontBase, AsyncOnly, Generic[LeaseT]):
         """
         return await self._acquire(0.0, wait=False)
 
-    async def _acquire(self, timeout: float | None, *, wait: bool) -> LeaseT | None:
+    async def _acquire(
+        self, timeout: float | None, *, wait: bool, entering: Opening | None = None
+    ) -> LeaseT | None:
+        """The lease, or None (a try, or a timeout). ``entering``: the `with` block it
+        opens (noted before it is returned, see ``_granted``)."""
         if self._holding is None:
-            return await self._take(timeout, wait=wait)
-        holder = current_holder()
+            return await self._take(timeout, wait=wait, entering=entering)
+        holder = current_holder() if entering is None else entering.holder
         held = self._held_by(holder)
         if held is not None:
+            if entering is not None:
+                try:
+                    push_entered(self, held, entering)
+                except BaseException:
+                    forget_entered(self, held)
+                    drop_hold(held)  # (the hold _held_by took: the block never began)
+                    raise
             return held  # type: ignore[return-value]
-        lease = await self._take(timeout, wait=wait)
-        if lease is not None:
-            self._hold(holder, lease)
-        return lease
+        return await self._take(timeout, wait=wait, holder=holder, entering=entering)
 
-    async def _take(self, timeout: float | None, *, wait: bool) -> LeaseT | None:
+    async def _take(
+        self,
+        timeout: float | None,
+        *,
+        wait: bool,
+        holder: object = None,
+        entering: Opening | None = None,
+    ) -> LeaseT | None:
         started = _metrics.now()
         attempt = self._new_attempt(timeout, wait=wait)  # (its deadline counts the look)
-        grant = await self._attempted(attempt)
-        if grant is None:
+        lease = await self._granted(attempt, started, holder=holder, entering=entering)
+        if lease is None:
             self._not_granted(started, wait=wait)
-            return None
-        return await self._handed(attempt, grant, started)
+        return lease
 
-    async def _attempted(self, attempt: Attempt) -> Grant | None:
-        """Run ``attempt`` (after the one look at the server); clean up after it if it
-        is interrupted once something reached the server."""
-        await self._io.check_server_once(attempt.look_within())
+    async def _granted(
+        self,
+        attempt: Attempt,
+        started: float,
+        *,
+        holder: object = None,
+        entering: Opening | None = None,
+        block: object = None,
+    ) -> LeaseT | None:
+        """Run ``attempt`` (after the one look at the server) and hand its grant over as
+        a lease (``_watched``), noted for its reentrant ``holder`` and, ``entering``, as
+        the `with` block of ``block`` (default: this lock) that it opens; None if nothing
+        was granted. One try covers every step from the first write to the return, so
+        an interruption anywhere (a cancellation, an error raised by a signal handler)
+        gives back what the attempt may have taken: no one else could release it."""
+        lease: LeaseT | None = None
         try:
-            return await self._io.run(attempt.run(), f"acquire {self.name!r}")
+            await self._io.check_server_once(attempt.look_within())
+            grant = await self._io.run(attempt.run(), f"acquire {self.name!r}")
+            if grant is None:
+                return None
+            lease = self._watched(grant, started)
+            if holder is not None:
+                self._hold(holder, lease)
+            if entering is not None:
+                push_entered(self if block is None else block, lease, entering)
+            return lease
         except BaseException as exc:
+            if lease is not None:
+                forget_entered(self if block is None else block, lease)
+                unhanded(lease)
             if attempt.outstanding:
                 # An interruption that ends the process (Ctrl-C, exit, a signal's error:
                 # not an Exception, nor asyncio's cancellation) is cleaned up in haste.
                 await self._abandon(attempt, hurried=not isinstance(exc, (Exception, Cancelled)))
-            raise
-
-    async def _handed(self, attempt: Attempt, grant: Grant, started: float) -> LeaseT:
-        """The lease of ``attempt``'s grant (``_watched``). Interrupted before the caller
-        has it (an error raised by a signal handler while its renewal starts), the grant
-        is given back as an interrupted attempt's is: no one else could release it."""
-        try:
-            return self._watched(grant, started)
-        except BaseException as exc:
-            await self._abandon(attempt, hurried=not isinstance(exc, (Exception, Cancelled)))
             raise
 
     def _watched(self, grant: Grant, started: float) -> LeaseT:
@@ -168,23 +264,14 @@ class AsyncFront(FrontBase, AsyncOnly, Generic[LeaseT]):
             pass  # cancelled again while cleaning up; the clean-up itself ran to its end
 
     async def __aenter__(self) -> LeaseT:
-        holder = current_holder()
+        at = await opened(caller())
         if self._refuses_nesting and self._holding is None:
-            refuse_nested(self, holder)
-        lease = await self.acquire()
-        push_entered(self, lease, holder)
+            refuse_nested(self, at.holder)
+        lease = await self._acquire(None, wait=True, entering=at)
+        assert lease is not None  # (no timeout: a lease, or an error)
         return lease
 
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        lease = pop_entered(self)
-        if lease is not None:
-            assert isinstance(lease, AsyncLeaseBlock)
-            await lease.__aexit__(exc_type, exc, tb)
+    __aexit__ = end_block
 
     def __call__(self, fn: Callable[P, Awaitable[R]]) -> Callable[P, Coroutine[Any, Any, R]]:
         """``@lock``: each call of ``fn`` runs holding the lock, as in a block of the lock

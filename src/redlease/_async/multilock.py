@@ -9,23 +9,31 @@ import contextlib
 import functools
 from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from datetime import timedelta
-from types import TracebackType
 from typing import Any
 
 from .._base import metrics as _metrics
-from .._base.errors import AcquireTimeout, LockLost
+from .._base.errors import AcquireTimeout, LockError, LockLost
 from .._base.misuse import AsyncOnly  # unasync: async only
 from .._base.timing import Clock, Deadline, valid_until
 from .._clients.checks import check_client
 from .._rules import arguments as args
 from .._rules import flows as _flows
 from .._rules.flows import Grant, new_token
-from .._rules.fronts import P, R, decorate_async, metered_as, pop_entered, push_entered
+from .._rules.fronts import (
+    Opening,
+    P,
+    R,
+    decorate_async,
+    forget_entered,
+    metered_as,
+    push_entered,
+)
+from .._rules.lease import is_held, unhanded
 from .._rules.lock import OnLost, spec_of
 from .._rules.multilock import MultiLeaseState, checked_names, try_all
 from .backend import ASYNC, Cancelled, shielded
-from .front import handed_out
-from .lease import AsyncLease, give_back_in_haste
+from .front import caller, end_block, handed_out, opened
+from .lease import AsyncLease, finish_in_haste, give_back_in_haste
 from .lock import AsyncLock, driver_of
 
 Seconds = float | timedelta
@@ -42,8 +50,16 @@ class AsyncMultiLease(MultiLeaseState, AsyncOnly):
     async def release(self) -> None:
         """Release every lease, each even if another's release failed; then raise the
         first failure (LockLost if one had been lost). asyncio: cancelling the caller
-        does not stop it half-way."""
-        await shielded(self._release_all)
+        does not stop it half-way. Interrupted (an error raised by a signal handler), it
+        gives back the leases it had not released yet in haste, as a lease's release
+        finishes in haste, before the interruption goes on."""
+        try:
+            await shielded(self._release_all)
+        except LockError:
+            raise
+        except BaseException:
+            await finish_in_haste(self)
+            raise
 
     async def _release_all(self) -> None:
         failures: list[BaseException] = []
@@ -136,66 +152,88 @@ class AsyncMultiLock(AsyncOnly):
         """Take every name if all are free right now; never waits. None otherwise."""
         return await self._acquire(0.0, wait=False)
 
-    async def _acquire(self, timeout: float | None, *, wait: bool) -> AsyncMultiLease | None:
+    async def _acquire(
+        self, timeout: float | None, *, wait: bool, entering: Opening | None = None
+    ) -> AsyncMultiLease | None:
+        """The multi-lease, or None. ``entering``: the `with` block it opens
+        (noted before it is returned). Every lease taken is in ``taken`` until the
+        multi-lease is returned: an interruption at any step gives them back."""
         deadline = Deadline.after(self._specs[0].clock, timeout)
+        taken: list[AsyncLease] = []
+        multi = None
+        try:
+            multi = await self._taken(deadline, taken, wait=wait)
+            if multi is not None and entering is not None:
+                push_entered(self, multi, entering)
+            return multi
+        except BaseException as exc:
+            if multi is not None:
+                forget_entered(self, multi)
+            hurried = _going_away(exc)
+            await shielded(functools.partial(self._give_all_back, taken, hurried=hurried))
+            raise
+
+    async def _taken(
+        self, deadline: Deadline, taken: list[AsyncLease], *, wait: bool
+    ) -> AsyncMultiLease | None:
         if self._io.direct:  # one server: try them all at once
-            held = await self._at_once()
-            if held is not None or not wait:
-                return held
-        while True:
-            leases = await self._in_order(deadline, wait=wait)
-            if leases is None:
+            if await self._at_once(taken):
+                return self._leased(taken)
+            if not wait:
                 return None
-            if not any(lease.lost for lease in leases.values()):
-                return AsyncMultiLease(self._names, leases)
+        while True:
+            if not await self._in_order(deadline, taken, wait=wait):
+                return None
+            if not any(lease.lost for lease in taken):
+                return self._leased(taken)
             # A name taken first ran out while a later one was waited for: what is
             # held is no longer all of them. Give it back and start over.
-            await shielded(functools.partial(self._give_all_back, leases))
+            await shielded(functools.partial(self._give_all_back, taken))
             if not wait or deadline.expired():
                 return None
 
-    async def _in_order(self, deadline: Deadline, *, wait: bool) -> dict[str, AsyncLease] | None:
-        """Each name in the global order, waiting for each (or one try each); all their
-        leases, or None with nothing kept."""
-        held: dict[str, AsyncLease] = {}
-        try:
-            for lock in self._locks:
-                left = deadline.left()
-                lease = await (lock.try_acquire() if not wait else lock._acquire(left, wait=True))
-                if lease is None:
-                    break
-                held[lock.name] = lease
-        except BaseException as exc:
-            hurried = _going_away(exc)
-            await shielded(functools.partial(self._give_all_back, held, hurried=hurried))
-            raise
-        if len(held) < len(self._locks):
-            await shielded(functools.partial(self._give_all_back, held))
-            return None
-        return held
+    def _leased(self, taken: list[AsyncLease]) -> AsyncMultiLease:
+        """The multi-lease of the leases taken (one per name, in the global order)."""
+        by_name = {lock.name: lease for lock, lease in zip(self._locks, taken, strict=True)}
+        return AsyncMultiLease(self._names, by_name)
 
-    async def _at_once(self) -> AsyncMultiLease | None:
+    async def _in_order(self, deadline: Deadline, taken: list[AsyncLease], *, wait: bool) -> bool:
+        """Each name in the global order, waiting for each (or one try each), into
+        ``taken``: True when all are; otherwise False with nothing kept."""
+        for lock in self._locks:
+            left = deadline.left()
+            lease = await (lock.try_acquire() if not wait else lock._acquire(left, wait=True))
+            if lease is None:
+                await shielded(functools.partial(self._give_all_back, taken))
+                return False
+            taken.append(lease)
+        return True
+
+    async def _at_once(self, taken: list[AsyncLease]) -> bool:
+        """Every name in one script, into ``taken``: True, or False with nothing kept."""
         await self._io.check_server_once()
         token = new_token()
         started, sent_at = _metrics.now(), self._specs[0].clock()
+        made: list[AsyncLease] = []
         try:
             fences = await self._io.run(try_all(self._specs, token), f"acquire {self._names!r}")
-        except BaseException as exc:  # (it may have landed)
+            if fences is None:
+                return False
+            spec = self._specs[0]
+            until = valid_until(sent_at, spec.ttl_ms, spec.ttl)
+            if until <= spec.clock():  # the reply came too late to be of use: give them back
+                await shielded(functools.partial(self._give_back_token, token))
+                return False
+            for lock, fence in zip(self._locks, fences, strict=True):
+                made.append(handed_out(lock, Grant(token, fence, until), started))
+        except BaseException as exc:  # (it may have landed; its leases never left here)
+            for lease in made:
+                unhanded(lease)
             hurried = _going_away(exc)
             await shielded(functools.partial(self._give_back_token, token, hurried=hurried))
             raise
-        if fences is None:
-            return None
-        spec = self._specs[0]
-        until = valid_until(sent_at, spec.ttl_ms, spec.ttl)
-        if until <= spec.clock():  # the reply came too late to be of use: give them back
-            await shielded(functools.partial(self._give_back_token, token))
-            return None
-        leases = {
-            lock.name: handed_out(lock, Grant(token, fence, until), started)
-            for lock, fence in zip(self._locks, fences, strict=True)
-        }
-        return AsyncMultiLease(self._names, leases)
+        taken.extend(made)
+        return True
 
     async def _give_back_token(self, token: str, *, hurried: bool = False) -> None:
         """Release each name held with ``token``, and mark the try given up (the
@@ -212,33 +250,30 @@ class AsyncMultiLock(AsyncOnly):
                 if hurried:
                     return
 
-    async def _give_all_back(self, leases: dict[str, AsyncLease], *, hurried: bool = False) -> None:
-        """Give back the leases taken one by one (what is left expires with the ttl);
-        ``hurried``: as for ``_give_back_token``, each lease's renewal stopped first."""
-        for lease in leases.values():
+    async def _give_all_back(self, leases: list[AsyncLease], *, hurried: bool = False) -> None:
+        """Give back the leases taken one by one, and forget them (what is left expires
+        with the ttl); ``hurried``: as for ``_give_back_token``, each lease's renewal
+        stopped first. Leases released already are passed over."""
+        for lease in leases:
+            if not is_held(lease):
+                continue
             if hurried:
                 try:
                     await give_back_in_haste(lease)
                 except Exception:
-                    return
+                    break
                 continue
             with contextlib.suppress(Exception):
                 await lease.release()
+        leases.clear()
 
     async def __aenter__(self) -> AsyncMultiLease:
-        leases = await self.acquire()
-        push_entered(self, leases)  # per thread / task, as a lock's `with`
+        # (noted per thread / task, as a lock's `with`)
+        leases = await self._acquire(None, wait=True, entering=await opened(caller()))
+        assert leases is not None  # (no timeout: the leases, or an error)
         return leases
 
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        leases = pop_entered(self)
-        assert isinstance(leases, AsyncMultiLease)
-        await leases.__aexit__(exc_type, exc, tb)
+    __aexit__ = end_block
 
     def __call__(self, fn: Callable[P, Awaitable[R]]) -> Callable[P, Coroutine[Any, Any, R]]:
         """``@multi``: each call of ``fn`` runs holding every name, as a lock's

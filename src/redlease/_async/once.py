@@ -9,14 +9,13 @@ import functools
 import logging
 from collections.abc import Awaitable, Callable, Coroutine
 from datetime import timedelta
-from types import TracebackType
 from typing import Any
 
 from .._base import metrics as _metrics
 from .._clients.checks import check_client
 from .._rules import arguments as args
 from .._rules.flows import Grant, LockSpec
-from .._rules.fronts import P, R, pop_entered, push_entered, refuse_undecorable
+from .._rules.fronts import Opening, P, R, push_entered, refuse_undecorable
 from .._rules.lease import is_held
 from .._rules.lock import OnLost
 from .._rules.once import (
@@ -28,6 +27,7 @@ from .._rules.once import (
     skip_message,
 )
 from .backend import ASYNC, current_holder
+from .front import caller, end_block, opened
 from .io import AsyncIO
 from .lease import AsyncLease
 from .lock import AsyncOneServer
@@ -78,12 +78,13 @@ class _AsyncJobLock(AsyncOneServer):
         self._acquirers().note(current_holder(), lease)
         return lease
 
-    async def begin(self) -> AsyncRun | Skipped:
+    async def begin(self, block: object = None, at: Opening | None = None) -> AsyncRun | Skipped:
+        """The try; ``block``: the job whose `with` block the run opens, ``at`` (noted
+        before it is returned, as a lock's block notes its lease)."""
         started = _metrics.now()
         attempt = OnceAttempt(self._spec, self._rule)
-        grant = await self._attempted(attempt)
-        if grant is not None:
-            run = await self._handed(attempt, grant, started)
+        run = await self._granted(attempt, started, entering=at, block=block)
+        if run is not None:
             assert isinstance(run, AsyncRun)
             return run
         skipped = attempt.skipped
@@ -159,19 +160,13 @@ class AsyncOnce:
         return await self._lock.locked()
 
     async def __aenter__(self) -> AsyncRun | Skipped:
-        run = await self.begin()
-        push_entered(self, run, current_holder())
+        at = await opened(caller())
+        run = await self._lock.begin(block=self, at=at)
+        if isinstance(run, Skipped):
+            push_entered(self, run, at)
         return run
 
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        run = pop_entered(self)
-        if isinstance(run, AsyncRun):
-            await run.__aexit__(exc_type, exc, tb)
+    __aexit__ = end_block
 
     def __call__(
         self, fn: Callable[P, Awaitable[R]]
@@ -186,10 +181,9 @@ class AsyncOnce:
         @functools.wraps(fn)
         async def run_once(*args: P.args, **kwargs: P.kwargs) -> R | Skipped:
             call.check(args, kwargs, self.name)
-            run = await self.begin()
-            if isinstance(run, Skipped):
-                return run
-            async with run:
+            async with self as run:  # (the run noted for its block before it is returned)
+                if isinstance(run, Skipped):
+                    return run
                 if fence_as is not None:
                     kwargs[fence_as] = run.fence
                 return await fn(*args, **kwargs)

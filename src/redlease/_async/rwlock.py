@@ -12,6 +12,7 @@ from .._base.timing import Clock
 from .._clients.checks import check_client
 from .._rules import arguments as args
 from .._rules.flows import READ_WRITE, Acquisition, LockSpec
+from .._rules.fronts import Opening
 from .._rules.lease import Holders
 from .._rules.lock import Named, OnLost, check_replicas
 from .._rules.rwlock import READ, READERS, WRITE, Shared, SideRules
@@ -34,9 +35,12 @@ class _AsyncSide(SideRules, AsyncOneServer):
     def _new_attempt(self, timeout: float | None, *, wait: bool) -> Acquisition:
         return self._attempt_by(current_holder(), timeout, wait)
 
-    async def _acquire(self, timeout: float | None, *, wait: bool) -> AsyncLease | None:
-        lease = await super()._acquire(timeout, wait=wait)
-        self._refused(current_holder(), lease, wait)
+    async def _acquire(
+        self, timeout: float | None, *, wait: bool, entering: Opening | None = None
+    ) -> AsyncLease | None:
+        lease = await super()._acquire(timeout, wait=wait, entering=entering)
+        if lease is None:  # (a lease goes back with no call between: see _granted)
+            self._refused(current_holder(), lease, wait)
         return lease
 
 

@@ -18,7 +18,8 @@ import inspect
 from collections.abc import Awaitable, Callable, Coroutine, Generator
 from contextlib import AbstractAsyncContextManager, AbstractContextManager
 from contextvars import ContextVar
-from typing import Any, ParamSpec, Protocol, TypeVar
+from types import FrameType
+from typing import Any, NamedTuple, ParamSpec, Protocol, TypeVar
 
 from .._base import metrics as _metrics
 from .._base.errors import InvalidArgument, LockError, LockLost
@@ -42,17 +43,90 @@ class Attempt(Protocol):
 
 
 # Leases opened by `with lock` / `async with lock` in this context, innermost last, each
-# with the hold count it had when the block took it, and the holder (thread, or task)
-# that took it: a task started inside a block copies the context, not the holding.
-_entered: ContextVar[tuple[tuple[object, Any, int, object], ...]] = ContextVar(
-    "redlease_entered", default=()
+# an entry [lock, lease, the hold count it had when the block took it, the holder (thread,
+# or task) that took it, open, the frame and instruction of its `with` statement]: a task
+# started inside a block copies the context, not the holding. A block's end closes its
+# entry before anything else (``close_entered``), in one step an interrupt cannot split,
+# and drops closed entries last (``tidy_entered``): so the entry of a block interrupted at
+# any point is either still open, and found again by the clean-up, or closed and in the
+# clean-up's hands. One point is out of reach: an error a signal handler raises as
+# ``__exit__`` starts (CPython runs handlers as a function begins), before its first
+# line; that block's entry stays open, and ``stale_entered`` finds it.
+_Entry = list[Any]
+_entered: ContextVar[tuple[_Entry, ...]] = ContextVar("redlease_entered", default=())
+_LOCK, _LEASE, _DEPTH, _HOLDER, _OPEN, _FRAME, _LASTI = range(7)
+# Frames that leave the stack while their blocks stay open (suspended at a yield/await).
+_SUSPENDABLE = (
+    inspect.CO_GENERATOR
+    | inspect.CO_COROUTINE
+    | inspect.CO_ASYNC_GENERATOR
+    | inspect.CO_ITERABLE_COROUTINE
 )
 
 
-def push_entered(lock: object, lease: Any, holder: object = None) -> None:
+class Opening(NamedTuple):
+    """A `with` block being opened: by whom (the thread, or the task), and where (the
+    frame running its `with` statement, and that statement's instruction)."""
+
+    holder: object
+    frame: FrameType | None
+    lasti: int
+
+
+def opening(holder: object, frame: FrameType | None) -> Opening:
+    return Opening(holder, frame, -1 if frame is None else frame.f_lasti)
+
+
+def push_entered(lock: object, lease: Any, at: Opening) -> None:
     """Note the lease (or a MultiLock's leases) a `with` block of ``lock`` took."""
     depth = holds(lease) if isinstance(lease, LeaseState) else 1  # (a multi-lease nests not)
-    _entered.set((*_entered.get(), (lock, lease, depth, holder)))
+    entry = [lock, lease, depth, at.holder, True, at.frame, at.lasti]
+    _entered.set((*_entered.get(), entry))
+
+
+def stale_entered(at: Opening) -> list[_Entry]:
+    """The entries of the blocks of ``at``'s holder whose end was interrupted before its
+    first line (see ``_entered``): such a block is over once its `with` statement is
+    opened again in the same frame, or once its frame has returned (a generator's or a
+    coroutine's, which may be suspended inside its block, only the first way). They stay
+    open until the caller has given back what they hold (``entered_lease``) and closed
+    them (``close_stale``): an interruption meanwhile leaves them to be found again."""
+    stack = _entered.get()
+    if not stack:
+        return []
+    live: set[int] | None = None
+    found = []
+    for entry in stack:
+        frame = entry[_FRAME]
+        if not entry[_OPEN] or entry[_HOLDER] is not at.holder or frame is None:
+            continue
+        over = frame is at.frame and entry[_LASTI] == at.lasti
+        if not over and not frame.f_code.co_flags & _SUSPENDABLE:
+            if live is None:
+                live = set()
+                on_stack = at.frame
+                while on_stack is not None:
+                    live.add(id(on_stack))
+                    on_stack = on_stack.f_back
+            over = id(frame) not in live  # (it is alive, held here: its id is its own)
+        if over:
+            found.append(entry)
+    return found
+
+
+def close_stale(entry: _Entry) -> None:
+    """A stale block's entry, once what it held is given back: closed and dropped."""
+    entry[_OPEN] = False
+    tidy_entered()
+
+
+def forget_entered(lock: object, lease: Any) -> None:
+    """A block that never began (its ``__enter__`` was interrupted after noting it): its
+    entry, if it was noted, is closed and dropped."""
+    for entry in _entered.get():
+        if entry[_LOCK] is lock and entry[_LEASE] is lease:
+            entry[_OPEN] = False
+    tidy_entered()
 
 
 def refuse_nested(lock: FrontBase, holder: object) -> None:
@@ -60,8 +134,11 @@ def refuse_nested(lock: FrontBase, holder: object) -> None:
     whose lease ``holder`` still holds, would wait for that lease (until its ttl runs out,
     then take a lock its outer block believes it holds): refused at once, as
     python-redis-lock refuses a second acquire of one lock object."""
-    for entered, lease, _, by in _entered.get():
-        if entered is lock and by is holder and not (lease.released or lease.lost):
+    for entry in _entered.get():
+        lease = entry[_LEASE]
+        if entry[_LOCK] is lock and entry[_HOLDER] is holder and entry[_OPEN]:
+            if lease.released or lease.lost:
+                continue
             raise LockError(
                 f"{lock._noun} {lock.name!r} is held already by an enclosing `with` block "
                 "of the same object in this thread (asyncio: task); a nested block would "
@@ -70,17 +147,38 @@ def refuse_nested(lock: FrontBase, holder: object) -> None:
             )
 
 
-def pop_entered(lock: object) -> Any:
-    """The lease the innermost open block of ``lock`` took, to release as the block ends;
-    None if its hold was released already inside the block (a reentrant lease: another
-    release would take the hold of an outer block)."""
+def close_entered(lock: object, *, missing_ok: bool = False) -> _Entry | None:
+    """The entry of the innermost open block of ``lock``, closed: its block is ending.
+    None if there is none and ``missing_ok`` (an interrupted block's clean-up)."""
     stack = _entered.get()
     for i in range(len(stack) - 1, -1, -1):
-        if stack[i][0] is lock:
-            _entered.set(stack[:i] + stack[i + 1 :])
-            lease, depth = stack[i][1], stack[i][2]
-            return lease if depth == 1 or holds(lease) >= depth else None
+        entry = stack[i]
+        if entry[_LOCK] is lock and entry[_OPEN]:
+            entry[_OPEN] = False  # (closed and returned with no call between)
+            return entry
+    if missing_ok:
+        return None
     raise RuntimeError("exiting a lock's `with` block that did not enter it")
+
+
+def entered_lease(entry: _Entry | None) -> Any:
+    """The lease a closed block of ours is to release; None if none is (its hold was
+    released already inside the block: a reentrant lease, whose release now would take
+    the hold of an outer block)."""
+    if entry is None:
+        return None
+    lease, depth = entry[_LEASE], entry[_DEPTH]
+    if isinstance(lease, LeaseState) and depth > 1 and holds(lease) < depth:
+        return None
+    return lease
+
+
+def tidy_entered() -> None:
+    """Drop the closed entries (a block's end, last)."""
+    stack = _entered.get()
+    kept = tuple(entry for entry in stack if entry[_OPEN])
+    if len(kept) != len(stack):
+        _entered.set(kept)
 
 
 P = ParamSpec("P")

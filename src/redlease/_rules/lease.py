@@ -52,6 +52,9 @@ class LeaseState:
     # the hold started (its end is recorded by _mark_released / _mark_lost).
     _labels: Labels | None = None
     _since = 0.0
+    # Calls of release() so far, counted as its first step: a block's end that is
+    # interrupted tells from it whether the release had begun (and finishes it then).
+    _release_calls = 0
 
     def __init__(
         self,
@@ -131,14 +134,6 @@ class LeaseState:
         holds it. Only the release of the last one releases on the server."""
         return self._holds if self._state == HELD else 0
 
-    def _nested(self) -> bool:
-        """A release of a reentrant lease held more than once: one hold fewer, no I/O
-        (True). Otherwise it is released for real."""
-        if self._holds > 1:
-            self._holds -= 1
-            return True
-        return False
-
     def _leave_table(self) -> None:
         """Released, or found lost by its release: out of its holder table, if in one."""
         held, self._held_in = self._held_in, None
@@ -196,8 +191,8 @@ class LeaseState:
     def _extend_flow(self, ttl_ms: int, wait: float | None = None) -> Any:
         return _flows.extend(self._spec, self._token, ttl_ms, wait)
 
-    def _release_flow(self) -> Any:
-        return _flows.release(self._spec, self._token)
+    def _release_flow(self, *, hurried: bool = False) -> Any:
+        return _flows.release(self._spec, self._token, hurried=hurried)
 
     def _lost_on_lock_lost(self) -> _Ending:
         """Around a round trip that may find the lease gone: LockLost marks it lost (and
@@ -298,6 +293,11 @@ def hold_again(lease: LeaseState) -> None:
     lease._holds += 1
 
 
+def drop_hold(lease: LeaseState) -> None:
+    """The hold ``hold_again`` took, given up before its caller had it."""
+    lease._holds -= 1
+
+
 def metered(lease: LeaseState, labels: Labels, since: float) -> None:
     """Record the end of its hold in ``labels``; it started at ``since``."""
     lease._labels, lease._since = labels, since
@@ -339,6 +339,12 @@ def mark_lost(lease: LeaseState, reason: str) -> bool:
 def forked(lease: LeaseState) -> None:
     """In a fork's child: the lease is the parent's."""
     lease._forked()
+
+
+def release_flow(lease: LeaseState, *, hurried: bool = False) -> Any:
+    """The flow that releases it (its own rule; ``hurried``: bounded, see
+    ``_rules.flows.release``)."""
+    return lease._release_flow(hurried=hurried)
 
 
 def extend_flow(lease: LeaseState, ttl_ms: int, wait: float | None = None) -> Any:

@@ -220,9 +220,11 @@ class OnceLeaseRules:
         """The run given back before its job began: the name and the period's run go."""
         return _given_up(self._spec, self._token)
 
-    def _release_flow(self) -> Flow[None]:
+    def _release_flow(self, *, hurried: bool = False) -> Flow[None]:
         kept_until = str(self._kept_until_ms)
-        return release(self._spec, self._token, script=ONCE_RELEASE, also=(kept_until,))
+        return release(
+            self._spec, self._token, hurried=hurried, script=ONCE_RELEASE, also=(kept_until,)
+        )
 
 
 class JobCall:

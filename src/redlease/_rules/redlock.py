@@ -127,7 +127,8 @@ class QuorumLease(LeaseState):
     def _extend_flow(self, ttl_ms: int, wait: float | None = None) -> Any:
         return _quorum.extend(self._quorum, self._token, ttl_ms, wait)
 
-    def _release_flow(self) -> Any:
+    def _release_flow(self, *, hurried: bool = False) -> Any:
+        # (each node's release is bounded by its node timeout, hurried or not)
         return _quorum.release(self._quorum, self._token, self._believed)
 
 

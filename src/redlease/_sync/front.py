@@ -15,37 +15,106 @@ under a lease that cancels it if the lease is lost, after node-redlock's
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Callable
 from datetime import timedelta
-from types import TracebackType
-from typing import Generic, TypeVar
+from types import FrameType, TracebackType
+from typing import Any, Generic, TypeVar
 
 from .._base import metrics as _metrics
-from .._base.errors import AcquireTimeout
+from .._base.errors import AcquireTimeout, LockError
 from .._rules import arguments as args
 from .._rules.flows import Grant
 from .._rules.fronts import (
     Attempt,
     FrontBase,
+    Opening,
     P,
     R,
+    close_entered,
+    close_stale,
     decorate,
-    pop_entered,
+    entered_lease,
+    forget_entered,
+    opening,
     push_entered,
     refuse_nested,
+    stale_entered,
+    tidy_entered,
 )
 from .._rules.lease import (
+    LeaseState,
+    drop_hold,
     unhanded,
 )
+from .._rules.multilock import MultiLeaseState
 from . import renewer as _renewer_sync
 from .backend import Cancelled, current_holder, shielded
 from .lease import (
     SyncDriver,
     SyncLeaseBlock,
+    finish_in_haste,
+    release_calls,
 )
 
 Seconds = float | timedelta
 LeaseT = TypeVar("LeaseT", bound=SyncLeaseBlock)
+
+
+def end_block(
+    block: object,
+    exc_type: type[BaseException] | None,
+    exc: BaseException | None,
+    tb: TracebackType | None,
+) -> None:
+    """The end of a `with` block of ``block`` (a lock, a multi-lock, a job; their
+    ``__exit__`` itself, so that no call comes before its ``try``): its lease is
+    released, whatever interrupts the end (an error raised by a signal handler, at any
+    step): a release that had not begun by then is made in haste (a lease's own release
+    finishes one that had), and the block's note is dropped."""
+    entry = None
+    lease: Any = None  # (a lease, a multi-lease; a job's Skipped holds nothing)
+    calls = 0
+    try:
+        entry = close_entered(block)
+        lease = entered_lease(entry)
+        if _releases(lease):
+            calls = release_calls(lease)
+            lease.__exit__(exc_type, exc, tb)
+    except BaseException as failure:
+        if not isinstance(failure, LockError):
+            if lease is None:  # interrupted before its lease was known
+                if entry is None:  # (or before its note was found)
+                    entry = close_entered(block, missing_ok=True)
+                lease = entered_lease(entry)
+            if release_calls(lease) == calls:
+                finish_in_haste(lease)
+        raise
+    finally:
+        tidy_entered()
+
+
+def opened(frame: FrameType | None) -> Opening:
+    """A `with` block opened by the current holder from ``frame`` (the caller of
+    ``__enter__``); what the holder's blocks found over hold (``stale_entered``) is
+    given back first, in haste."""
+    at = opening(current_holder(), frame)
+    for stale in stale_entered(at):
+        finish_in_haste(entered_lease(stale))
+        close_stale(stale)
+    return at
+
+
+def caller() -> FrameType | None:
+    """The frame that called the caller (``__enter__``'s: the `with` statement's)."""
+    frame = inspect.currentframe()
+    return None if frame is None or frame.f_back is None else frame.f_back.f_back
+
+
+def _releases(entered: object) -> bool:
+    """Whether what a block noted is released as it ends (a lease, a multi-lease; a
+    job's Skipped holds nothing)."""
+    return isinstance(entered, (LeaseState, MultiLeaseState))
 
 
 class SyncFront(FrontBase, Generic[LeaseT]):
@@ -86,48 +155,76 @@ class SyncFront(FrontBase, Generic[LeaseT]):
         """
         return self._acquire(0.0, wait=False)
 
-    def _acquire(self, timeout: float | None, *, wait: bool) -> LeaseT | None:
+    def _acquire(
+        self, timeout: float | None, *, wait: bool, entering: Opening | None = None
+    ) -> LeaseT | None:
+        """The lease, or None (a try, or a timeout). ``entering``: the `with` block it
+        opens (noted before it is returned, see ``_granted``)."""
         if self._holding is None:
-            return self._take(timeout, wait=wait)
-        holder = current_holder()
+            return self._take(timeout, wait=wait, entering=entering)
+        holder = current_holder() if entering is None else entering.holder
         held = self._held_by(holder)
         if held is not None:
+            if entering is not None:
+                try:
+                    push_entered(self, held, entering)
+                except BaseException:
+                    forget_entered(self, held)
+                    drop_hold(held)  # (the hold _held_by took: the block never began)
+                    raise
             return held  # type: ignore[return-value]
-        lease = self._take(timeout, wait=wait)
-        if lease is not None:
-            self._hold(holder, lease)
-        return lease
+        return self._take(timeout, wait=wait, holder=holder, entering=entering)
 
-    def _take(self, timeout: float | None, *, wait: bool) -> LeaseT | None:
+    def _take(
+        self,
+        timeout: float | None,
+        *,
+        wait: bool,
+        holder: object = None,
+        entering: Opening | None = None,
+    ) -> LeaseT | None:
         started = _metrics.now()
         attempt = self._new_attempt(timeout, wait=wait)  # (its deadline counts the look)
-        grant = self._attempted(attempt)
-        if grant is None:
+        lease = self._granted(attempt, started, holder=holder, entering=entering)
+        if lease is None:
             self._not_granted(started, wait=wait)
-            return None
-        return self._handed(attempt, grant, started)
+        return lease
 
-    def _attempted(self, attempt: Attempt) -> Grant | None:
-        """Run ``attempt`` (after the one look at the server); clean up after it if it
-        is interrupted once something reached the server."""
-        self._io.check_server_once(attempt.look_within())
+    def _granted(
+        self,
+        attempt: Attempt,
+        started: float,
+        *,
+        holder: object = None,
+        entering: Opening | None = None,
+        block: object = None,
+    ) -> LeaseT | None:
+        """Run ``attempt`` (after the one look at the server) and hand its grant over as
+        a lease (``_watched``), noted for its reentrant ``holder`` and, ``entering``, as
+        the `with` block of ``block`` (default: this lock) that it opens; None if nothing
+        was granted. One try covers every step from the first write to the return, so
+        an interruption anywhere (a cancellation, an error raised by a signal handler)
+        gives back what the attempt may have taken: no one else could release it."""
+        lease: LeaseT | None = None
         try:
-            return self._io.run(attempt.run(), f"acquire {self.name!r}")
+            self._io.check_server_once(attempt.look_within())
+            grant = self._io.run(attempt.run(), f"acquire {self.name!r}")
+            if grant is None:
+                return None
+            lease = self._watched(grant, started)
+            if holder is not None:
+                self._hold(holder, lease)
+            if entering is not None:
+                push_entered(self if block is None else block, lease, entering)
+            return lease
         except BaseException as exc:
+            if lease is not None:
+                forget_entered(self if block is None else block, lease)
+                unhanded(lease)
             if attempt.outstanding:
                 # An interruption that ends the process (Ctrl-C, exit, a signal's error:
                 # not an Exception, nor asyncio's cancellation) is cleaned up in haste.
                 self._abandon(attempt, hurried=not isinstance(exc, (Exception, Cancelled)))
-            raise
-
-    def _handed(self, attempt: Attempt, grant: Grant, started: float) -> LeaseT:
-        """The lease of ``attempt``'s grant (``_watched``). Interrupted before the caller
-        has it (an error raised by a signal handler while its renewal starts), the grant
-        is given back as an interrupted attempt's is: no one else could release it."""
-        try:
-            return self._watched(grant, started)
-        except BaseException as exc:
-            self._abandon(attempt, hurried=not isinstance(exc, (Exception, Cancelled)))
             raise
 
     def _watched(self, grant: Grant, started: float) -> LeaseT:
@@ -154,23 +251,14 @@ class SyncFront(FrontBase, Generic[LeaseT]):
             pass  # cancelled again while cleaning up; the clean-up itself ran to its end
 
     def __enter__(self) -> LeaseT:
-        holder = current_holder()
+        at = opened(caller())
         if self._refuses_nesting and self._holding is None:
-            refuse_nested(self, holder)
-        lease = self.acquire()
-        push_entered(self, lease, holder)
+            refuse_nested(self, at.holder)
+        lease = self._acquire(None, wait=True, entering=at)
+        assert lease is not None  # (no timeout: a lease, or an error)
         return lease
 
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        lease = pop_entered(self)
-        if lease is not None:
-            assert isinstance(lease, SyncLeaseBlock)
-            lease.__exit__(exc_type, exc, tb)
+    __exit__ = end_block
 
     def __call__(self, fn: Callable[P, R]) -> Callable[P, R]:
         """``@lock``: each call of ``fn`` runs holding the lock, as in a block of the lock

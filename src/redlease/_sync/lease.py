@@ -12,9 +12,18 @@ from collections.abc import Callable, Generator, Sequence
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
-from .._base.errors import LockLost, QuorumError
+from .._base import fork as _fork
+from .._base.errors import LockError, LockLost, QuorumError
 from .._rules import flows as _flows
-from .._rules.lease import RELEASED, LeaseState, lost_at_block_end, spec_of, stop_watching
+from .._rules.lease import (
+    HELD,
+    RELEASED,
+    LeaseState,
+    lost_at_block_end,
+    release_flow,
+    stop_watching,
+)
+from .._rules.multilock import MultiLeaseState
 from .backend import Cancelled, shielded
 
 if TYPE_CHECKING:
@@ -66,23 +75,60 @@ class SyncLeaseBlock(LeaseState):
         what is left expires with the ttl). asyncio: cancelling the caller does not
         cancel the release itself.
         """
+        self._release_calls += 1  # (first: see release_calls)
         if self._state == RELEASED:
             return
-        if self._nested():
-            self.check()  # a lease lost meanwhile says so at each release, as at the last
-            return
-        self._not_forked()
-        with self._releasing():
+        if self._holds > 1:  # a reentrant lease's inner hold: one hold fewer, no I/O
             try:
+                self.check()  # a lease lost meanwhile says so at each release
+            finally:
+                self._holds -= 1
+            return
+        try:
+            self._not_forked()
+            with self._releasing():
                 self._io.run(self._release_flow(), "release")
-            except Cancelled:
-                # Cancelled mid-release: it may or may not have reached the server(s). Run
-                # it again to the end, shielded, then let the cancellation go on. "Not
-                # ours" now may mean the first one did land, so it is not reported.
-                with contextlib.suppress(LockLost, QuorumError):
-                    shielded(lambda: self._io.run(self._release_flow(), "release"))
-                self._mark_released()
-                raise
+        except LockError:
+            raise
+        except Cancelled:
+            # Cancelled mid-release: it may or may not have reached the server(s). Run
+            # it again to the end, shielded, then let the cancellation go on. "Not ours"
+            # now may mean the first one did land, so it is not reported.
+            with contextlib.suppress(LockLost, QuorumError):
+                shielded(lambda: self._io.run(self._release_flow(), "release"))
+            self._mark_released()
+            raise
+        except BaseException:
+            # Interrupted (an error raised by a signal handler: a Ctrl-C the program
+            # goes on after) before, while or after the release was sent: finished in
+            # haste, then the interruption goes on.
+            self._finish_in_haste()
+            raise
+
+    def _finish_in_haste(self) -> None:
+        """The release of a lease whose holder was interrupted as it let go: its
+        renewal stopped first, then its release sent again (a second run is harmless)
+        within half a second and without retry (``_rules.flows.release``'s
+        ``hurried``): what a server that does not answer keeps expires with the ttl. A
+        reentrant lease held more than once gives up one hold. Nothing if it is released
+        or lost already, or a fork's parent's. One more interruption while the release
+        is on its way sends it once more; a third may cut it short."""
+        if self._state != HELD or self._generation != _fork.generation:
+            return
+        if self._holds > 1:
+            self._holds -= 1
+            return
+        try:
+            self._mark_released()  # (renewal stops, whatever comes of the release)
+            self._send_in_haste()
+        except BaseException:
+            self._mark_released()
+            self._send_in_haste()
+            raise
+
+    def _send_in_haste(self) -> None:
+        with contextlib.suppress(Exception):
+            self._io.run(self._release_flow(hurried=True), "release")
 
     def __enter__(self: _Block) -> _Block:
         return self
@@ -119,5 +165,23 @@ def give_back_in_haste(lease: Lease) -> None:
     ``hurried``); BackendError if that fails, and what the server keeps then expires
     with the ttl."""
     stop_watching(lease)
-    flow = _flows.release(spec_of(lease), lease.token, hurried=True)
-    lease._io.run(flow, f"give back {lease.name!r}")
+    lease._io.run(release_flow(lease, hurried=True), f"give back {lease.name!r}")
+
+
+def release_calls(held: object) -> int:
+    """How often a lease's ``release()`` has been called (0 for anything else): a
+    block's end that is interrupted tells from it whether the release had begun."""
+    return held._release_calls if isinstance(held, SyncLeaseBlock) else 0
+
+
+def finish_in_haste(held: object) -> None:
+    """A lease's release, or each of a multi-lease's, finished in haste (see
+    ``SyncLeaseBlock._finish_in_haste``); anything else holds nothing."""
+    if isinstance(held, SyncLeaseBlock):
+        held._finish_in_haste()
+    elif isinstance(held, MultiLeaseState):
+        leases = list(held.leases.values())
+        for lease in leases:  # every renewal stops first, whatever cuts the rest short
+            stop_watching(lease)
+        for lease in leases:
+            finish_in_haste(lease)

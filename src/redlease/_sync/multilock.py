@@ -11,22 +11,30 @@ import contextlib
 import functools
 from collections.abc import Callable, Sequence
 from datetime import timedelta
-from types import TracebackType
 from typing import Any
 
 from .._base import metrics as _metrics
-from .._base.errors import AcquireTimeout, LockLost
+from .._base.errors import AcquireTimeout, LockError, LockLost
 from .._base.timing import Clock, Deadline, valid_until
 from .._clients.checks import check_client
 from .._rules import arguments as args
 from .._rules import flows as _flows
 from .._rules.flows import Grant, new_token
-from .._rules.fronts import P, R, decorate, metered_as, pop_entered, push_entered
+from .._rules.fronts import (
+    Opening,
+    P,
+    R,
+    decorate,
+    forget_entered,
+    metered_as,
+    push_entered,
+)
+from .._rules.lease import is_held, unhanded
 from .._rules.lock import OnLost, spec_of
 from .._rules.multilock import MultiLeaseState, checked_names, try_all
 from .backend import ASYNC, Cancelled, shielded
-from .front import handed_out
-from .lease import Lease, give_back_in_haste
+from .front import caller, end_block, handed_out, opened
+from .lease import Lease, finish_in_haste, give_back_in_haste
 from .lock import Lock, driver_of
 
 Seconds = float | timedelta
@@ -43,8 +51,16 @@ class MultiLease(MultiLeaseState):
     def release(self) -> None:
         """Release every lease, each even if another's release failed; then raise the
         first failure (LockLost if one had been lost). asyncio: cancelling the caller
-        does not stop it half-way."""
-        shielded(self._release_all)
+        does not stop it half-way. Interrupted (an error raised by a signal handler), it
+        gives back the leases it had not released yet in haste, as a lease's release
+        finishes in haste, before the interruption goes on."""
+        try:
+            shielded(self._release_all)
+        except LockError:
+            raise
+        except BaseException:
+            finish_in_haste(self)
+            raise
 
     def _release_all(self) -> None:
         failures: list[BaseException] = []
@@ -135,66 +151,86 @@ class MultiLock:
         """Take every name if all are free right now; never waits. None otherwise."""
         return self._acquire(0.0, wait=False)
 
-    def _acquire(self, timeout: float | None, *, wait: bool) -> MultiLease | None:
+    def _acquire(
+        self, timeout: float | None, *, wait: bool, entering: Opening | None = None
+    ) -> MultiLease | None:
+        """The multi-lease, or None. ``entering``: the `with` block it opens
+        (noted before it is returned). Every lease taken is in ``taken`` until the
+        multi-lease is returned: an interruption at any step gives them back."""
         deadline = Deadline.after(self._specs[0].clock, timeout)
+        taken: list[Lease] = []
+        multi = None
+        try:
+            multi = self._taken(deadline, taken, wait=wait)
+            if multi is not None and entering is not None:
+                push_entered(self, multi, entering)
+            return multi
+        except BaseException as exc:
+            if multi is not None:
+                forget_entered(self, multi)
+            hurried = _going_away(exc)
+            shielded(functools.partial(self._give_all_back, taken, hurried=hurried))
+            raise
+
+    def _taken(self, deadline: Deadline, taken: list[Lease], *, wait: bool) -> MultiLease | None:
         if self._io.direct:  # one server: try them all at once
-            held = self._at_once()
-            if held is not None or not wait:
-                return held
-        while True:
-            leases = self._in_order(deadline, wait=wait)
-            if leases is None:
+            if self._at_once(taken):
+                return self._leased(taken)
+            if not wait:
                 return None
-            if not any(lease.lost for lease in leases.values()):
-                return MultiLease(self._names, leases)
+        while True:
+            if not self._in_order(deadline, taken, wait=wait):
+                return None
+            if not any(lease.lost for lease in taken):
+                return self._leased(taken)
             # A name taken first ran out while a later one was waited for: what is
             # held is no longer all of them. Give it back and start over.
-            shielded(functools.partial(self._give_all_back, leases))
+            shielded(functools.partial(self._give_all_back, taken))
             if not wait or deadline.expired():
                 return None
 
-    def _in_order(self, deadline: Deadline, *, wait: bool) -> dict[str, Lease] | None:
-        """Each name in the global order, waiting for each (or one try each); all their
-        leases, or None with nothing kept."""
-        held: dict[str, Lease] = {}
-        try:
-            for lock in self._locks:
-                left = deadline.left()
-                lease = lock.try_acquire() if not wait else lock._acquire(left, wait=True)
-                if lease is None:
-                    break
-                held[lock.name] = lease
-        except BaseException as exc:
-            hurried = _going_away(exc)
-            shielded(functools.partial(self._give_all_back, held, hurried=hurried))
-            raise
-        if len(held) < len(self._locks):
-            shielded(functools.partial(self._give_all_back, held))
-            return None
-        return held
+    def _leased(self, taken: list[Lease]) -> MultiLease:
+        """The multi-lease of the leases taken (one per name, in the global order)."""
+        by_name = {lock.name: lease for lock, lease in zip(self._locks, taken, strict=True)}
+        return MultiLease(self._names, by_name)
 
-    def _at_once(self) -> MultiLease | None:
+    def _in_order(self, deadline: Deadline, taken: list[Lease], *, wait: bool) -> bool:
+        """Each name in the global order, waiting for each (or one try each), into
+        ``taken``: True when all are; otherwise False with nothing kept."""
+        for lock in self._locks:
+            left = deadline.left()
+            lease = lock.try_acquire() if not wait else lock._acquire(left, wait=True)
+            if lease is None:
+                shielded(functools.partial(self._give_all_back, taken))
+                return False
+            taken.append(lease)
+        return True
+
+    def _at_once(self, taken: list[Lease]) -> bool:
+        """Every name in one script, into ``taken``: True, or False with nothing kept."""
         self._io.check_server_once()
         token = new_token()
         started, sent_at = _metrics.now(), self._specs[0].clock()
+        made: list[Lease] = []
         try:
             fences = self._io.run(try_all(self._specs, token), f"acquire {self._names!r}")
-        except BaseException as exc:  # (it may have landed)
+            if fences is None:
+                return False
+            spec = self._specs[0]
+            until = valid_until(sent_at, spec.ttl_ms, spec.ttl)
+            if until <= spec.clock():  # the reply came too late to be of use: give them back
+                shielded(functools.partial(self._give_back_token, token))
+                return False
+            for lock, fence in zip(self._locks, fences, strict=True):
+                made.append(handed_out(lock, Grant(token, fence, until), started))
+        except BaseException as exc:  # (it may have landed; its leases never left here)
+            for lease in made:
+                unhanded(lease)
             hurried = _going_away(exc)
             shielded(functools.partial(self._give_back_token, token, hurried=hurried))
             raise
-        if fences is None:
-            return None
-        spec = self._specs[0]
-        until = valid_until(sent_at, spec.ttl_ms, spec.ttl)
-        if until <= spec.clock():  # the reply came too late to be of use: give them back
-            shielded(functools.partial(self._give_back_token, token))
-            return None
-        leases = {
-            lock.name: handed_out(lock, Grant(token, fence, until), started)
-            for lock, fence in zip(self._locks, fences, strict=True)
-        }
-        return MultiLease(self._names, leases)
+        taken.extend(made)
+        return True
 
     def _give_back_token(self, token: str, *, hurried: bool = False) -> None:
         """Release each name held with ``token``, and mark the try given up (the
@@ -211,33 +247,30 @@ class MultiLock:
                 if hurried:
                     return
 
-    def _give_all_back(self, leases: dict[str, Lease], *, hurried: bool = False) -> None:
-        """Give back the leases taken one by one (what is left expires with the ttl);
-        ``hurried``: as for ``_give_back_token``, each lease's renewal stopped first."""
-        for lease in leases.values():
+    def _give_all_back(self, leases: list[Lease], *, hurried: bool = False) -> None:
+        """Give back the leases taken one by one, and forget them (what is left expires
+        with the ttl); ``hurried``: as for ``_give_back_token``, each lease's renewal
+        stopped first. Leases released already are passed over."""
+        for lease in leases:
+            if not is_held(lease):
+                continue
             if hurried:
                 try:
                     give_back_in_haste(lease)
                 except Exception:
-                    return
+                    break
                 continue
             with contextlib.suppress(Exception):
                 lease.release()
+        leases.clear()
 
     def __enter__(self) -> MultiLease:
-        leases = self.acquire()
-        push_entered(self, leases)  # per thread / task, as a lock's `with`
+        # (noted per thread / task, as a lock's `with`)
+        leases = self._acquire(None, wait=True, entering=opened(caller()))
+        assert leases is not None  # (no timeout: the leases, or an error)
         return leases
 
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        leases = pop_entered(self)
-        assert isinstance(leases, MultiLease)
-        leases.__exit__(exc_type, exc, tb)
+    __exit__ = end_block
 
     def __call__(self, fn: Callable[P, R]) -> Callable[P, R]:
         """``@multi``: each call of ``fn`` runs holding every name, as a lock's

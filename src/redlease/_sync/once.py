@@ -11,14 +11,13 @@ import functools
 import logging
 from collections.abc import Callable
 from datetime import timedelta
-from types import TracebackType
 from typing import Any
 
 from .._base import metrics as _metrics
 from .._clients.checks import check_client
 from .._rules import arguments as args
 from .._rules.flows import Grant, LockSpec
-from .._rules.fronts import P, R, pop_entered, push_entered, refuse_undecorable
+from .._rules.fronts import Opening, P, R, push_entered, refuse_undecorable
 from .._rules.lease import is_held
 from .._rules.lock import OnLost
 from .._rules.once import (
@@ -30,6 +29,7 @@ from .._rules.once import (
     skip_message,
 )
 from .backend import ASYNC, current_holder
+from .front import caller, end_block, opened
 from .io import SyncIO
 from .lease import Lease
 from .lock import OneServer
@@ -79,12 +79,13 @@ class _JobLock(OneServer):
         self._acquirers().note(current_holder(), lease)
         return lease
 
-    def begin(self) -> Run | Skipped:
+    def begin(self, block: object = None, at: Opening | None = None) -> Run | Skipped:
+        """The try; ``block``: the job whose `with` block the run opens, ``at`` (noted
+        before it is returned, as a lock's block notes its lease)."""
         started = _metrics.now()
         attempt = OnceAttempt(self._spec, self._rule)
-        grant = self._attempted(attempt)
-        if grant is not None:
-            run = self._handed(attempt, grant, started)
+        run = self._granted(attempt, started, entering=at, block=block)
+        if run is not None:
             assert isinstance(run, Run)
             return run
         skipped = attempt.skipped
@@ -160,19 +161,13 @@ class Once:
         return self._lock.locked()
 
     def __enter__(self) -> Run | Skipped:
-        run = self.begin()
-        push_entered(self, run, current_holder())
+        at = opened(caller())
+        run = self._lock.begin(block=self, at=at)
+        if isinstance(run, Skipped):
+            push_entered(self, run, at)
         return run
 
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        run = pop_entered(self)
-        if isinstance(run, Run):
-            run.__exit__(exc_type, exc, tb)
+    __exit__ = end_block
 
     def __call__(self, fn: Callable[P, R]) -> Callable[P, R | Skipped]:
         """``@job``: each call of ``fn`` runs it as the job's run, or is skipped (and
@@ -185,10 +180,9 @@ class Once:
         @functools.wraps(fn)
         def run_once(*args: P.args, **kwargs: P.kwargs) -> R | Skipped:
             call.check(args, kwargs, self.name)
-            run = self.begin()
-            if isinstance(run, Skipped):
-                return run
-            with run:
+            with self as run:  # (the run noted for its block before it is returned)
+                if isinstance(run, Skipped):
+                    return run
                 if fence_as is not None:
                     kwargs[fence_as] = run.fence
                 return fn(*args, **kwargs)

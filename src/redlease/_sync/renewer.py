@@ -43,7 +43,13 @@ class Renewer:
             renewal = self._schedule.add(lease, io, self._clock(), max_hold)
             watched(lease, lambda: self._forget(renewal))
             if self._thread is None:
-                self._thread = _daemon(self._run, "redlease-renewer")
+                thread = self._thread = _thread(self._run, "redlease-renewer")
+                try:
+                    _start(thread)
+                except BaseException:
+                    if thread.ident is None:  # (started or not: see _start)
+                        self._thread = None
+                    raise
             elif renewal.next_event() < self._wake_at:
                 self._cond.notify_all()
 
@@ -124,11 +130,30 @@ class Renewer:
         return self._schedule.clear()
 
 
-def _daemon(target: Callable[[], None], name: str) -> threading.Thread:
+def _thread(target: Callable[[], None], name: str) -> threading.Thread:
     # Daemon: a lease left held must never keep the interpreter from exiting.
-    thread = threading.Thread(target=target, name=name, daemon=True)
+    return threading.Thread(target=target, name=name, daemon=True)
+
+
+def _daemon(target: Callable[[], None], name: str) -> threading.Thread:
+    thread = _thread(target, name)
     thread.start()
     return thread
+
+
+def _start(thread: threading.Thread) -> None:
+    """``thread.start()`` in the thread a signal handler's error may reach (the main
+    one). start() waits for the thread on a Condition, which such an error can leave
+    half-released: CPython then raises RuntimeError ("release unlocked lock") of its own
+    in place of the interruption, with the thread running (its ``ident`` set). The
+    interruption is what goes on."""
+    try:
+        thread.start()
+    except RuntimeError as error:
+        cause = error.__context__
+        if cause is not None and not isinstance(cause, Exception):
+            raise cause from None
+        raise
 
 
 RENEWER = Renewer()

@@ -14,6 +14,7 @@ from .._base.timing import Clock
 from .._clients.checks import check_client
 from .._rules import arguments as args
 from .._rules.flows import READ_WRITE, Acquisition, LockSpec
+from .._rules.fronts import Opening
 from .._rules.lease import Holders
 from .._rules.lock import Named, OnLost, check_replicas
 from .._rules.rwlock import READ, READERS, WRITE, Shared, SideRules
@@ -35,9 +36,12 @@ class _Side(SideRules, OneServer):
     def _new_attempt(self, timeout: float | None, *, wait: bool) -> Acquisition:
         return self._attempt_by(current_holder(), timeout, wait)
 
-    def _acquire(self, timeout: float | None, *, wait: bool) -> Lease | None:
-        lease = super()._acquire(timeout, wait=wait)
-        self._refused(current_holder(), lease, wait)
+    def _acquire(
+        self, timeout: float | None, *, wait: bool, entering: Opening | None = None
+    ) -> Lease | None:
+        lease = super()._acquire(timeout, wait=wait, entering=entering)
+        if lease is None:  # (a lease goes back with no call between: see _granted)
+            self._refused(current_holder(), lease, wait)
         return lease
 
 
