@@ -145,3 +145,41 @@ def test_a_read_only_replica_says_to_point_at_the_master(
     code, out, err = finish(start(["inspect", "held", "--redis", url]))
     assert code == 0, err
     assert "held" in out
+
+
+class _NotRedis:
+    """A listener that answers whatever it is sent as an HTTP server would."""
+
+    def __init__(self) -> None:
+        import threading
+
+        self.listener = socket.socket()
+        self.listener.bind(("127.0.0.1", 0))
+        self.listener.listen(16)
+        self.port = int(self.listener.getsockname()[1])
+        threading.Thread(target=self._serve, daemon=True).start()
+
+    def _serve(self) -> None:
+        while True:
+            try:
+                conn, _ = self.listener.accept()
+            except OSError:
+                return
+            with conn:
+                conn.recv(65536)
+                conn.sendall(b"HTTP/1.1 400 Bad Request\r\nContent-Length: 0\r\n\r\n")
+
+
+@pytest.fixture
+def not_redis() -> Iterator[_NotRedis]:
+    server = _NotRedis()
+    yield server
+    server.listener.close()
+
+
+def test_a_port_that_is_not_redis_says_so(not_redis: _NotRedis) -> None:
+    for argv in COMMANDS:
+        line = _one_line(argv, f"redis://127.0.0.1:{not_redis.port}")
+        assert "does not speak Redis" in line, (argv, line)
+        assert "cannot reach" not in line, (argv, line)
+        assert f"127.0.0.1:{not_redis.port}" in line, (argv, line)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 import redis
@@ -100,3 +101,64 @@ def test_decoded_client_works(server: servers.ServerProcess, name: str) -> None:
     with lock as lease:
         assert client.get(lock_key(name)) == lease.token
     client.close()
+
+
+def _answers_as_http() -> tuple[Any, int]:
+    """A listener on a free port that answers whatever it is sent as an HTTP server."""
+    import socket
+    import threading
+
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(16)
+
+    def serve() -> None:
+        while True:
+            try:
+                conn, _ = listener.accept()
+            except OSError:
+                return
+            with conn:
+                conn.recv(65536)
+                conn.sendall(b"HTTP/1.1 400 Bad Request\r\nContent-Length: 0\r\n\r\n")
+
+    threading.Thread(target=serve, daemon=True).start()
+    return listener, int(listener.getsockname()[1])
+
+
+def test_a_port_that_is_not_redis_is_a_backend_error_saying_so() -> None:
+    listener, port = _answers_as_http()
+    try:
+        for timeout in (0.0, None):  # a try, and a wait (not retried: it will not pass)
+            started = time.monotonic()
+            lock = redlease.Lock(families.client(port=port), "not-redis", ttl=30.0)
+            with pytest.raises(redlease.BackendError, match="does not speak Redis") as told:
+                lock.acquire(timeout=timeout)
+            assert f":{port}" in str(told.value)
+            assert time.monotonic() - started < 5.0  # (a wait would retry for its ttl)
+    finally:
+        listener.close()
+
+
+async def test_a_port_that_is_not_redis_is_a_backend_error_saying_so_asyncio() -> None:
+    listener, port = _answers_as_http()
+    try:
+        lock = redlease.AsyncLock(families.aclient(port=port), "not-redis", ttl=30.0)
+        with pytest.raises(redlease.BackendError, match="does not speak Redis"):
+            await lock.try_acquire()
+    finally:
+        listener.close()
+
+
+@pytest.mark.parametrize("reader", ["python", "hiredis"])
+def test_a_reply_that_is_not_resp_is_not_redis(reader: str) -> None:
+    from redlease._clients import NotRedis
+    from redlease._wire import reading, resp
+
+    hiredis = pytest.importorskip("hiredis") if reader == "hiredis" else None
+    parser = resp.PyReader() if hiredis is None else resp.new_reader()
+    data = bytearray(b"HTTP/1.1 400 Bad Request\r\n\r\n")
+    with pytest.raises(NotRedis, match="not RESP"):
+        reading.fed(len(data), data, parser)
+    ok = bytearray(b"+OK\r\n")
+    assert reading.fed(len(ok), ok, resp.PyReader() if hiredis is None else resp.new_reader())

@@ -55,7 +55,9 @@ class BackendError(LockError):
     """The server could not do what was asked; the original exception is ``__cause__``.
 
     Raised only when the outcome is known to be "not held" by this caller: if a lock
-    may have been taken, redlease releases it before raising.
+    may have been taken, redlease releases it before raising. Its message says what the
+    failure means (out of reach, no answer in time, a refusal and of what, a server that
+    does not speak Redis) and names the server.
     """
 
 

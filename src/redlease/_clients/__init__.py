@@ -37,6 +37,7 @@ __all__ = [
     "ConnectionFailed",
     "Errors",
     "Family",
+    "NotRedis",
     "ReplyTimedOut",
     "caught",
     "families",
@@ -61,6 +62,7 @@ class Caught:
     loading: Classes = ()
     oom: Classes = ()
     denied: Classes = ()
+    protocol: Classes = ()  # (and NotRedis, redlease's own connections')
 
 
 # What redlease's own connections raise: a connection error, or a timeout, in the terms
@@ -85,6 +87,11 @@ else:
 
     class ReplyTimedOut(_NoFamilyYet):
         pass
+
+
+class NotRedis(ConnectionFailed):
+    """What answers on the server's address sent bytes that are not a Redis reply (RESP):
+    it is something else (an HTTP server, another database), never worth a retry."""
 
 
 class _File(Protocol):
@@ -169,6 +176,7 @@ def _load(file: _File) -> Family | None:
                 loading=_every([e.loading for e in errors]),
                 oom=_every([e.oom for e in errors]),
                 denied=_every([kind for e in errors for kind in e.denied]),
+                protocol=_every([kind for e in errors for kind in e.protocol]),
             )
             ConnectionFailed.__bases__ = _caught.connection or (_NoFamilyYet,)
             ReplyTimedOut.__bases__ = _caught.timeout or (_NoFamilyYet,)

@@ -69,6 +69,7 @@ def load() -> Family:
             readonly=x.ReadOnlyError,
             loading=x.BusyLoadingError,
             denied=(x.AuthenticationError, x.AuthorizationError),
+            protocol=(x.InvalidResponse, x.ProtocolError),
         ),
         settings=_settings,
         refusal=refusal,

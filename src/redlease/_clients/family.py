@@ -31,6 +31,7 @@ class Errors:
     loading: type[Exception]  # the server is loading its data set
     denied: tuple[type[Exception], ...]  # authentication or ACL refusals
     oom: type[Exception] | None = None  # out of memory (else told by the reply's text)
+    protocol: tuple[type[Exception], ...] = ()  # a reply that is not RESP: not a server
 
 
 @dataclass(frozen=True)
@@ -93,6 +94,7 @@ def shaped_like_redis_py(
             loading=x.BusyLoadingError,
             denied=(x.AuthenticationError, x.NoPermissionError),
             oom=getattr(x, "OutOfMemoryError", None),
+            protocol=(x.InvalidResponse,),
         ),
         node_client=node_client,
     )

@@ -8,7 +8,7 @@ from __future__ import annotations
 import re
 
 from .._base.errors import BackendError
-from .._clients import caught
+from .._clients import NotRedis, caught
 from . import acl as _acl
 
 # Redis before 7.0 wraps an error raised inside a script: "ERR Error running script (call
@@ -72,7 +72,20 @@ _SAID = (
 )
 
 
+_NOT_REDIS = (
+    "the server does not speak Redis: what answers on that address sent a reply that is "
+    "not RESP (is the host or port that of another service?)"
+)
+
+
+def not_redis(exc: BaseException | None) -> bool:
+    """Whether ``exc`` says the server's reply was not RESP (another service answered)."""
+    return isinstance(exc, (NotRedis, *caught().protocol))
+
+
 def describe(exc: BaseException) -> str:
+    if not_redis(exc):
+        return _NOT_REDIS
     told = _told(exc)
     if told is not None:
         return told
@@ -153,8 +166,8 @@ def passing(error: BaseException) -> bool:
     reached, did not answer in time, or answered "not now". A wait with time left tries
     again after such a failure rather than giving up."""
     cause = error.__cause__ if isinstance(error, BackendError) else error
-    if cause is not None and _told(cause) is not None:
-        return False  # a refusal its text names (authentication, permissions): it stays
+    if not_redis(cause) or (cause is not None and _told(cause) is not None):
+        return False  # another service, or a refusal its text names: it stays
     errors = caught()
     if isinstance(cause, (*errors.connection, *errors.timeout, *errors.loading, OSError)):
         return True

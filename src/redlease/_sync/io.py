@@ -25,6 +25,7 @@ from typing import Any, TypeVar
 
 from .._base.errors import warn
 from .._base.timing import CONNECT_RETRY_BASE, CONNECT_RETRY_CAP, backoff
+from .._clients import NotRedis
 from .._rules import flows as _flows
 from .._rules.classify import (
     backend_error,
@@ -478,7 +479,7 @@ class _Final(Exception):
 def _again(error: BaseException, written: bool, safe: bool, end: float) -> bool:
     """Whether a failed try may be made again: time is left, and nothing was written or
     the work is safe to do twice (not after a timeout: the server may still be at it)."""
-    if time.monotonic() >= end:
+    if time.monotonic() >= end or isinstance(error, NotRedis):
         return False
     return not written or (safe and not isinstance(error, caught().timeout))
 

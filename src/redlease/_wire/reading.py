@@ -8,7 +8,9 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from .._clients import ConnectionFailed
+from .._clients import ConnectionFailed, NotRedis
+
+SHOWN_BYTES = 32  # of a reply that is not RESP, shown in the error
 
 
 def fed(got: int, buffer: bytearray, reader: Any) -> Any:
@@ -16,8 +18,12 @@ def fed(got: int, buffer: bytearray, reader: Any) -> Any:
     ConnectionFailed if the read found the end of the stream (0 bytes)."""
     if not got:
         raise ConnectionFailed("connection closed by server")
-    reader.feed(buffer, 0, got)
-    return reader.gets()
+    try:
+        reader.feed(buffer, 0, got)
+        return reader.gets()
+    except Exception as exc:  # (the reader's own error: hiredis's ProtocolError, ValueError)
+        head = bytes(buffer[: min(got, SHOWN_BYTES)])
+        raise NotRedis(f"the reply is not RESP: {head!r}") from exc
 
 
 def read_failed(exc: OSError) -> ConnectionFailed:
