@@ -276,3 +276,78 @@ def test_an_interrupt_before_exit_runs_is_given_back_when_its_statement_runs_aga
             assert redlease.read_info(r, each).held  # (redlease had no line to run)
     assert interrupted == names[:1]
     assert [n for n in names if redlease.read_info(r, n).held] == []
+
+
+@pytest.mark.parametrize("function", ["_releases", "entered_lease", "SyncLeaseBlock.__exit__"])
+def test_an_interrupt_as_a_reentrant_outer_block_ends_releases_it(
+    r: redis.Redis, name: str, function: str
+) -> None:
+    """Its inner block's release came first (one hold given up): the outer end still
+    tells that its own release had not begun, and makes it."""
+    lock = redlease.Lock(r, name, ttl=30.0, reentrant=True, auto_renew=True)
+
+    def blocks() -> None:
+        with lock:
+            with lock:
+                pass
+            _interrupt_at(function)
+
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            blocks()
+    finally:
+        sys.settrace(None)
+    assert not redlease.read_info(r, name).held
+
+
+def test_an_interrupt_as_a_reentrant_inner_block_opens_keeps_the_outer_block_whole(
+    r: redis.Redis, name: str
+) -> None:
+    lock = redlease.Lock(r, name, ttl=30.0, reentrant=True, auto_renew=True)
+
+    def inner() -> None:
+        with lock:
+            pytest.fail("the inner block ran")
+
+    with lock as outer:
+        _interrupt_at("push_entered")
+        try:
+            with pytest.raises(KeyboardInterrupt):
+                inner()
+        finally:
+            sys.settrace(None)
+        assert outer.hold_count == 1
+    assert outer.released
+    assert not redlease.read_info(r, name).held
+
+
+def test_leases_entered_outside_a_with_statement_are_never_taken_for_stale(
+    r: redis.Redis, name: str
+) -> None:
+    """``__enter__`` called by an ExitStack, a wrapper or a comprehension is no `with`
+    statement of the holder's: blocks opened after it leave its lease alone."""
+    import contextlib
+
+    class Wrapper:
+        def __init__(self, lock: redlease.Lock) -> None:
+            self.lock = lock
+
+        def __enter__(self) -> Any:
+            return self.lock.__enter__()
+
+        def __exit__(self, *exc: Any) -> None:
+            self.lock.__exit__(*exc)
+
+    locks = [redlease.Lock(r, f"{name}:{i}", ttl=30.0) for i in range(4)]
+    with contextlib.ExitStack() as stack:
+        first = stack.enter_context(locks[0])
+        with Wrapper(locks[1]) as second, locks[2] as third:
+            entered_by_hand = [lock.__enter__() for lock in locks[3:]]
+            for _ in range(2):  # the same with statement, run again
+                with redlease.Lock(r, f"{name}:loop", ttl=30.0):
+                    pass
+            held = [first, second, third, *entered_by_hand]
+            assert [lease.released for lease in held] == [False] * 4
+            assert all(redlease.read_info(r, lease.name).held for lease in held)
+        locks[3].__exit__(None, None, None)
+    assert not any(redlease.read_info(r, lock.name).held for lock in locks)

@@ -35,12 +35,14 @@ from .._rules.fronts import (
     close_entered,
     close_stale,
     decorate_async,
+    entered,
     entered_lease,
     forget_entered,
     named,
     opening,
     push_entered,
     refuse_nested,
+    release_begun,
     stale_entered,
     tidy_entered,
 )
@@ -57,7 +59,6 @@ from .lease import (
     AsyncDriver,
     AsyncLeaseBlock,
     finish_in_haste,
-    release_calls,
     set_holder,  # unasync: async only
 )
 
@@ -77,22 +78,17 @@ async def end_block(
     step): a release that had not begun by then is made in haste (a lease's own release
     finishes one that had), and the block's note is dropped."""
     entry = None
-    lease: Any = None  # (a lease, a multi-lease; a job's Skipped holds nothing)
-    calls = 0
     try:
         entry = close_entered(block)
-        lease = entered_lease(entry)
+        lease = entered_lease(entry)  # (a lease, a multi-lease; a Skipped holds nothing)
         if _releases(lease):
-            calls = release_calls(lease)
             await lease.__aexit__(exc_type, exc, tb)
     except BaseException as failure:
         if not isinstance(failure, LockError):
-            if lease is None:  # interrupted before its lease was known
-                if entry is None:  # (or before its note was found)
-                    entry = close_entered(block, missing_ok=True)
-                lease = entered_lease(entry)
-            if release_calls(lease) == calls:
-                await finish_in_haste(lease)
+            if entry is None:  # interrupted before its note was found
+                entry = close_entered(block, missing_ok=True)
+            if entry is not None and not release_begun(entry):
+                await finish_in_haste(entered_lease(entry))
         raise
     finally:
         tidy_entered()
@@ -171,10 +167,13 @@ class AsyncFront(FrontBase, AsyncOnly, Generic[LeaseT]):
         held = self._held_by(holder)
         if held is not None:
             if entering is not None:
+                entry = None
                 try:
-                    push_entered(self, held, entering)
+                    entry = entered(self, held, entering)
+                    push_entered(entry)
                 except BaseException:
-                    forget_entered(self, held)
+                    if entry is not None:
+                        forget_entered(entry)
                     drop_hold(held)  # (the hold _held_by took: the block never began)
                     raise
             return held  # type: ignore[return-value]
@@ -211,6 +210,7 @@ class AsyncFront(FrontBase, AsyncOnly, Generic[LeaseT]):
         an interruption anywhere (a cancellation, an error raised by a signal handler)
         gives back what the attempt may have taken: no one else could release it."""
         lease: LeaseT | None = None
+        entry = None
         try:
             await self._io.check_server_once(attempt.look_within())
             grant = await self._io.run(attempt.run(), f"acquire {self.name!r}")
@@ -220,11 +220,13 @@ class AsyncFront(FrontBase, AsyncOnly, Generic[LeaseT]):
             if holder is not None:
                 self._hold(holder, lease)
             if entering is not None:
-                push_entered(self if block is None else block, lease, entering)
+                entry = entered(self if block is None else block, lease, entering)
+                push_entered(entry)
             return lease
         except BaseException as exc:
+            if entry is not None:
+                forget_entered(entry)
             if lease is not None:
-                forget_entered(self if block is None else block, lease)
                 unhanded(lease)
             if attempt.outstanding:
                 # An interruption that ends the process (Ctrl-C, exit, a signal's error:

@@ -85,7 +85,7 @@ class AsyncLeaseBlock(LeaseState, AsyncOnly):
         what is left expires with the ttl). asyncio: cancelling the caller does not
         cancel the release itself.
         """
-        self._release_calls += 1  # (first: see release_calls)
+        self._release_calls += 1  # (first: see _rules.lease.release_calls)
         if self._state == RELEASED:
             return
         if self._holds > 1:  # a reentrant lease's inner hold: one hold fewer, no I/O
@@ -176,12 +176,6 @@ async def give_back_in_haste(lease: AsyncLease) -> None:
     with the ttl."""
     stop_watching(lease)
     await lease._io.run(release_flow(lease, hurried=True), f"give back {lease.name!r}")
-
-
-def release_calls(held: object) -> int:
-    """How often a lease's ``release()`` has been called (0 for anything else): a
-    block's end that is interrupted tells from it whether the release had begun."""
-    return held._release_calls if isinstance(held, AsyncLeaseBlock) else 0
 
 
 async def finish_in_haste(held: object) -> None:

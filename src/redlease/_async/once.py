@@ -15,7 +15,7 @@ from .._base import metrics as _metrics
 from .._clients.checks import check_client
 from .._rules import arguments as args
 from .._rules.flows import Grant, LockSpec
-from .._rules.fronts import Opening, P, R, push_entered, refuse_undecorable
+from .._rules.fronts import Opening, P, R, entered, push_entered, refuse_undecorable
 from .._rules.lease import is_held
 from .._rules.lock import OnLost
 from .._rules.once import (
@@ -163,7 +163,7 @@ class AsyncOnce:
         at = await opened(caller())
         run = await self._lock.begin(block=self, at=at)
         if isinstance(run, Skipped):
-            push_entered(self, run, at)
+            push_entered(entered(self, run, at))
         return run
 
     __aexit__ = end_block

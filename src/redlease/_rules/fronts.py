@@ -13,18 +13,19 @@ hold more (``hold_count``), and only the release of the last hold goes to the se
 
 from __future__ import annotations
 
+import dis
 import functools
 import inspect
 from collections.abc import Awaitable, Callable, Coroutine, Generator
 from contextlib import AbstractAsyncContextManager, AbstractContextManager
 from contextvars import ContextVar
-from types import FrameType
+from types import CodeType, FrameType
 from typing import Any, NamedTuple, ParamSpec, Protocol, TypeVar
 
 from .._base import metrics as _metrics
 from .._base.errors import InvalidArgument, LockError, LockLost
 from .flows import Grant
-from .lease import Holders, LeaseState, hold_again, holds, metered
+from .lease import Holders, LeaseState, hold_again, holds, metered, release_calls
 
 
 class Attempt(Protocol):
@@ -44,29 +45,29 @@ class Attempt(Protocol):
 
 # Leases opened by `with lock` / `async with lock` in this context, innermost last, each
 # an entry [lock, lease, the hold count it had when the block took it, the holder (thread,
-# or task) that took it, open, the frame and instruction of its `with` statement]: a task
-# started inside a block copies the context, not the holding. A block's end closes its
-# entry before anything else (``close_entered``), in one step an interrupt cannot split,
-# and drops closed entries last (``tidy_entered``): so the entry of a block interrupted at
-# any point is either still open, and found again by the clean-up, or closed and in the
-# clean-up's hands. One point is out of reach: an error a signal handler raises as
-# ``__exit__`` starts (CPython runs handlers as a function begins), before its first
-# line; that block's entry stays open, and ``stale_entered`` finds it.
+# or task) that took it, open, the frame and instruction of its `with` statement, its
+# lease's release count when the block's end began]: a task started inside a block
+# copies the context, not the holding. A block's end closes its entry before anything
+# else (``close_entered``), in one step an interrupt cannot split, and drops closed
+# entries last (``tidy_entered``): so the entry of a block interrupted at any point is
+# either still open, and found again by the clean-up, or closed and in the clean-up's
+# hands. One point is out of reach: an error a signal handler raises as ``__exit__``
+# starts (CPython runs handlers as a function begins), before its first line; that
+# block's entry stays open, and ``stale_entered`` finds it.
 _Entry = list[Any]
 _entered: ContextVar[tuple[_Entry, ...]] = ContextVar("redlease_entered", default=())
-_LOCK, _LEASE, _DEPTH, _HOLDER, _OPEN, _FRAME, _LASTI = range(7)
-# Frames that leave the stack while their blocks stay open (suspended at a yield/await).
-_SUSPENDABLE = (
-    inspect.CO_GENERATOR
-    | inspect.CO_COROUTINE
-    | inspect.CO_ASYNC_GENERATOR
-    | inspect.CO_ITERABLE_COROUTINE
-)
+_LOCK, _LEASE, _DEPTH, _HOLDER, _OPEN, _FRAME, _LASTI, _CALLS = range(8)
+# The instructions that call __enter__ / __aenter__ for a `with` / `async with` statement
+# (3.10's, 3.11's and later); an async one is awaited within the next few instructions.
+_WITH = frozenset({"SETUP_WITH", "BEFORE_WITH"})
+_ASYNC_WITH = "BEFORE_ASYNC_WITH"
+_AWAITED_WITHIN = 4
 
 
 class Opening(NamedTuple):
     """A `with` block being opened: by whom (the thread, or the task), and where (the
-    frame running its `with` statement, and that statement's instruction)."""
+    frame running its `with` statement, and that statement's instruction; None and -1
+    when ``__enter__`` was called otherwise: by an ExitStack, a wrapper, a comprehension)."""
 
     holder: object
     frame: FrameType | None
@@ -74,58 +75,68 @@ class Opening(NamedTuple):
 
 
 def opening(holder: object, frame: FrameType | None) -> Opening:
-    return Opening(holder, frame, -1 if frame is None else frame.f_lasti)
+    """``holder``'s block opened from ``frame`` (the caller of ``__enter__``)."""
+    if frame is None or not _a_with_statement(frame.f_code, frame.f_lasti):
+        return Opening(holder, None, -1)
+    return Opening(holder, frame, frame.f_lasti)
 
 
-def push_entered(lock: object, lease: Any, at: Opening) -> None:
-    """Note the lease (or a MultiLock's leases) a `with` block of ``lock`` took."""
+@functools.lru_cache(maxsize=1024)
+def _a_with_statement(code: CodeType, lasti: int) -> bool:
+    """Whether the instruction at ``lasti`` of ``code`` is (or awaits) a `with`
+    statement's call of ``__enter__``."""
+    instructions = list(dis.get_instructions(code))
+    for at, instruction in enumerate(instructions):
+        if instruction.offset == lasti:
+            if instruction.opname in _WITH:
+                return True
+            before = instructions[max(0, at - _AWAITED_WITHIN) : at + 1]
+            return any(x.opname == _ASYNC_WITH for x in before)
+    return False
+
+
+def entered(lock: object, lease: Any, at: Opening) -> _Entry:
+    """The entry of a block of ``lock`` that took ``lease`` (or a MultiLock's leases),
+    made before it is noted (``push_entered``), so that whoever notes it can take back
+    exactly that note (``forget_entered``)."""
     depth = holds(lease) if isinstance(lease, LeaseState) else 1  # (a multi-lease nests not)
-    entry = [lock, lease, depth, at.holder, True, at.frame, at.lasti]
+    return [lock, lease, depth, at.holder, True, at.frame, at.lasti, 0]
+
+
+def push_entered(entry: _Entry) -> None:
+    """Note a block's entry (``entered``)."""
     _entered.set((*_entered.get(), entry))
+
+
+def forget_entered(entry: _Entry) -> None:
+    """A block that never began (its ``__enter__`` was interrupted around noting it):
+    its entry, if it was noted, is closed and dropped."""
+    entry[_OPEN] = False
+    tidy_entered()
 
 
 def stale_entered(at: Opening) -> list[_Entry]:
     """The entries of the blocks of ``at``'s holder whose end was interrupted before its
-    first line (see ``_entered``): such a block is over once its `with` statement is
-    opened again in the same frame, or once its frame has returned (a generator's or a
-    coroutine's, which may be suspended inside its block, only the first way). They stay
-    open until the caller has given back what they hold (``entered_lease``) and closed
-    them (``close_stale``): an interruption meanwhile leaves them to be found again."""
-    stack = _entered.get()
-    if not stack:
+    first line (see ``_entered``): such a block is over once the `with` statement that
+    opened it is opened again in the same frame (a loop's next turn). They stay open
+    until the caller has given back what they hold (``entered_lease``) and closed them
+    (``close_stale``): an interruption meanwhile leaves them to be found again. (A block
+    whose ``__enter__`` was not called by a `with` statement is never judged so.)"""
+    if at.frame is None:
         return []
-    live: set[int] | None = None
-    found = []
-    for entry in stack:
-        frame = entry[_FRAME]
-        if not entry[_OPEN] or entry[_HOLDER] is not at.holder or frame is None:
-            continue
-        over = frame is at.frame and entry[_LASTI] == at.lasti
-        if not over and not frame.f_code.co_flags & _SUSPENDABLE:
-            if live is None:
-                live = set()
-                on_stack = at.frame
-                while on_stack is not None:
-                    live.add(id(on_stack))
-                    on_stack = on_stack.f_back
-            over = id(frame) not in live  # (it is alive, held here: its id is its own)
-        if over:
-            found.append(entry)
-    return found
+    return [
+        entry
+        for entry in _entered.get()
+        if entry[_OPEN]
+        and entry[_HOLDER] is at.holder
+        and entry[_FRAME] is at.frame
+        and entry[_LASTI] == at.lasti
+    ]
 
 
 def close_stale(entry: _Entry) -> None:
     """A stale block's entry, once what it held is given back: closed and dropped."""
     entry[_OPEN] = False
-    tidy_entered()
-
-
-def forget_entered(lock: object, lease: Any) -> None:
-    """A block that never began (its ``__enter__`` was interrupted after noting it): its
-    entry, if it was noted, is closed and dropped."""
-    for entry in _entered.get():
-        if entry[_LOCK] is lock and entry[_LEASE] is lease:
-            entry[_OPEN] = False
     tidy_entered()
 
 
@@ -149,16 +160,24 @@ def refuse_nested(lock: FrontBase, holder: object) -> None:
 
 def close_entered(lock: object, *, missing_ok: bool = False) -> _Entry | None:
     """The entry of the innermost open block of ``lock``, closed: its block is ending.
-    None if there is none and ``missing_ok`` (an interrupted block's clean-up)."""
+    Its lease's release count is kept in it first (``release_begun``). None if there is
+    none and ``missing_ok`` (an interrupted block's clean-up)."""
     stack = _entered.get()
     for i in range(len(stack) - 1, -1, -1):
         entry = stack[i]
         if entry[_LOCK] is lock and entry[_OPEN]:
-            entry[_OPEN] = False  # (closed and returned with no call between)
+            calls = release_calls(entry[_LEASE])
+            entry[_CALLS] = calls  # (kept, closed and returned with no call between)
+            entry[_OPEN] = False
             return entry
     if missing_ok:
         return None
     raise RuntimeError("exiting a lock's `with` block that did not enter it")
+
+
+def release_begun(entry: _Entry) -> bool:
+    """Whether the release of a closed block's lease has begun since its end began."""
+    return release_calls(entry[_LEASE]) != int(entry[_CALLS])
 
 
 def entered_lease(entry: _Entry | None) -> Any:

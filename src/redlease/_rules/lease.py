@@ -293,6 +293,12 @@ def hold_again(lease: LeaseState) -> None:
     lease._holds += 1
 
 
+def release_calls(held: object) -> int:
+    """How often a lease's ``release()`` has been called (0 for anything else): a
+    block's end that is interrupted tells from it whether the release had begun."""
+    return held._release_calls if isinstance(held, LeaseState) else 0
+
+
 def drop_hold(lease: LeaseState) -> None:
     """The hold ``hold_again`` took, given up before its caller had it."""
     lease._holds -= 1

@@ -19,7 +19,7 @@ import inspect
 from collections.abc import Callable
 from datetime import timedelta
 from types import FrameType, TracebackType
-from typing import Any, Generic, TypeVar
+from typing import Generic, TypeVar
 
 from .._base import metrics as _metrics
 from .._base.errors import AcquireTimeout, LockError
@@ -34,11 +34,13 @@ from .._rules.fronts import (
     close_entered,
     close_stale,
     decorate,
+    entered,
     entered_lease,
     forget_entered,
     opening,
     push_entered,
     refuse_nested,
+    release_begun,
     stale_entered,
     tidy_entered,
 )
@@ -54,7 +56,6 @@ from .lease import (
     SyncDriver,
     SyncLeaseBlock,
     finish_in_haste,
-    release_calls,
 )
 
 Seconds = float | timedelta
@@ -73,22 +74,17 @@ def end_block(
     step): a release that had not begun by then is made in haste (a lease's own release
     finishes one that had), and the block's note is dropped."""
     entry = None
-    lease: Any = None  # (a lease, a multi-lease; a job's Skipped holds nothing)
-    calls = 0
     try:
         entry = close_entered(block)
-        lease = entered_lease(entry)
+        lease = entered_lease(entry)  # (a lease, a multi-lease; a Skipped holds nothing)
         if _releases(lease):
-            calls = release_calls(lease)
             lease.__exit__(exc_type, exc, tb)
     except BaseException as failure:
         if not isinstance(failure, LockError):
-            if lease is None:  # interrupted before its lease was known
-                if entry is None:  # (or before its note was found)
-                    entry = close_entered(block, missing_ok=True)
-                lease = entered_lease(entry)
-            if release_calls(lease) == calls:
-                finish_in_haste(lease)
+            if entry is None:  # interrupted before its note was found
+                entry = close_entered(block, missing_ok=True)
+            if entry is not None and not release_begun(entry):
+                finish_in_haste(entered_lease(entry))
         raise
     finally:
         tidy_entered()
@@ -166,10 +162,13 @@ class SyncFront(FrontBase, Generic[LeaseT]):
         held = self._held_by(holder)
         if held is not None:
             if entering is not None:
+                entry = None
                 try:
-                    push_entered(self, held, entering)
+                    entry = entered(self, held, entering)
+                    push_entered(entry)
                 except BaseException:
-                    forget_entered(self, held)
+                    if entry is not None:
+                        forget_entered(entry)
                     drop_hold(held)  # (the hold _held_by took: the block never began)
                     raise
             return held  # type: ignore[return-value]
@@ -206,6 +205,7 @@ class SyncFront(FrontBase, Generic[LeaseT]):
         an interruption anywhere (a cancellation, an error raised by a signal handler)
         gives back what the attempt may have taken: no one else could release it."""
         lease: LeaseT | None = None
+        entry = None
         try:
             self._io.check_server_once(attempt.look_within())
             grant = self._io.run(attempt.run(), f"acquire {self.name!r}")
@@ -215,11 +215,13 @@ class SyncFront(FrontBase, Generic[LeaseT]):
             if holder is not None:
                 self._hold(holder, lease)
             if entering is not None:
-                push_entered(self if block is None else block, lease, entering)
+                entry = entered(self if block is None else block, lease, entering)
+                push_entered(entry)
             return lease
         except BaseException as exc:
+            if entry is not None:
+                forget_entered(entry)
             if lease is not None:
-                forget_entered(self if block is None else block, lease)
                 unhanded(lease)
             if attempt.outstanding:
                 # An interruption that ends the process (Ctrl-C, exit, a signal's error:

@@ -25,6 +25,7 @@ from .._rules.fronts import (
     P,
     R,
     decorate,
+    entered,
     forget_entered,
     metered_as,
     push_entered,
@@ -159,15 +160,16 @@ class MultiLock:
         multi-lease is returned: an interruption at any step gives them back."""
         deadline = Deadline.after(self._specs[0].clock, timeout)
         taken: list[Lease] = []
-        multi = None
+        entry = None
         try:
             multi = self._taken(deadline, taken, wait=wait)
             if multi is not None and entering is not None:
-                push_entered(self, multi, entering)
+                entry = entered(self, multi, entering)
+                push_entered(entry)
             return multi
         except BaseException as exc:
-            if multi is not None:
-                forget_entered(self, multi)
+            if entry is not None:
+                forget_entered(entry)
             hurried = _going_away(exc)
             shielded(functools.partial(self._give_all_back, taken, hurried=hurried))
             raise
