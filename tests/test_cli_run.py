@@ -70,9 +70,10 @@ def test_redlease_url_may_name_several_servers_for_a_redlock(
 ) -> None:
     urls = [f"redis://127.0.0.1:{server.port}/{db}" for db in (1, 2, 3)]
     probe = f"""
-        import sys, redis, redlease
+        import sys, redis
+        from redlease._rules.keys import LockKeys
         nodes = [redis.Redis.from_url(u) for u in {urls!r}]
-        held = [n.exists(redlease._rules.keys.LockKeys.for_name({name!r}).lock) for n in nodes]
+        held = [n.exists(LockKeys.for_name({name!r}).lock) for n in nodes]
         sys.exit(0 if held == [1, 1, 1] else 5)
     """
     proc = _start(["run", name, "--json", "--", *_py(probe)], REDLEASE_URL=",".join(urls))

@@ -199,3 +199,20 @@ def test_ctrl_c_in_a_multilock_acquire_gives_back_in_haste() -> None:
         took, status, err = _ended_within(proc, signal.SIGINT)
     assert status == 130, err
     assert took < PROMPT, (took, err)
+
+
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
+@pytest.mark.parametrize("after", [0.1, 0.25])
+def test_a_signal_while_the_command_starts_ends_it_in_one_line(signum: int, after: float) -> None:
+    """Signalled while it is still importing the library (its first quarter second), or
+    just after: the shell's code for the signal and one line, never a traceback (a
+    SIGTERM killed it silently, a SIGINT printed a KeyboardInterrupt traceback)."""
+    with _HungServer() as hung:  # (so that a command past its start still waits)
+        proc = start(["inspect", "job", "--redis", f"redis://127.0.0.1:{hung.port}"])
+        time.sleep(after)
+        took, code, err = _ended_within(proc, signum)
+    assert took < PROMPT, (took, err)
+    assert code == 128 + signum, (code, err)
+    assert "Traceback" not in err, err
+    (line,) = [line for line in err.splitlines() if line.strip()]
+    assert line.startswith("redlease: "), err

@@ -8,47 +8,46 @@ with lock as lease:
 """
 
 import logging
+import typing
 
-from . import metrics as metrics  # (a module: redlease.metrics.configure)
-from ._async.election import AsyncElection, AsyncObservation
-from ._async.fenced import AsyncFencedRedis
-from ._async.inspect import aread_info
-from ._async.lease import AsyncLease
-from ._async.lock import AsyncLock
-from ._async.multilock import AsyncMultiLease, AsyncMultiLock
-from ._async.once import AsyncOnce, AsyncRun
-from ._async.redlock import AsyncRedlock, AsyncRedlockLease
-from ._async.rwlock import AsyncReadWriteLock
-from ._async.semaphore import AsyncSemaphore
-from ._base.errors import (
-    AcquireTimeout,
-    BackendError,
-    InvalidArgument,
-    LockError,
-    LockLost,
-    QuorumError,
-    RedleaseWarning,
-    StaleFence,
-)
-from ._base.version import __version__
-from ._rules.election import Leader
-from ._rules.inspect import Holder, LockInfo, Waiter
-from ._rules.once import Skipped
-from ._sync.election import Election, Observation
-from ._sync.fenced import FencedRedis
-from ._sync.inspect import read_info
-from ._sync.lease import Lease
-from ._sync.lock import Lock
-from ._sync.multilock import MultiLease, MultiLock
-from ._sync.once import Once, Run
-from ._sync.redlock import Redlock, RedlockLease
-from ._sync.rwlock import ReadWriteLock
-from ._sync.semaphore import Semaphore
-from .jobs import once
+if typing.TYPE_CHECKING:  # (the names as the type checkers see them; loaded on first use)
+    from . import metrics as metrics  # (a module: redlease.metrics.configure)
+    from ._async.election import AsyncElection, AsyncObservation
+    from ._async.fenced import AsyncFencedRedis
+    from ._async.inspect import aread_info
+    from ._async.lease import AsyncLease
+    from ._async.lock import AsyncLock
+    from ._async.multilock import AsyncMultiLease, AsyncMultiLock
+    from ._async.once import AsyncOnce, AsyncRun
+    from ._async.redlock import AsyncRedlock, AsyncRedlockLease
+    from ._async.rwlock import AsyncReadWriteLock
+    from ._async.semaphore import AsyncSemaphore
+    from ._base.errors import (
+        AcquireTimeout,
+        BackendError,
+        InvalidArgument,
+        LockError,
+        LockLost,
+        QuorumError,
+        RedleaseWarning,
+        StaleFence,
+    )
+    from ._base.version import __version__
+    from ._rules.election import Leader
+    from ._rules.inspect import Holder, LockInfo, Waiter
+    from ._rules.once import Skipped
+    from ._sync.election import Election, Observation
+    from ._sync.fenced import FencedRedis
+    from ._sync.inspect import read_info
+    from ._sync.lease import Lease
+    from ._sync.lock import Lock
+    from ._sync.multilock import MultiLease, MultiLock
+    from ._sync.once import Once, Run
+    from ._sync.redlock import Redlock, RedlockLease
+    from ._sync.rwlock import ReadWriteLock
+    from ._sync.semaphore import Semaphore
+    from .jobs import once
 
-# A library's loggers print nothing of their own accord: the application configures
-# logging (the "redlease" tree) if it wants to see them.
-logging.getLogger(__name__).addHandler(logging.NullHandler())
 
 __all__ = [
     "AcquireTimeout",
@@ -96,10 +95,45 @@ __all__ = [
     "read_info",
 ]
 
-# Tracebacks, reprs and logs name each public class and function as it is imported
-# (redlease.LockLost), not by the private module that defines it.
-for _name in __all__:
-    _public = globals()[_name]
-    if callable(_public):
-        _public.__module__ = __name__
-del _name, _public
+# A library's loggers print nothing of their own accord: the application configures
+# logging (the "redlease" tree) if it wants to see them.
+logging.getLogger(__name__).addHandler(logging.NullHandler())
+
+# Submodules reachable as attributes without an import of their own.
+_SUBMODULES = frozenset({"metrics", "sql"})
+
+
+def __getattr__(name: str) -> typing.Any:
+    """The public names are loaded on first use, all at once: ``import redlease`` costs
+    next to nothing (the command line handles signals from its first instruction), and a
+    program pays for the library when it first touches it. ``redlease.sql`` is loaded by
+    itself, without a database driver, as is any submodule asked for by name."""
+    import importlib
+
+    if name in __all__:
+        _load()
+        return globals()[name]
+    if name in _SUBMODULES or (name.startswith("_") and not name.startswith("__")):
+        try:
+            return importlib.import_module(f"{__name__}.{name}")
+        except ModuleNotFoundError:
+            pass
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *__all__, *_SUBMODULES})
+
+
+def _load() -> None:
+    import importlib
+
+    _public = importlib.import_module(f"{__name__}._public")
+
+    for public in __all__:
+        value = getattr(_public, public)
+        # Tracebacks, reprs and logs name each public class and function as it is
+        # imported (redlease.LockLost), not by the private module that defines it.
+        if callable(value):
+            value.__module__ = __name__
+        globals()[public] = value
