@@ -100,7 +100,7 @@ def test_a_signal_ends_a_run_waiting_on_a_hung_server(signum: int, tmp_path: Pat
     with _HungServer() as hung:
         url = f"redis://127.0.0.1:{hung.port}"
         proc = start(["run", "job", "--redis", url, "--", "touch", str(ran)])
-        hung.wait_for(b"EVAL")  # the acquire is sent: the run waits for its reply
+        hung.wait_for(b"PING")  # the run waits for its first reply
         time.sleep(0.2)
         assert proc.poll() is None
         took, code, err = _ended_within(proc, signum)
@@ -216,3 +216,23 @@ def test_a_signal_while_the_command_starts_ends_it_in_one_line(signum: int, afte
     assert "Traceback" not in err, err
     (line,) = [line for line in err.splitlines() if line.strip()]
     assert line.startswith("redlease: "), err
+
+
+def test_a_run_against_a_server_that_never_answers_says_so_and_gives_up() -> None:
+    """A server that takes the connection and never answers: within 5 s the run says
+    what it waits for, and it gives up within its bound (5 s, less than the default
+    30 s ttl; it was silent for 62 s before), with exit 2 and without running CMD."""
+    with _HungServer() as hung:
+        started = time.monotonic()
+        proc = start(["run", "job", "--redis", f"redis://127.0.0.1:{hung.port}", "--", "true"])
+        assert proc.stderr is not None
+        first = proc.stderr.readline()  # (the first line, as soon as it is said)
+        said_after = time.monotonic() - started
+        code, _, rest = finish(proc, timeout=60)
+        took = time.monotonic() - started
+    assert "waiting for 127.0.0.1:" in first, first
+    assert said_after < 5.0 + PROMPT, said_after
+    assert code == 2, (first, rest)
+    assert took < 30.0, took
+    assert "did not answer in time" in rest, rest
+    assert "Traceback" not in first + rest

@@ -46,6 +46,12 @@ def duration(text: str) -> float:
 
 
 DEFAULT_RUN_TTL = 30.0  # `run`'s lease, renewed while the command runs
+# `run` on one server, waiting without -w, first asks it for a PONG, within
+# ANSWER_WITHIN seconds: one that accepts connections and never answers (hung, or
+# another service that waits for more) is given up on then (a wait with no bound of its
+# own would wait out twice the ttl), and said to be waited for after SAY_WAITING.
+ANSWER_WITHIN = 5.0
+SAY_WAITING = 2.0
 
 
 def _positive(text: str) -> float:
@@ -631,8 +637,20 @@ def _run(args: argparse.Namespace, cmd: list[str]) -> int:
             return Redlock(clients, args.name, auto_renew=True, **common).acquire, _release
         return Lock(clients[0], args.name, auto_renew=True, **common).acquire, _release
 
+    def answered_first(on_lost: Any) -> tuple[Any, Any]:
+        take, give_back = hold(on_lost)
+        if len(clients) > 1 or options.timeout is not None:
+            # (a Redlock's quorum rides out a silent node; -n and -w bound the wait)
+            return take, give_back
+
+        def take_answered(timeout: float | None) -> Any:
+            _answers(clients[0], args.name, as_json=args.json)
+            return take(timeout)
+
+        return take_answered, give_back
+
     try:
-        return run_under(hold, cmd, options, what)
+        return run_under(answered_first, cmd, options, what)
     except InvalidArgument as exc:
         raise CliError(f"run: {exc}") from None
     finally:
@@ -642,6 +660,35 @@ def _run(args: argparse.Namespace, cmd: list[str]) -> int:
 
 def _release(lease: Any) -> None:
     lease.release()
+
+
+def _answers(client: Any, name: str, *, as_json: bool) -> None:
+    """Return once the server has answered a PING; BackendError if it has not within
+    ANSWER_WITHIN seconds. Past SAY_WAITING, says what it waits for."""
+    from .._rules.ops import Command
+    from .._sync.io import SyncIO
+    from .run import Reporter
+
+    io = SyncIO(client)
+
+    def ping() -> Any:
+        return (yield Command(("PING",), ANSWER_WITHIN, patient=False))
+
+    def say() -> None:
+        Reporter(name, as_json).say(
+            "waiting",
+            f"waiting for {io.describe()} to answer (it took the connection but has not "
+            f"answered in {SAY_WAITING:g} s; giving up at {ANSWER_WITHIN:g} s)",
+            server=io.describe(),
+        )
+
+    timer = threading.Timer(SAY_WAITING, say)
+    timer.daemon = True
+    timer.start()
+    try:
+        io.run(ping(), f"reach the server for {name!r}")
+    finally:
+        timer.cancel()
 
 
 def _scheduled(job: Any) -> Any:
