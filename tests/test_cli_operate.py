@@ -251,3 +251,56 @@ def test_operator_commands_refuse_bad_input(server: servers.ServerProcess) -> No
     code, _, err = cli("list", url="redis://127.0.0.1:1/0")
     assert code == 2
     assert "cannot reach the server" in err
+
+
+def test_list_warns_of_a_key_of_another_type_and_lists_the_rest(
+    server: servers.ServerProcess, r: redis.Redis, name: str
+) -> None:
+    """A key under the prefix that is not redlease's (a hash where a lock would be) is
+    one warning line; everything else is listed (it failed the whole listing)."""
+    r.hset(lock_key(name + ":odd"), "field", "value")
+    r.pexpire(lock_key(name + ":odd"), 60_000)
+    held = redlease.Lock(r, name + ":a", ttl=30.0).acquire()
+    code, out, err = cli("list", name + ":*", url=server.url)
+    assert code == 0, err
+    assert [line.split("\t")[1] for line in out.splitlines()[1:]] == [name + ":a"]
+    (warning,) = err.splitlines()
+    assert warning.startswith(f"redlease: warning: lock '{name}:odd'"), warning
+    assert "another type" in warning
+    assert "@user_script" not in warning  # (the script's own lines say nothing to a reader)
+    code, out, err = cli("list", name + ":*", "--json", url=server.url)
+    assert code == 0, err
+    assert [row["name"] for row in json.loads(out)] == [name + ":a"]
+    assert json.loads(err)["event"] == "warning"
+    held.release()
+
+
+def test_inspect_json_says_an_error_as_json(
+    server: servers.ServerProcess, r: redis.Redis, name: str
+) -> None:
+    r.hset(lock_key(name), "field", "value")
+    r.pexpire(lock_key(name), 60_000)
+    code, out, err = cli("inspect", name, "--json", url=server.url)
+    assert (code, out) == (2, "")
+    said = json.loads(err)
+    assert (said["event"], said["code"]) == ("error", 2)
+    assert "another type" in said["message"]
+    assert "@user_script" not in said["message"]
+
+
+def test_inspect_shows_a_scheduled_jobs_period(
+    server: servers.ServerProcess, r: redis.Redis, name: str
+) -> None:
+    """A job run with --every whose period has run is free, but its next run waits for
+    the next period: inspect says so (it said only "free")."""
+    code, _, err = cli("run", name, "--every", "1h", "--ttl", "10", "--", "true", url=server.url)
+    assert code == 0, err
+    code, out, _ = cli("inspect", name, url=server.url)
+    assert code == 1  # (free)
+    assert "run of this period began" in out.splitlines()[0], out
+    code, out, _ = cli("inspect", name, "--json", url=server.url)
+    period = json.loads(out)["period"]
+    assert 0 < period["next_in"] <= 3600
+    assert len(period["run"]) == 8
+    skipped, _, err = cli("run", name, "--every", "1h", "--ttl", "10", "--", "true", url=server.url)
+    assert skipped == 1, err  # (what inspect foretold)

@@ -517,13 +517,14 @@ def _demo(args: argparse.Namespace) -> int:
 
 
 def _complain(args: argparse.Namespace, text: str, code: int) -> int:
-    """Say why the command failed, on stderr, in a line of text; ``run`` says it as its
-    other messages (``run.Reporter``: a JSON event with ``--json``, for a job run by cron
-    logs one kind of line). Returns ``code``."""
-    if args.command == "run":
+    """Say why the command failed, on stderr, in a line of text; with ``--json`` as a
+    JSON event, as ``run`` says its other messages (``run.Reporter``: a job run by cron,
+    or a program reading ``inspect --json``, gets one kind of line). Returns ``code``."""
+    if getattr(args, "json", False) and args.command != "demo":
         from .run import Reporter
 
-        Reporter(args.name, args.json).say("error", text, message=text, code=code)
+        name = getattr(args, "name", None) or getattr(args, "pattern", None) or ""
+        Reporter(name, as_json=True).say("error", text, message=text, code=code)
     else:
         print(f"redlease: {text}", file=sys.stderr)
     return code

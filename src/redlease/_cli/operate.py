@@ -11,10 +11,11 @@ import argparse
 import fnmatch
 import json
 import sys
+from dataclasses import dataclass
 from typing import Any, TextIO
 
 from .._rules.inspect import Holder, LockInfo, Waiter
-from .._rules.keys import read_back
+from .._rules.keys import LockKeys, read_back
 from .._rules.lease import SHOWN
 from .._rules.lease import short_token as short  # (the library's logs show tokens so too)
 from .._sync.inspect import read_info
@@ -51,8 +52,33 @@ def info_json(info: LockInfo, url: str) -> dict[str, Any]:
     }
 
 
-def _write_info(info: LockInfo, out: TextIO) -> None:
+@dataclass(frozen=True)
+class Period:
+    """A scheduled job's record of its period's run (``redlease run --every``,
+    ``redlease.once(every=)``): the run that made it, and when the next period begins."""
+
+    run: str  # the token of the run
+    next_in: float  # seconds until the next period begins (the record's TTL)
+
+
+def _period(client: Any, name: str, prefix: str) -> Period | None:
+    """The period record a scheduled job of ``name`` keeps, if any (read with the
+    client's own GET and PTTL: a plain string key)."""
+    key = LockKeys.for_name(name, prefix).once
+    record, left = client.get(key), client.pttl(key)
+    if record is None or left is None or int(left) < 0:
+        return None
+    text = record.decode() if isinstance(record, bytes) else str(record)
+    return Period(run=text.partition(":")[2], next_in=int(left) / 1000.0)
+
+
+def _write_info(info: LockInfo, out: TextIO, period: Period | None = None) -> None:
     state = "held" if info.held else "free"
+    if period is not None:
+        state += (
+            f"; a scheduled job's run of this period began (run {short(period.run)}), "
+            f"the next period begins in {period.next_in:.3f} s"
+        )
     out.write(f"{info.kind} {info.name!r}: {state}\n")
     for h in info.holders:
         fence = "" if h.fence is None else f", fence {h.fence}"
@@ -72,10 +98,11 @@ def _write_info(info: LockInfo, out: TextIO) -> None:
             out.write(f"  {i}. {short(w.token)} expired {-w.remaining:.3f} s ago (gone)\n")
 
 
-def _read(url: str, name: str, kind: str, prefix: str) -> LockInfo:
+def _read(url: str, name: str, kind: str, prefix: str) -> tuple[LockInfo, Period | None]:
     client = make_client(url)
     try:
-        return read_info(client, name, kind=kind, prefix=prefix)
+        info = read_info(client, name, kind=kind, prefix=prefix)
+        return info, (_period(client, name, prefix) if kind == "lock" else None)
     finally:
         client.close()
 
@@ -96,20 +123,29 @@ def _checked_name(args: argparse.Namespace, what: str) -> None:
 
 def inspect(args: argparse.Namespace, urls: list[str], out: TextIO) -> int:
     _checked_name(args, "inspect")
-    infos = [(url, _read(url, args.name, args.kind, args.prefix)) for url in urls]
+    read = [(url, *_read(url, args.name, args.kind, args.prefix)) for url in urls]
+    infos = [(url, info) for url, info, _ in read]
     held = any(info.held for _, info in infos)
     if args.json:
-        shown = [info_json(info, url) for url, info in infos]
+        shown = [
+            {**info_json(info, url), "period": _period_json(period)} for url, info, period in read
+        ]
         doc: Any = shown[0] if len(shown) == 1 else {"name": args.name, "held": held}
         if len(shown) > 1:
             doc["servers"] = shown
         out.write(json.dumps(doc) + "\n")
     else:
-        for url, info in infos:
+        for url, info, period in read:
             if len(infos) > 1:
                 out.write(f"== {url}\n")
-            _write_info(info, out)
+            _write_info(info, out, period)
     return 0 if held else EXIT_FREE
+
+
+def _period_json(period: Period | None) -> dict[str, Any] | None:
+    if period is None:
+        return None
+    return {"run": period.run[:SHOWN], "next_in": round(period.next_in, 3)}
 
 
 # --------------------------------------------------------------------------- list
@@ -140,10 +176,18 @@ def held_names(
     return sorted(found, key=lambda kn: (kn[1], kn[0]))
 
 
+def _warn(args: argparse.Namespace, text: str) -> None:
+    """A warning of the listing's, on stderr: a line, or a JSON event with ``--json``."""
+    if args.json:
+        print(json.dumps({"event": "warning", "message": text}), file=sys.stderr)
+    else:
+        print(f"redlease: warning: {text}", file=sys.stderr)
+
+
 def listing(args: argparse.Namespace, urls: list[str], out: TextIO) -> int:
-    from .._base.errors import InvalidArgument
+    from .._base.errors import BackendError, InvalidArgument
     from .._rules.arguments import key_prefix
-    from .._rules.classify import backend_error, backend_failures
+    from .._rules.classify import backend_error, backend_failures, error_code
     from .._wire.endpoint import endpoint_of
 
     try:
@@ -161,7 +205,13 @@ def listing(args: argparse.Namespace, urls: list[str], out: TextIO) -> int:
                 label = endpoint_of(client, asyncio=False).label
                 raise backend_error(exc, "list", server=label) from exc
             for kind, name in found:
-                info = read_info(client, name, kind=kind, prefix=args.prefix)
+                try:
+                    info = read_info(client, name, kind=kind, prefix=args.prefix)
+                except BackendError as exc:
+                    if error_code(exc) != "WRONGTYPE":
+                        raise
+                    _warn(args, f"{kind} {name!r} on {url} not listed: {exc}")
+                    continue
                 if info.held:  # (released between the SCAN and the read: not listed)
                     rows.append((url, info))
         finally:
@@ -204,7 +254,7 @@ def force_release(args: argparse.Namespace, urls: list[str], out: TextIO) -> int
             "still be working under it (its writes are then stopped only by fencing)"
         )
     _checked_name(args, "release")
-    infos = [(url, _read(url, args.name, args.kind, args.prefix)) for url in urls]
+    infos = [(url, _read(url, args.name, args.kind, args.prefix)[0]) for url in urls]
     held = [(url, info) for url, info in infos if info.held]
     if not held:
         _report(args, out, [], f"{args.kind} {args.name!r} is free: nothing to release")

@@ -185,13 +185,28 @@ def error_code(error: BaseException) -> str:
     return ""
 
 
+# Where in a script an error came from, as the server appends it (Redis 7 and Valkey:
+# "... script: <sha>, on @user_script:225."; 6.2: "ERR Error running script (call to
+# f_<sha>): @user_script:42: "): lines of redlease's own scripts, of no use to a reader.
+_SCRIPT_PLACE = re.compile(
+    r"(?: script: [0-9a-f]{40}, on @user_script:\d+\.?)"
+    r"|(?:ERR Error running script \(call to f_[0-9a-f]{40}\): (?:@user_script: ?\d+: )+-?)"
+)
+
+
+def plain(text: str) -> str:
+    """An error's text without the place in redlease's scripts it came from."""
+    return _SCRIPT_PLACE.sub("", text).strip()
+
+
 def backend_error(
     exc: BaseException, action: str, kind: type[BackendError] = BackendError, server: str = ""
 ) -> BackendError:
     """``exc`` as the error of ``action``, said in a lock's terms; ``server``: the one
     that failed, named in the message."""
     where = f" on {server}" if server else ""
-    error = kind(f"{action} failed{where}: {describe(exc)} ({type(exc).__name__}: {exc})")
+    said = plain(str(exc))
+    error = kind(f"{action} failed{where}: {describe(exc)} ({type(exc).__name__}: {said})")
     error.__cause__ = exc
     return error
 
