@@ -378,3 +378,20 @@ async def test_an_unauthenticated_client_is_told_asyncio(
     assert "authentication required" in str(caught.value)
     assert str(password_server.port) in str(caught.value)
     await client.aclose()
+
+
+def test_redlease_run_works_with_the_rule(one_server: servers.ServerProcess) -> None:
+    """The run's first look at the server (a PING, which the rule does not grant) is
+    answered with a refusal, and a refusal is an answer: the run goes on."""
+    import subprocess
+    import sys
+
+    _grant(one_server.port, RULE)
+    url = f"redis://{USER}:{PASSWORD}@127.0.0.1:{one_server.port}"
+    done = subprocess.run(
+        [sys.executable, "-m", "redlease", "run", "acl-run", "--redis", url, "--", "true"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 0, done.stderr

@@ -666,6 +666,7 @@ def _release(lease: Any) -> None:
 def _answers(client: Any, name: str, *, as_json: bool) -> None:
     """Return once the server has answered a PING; BackendError if it has not within
     ANSWER_WITHIN seconds. Past SAY_WAITING, says what it waits for."""
+    from .._rules.classify import error_code
     from .._rules.ops import Command
     from .._sync.io import SyncIO
     from .run import Reporter
@@ -688,6 +689,9 @@ def _answers(client: Any, name: str, *, as_json: bool) -> None:
     timer.start()
     try:
         io.run(ping(), f"reach the server for {name!r}")
+    except LockError as refused:
+        if not error_code(refused):  # (a refusal, NOPERM say, is an answer: it is there)
+            raise
     finally:
         timer.cancel()
 
