@@ -129,6 +129,7 @@ def test_celery_beat_started_twice_runs_each_period_once(
         started.append(
             subprocess.Popen(argv, cwd=tmp_path, env=env, stderr=subprocess.PIPE, text=True)
         )
+
     def enough() -> bool:
         """Four periods run, and both beats sending (their start on a loaded machine
         takes a varying share of any fixed time: 2 periods in 16 s were seen)."""
