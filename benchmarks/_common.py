@@ -200,7 +200,9 @@ def _warm_up() -> None:
     # Import what the workers use before any figure is timed.
     import redis_lock  # noqa: F401
 
-    import redlease  # noqa: F401
+    import redlease
+
+    _ = redlease.Lock  # (import redlease loads the library on first use: now)
 
 
 def _report_pid(hold: float) -> int:
