@@ -304,3 +304,13 @@ def test_inspect_shows_a_scheduled_jobs_period(
     assert len(period["run"]) == 8
     skipped, _, err = cli("run", name, "--every", "1h", "--ttl", "10", "--", "true", url=server.url)
     assert skipped == 1, err  # (what inspect foretold)
+
+
+def test_inspect_with_a_period_key_of_another_type(
+    server: servers.ServerProcess, r: redis.Redis, name: str
+) -> None:
+    r.rpush(lock_key(name) + ":once", "x")
+    r.pexpire(lock_key(name) + ":once", 60_000)
+    code, out, err = cli("inspect", name, url=server.url)
+    assert (code, err) == (1, ""), err  # free, and no period: nothing else to say
+    assert out.startswith(f"lock {name!r}: free\n"), out

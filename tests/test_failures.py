@@ -162,3 +162,41 @@ def test_a_reply_that_is_not_resp_is_not_redis(reader: str) -> None:
         reading.fed(len(data), data, parser)
     ok = bytearray(b"+OK\r\n")
     assert reading.fed(len(ok), ok, resp.PyReader() if hiredis is None else resp.new_reader())
+
+
+def test_junk_after_a_reply_is_not_redis_on_the_next_read() -> None:
+    """A reply followed by bytes that are not RESP, in one chunk: the next read of that
+    connection, which finds them in its reader, says so too (it raised the parser's own
+    error, a traceback in the CLI)."""
+    import socket
+    import threading
+
+    from redlease._rules.ops import Command
+    from redlease._sync.io import SyncIO
+
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(16)
+
+    def serve() -> None:
+        while True:
+            try:
+                conn, _ = listener.accept()
+            except OSError:
+                return
+            with conn:
+                while conn.recv(65536):
+                    conn.sendall(b"+PONG\r\n?garbage\r\n")
+
+    threading.Thread(target=serve, daemon=True).start()
+
+    def ping() -> Any:
+        return (yield Command(("PING",), 2.0))
+
+    io = SyncIO(families.client(port=int(listener.getsockname()[1])))
+    try:
+        assert io.run(ping(), "ping") == b"PONG"
+        with pytest.raises(redlease.BackendError, match="does not speak Redis"):
+            io.run(ping(), "ping")
+    finally:
+        listener.close()

@@ -100,29 +100,34 @@ __all__ = [
 logging.getLogger(__name__).addHandler(logging.NullHandler())
 
 # Submodules reachable as attributes without an import of their own.
-_SUBMODULES = frozenset({"metrics", "sql"})
+_SUBMODULES = frozenset({"jobs", "metrics", "sql", "testing", "tools"})
 
 
-def __getattr__(name: str) -> typing.Any:
-    """The public names are loaded on first use, all at once: ``import redlease`` costs
-    next to nothing (the command line handles signals from its first instruction), and a
-    program pays for the library when it first touches it. ``redlease.sql`` is loaded by
-    itself, without a database driver, as is any submodule asked for by name."""
-    import importlib
+if not typing.TYPE_CHECKING:  # (type checkers see the names above, and no others)
 
-    if name in __all__:
-        _load()
-        return globals()[name]
-    if name in _SUBMODULES or (name.startswith("_") and not name.startswith("__")):
-        try:
-            return importlib.import_module(f"{__name__}.{name}")
-        except ModuleNotFoundError:
-            pass
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    def __getattr__(name: str) -> typing.Any:
+        """The public names are loaded on first use, all at once: ``import redlease``
+        costs next to nothing (the command line handles signals from its first
+        instruction), and a program pays for the library when it first touches it.
+        ``redlease.sql`` is loaded by itself, without a database driver, as is any
+        submodule asked for by name."""
+        import importlib
 
+        if name in __all__:
+            _load()
+            return globals()[name]
+        private = name.startswith("_") and not name.startswith("__") and "." not in name
+        if name in _SUBMODULES or private:
+            module = f"{__name__}.{name}"
+            try:
+                return importlib.import_module(module)
+            except ModuleNotFoundError as missing:
+                if missing.name != module:  # (a module it imports is missing: say so)
+                    raise
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
-def __dir__() -> list[str]:
-    return sorted({*globals(), *__all__, *_SUBMODULES})
+    def __dir__() -> list[str]:
+        return sorted({*globals(), *__all__, *_SUBMODULES})
 
 
 def _load() -> None:

@@ -42,7 +42,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print("redlease: terminated", file=sys.stderr)
         return 128 + signal.SIGTERM
     finally:
-        if ours:
+        if ours and previous is not None:  # (None: a handler not set from Python)
             signal.signal(signal.SIGTERM, previous)
 
 

@@ -86,6 +86,21 @@ class RedleaseWarning(UserWarning):
 
 
 _HOME = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep  # the package
+# They are redlease.X wherever they are raised (tracebacks, pickles, logs), also where no
+# public name of the package has been touched yet (it loads them on first use).
+for _error in (
+    LockError,
+    AcquireTimeout,
+    LockLost,
+    StaleFence,
+    BackendError,
+    QuorumError,
+    InvalidArgument,
+    RedleaseWarning,
+):
+    _error.__module__ = "redlease"
+del _error
+
 _SAID: set[str] = set()  # what warn(once=...) has said in this process
 _SAYING = threading.Lock()
 

@@ -679,8 +679,8 @@ def _answers(client: Any, name: str, *, as_json: bool) -> None:
     def say() -> None:
         Reporter(name, as_json).say(
             "waiting",
-            f"waiting for {io.describe()} to answer (it took the connection but has not "
-            f"answered in {SAY_WAITING:g} s; giving up at {ANSWER_WITHIN:g} s)",
+            f"waiting for {io.describe()} to answer (nothing yet in {SAY_WAITING:g} s; "
+            f"giving up at {ANSWER_WITHIN:g} s)",
             server=io.describe(),
         )
 

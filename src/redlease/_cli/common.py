@@ -21,7 +21,8 @@ class CliError(Exception):
 
 def make_client(url: str) -> Any:
     """A client for ``url``; nothing is sent yet (a server that cannot be reached is met
-    at the first command, and a least-privileged user needs no PING)."""
+    at the first command; ``run``'s first PING takes a refusal for an answer, so a
+    least-privileged user needs no +ping)."""
     from .._clients import from_url
 
     try:

@@ -64,8 +64,13 @@ class Period:
 def _period(client: Any, name: str, prefix: str) -> Period | None:
     """The period record a scheduled job of ``name`` keeps, if any (read with the
     client's own GET and PTTL: a plain string key)."""
+    from .._rules.classify import reply_errors
+
     key = LockKeys.for_name(name, prefix).once
-    record, left = client.get(key), client.pttl(key)
+    try:
+        record, left = client.get(key), client.pttl(key)
+    except reply_errors():  # (a key of another type there: no job's record)
+        return None
     if record is None or left is None or int(left) < 0:
         return None
     text = record.decode() if isinstance(record, bytes) else str(record)

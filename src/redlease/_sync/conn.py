@@ -37,6 +37,7 @@ from .._wire import resp as _resp
 from .._wire import spin as _spin
 from .._wire import stale as _stale
 from .._wire.endpoint import ConnectionFailed, Endpoint, Kind, ReplyTimedOut, node_endpoint
+from .._wire.reading import buffered
 from . import backend as _backend_sync
 from .backend import ClassConnection
 from .hub import PLAIN, SHARDED, Hub, Verbs
@@ -180,7 +181,7 @@ class SocketConnection:
     def _next(self, timeout: float, spin: bool) -> Any:
         """The next reply as parsed (an error reply is returned, not raised)."""
         reader = self.reader
-        reply = reader.gets()
+        reply = buffered(reader)
         if reply is NOT_ENOUGH:
             if spin and _spin.BUDGET > 0:
                 started = time.perf_counter()

@@ -20,10 +20,23 @@ def fed(got: int, buffer: bytearray, reader: Any) -> Any:
         raise ConnectionFailed("connection closed by server")
     try:
         reader.feed(buffer, 0, got)
+    except Exception as exc:  # (the reader's own error: hiredis's ProtocolError, ValueError)
+        raise _not_redis(exc, buffer[: min(got, SHOWN_BYTES)]) from exc
+    return buffered(reader, buffer[: min(got, SHOWN_BYTES)])
+
+
+def buffered(reader: Any, head: bytes | bytearray = b"") -> Any:
+    """The next reply already in ``reader``, or NOT_ENOUGH; NotRedis if what it holds is
+    not RESP (every read of a reply goes through here, bytes just read or not)."""
+    try:
         return reader.gets()
     except Exception as exc:  # (the reader's own error: hiredis's ProtocolError, ValueError)
-        head = bytes(buffer[: min(got, SHOWN_BYTES)])
-        raise NotRedis(f"the reply is not RESP: {head!r}") from exc
+        raise _not_redis(exc, head) from exc
+
+
+def _not_redis(exc: Exception, head: bytes | bytearray) -> NotRedis:
+    shown = f": {bytes(head)!r}" if head else f" ({exc})"
+    return NotRedis(f"the reply is not RESP{shown}")
 
 
 def read_failed(exc: OSError) -> ConnectionFailed:

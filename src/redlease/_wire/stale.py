@@ -14,7 +14,7 @@ from collections.abc import Callable
 from typing import Any
 
 from .._rules.classify import is_noscript
-from .reading import received
+from .reading import buffered, received
 from .resp import NOT_ENOUGH
 
 MAX_STALE = 4
@@ -38,7 +38,7 @@ def drop_arrived(
     as for ``received``); how many are still due. Raises ConnectionFailed if the
     connection failed."""
     while stale:
-        reply = reader.gets()
+        reply = buffered(reader)
         if reply is NOT_ENOUGH:
             try:
                 reply = received(recv, buffer, reader)
