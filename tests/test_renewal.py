@@ -257,7 +257,10 @@ def paused_server(server_kind: str) -> Iterator[servers.ServerProcess]:
         yield proc
 
 
-NOTICE_SLACK = 0.05
+# How late past its deadline a holder may be told: a loaded 2-core machine delayed an
+# event loop's timer by 356 ms in a full-suite run (50 ms was the bound). A renewer that
+# waited for the paused server instead would tell it a second or more late, or never.
+NOTICE_SLACK = 0.5
 
 
 class Told:
