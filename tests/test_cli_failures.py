@@ -6,6 +6,7 @@ subprocess against a real server; none prints a traceback."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import socket
 from collections.abc import Iterator
@@ -165,7 +166,7 @@ class _NotRedis:
                 conn, _ = self.listener.accept()
             except OSError:
                 return
-            with conn:
+            with conn, contextlib.suppress(OSError):  # (a client may reset it)
                 conn.recv(65536)
                 conn.sendall(b"HTTP/1.1 400 Bad Request\r\nContent-Length: 0\r\n\r\n")
 
