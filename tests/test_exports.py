@@ -31,3 +31,32 @@ def test_error_tree_has_one_root() -> None:
     assert issubclass(redlease.AcquireTimeout, TimeoutError)
     assert issubclass(redlease.InvalidArgument, ValueError)
     assert issubclass(redlease.InvalidArgument, TypeError)
+
+
+def test_the_lazy_names_and_the_type_checkers_names_are_the_same() -> None:
+    """``redlease/__init__.py`` shows the type checkers the imports that ``_public.py``
+    makes on first use: the two lists are one list, written twice."""
+    import ast
+    from pathlib import Path
+
+    home = Path(redlease.__file__).parent
+
+    def imports(tree: ast.AST) -> list[str]:
+        return sorted(
+            f"{node.module}:{alias.name}:{alias.asname}"
+            for node in ast.walk(tree)
+            if isinstance(node, ast.ImportFrom) and node.level == 1
+            for alias in node.names
+        )
+
+    init = ast.parse((home / "__init__.py").read_text())
+    (checking,) = [
+        node
+        for node in init.body
+        if isinstance(node, ast.If)
+        and "TYPE_CHECKING" in ast.unparse(node.test)
+        and "not" not in ast.unparse(node.test)
+    ]
+    public = imports(ast.parse((home / "_public.py").read_text()))
+    assert imports(ast.Module(body=checking.body, type_ignores=[])) == public
+    assert {name.split(":")[1] for name in public} - {"metrics"} == set(redlease.__all__)

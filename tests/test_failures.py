@@ -104,8 +104,12 @@ def test_decoded_client_works(server: servers.ServerProcess, name: str) -> None:
     client.close()
 
 
-def _answers_as_http() -> tuple[Any, int]:
-    """A listener on a free port that answers whatever it is sent as an HTTP server."""
+# What a listener that is not Redis answers to everything: an HTTP server's refusal.
+_HTTP = b"HTTP/1.1 400 Bad Request\r\nContent-Length: 0\r\n\r\n"
+
+
+def _answering(answer: bytes) -> tuple[Any, int]:
+    """A listener on a free port that sends ``answer`` for every chunk it is sent."""
     import socket
     import threading
 
@@ -120,15 +124,15 @@ def _answers_as_http() -> tuple[Any, int]:
             except OSError:
                 return
             with conn, contextlib.suppress(OSError):  # (a client may reset it)
-                conn.recv(65536)
-                conn.sendall(b"HTTP/1.1 400 Bad Request\r\nContent-Length: 0\r\n\r\n")
+                while conn.recv(65536):
+                    conn.sendall(answer)
 
     threading.Thread(target=serve, daemon=True).start()
     return listener, int(listener.getsockname()[1])
 
 
 def test_a_port_that_is_not_redis_is_a_backend_error_saying_so() -> None:
-    listener, port = _answers_as_http()
+    listener, port = _answering(_HTTP)
     try:
         for timeout in (0.0, None):  # a try, and a wait (not retried: it will not pass)
             started = time.monotonic()
@@ -142,7 +146,7 @@ def test_a_port_that_is_not_redis_is_a_backend_error_saying_so() -> None:
 
 
 async def test_a_port_that_is_not_redis_is_a_backend_error_saying_so_asyncio() -> None:
-    listener, port = _answers_as_http()
+    listener, port = _answering(_HTTP)
     try:
         lock = redlease.AsyncLock(families.aclient(port=port), "not-redis", ttl=30.0)
         with pytest.raises(redlease.BackendError, match="does not speak Redis"):
@@ -169,32 +173,15 @@ def test_junk_after_a_reply_is_not_redis_on_the_next_read() -> None:
     """A reply followed by bytes that are not RESP, in one chunk: the next read of that
     connection, which finds them in its reader, says so too (it raised the parser's own
     error, a traceback in the CLI)."""
-    import socket
-    import threading
-
     from redlease._rules.ops import Command
     from redlease._sync.io import SyncIO
 
-    listener = socket.socket()
-    listener.bind(("127.0.0.1", 0))
-    listener.listen(16)
-
-    def serve() -> None:
-        while True:
-            try:
-                conn, _ = listener.accept()
-            except OSError:
-                return
-            with conn, contextlib.suppress(OSError):  # (a client may reset it)
-                while conn.recv(65536):
-                    conn.sendall(b"+PONG\r\n?garbage\r\n")
-
-    threading.Thread(target=serve, daemon=True).start()
+    listener, port = _answering(b"+PONG\r\n?garbage\r\n")
 
     def ping() -> Any:
         return (yield Command(("PING",), 2.0))
 
-    io = SyncIO(families.client(port=int(listener.getsockname()[1])))
+    io = SyncIO(families.client(port=port))
     try:
         assert io.run(ping(), "ping") == b"PONG"
         with pytest.raises(redlease.BackendError, match="does not speak Redis"):
