@@ -312,13 +312,6 @@ def test_deadline_and_backoff() -> None:
     assert Deadline.after(clock, None).cap(3.0) == 3.0
 
 
-def test_scripts_have_contract_headers_and_stable_shas() -> None:
-    for script in _scripts.ALL:
-        assert "-- KEYS[1]" in script.source
-        assert "Reply" in script.source
-        assert len(script.sha) == 40
-
-
 def _failure(cause: BaseException) -> redlease.BackendError:
     from redlease._rules.classify import backend_error
 

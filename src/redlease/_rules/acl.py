@@ -4,7 +4,7 @@ docs/least-privilege.md shows it (a test keeps the two the same).
 Measured on Redis 7.0 and Valkey 8 with a user holding exactly this rule, then with each
 part taken away (tests/test_acl.py keeps the first half of that honest). Redis 7 and
 Valkey check the commands a script calls against the caller's ACL too, so the rule
-names each command the scripts in _rules/scripts.py call; a test checks that none is missing.
+names each command the scripts (_rules/lua/) call; a test checks that none is missing.
 """
 
 from __future__ import annotations
@@ -173,9 +173,9 @@ _WITH_SUBCOMMAND = frozenset({"pubsub", "client", "config", "script"})
 def denied_in_script(sha: str, line: int) -> set[str]:
     """The commands called on ``line`` of the script ``sha`` (Redis 7.0 says only where a
     script was refused a command, not which)."""
-    for script in _every_script():
-        if script.sha == sha:
-            lines = script.source.splitlines()
-            if 0 < line <= len(lines):
-                return _called(lines[line - 1])
-    return set()
+    script = _scripts.by_sha(sha)
+    origin = script.origin(line) if script else None
+    if origin is None:
+        return set()
+    file, number = origin
+    return _called(_scripts.lua_file(file).splitlines()[number - 1])

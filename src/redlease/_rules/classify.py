@@ -10,6 +10,7 @@ import re
 from .._base.errors import BackendError
 from .._clients import NotRedis, caught
 from . import acl as _acl
+from . import scripts as _scripts
 
 # Redis before 7.0 wraps an error raised inside a script: "ERR Error running script (call
 # to f_<sha>): @user_script:42: @user_script: 42: -READONLY You can't write..." or
@@ -194,9 +195,19 @@ _SCRIPT_PLACE = re.compile(
 )
 
 
+_SCRIPT_SHA = re.compile(r"(?:script: |call to f_)([0-9a-f]{40})")
+_SCRIPT_LINE = re.compile(r"\buser_script:(\d+)\b")
+
+
 def plain(text: str) -> str:
-    """An error's text without the place in redlease's scripts it came from."""
-    return _SCRIPT_PLACE.sub("", text).strip()
+    """An error's text without the place in redlease's scripts the server adds to it; a
+    place left in the message itself (a Lua error's) is said as the script file's own
+    line ("fences.lua:14")."""
+    sha = _SCRIPT_SHA.search(text)
+    said = _SCRIPT_PLACE.sub("", text).strip()
+    if sha is None:
+        return said
+    return _SCRIPT_LINE.sub(lambda m: _scripts.place(sha[1], int(m[1])) or m[0], said)
 
 
 def backend_error(

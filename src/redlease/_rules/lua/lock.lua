@@ -1,0 +1,60 @@
+-- The lock's own: handing a free lock on, and finding the fence of a grant we hold.
+--@include constants
+--@include fences
+--@include waiters
+
+-- the lock is free: fair mode grants it to the first live waiter (no one can barge in
+-- between). Unfair mode rings that waiter to compete, staying first in line, unless a
+-- waiter rung before has not had its turn yet (the lock's woken mark, for WOKEN ms); a
+-- first waiter queued STARVING us ago is granted the lock as in fair mode (see
+-- UNFAIR_STARVING). A waiter that cannot hear its ring is dropped (its grant, if any,
+-- undone: the fence it took is skipped) and the next one served. The lock may still hold
+-- the releasing caller's token: a grant overwrites it. Returns whether the lock was
+-- granted (else the caller deletes what it released). now: as for live_head.
+local function hand_on(lock, fence, queue, waiters, bells, fair, now)
+  local woken = lock .. ':woken'
+  local pop = fair == '1'
+  while true do
+    local w, entry
+    w, entry, now = live_head(queue, waiters, now, pop)
+    if not w then return false end
+    local ttl = entry_ttl(entry)
+    local grant = pop or now - entry_since(entry) >= UNFAIR_STARVING_US
+    if not grant and not redis.call('SET', woken, w, 'PX', UNFAIR_WOKEN_MS, 'NX') then
+      return false
+    end
+    local granted, taken = 0, 0
+    if grant then
+      if not pop then redis.call('LPOP', queue) end
+      redis.call('HDEL', waiters, w)
+      redis.call('SET', lock, w, 'PX', ttl)
+      granted, taken = take_fences(fence, 1, ttl, 0, false, now)
+    end
+    if ring(bells, w, entry_hub(entry), granted, taken, now, ttl) then return grant end
+    if grant then
+      redis.call('DEL', lock)
+    else
+      redis.call('LPOP', queue)
+      redis.call('HDEL', waiters, w)
+      redis.call('DEL', woken)
+    end
+  end
+end
+
+-- an unfair lock's woken mark goes once the waiter it names is served or gone
+local function unmark(lock, token)
+  local woken = lock .. ':woken'
+  if redis.call('GET', woken) == token then redis.call('DEL', woken) end
+end
+
+-- the highest fence of a grant we hold, and how many it took: from our bell if it was
+-- handed to us, else the counter (and 1: only the highest is surely ours)
+local function held_fence(fence, bell)
+  local rung = redis.call('LPOP', bell)
+  redis.call('DEL', bell)
+  if rung then
+    local f, taken = string.match(rung, '^(%d+):%d+:(%d+)$')
+    if f and f ~= '0' then return tonumber(f), tonumber(taken) end
+  end
+  return tonumber(redis.call('GET', fence)), 1
+end

@@ -1,0 +1,39 @@
+-- KEYS[1] lock  KEYS[2] fence  KEYS[3] queue  KEYS[4] waiters
+-- ARGV[1] token  ARGV[2] fair ('1'/'0')  ARGV[3] bell key prefix
+-- ARGV[4] ms to keep the mark of the last release (lock .. ':released' = its token): a
+-- second run, after a reply lost with its connection, finds it (one key per lock, not
+-- per release: releases of one lock follow one another)
+-- Reply 1: released (and the next waiter served), now or by an earlier run of this
+-- release; 0: the lock was not ours.
+local mark = KEYS[1] .. ':released'
+if redis.call('GET', KEYS[1]) ~= ARGV[1] then
+  if redis.call('GET', mark) == ARGV[1] then return 1 end
+  return 0
+end
+redis.call('SET', mark, ARGV[1], 'PX', ARGV[4])
+-- unfair: a waiter woken to compete has not had its turn yet (and is still queued);
+-- nobody else is woken. A mark whose waiter is gone is void. (Fair: hand_on's LPOP
+-- finds an empty queue.)
+if ARGV[2] == '0' then
+  if redis.call('EXISTS', KEYS[3]) == 0 then
+    redis.call('DEL', KEYS[1])
+    return 1
+  end
+  local woken = redis.call('GET', KEYS[1] .. ':woken')
+  if woken then
+    if redis.call('HGET', KEYS[4], woken) then
+      redis.call('DEL', KEYS[1])
+      return 1
+    end
+    redis.call('DEL', KEYS[1] .. ':woken')
+  end
+end
+--@include fences
+--@include waiters
+--@include lock
+
+-- the lock still holds our token: hand it on, or delete it
+if not hand_on(KEYS[1], KEYS[2], KEYS[3], KEYS[4], ARGV[3], ARGV[2]) then
+  redis.call('DEL', KEYS[1])
+end
+return 1

@@ -1,0 +1,101 @@
+-- Waiters: their queue entries, the first live one, and ringing them.
+--
+-- Shared by the lock scripts (KEYS[1..4] = lock, fence, queue, waiters; see _rules/keys.py):
+--   * a waiter entry is "deadline_us:ttl_ms:since_us[:hub]" in the waiters hash, in
+--     arrival order in queue (since: when it first queued, kept across its tries by an
+--     unfair lock, the only one that reads it); an entry
+--     past its deadline belongs to a waiter that gave up or died and is skipped;
+--   * a waiter is rung with "fence:server_us:taken": a fence > 0 means the lock was granted
+--     to that waiter at server time server_us, with taken fences; fence 0 is a plain
+--     wake-up. A waiter with a hub (its process's shared wait connection, see
+--     _sync/hub.py) is rung by a PUBLISH (SPUBLISH for a hub on a Cluster node, whose id
+--     starts with "s") of "token:fence:server_us:taken" on its hub's channel (bell prefix
+--     .. "@" .. hub), made only if the hub listens on that server (PUBSUB NUMSUB): one
+--     that does not tells that the waiter's process, or its connection, is gone (or
+--     listens on another server, which must not hear of a grant): the waiter is dropped
+--     and the next one served, at once.
+--     A waiter without a hub has a doorbell list (bell prefix .. token), pushed;
+--   * a grant takes a fence from the name's counter (take_fences, fences.lua), greater than
+--     every one before. (take_fences can take several at once, and replies and rings
+--     carry how many were taken; every grant asks for one.)
+-- The bell keys are built inside the scripts from a prefix that carries the lock's hash
+-- tag, so they are in the same slot as KEYS[1] (Cluster runs them on the right node).
+local function now_us()
+  local t = redis.call('TIME')
+  return tonumber(t[1]) * 1000000 + tonumber(t[2])
+end
+
+-- every key we write keeps a TTL: extend KEY to at least MS milliseconds; by HEADROOM
+-- more when it must be extended, so that callers asking for about the same time one
+-- after another (a queue's waiters) read its TTL without setting it each time
+local function keep_for(key, ms, headroom)
+  if redis.call('PTTL', key) < ms then redis.call('PEXPIRE', key, ms + (headroom or 0)) end
+end
+
+local function entry_deadline(entry) return tonumber(string.match(entry, '^(%d+)')) end
+local function entry_ttl(entry) return string.match(entry, '^%d+:(%d+)') end
+
+local function entry_since(entry) return tonumber(string.match(entry, '^%d+:%d+:(%d+)')) end
+local function entry_hub(entry) return string.match(entry, '^%d+:%d+:%d+:(s?%x+)$') end
+
+-- whether a waiter's entry is still within its deadline at server time NOW (us): the one
+-- rule for which waiters count (live_head below, and INSPECT's report)
+local function entry_live(entry, now) return entry_deadline(entry) >= now end
+
+-- the first waiter still within its deadline (dead ones are dropped), its entry, and the
+-- server time NOW (us; read here if nil and there is a waiter to judge); nil if none.
+-- With POP the live one found is taken out of the queue too (its hash entry stays).
+local function live_head(queue, waiters, now, pop)
+  while true do
+    local w
+    if pop then w = redis.call('LPOP', queue) else w = redis.call('LINDEX', queue, 0) end
+    if not w then return nil, nil, now end
+    now = now or now_us()
+    local entry = redis.call('HGET', waiters, w)
+    if entry and entry_live(entry, now) then return w, entry, now end
+    if not pop then redis.call('LPOP', queue) end
+    redis.call('HDEL', waiters, w)
+  end
+end
+
+-- take token out of the queue; whether it was queued
+local function forget(queue, waiters, token)
+  if redis.call('HDEL', waiters, token) == 0 then return false end
+  redis.call('LREM', queue, 1, token)
+  return true
+end
+
+-- whether a waiter's hub listens for its rings here (not: its process is gone, or its
+-- connection dropped), and the channel: a hub whose id starts with "s" listens on a
+-- Cluster node, through sharded pub/sub (then SHARDED is true). The one rule of whether
+-- a waiter with a hub can be served (ring below, and INSPECT's report). LENIENT (a
+-- report): a caller not allowed to ask (ACL) is told it listens, not refused.
+local function hub_listens(bells, hub, lenient)
+  local channel = bells .. '@' .. hub
+  local sharded = string.sub(hub, 1, 1) == 's'
+  local heard  -- (each call written out: the ACL rule is read from the calls' text)
+  if lenient then
+    heard = redis.pcall('PUBSUB', sharded and 'SHARDNUMSUB' or 'NUMSUB', channel)
+    if heard.err then return true, channel, sharded end
+  else
+    heard = redis.call('PUBSUB', sharded and 'SHARDNUMSUB' or 'NUMSUB', channel)
+  end
+  return heard[2] ~= 0, channel, sharded
+end
+
+-- false when the waiter cannot hear it (its hub does not listen here: its process is
+-- gone). Nothing is published then: a copy would still reach a hub that listens on a
+-- replica (replication carries PUBLISH), which must never hear of a grant undone.
+local function ring(bells, w, hub, granted, taken, now, ttl)
+  if hub then
+    local heard, channel, sharded = hub_listens(bells, hub)
+    if not heard then return false end
+    local message = string.format('%s:%d:%d:%d', w, granted, now, taken)
+    redis.call(sharded and 'SPUBLISH' or 'PUBLISH', channel, message)
+    return true
+  end
+  local bell = bells .. w
+  redis.call('LPUSH', bell, string.format('%d:%d:%d', granted, now, taken))
+  redis.call('PEXPIRE', bell, ttl)
+  return true
+end
