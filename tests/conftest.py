@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import itertools
 import os
+import signal
 from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
@@ -25,6 +26,13 @@ from redlease._base import errors as _errors
 from redlease.tools import servers
 from redlease.tools.postgres import PostgresProcess, find_postgres
 from waiting_helpers import wait_until
+
+# A suite started in the background of a script inherits an ignored SIGINT (bash does
+# that without job control), and so would every process a test starts: the tests of
+# Ctrl-C would send it to a process that cannot hear it. Each process starts as a
+# terminal's would.
+if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 _AVAILABLE = servers.find_binaries()
 _REQUIRED = [k for k in os.environ.get("REDLEASE_TEST_SERVERS", "").split(",") if k]
