@@ -16,6 +16,7 @@ import os
 import sys
 import threading
 import time
+import traceback
 import warnings
 from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from multiprocessing.connection import Connection
@@ -1051,10 +1052,14 @@ def test_a_forked_child_waits_through_a_hub_of_its_own(r: redis.Redis, name: str
         try:
             with lock.acquire(timeout=20):
                 code = 0
+        except BaseException:
+            traceback.print_exc()  # (seen in the test's report: os._exit ends it unsaid)
         finally:
             os._exit(code)
     deadline = time.monotonic() + 20
     while int(r.llen(lock_key(name) + ":queue")) < 1:
+        ended, status = os.waitpid(pid, os.WNOHANG)
+        assert not ended, f"the child ended before it queued: {os.waitstatus_to_exitcode(status)}"
         assert time.monotonic() < deadline, "the child did not queue"
         time.sleep(0.01)
     holder.release()
