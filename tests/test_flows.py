@@ -313,7 +313,7 @@ def test_deadline_and_backoff() -> None:
 
 
 def _failure(cause: BaseException) -> redlease.BackendError:
-    from redlease._rules.classify import backend_error
+    from redlease._wire.errors import backend_error
 
     return backend_error(cause, "acquire")
 

@@ -31,7 +31,7 @@ from collections.abc import AsyncGenerator
 from typing import Any
 
 from .._base import fork as _fork
-from .._rules.classify import ReplyError
+from .._clients.errors import ReplyError
 from .._wire import resp as _resp
 from .._wire import spin as _spin
 from .._wire import stale as _stale

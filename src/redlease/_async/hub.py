@@ -47,7 +47,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from .._base import fork as _fork
-from .._rules.classify import ReplyError, starts_over
+from .._clients.errors import ReplyError
+from .._rules.classify import starts_over
 from .._wire import resp as _resp
 from .._wire.endpoint import ConnectionFailed, ReplyTimedOut
 from . import backend as _backend_async
@@ -240,7 +241,7 @@ class Hub:
     def _error(self, conn: Any, error: ReplyError) -> bool:
         """The server answered a command of the hub's with an error; False if the hub
         gave up ``conn`` (see ``_rules.classify.starts_over``)."""
-        if starts_over(error):
+        if starts_over(error.code):
             self._lost(conn)
             return False
         self._refused(conn)

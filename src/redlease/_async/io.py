@@ -24,14 +24,8 @@ from typing import Any, TypeVar
 from .._base.errors import warn
 from .._base.timing import CONNECT_RETRY_BASE, CONNECT_RETRY_CAP, backoff
 from .._clients import NotRedis
+from .._clients.errors import backend_failures, is_noscript, is_unblocked, reply_errors
 from .._rules import flows as _flows
-from .._rules.classify import (
-    backend_error,
-    backend_failures,
-    is_noscript,
-    is_unblocked,
-    reply_errors,
-)
 from .._rules.flows import Flow
 from .._rules.ops import LATE_WAKE, Call, Command, Listen, Op, Replicas, Sleep, Wait
 from .._rules.quorum import MIN_READ_WAIT, UNREAD, Unsent, said_yes
@@ -46,6 +40,7 @@ from .._wire.endpoint import (
     reloading,
     retries_of,
 )
+from .._wire.errors import backend_error
 from .backend import ASYNC, bounded, gate, meet_cluster, sleep
 from .conn import Connection, Pool, node_pool, pool_for
 from .hub import Box, Hub

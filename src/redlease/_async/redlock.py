@@ -36,6 +36,7 @@ from typing import Any, TypeVar
 
 from .._base.errors import warn
 from .._base.timing import Clock
+from .._clients.checks import check_nodes, node_name
 from .._rules import arguments as args
 from .._rules import flows as _flows
 from .._rules.flows import Grant, LockSpec
@@ -48,8 +49,6 @@ from .._rules.redlock import (
     MIN_TOLERANT_NODES,
     QuorumLease,
     RedlockRules,
-    check_nodes,
-    node_name,
     pool_of,
     warn_evicting,
 )

@@ -19,6 +19,10 @@ import threading
 import warnings
 from collections.abc import Mapping
 
+# What a failure is, as the clients sort it (``_clients.errors.traits_of``) and the rules
+# weigh it (``_rules.classify``): "timeout", "connection", "denied"...
+Traits = frozenset[str]
+
 
 class LockError(Exception):
     """Root of every error redlease raises."""
@@ -58,7 +62,17 @@ class BackendError(LockError):
     may have been taken, redlease releases it before raising. Its message says what the
     failure means (out of reach, no answer in time, a refusal and of what, a server that
     does not speak Redis) and names the server.
+
+    ``reason`` is what the failure means, in those words; ``code`` the first word of the
+    server's error reply behind it ("WRONGTYPE", "NOPERM"...; "" if the server did not
+    answer with one); ``transient`` whether it may pass by itself (the server was not
+    reached or did not answer in time, or said "not now": loading, failing over): a
+    retry may then succeed, where a refusal stays.
     """
+
+    reason: str = ""
+    code: str = ""
+    transient: bool = False
 
 
 class QuorumError(BackendError):

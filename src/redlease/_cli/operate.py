@@ -64,7 +64,7 @@ class Period:
 def _period(client: Any, name: str, prefix: str) -> Period | None:
     """The period record a scheduled job of ``name`` keeps, if any (read with the
     client's own GET and PTTL: a plain string key)."""
-    from .._rules.classify import reply_errors
+    from .._clients.errors import reply_errors
 
     key = LockKeys.for_name(name, prefix).once
     try:
@@ -191,9 +191,11 @@ def _warn(args: argparse.Namespace, text: str) -> None:
 
 def listing(args: argparse.Namespace, urls: list[str], out: TextIO) -> int:
     from .._base.errors import BackendError, InvalidArgument
+    from .._clients.errors import backend_failures
     from .._rules.arguments import key_prefix
-    from .._rules.classify import backend_error, backend_failures, error_code
+    from .._rules.classify import error_code
     from .._wire.endpoint import endpoint_of
+    from .._wire.errors import backend_error
 
     try:
         key_prefix(args.prefix)

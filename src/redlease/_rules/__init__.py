@@ -8,6 +8,6 @@ renewal schedule, and what each primitive decides without talking to a server (`
 
 What does not belong here: sockets, threads, tasks, sleeping, anything that waits (a test
 checks that no module here imports ``socket``, ``threading`` or ``asyncio``). The rules
-may use the foundation (``_base``) and the client families (``_clients``: their error
-classes), never the wire or a flavour.
+use the foundation (``_base``) alone: never a client family (what a client's error is,
+the driver says on the BackendError it builds), the wire or a flavour.
 """

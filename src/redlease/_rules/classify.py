@@ -1,39 +1,17 @@
-"""Every server and client error, classified once: what a failure means for a lock, in
-words; whether it may pass by itself; which reply codes say "the script is unknown", "a
-blocked command was ended" or "this node no longer serves the slot". ``ReplyError`` (the
-server's error reply, as the wire's readers return it) and its code are here too."""
+"""Every server and client failure, weighed once: what it means for a lock, in words
+(``meaning``), and whether it may pass by itself (``transient``), from what the clients
+say it is (its traits, see ``_clients.errors.traits_of``), the code of the server's error
+reply and its text. The driver asks both where it builds a BackendError, and the rules
+read the answers there (``passing``, ``error_code``). Which reply codes say "this node
+no longer serves the slot" (``starts_over``) is here too."""
 
 from __future__ import annotations
 
 import re
 
-from .._base.errors import BackendError
-from .._clients import NotRedis, caught
+from .._base.errors import BackendError, Traits
 from . import acl as _acl
 from . import scripts as _scripts
-
-# Redis before 7.0 wraps an error raised inside a script: "ERR Error running script (call
-# to f_<sha>): @user_script:42: @user_script: 42: -READONLY You can't write..." or
-# "...: @user_script:102: WRONGTYPE Operation...". The code that counts is the inner one.
-_IN_SCRIPT = re.compile(r"^ERR Error running script .*@user_script: ?\d+: -?([A-Z]+)\b")
-
-
-def reply_code(text: str) -> str:
-    """The code of an error reply's text: its first word (NOSCRIPT, READONLY...), or for
-    an error a script met on Redis 6.2, the code inside."""
-    inner = _IN_SCRIPT.match(text)
-    if inner is not None:
-        return inner.group(1)
-    return text.split(" ", 1)[0] if text else ""
-
-
-class ReplyError(Exception):
-    """An error reply from the server; ``code`` as ``reply_code`` reads it."""
-
-    @property
-    def code(self) -> str:
-        return reply_code(str(self))
-
 
 _READ_ONLY = (
     "the server is a read-only replica: point redlease at the master (with Sentinel, "
@@ -79,33 +57,28 @@ _NOT_REDIS = (
 )
 
 
-def not_redis(exc: BaseException | None) -> bool:
-    """Whether ``exc`` says the server's reply was not RESP (another service answered)."""
-    return isinstance(exc, (NotRedis, *caught().protocol))
-
-
-def describe(exc: BaseException) -> str:
-    if not_redis(exc):
+def meaning(traits: Traits, code: str, text: str) -> str:
+    """What a failure means for a lock, in words."""
+    if "not_redis" in traits:
         return _NOT_REDIS
-    told = _told(exc)
+    told = _told(text)
     if told is not None:
         return told
-    if isinstance(exc, ReplyError):
-        return _CODES.get(exc.code, "the server returned an error")
-    errors = caught()
-    if isinstance(exc, errors.response) and (code := reply_code(str(exc))) in _CODES:
+    if "reply" in traits:
+        return _CODES.get(code, "the server returned an error")
+    if "response" in traits and code in _CODES:
         return _CODES[code]  # (a client's error class for it, or none)
-    if isinstance(exc, errors.readonly):
+    if "readonly" in traits:
         return _READ_ONLY
-    if isinstance(exc, errors.oom) or str(exc).startswith("OOM"):
-        return "the server is out of memory (maxmemory reached) and refuses writes"
-    if isinstance(exc, errors.loading):
-        return "the server is still loading its data set"
-    if isinstance(exc, errors.denied):
+    if "oom" in traits or text.startswith("OOM"):
+        return _CODES["OOM"]
+    if "loading" in traits:
+        return _CODES["LOADING"]
+    if "denied" in traits:
         return _DENIED
-    if isinstance(exc, (*errors.timeout, TimeoutError)):
+    if "timeout" in traits:
         return "the server did not answer in time"
-    if isinstance(exc, (*errors.connection, OSError)):
+    if "connection" in traits:
         return "the server cannot be reached"
     return "the server returned an error"
 
@@ -119,10 +92,9 @@ _RUN_IN_SCRIPT = re.compile(
 _ACCESS = re.compile(r"no permissions to access (?:one of the |a )(key|channel)", re.I)
 
 
-def _told(exc: BaseException) -> str | None:
+def _told(text: str) -> str | None:
     """What the error's text tells exactly: which permission the user lacks, or that
     the client must authenticate; None if it tells neither."""
-    text = str(exc)
     for said, meaning in _SAID:
         if said in text:
             return meaning
@@ -162,28 +134,26 @@ def _may_not(user: str | None, what: str, grant: str) -> str:
 _PASSING = ("LOADING", "MASTERDOWN", "UNBLOCKED", "TRYAGAIN", "CLUSTERDOWN")
 
 
-def passing(error: BaseException) -> bool:
-    """Whether a BackendError (or a failure) may pass by itself: the server was not
-    reached, did not answer in time, or answered "not now". A wait with time left tries
-    again after such a failure rather than giving up."""
-    cause = error.__cause__ if isinstance(error, BackendError) else error
-    if not_redis(cause) or (cause is not None and _told(cause) is not None):
+def transient(traits: Traits, code: str, text: str) -> bool:
+    """Whether a failure may pass by itself: the server was not reached, did not answer
+    in time, or answered "not now". A wait with time left tries again after such a
+    failure rather than giving up."""
+    if "not_redis" in traits or _told(text) is not None:
         return False  # another service, or a refusal its text names: it stays
-    errors = caught()
-    if isinstance(cause, (*errors.connection, *errors.timeout, *errors.loading, OSError)):
+    if traits & {"connection", "timeout", "loading"}:
         return True
-    return error_code(error) in _PASSING
+    return code in _PASSING
+
+
+def passing(error: BaseException) -> bool:
+    """Whether ``error`` is a BackendError that may pass by itself (``transient``)."""
+    return isinstance(error, BackendError) and error.transient
 
 
 def error_code(error: BaseException) -> str:
-    """The first word of the server's error reply behind a failure ("WRONGTYPE",
+    """The first word of the server's error reply behind a BackendError ("WRONGTYPE",
     "NOSCRIPT"...); "" if the failure was not an error reply."""
-    cause = error.__cause__ if isinstance(error, BackendError) else error
-    if isinstance(cause, ReplyError):
-        return cause.code
-    if isinstance(cause, caught().response):
-        return reply_code(str(cause))
-    return ""
+    return error.code if isinstance(error, BackendError) else ""
 
 
 # Where in a script an error came from, as the server appends it (Redis 7 and Valkey:
@@ -210,51 +180,13 @@ def plain(text: str) -> str:
     return _SCRIPT_LINE.sub(lambda m: _scripts.place(sha[1], int(m[1])) or m[0], said)
 
 
-def backend_error(
-    exc: BaseException, action: str, kind: type[BackendError] = BackendError, server: str = ""
-) -> BackendError:
-    """``exc`` as the error of ``action``, said in a lock's terms; ``server``: the one
-    that failed, named in the message."""
-    where = f" on {server}" if server else ""
-    said = plain(str(exc))
-    error = kind(f"{action} failed{where}: {describe(exc)} ({type(exc).__name__}: {said})")
-    error.__cause__ = exc
-    return error
-
-
-def backend_failures() -> tuple[type[BaseException], ...]:
-    """What a driver turns into BackendError; anything else (bugs, cancellation) passes
-    through. Read where it is caught (``except backend_failures():``): every family loaded
-    by then is among them (``_clients``)."""
-    return (*caught().base, OSError, ReplyError)
-
-
-def reply_errors() -> tuple[type[Exception], ...]:
-    """An error reply: ours (ReplyError) or one a CLASS connection or client raised. Read
-    where it is caught (``except reply_errors():``), as ``caught()`` is."""
-    return (ReplyError, *caught().response)
-
-
-def is_noscript(exc: BaseException) -> bool:
-    """The server does not know the script (restarted, SCRIPT FLUSH, a promoted replica)."""
-    return isinstance(exc, caught().noscript) or (
-        isinstance(exc, ReplyError) and exc.code == "NOSCRIPT"
-    )
-
-
-def is_unblocked(exc: BaseException) -> bool:
-    """A blocked command was ended by the server because it changed role (a failover)."""
-    if isinstance(exc, ReplyError):
-        return exc.code == "UNBLOCKED"
-    return isinstance(exc, caught().response) and str(exc).startswith("UNBLOCKED")
-
-
 # Error replies that say the hub's node no longer serves a channel's slot: the hub
 # starts over (any other error to a SUBSCRIBE is a refusal: waiters use bells).
 REDIRECTIONS = frozenset({"MOVED", "ASK", "TRYAGAIN", "CLUSTERDOWN"})
 
 
-def starts_over(error: ReplyError) -> bool:
-    """Whether ``error``, read by a hub, means its connection should be dropped and its
-    waiters look again (a redirection), rather than that the server refuses the hub."""
-    return error.code in REDIRECTIONS
+def starts_over(code: str) -> bool:
+    """Whether an error reply of ``code``, read by a hub, means its connection should be
+    dropped and its waiters look again (a redirection), rather than that the server
+    refuses the hub."""
+    return code in REDIRECTIONS

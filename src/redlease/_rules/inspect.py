@@ -19,7 +19,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from .._clients.checks import check_client
 from . import arguments as args
 from .flows import ELECTION, LOCK, READ_WRITE, SEMAPHORE, Flow, Kind, as_int, as_text
 from .keys import LockKeys
@@ -133,10 +132,7 @@ def decode(name: str, kind: str, reply: Any) -> LockInfo:
     )
 
 
-def checked(
-    client: object, name: object, kind: object, prefix: object, *, want_async: bool
-) -> tuple[LockKeys, str, str]:
-    check_client(client, want_async=want_async, sync_twin="read_info", async_twin="aread_info")
+def checked(name: object, kind: object, prefix: object) -> tuple[LockKeys, str, str]:
     checked_name = args.lock_name(name)
     checked_kind = args.one_of(kind, "kind", tuple(KINDS))
     keys = KINDS[checked_kind].layout(checked_name, args.key_prefix(prefix))

@@ -51,7 +51,6 @@ from typing import Any, TypeVar
 
 from .._base.errors import BackendError, LockLost, QuorumError
 from .._base.timing import Deadline, backoff, drift
-from .classify import describe
 from .flows import Grant, LockSpec, as_int, new_token
 from .ops import Call, Sleep
 from .scripts import EXTEND, REDLOCK_ACQUIRE, REDLOCK_FENCE, REDLOCK_RELEASE, Script
@@ -229,8 +228,9 @@ class QuorumSpec:
 
 
 def _why(result: BaseException) -> str:
-    cause = result.__cause__ if isinstance(result, BackendError) else result
-    return describe(cause if cause is not None else result)
+    if isinstance(result, BackendError) and result.reason:
+        return result.reason
+    return f"{type(result).__name__}: {result}"
 
 
 class Tally:

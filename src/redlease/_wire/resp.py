@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from .._rules.classify import ReplyError
+from .._clients.errors import ReplyError
 from .._rules.ops import Call, Command
 
 NOT_ENOUGH: Any = object()  # what a reader's gets() returns until a whole reply is in

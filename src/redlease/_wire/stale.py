@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from .._rules.classify import is_noscript
+from .._clients.errors import is_noscript
 from .reading import buffered, received
 from .resp import NOT_ENOUGH
 
