@@ -44,7 +44,7 @@ FILES = [
     ("_async/multilock.py", "_sync/multilock.py"),
     ("_async/redlock.py", "_sync/redlock.py"),
     ("_async/inspect.py", "_sync/inspect.py"),
-    ("_async/gate.py", "_sync/gate.py"),
+    ("sql/_async.py", "sql/_sync.py"),
     ("_async/fenced.py", "_sync/fenced.py"),
     ("_async/once.py", "_sync/once.py"),
 ]
@@ -63,6 +63,7 @@ SUBSTITUTIONS = [
     ("__aexit__", "__exit__"),
     ("__anext__", "__next__"),
     ("__aiter__", "__iter__"),
+    ("_async.backend", "_sync.backend"),
     ("decorate_async", "decorate"),
     ("aread_info", "read_info"),
     ("afence_gate", "fence_gate"),

@@ -71,7 +71,7 @@ _LAYERS = [
     {"_wire"},
     {"_async", "_sync"},
     # the public face: redlease itself, redlease.metrics...
-    {"", "_public", "jobs", "metrics", "sql", "testing"},
+    {"", "_public", "_once", "metrics", "sql", "testing"},
     {"_cli", "tools"},
     {"__main__"},
 ]

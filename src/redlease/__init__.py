@@ -46,7 +46,7 @@ if typing.TYPE_CHECKING:  # (the names as the type checkers see them; loaded on 
     from ._sync.redlock import Redlock, RedlockLease
     from ._sync.rwlock import ReadWriteLock
     from ._sync.semaphore import Semaphore
-    from .jobs import once
+    from ._once import once
 
 
 __all__ = [
@@ -100,7 +100,7 @@ __all__ = [
 logging.getLogger(__name__).addHandler(logging.NullHandler())
 
 # Submodules reachable as attributes without an import of their own.
-_SUBMODULES = frozenset({"jobs", "metrics", "sql", "testing", "tools"})
+_SUBMODULES = frozenset({"metrics", "sql", "testing", "tools"})
 
 
 if not typing.TYPE_CHECKING:  # (type checkers see the names above, and no others)

@@ -38,4 +38,4 @@ from ._sync.once import Once, Run
 from ._sync.redlock import Redlock, RedlockLease
 from ._sync.rwlock import ReadWriteLock
 from ._sync.semaphore import Semaphore
-from .jobs import once
+from ._once import once

@@ -108,33 +108,33 @@ async def bounded(
         raise ReplyTimedOut(f"no reply within {timeout:.3f}s") from None
 
 
-# Each client's gate, per event loop: at most CLIENT_CALLS calls through it at once.
-_GATES: weakref.WeakKeyDictionary[Any, dict[asyncio.AbstractEventLoop, asyncio.Semaphore]] = (
+# Each client's call slots, per event loop: at most CLIENT_CALLS calls through it at once.
+_SLOTS: weakref.WeakKeyDictionary[Any, dict[asyncio.AbstractEventLoop, asyncio.Semaphore]] = (
     weakref.WeakKeyDictionary()
 )
-_fork.in_child(_GATES.clear)  # (the parent's loops are not the child's)
+_fork.in_child(_SLOTS.clear)  # (the parent's loops are not the child's)
 
 
 @contextlib.asynccontextmanager
-async def gate(client: Any, timeout: float) -> AsyncIterator[None]:
+async def client_slot(client: Any, timeout: float) -> AsyncIterator[None]:
     """A call through ``client``'s own methods, once one of its CLIENT_CALLS is free;
     ReplyTimedOut if none is within ``timeout`` (its calls hang: a node down)."""
     loop = asyncio.get_running_loop()
-    gates = _GATES.get(client)
-    if gates is None:
-        gates = _GATES[client] = {}
-    gate = gates.get(loop)
-    if gate is None:
-        gate = gates[loop] = asyncio.Semaphore(CLIENT_CALLS)
+    loops = _SLOTS.get(client)
+    if loops is None:
+        loops = _SLOTS[client] = {}
+    slots = loops.get(loop)
+    if slots is None:
+        slots = loops[loop] = asyncio.Semaphore(CLIENT_CALLS)
     try:
-        await asyncio.wait_for(gate.acquire(), timeout)
+        await asyncio.wait_for(slots.acquire(), timeout)
     except asyncio.TimeoutError:
         msg = f"{CLIENT_CALLS} calls through the client under way for {timeout}s"
         raise ReplyTimedOut(msg) from None
     try:
         yield
     finally:
-        gate.release()
+        slots.release()
 
 
 async def meet_cluster(client: Any) -> None:

@@ -24,7 +24,7 @@ from .._rules.election import (
 )
 from .._rules.flows import ELECTION, LockSpec, new_token
 from .._rules.lock import OnLost, check_replicas
-from .._rules.ops import Box
+from .._rules.ops import Mailbox
 from .backend import ASYNC, Cancelled, Flag, shielded
 from .io import AsyncIO
 from .lease import AsyncLease, give_back_in_haste
@@ -184,7 +184,7 @@ class AsyncObservation(AsyncOnly):
     def __init__(self, election: AsyncElection) -> None:
         self._election = election
         self._token = new_token()
-        self._box: Box | None = None
+        self._box: Mailbox | None = None
         self._last: Any = AsyncObservation  # (no leader seen yet: not even None)
         self._failures = 0
         self._closed = Flag()

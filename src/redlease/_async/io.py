@@ -41,7 +41,7 @@ from .._wire.endpoint import (
     retries_of,
 )
 from .._wire.errors import backend_error
-from .backend import ASYNC, bounded, gate, meet_cluster, sleep
+from .backend import ASYNC, bounded, client_slot, meet_cluster, sleep
 from .conn import Connection, Pool, node_pool, pool_for
 from .hub import Box, Hub
 
@@ -150,7 +150,7 @@ class AsyncIO:
         CHECKED.add(target)
         try:
             if pool is None:
-                async with gate(self.client, wait):
+                async with client_slot(self.client, wait):
                     reply = await self.client.config_get("maxmemory-policy")
             else:
                 reply = await self._command(
@@ -287,7 +287,7 @@ class AsyncIO:
         pool = self.pool
         if pool is None:
             n = len(op.keys)
-            async with gate(self.client, op.timeout):
+            async with client_slot(self.client, op.timeout):
                 try:
                     return await self.client.evalsha(op.script.sha, n, *op.keys, *op.args)
                 except reply_errors() as exc:
@@ -309,7 +309,7 @@ class AsyncIO:
 
     async def _command(self, op: Command) -> Any:
         if not self._pools:
-            async with gate(self.client, op.timeout):
+            async with client_slot(self.client, op.timeout):
                 return await self.client.execute_command(*op.args)
 
         async def command(conn: Connection, timeout: float) -> Any:

@@ -30,7 +30,7 @@ from .._base.timing import PASSING_RETRY_BASE, PASSING_RETRY_CAP, QUEUE_ENTRY_SL
 from .classify import passing
 from .flows import EXPIRY_NUDGE, MIN_WAIT, Flow, LockSpec, as_int, as_text
 from .lock import Named
-from .ops import Box, Listen, Wait
+from .ops import Listen, Mailbox, Wait
 from .scripts import ELECTION_ANNOUNCE, ELECTION_WATCH
 
 log = logging.getLogger(__name__)
@@ -87,8 +87,8 @@ def keys_of(spec: LockSpec, observers: str) -> tuple[str, str, str]:
 
 
 def look(
-    spec: LockSpec, observers: str, token: str, box: Box | None
-) -> Flow[tuple[Leader | None, float, Box | None]]:
+    spec: LockSpec, observers: str, token: str, box: Mailbox | None
+) -> Flow[tuple[Leader | None, float, Mailbox | None]]:
     """An observer's look: register as an observer (through the hub if there is one) and
     read who leads; also how long to wait for a ring: until the leader's lease runs out,
     at most a ttl (a leader elected and gone without a word is seen then)."""
@@ -115,6 +115,6 @@ def retry_after(failure: BackendError, failures: int) -> float:
     return backoff(failures, PASSING_RETRY_BASE, PASSING_RETRY_CAP)
 
 
-def rung(spec: LockSpec, token: str, box: Box | None, wait: float) -> Flow[None]:
+def rung(spec: LockSpec, token: str, box: Mailbox | None, wait: float) -> Flow[None]:
     """An observer's wait for a ring (a change of leader), at most ``wait``."""
     yield Wait(spec.keys.bell(token), wait, spec.reply_timeout, None, box)

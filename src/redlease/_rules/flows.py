@@ -31,7 +31,7 @@ from .._base.timing import (
 from . import arguments as args
 from .classify import error_code, passing
 from .keys import DEFAULT_PREFIX, LockKeys
-from .ops import Box, Call, Command, Listen, Op, Replicas, Sleep, Wait
+from .ops import Call, Command, Listen, Mailbox, Op, Replicas, Sleep, Wait
 from .scripts import (
     ACQUIRE,
     ELECTION_EXTEND,
@@ -314,7 +314,7 @@ class Acquisition:
 
     def run(self) -> Flow[Grant | None]:
         spec, clock = self.spec, self.spec.clock
-        box: Box | None = None
+        box: Mailbox | None = None
         # A waiter is rung through its process's hub, if the driver has one; with
         # replicas=, on its own bell: the grant must reach them through a write of ours.
         listens = self.wait and spec.replicas is None

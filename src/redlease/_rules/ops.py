@@ -55,7 +55,7 @@ class Command:
     patient: bool = True  # as Call's
 
 
-class Box(Protocol):
+class Mailbox(Protocol):
     """Where a driver's hub (its process's one shared wait connection, subscribed to
     the channels of the locks waited for) puts the rings for one waiter token."""
 
@@ -77,13 +77,13 @@ class Box(Protocol):
 class Listen:
     """Have the driver's hub take the rings for ``token`` (a waiter of the lock whose
     bell prefix is ``prefix``); with ``box``, also have it listen on that lock's channel
-    (one round trip, the first time: SUBSCRIBE). The reply is the Box, or None when the
+    (one round trip, the first time: SUBSCRIBE). The reply is the Mailbox, or None when the
     driver has no hub (the waiter then waits on its own bell)."""
 
     prefix: str
     token: str
     timeout: float
-    box: Box | None = None
+    box: Mailbox | None = None
 
 
 @dataclass(slots=True)
@@ -103,7 +103,7 @@ class Wait:
     timeout: float
     connect_timeout: float  # a new connection's bound, handshake included
     replicas: Replicas | None = None  # a grant popped from the bell must reach them
-    box: Box | None = None
+    box: Mailbox | None = None
 
     @property
     def give_up(self) -> float:

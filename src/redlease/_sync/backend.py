@@ -96,35 +96,35 @@ def bounded(call: Callable[[], T], timeout: float, late: list[Any] | None = None
     raise value
 
 
-# Each client's gate: at most CLIENT_CALLS calls through it at once.
-_GATES: weakref.WeakKeyDictionary[Any, threading.BoundedSemaphore] = weakref.WeakKeyDictionary()
-_GATES_LOCK = threading.Lock()
+# Each client's call slots: at most CLIENT_CALLS calls through it at once.
+_SLOTS: weakref.WeakKeyDictionary[Any, threading.BoundedSemaphore] = weakref.WeakKeyDictionary()
+_SLOTS_LOCK = threading.Lock()
 
 
-def _new_gates() -> None:
-    # A thread of the parent may have held a gate (or the lock) at the fork.
-    global _GATES_LOCK
-    _GATES_LOCK = threading.Lock()
-    _GATES.clear()
+def _new_slots() -> None:
+    # A thread of the parent may have held a slot (or the lock) at the fork.
+    global _SLOTS_LOCK
+    _SLOTS_LOCK = threading.Lock()
+    _SLOTS.clear()
 
 
-_fork.in_child(_new_gates)
+_fork.in_child(_new_slots)
 
 
 @contextlib.contextmanager
-def gate(client: Any, timeout: float) -> Iterator[None]:
+def client_slot(client: Any, timeout: float) -> Iterator[None]:
     """A call through ``client``'s own methods, once one of its CLIENT_CALLS is free;
     ReplyTimedOut if none is within ``timeout`` (its calls hang: a node down)."""
-    gate = _GATES.get(client)
-    if gate is None:
-        with _GATES_LOCK:
-            gate = _GATES.setdefault(client, threading.BoundedSemaphore(CLIENT_CALLS))
-    if not gate.acquire(timeout=timeout):
+    slots = _SLOTS.get(client)
+    if slots is None:
+        with _SLOTS_LOCK:
+            slots = _SLOTS.setdefault(client, threading.BoundedSemaphore(CLIENT_CALLS))
+    if not slots.acquire(timeout=timeout):
         raise ReplyTimedOut(f"{CLIENT_CALLS} calls through the client under way for {timeout}s")
     try:
         yield
     finally:
-        gate.release()
+        slots.release()
 
 
 def meet_cluster(client: Any) -> None:

@@ -3,7 +3,7 @@
 """The driver: carries the core's operations to a server.
 
 The asyncio flavour is this source; ``scripts/unasync.py`` generates the blocking one
-(``_sync.io``) from it. What differs beyond ``async``/``await`` is in ``_async.backend``.
+(``_sync.io``) from it. What differs beyond ``async``/``await`` is in ``_sync.backend``.
 
 A client redlease knows (``_wire.endpoint``) is served on redlease's own connections
 (``_async.conn``: a pool per server, and under asyncio per event loop); anything else
@@ -43,7 +43,7 @@ from .._wire.endpoint import (
     retries_of,
 )
 from .._wire.errors import backend_error
-from .backend import ASYNC, bounded, gate, meet_cluster, sleep
+from .backend import ASYNC, bounded, client_slot, meet_cluster, sleep
 from .conn import Connection, Pool, node_pool, pool_for
 from .hub import Box, Hub
 
@@ -152,7 +152,7 @@ class SyncIO:
         CHECKED.add(target)
         try:
             if pool is None:
-                with gate(self.client, wait):
+                with client_slot(self.client, wait):
                     reply = self.client.config_get("maxmemory-policy")
             else:
                 reply = self._command(dataclasses.replace(_flows.EVICTION_POLICY, timeout=wait))
@@ -287,7 +287,7 @@ class SyncIO:
         pool = self.pool
         if pool is None:
             n = len(op.keys)
-            with gate(self.client, op.timeout):
+            with client_slot(self.client, op.timeout):
                 try:
                     return self.client.evalsha(op.script.sha, n, *op.keys, *op.args)
                 except reply_errors() as exc:
@@ -309,7 +309,7 @@ class SyncIO:
 
     def _command(self, op: Command) -> Any:
         if not self._pools:
-            with gate(self.client, op.timeout):
+            with client_slot(self.client, op.timeout):
                 return self.client.execute_command(*op.args)
 
         def command(conn: Connection, timeout: float) -> Any:

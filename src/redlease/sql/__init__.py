@@ -10,12 +10,17 @@ with ``StaleFence``; ``gated_execute`` is the same gate sent with the transactio
 statement (one round trip on PostgreSQL); ``fenced_update`` is the one-statement form
 for a fence kept on the row itself. The ``a``-prefixed twins take asyncio connections.
 See the fencing guide.
+
+The package: ``_gate`` holds the gate's rules without I/O (its statements on each
+dialect, how each kind of connection runs them, its arguments); ``_async`` runs them on
+an asyncio connection, and ``_sync``, generated from it by ``scripts/unasync.py``, on a
+blocking one.
 """
 
-from ._async.gate import acreate_table, afence_gate, afenced_update, agated_execute
-from ._base.errors import StaleFence
-from ._rules.gate import DEFAULT_TABLE
-from ._sync.gate import create_table, fence_gate, fenced_update, gated_execute
+from .._base.errors import StaleFence
+from ._async import acreate_table, afence_gate, afenced_update, agated_execute
+from ._gate import DEFAULT_TABLE
+from ._sync import create_table, fence_gate, fenced_update, gated_execute
 
 __all__ = [
     "DEFAULT_TABLE",

@@ -1,7 +1,7 @@
-# Generated from _async/gate.py by scripts/unasync.py: edit that file, then run
+# Generated from sql/_async.py by scripts/unasync.py: edit that file, then run
 # `python scripts/unasync.py` (the tests run it with --check).
 """The fence gate on a SQL database (``redlease.sql``), run on the caller's own connection
-and inside the caller's own transaction; its rules and statements are in ``_rules.gate``.
+and inside the caller's own transaction; its rules and statements are in ``sql._gate``.
 Written once, as asyncio code; ``scripts/unasync.py`` generates the blocking twin.
 """
 
@@ -10,8 +10,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from .._rules import gate as _gate
-from .backend import ASYNC
+from .._sync.backend import ASYNC
+from . import _gate
 
 
 def fence_gate(conn: Any, resource: str, fence: int, *, table: str = "redlease_fences") -> None:

@@ -1,5 +1,5 @@
 """The fence gate on a SQL database (``redlease.sql``), run on the caller's own connection
-and inside the caller's own transaction; its rules and statements are in ``_rules.gate``.
+and inside the caller's own transaction; its rules and statements are in ``sql._gate``.
 Written once, as asyncio code; ``scripts/unasync.py`` generates the blocking twin.
 """
 
@@ -9,8 +9,8 @@ import inspect  # unasync: async only
 from collections.abc import Mapping
 from typing import Any
 
-from .._rules import gate as _gate
-from .backend import ASYNC
+from .._async.backend import ASYNC
+from . import _gate
 
 
 async def afence_gate(

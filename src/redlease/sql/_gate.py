@@ -1,5 +1,5 @@
 """The fence gate's rules, without I/O: the statements it runs on each SQL dialect, how a
-connection of each kind is called, and its arguments. ``_async.gate`` (and its generated
+connection of each kind is called, and its arguments. ``sql._async`` (and its generated
 twin) runs them on the caller's connection, inside the caller's transaction.
 
 The gate is a table with one row per resource: the highest fence that has passed. A
@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from .._base.errors import InvalidArgument, StaleFence
-from .arguments import shown
+from .._rules.arguments import shown
 
 DEFAULT_TABLE = "redlease_fences"
 MAX_FENCE = 2**63 - 1  # a BIGINT column's greatest value
