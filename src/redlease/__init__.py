@@ -8,6 +8,7 @@ with lock as lease:
 """
 
 import logging
+import types
 import typing
 
 if typing.TYPE_CHECKING:  # (the names as the type checkers see them; loaded on first use)
@@ -20,7 +21,7 @@ if typing.TYPE_CHECKING:  # (the names as the type checkers see them; loaded on 
     from ._async.multilock import AsyncMultiLease, AsyncMultiLock
     from ._async.once import AsyncOnce, AsyncRun
     from ._async.redlock import AsyncRedlock, AsyncRedlockLease
-    from ._async.rwlock import AsyncReadWriteLock
+    from ._async.rwlock import AsyncReadWriteLock, AsyncReadWriteSide
     from ._async.semaphore import AsyncSemaphore
     from ._base.errors import (
         AcquireTimeout,
@@ -32,7 +33,9 @@ if typing.TYPE_CHECKING:  # (the names as the type checkers see them; loaded on 
         RedleaseWarning,
         StaleFence,
     )
+    from ._base.types import Clock, OnLost, Seconds
     from ._base.version import __version__
+    from ._once import once
     from ._rules.election import Leader
     from ._rules.inspect import Holder, LockInfo, Waiter
     from ._rules.once import Skipped
@@ -44,9 +47,8 @@ if typing.TYPE_CHECKING:  # (the names as the type checkers see them; loaded on 
     from ._sync.multilock import MultiLease, MultiLock
     from ._sync.once import Once, Run
     from ._sync.redlock import Redlock, RedlockLease
-    from ._sync.rwlock import ReadWriteLock
+    from ._sync.rwlock import ReadWriteLock, ReadWriteSide
     from ._sync.semaphore import Semaphore
-    from ._once import once
 
 
 __all__ = [
@@ -60,11 +62,13 @@ __all__ = [
     "AsyncObservation",
     "AsyncOnce",
     "AsyncReadWriteLock",
+    "AsyncReadWriteSide",
     "AsyncRedlock",
     "AsyncRedlockLease",
     "AsyncRun",
     "AsyncSemaphore",
     "BackendError",
+    "Clock",
     "Election",
     "FencedRedis",
     "Holder",
@@ -78,13 +82,16 @@ __all__ = [
     "MultiLease",
     "MultiLock",
     "Observation",
+    "OnLost",
     "Once",
     "QuorumError",
     "ReadWriteLock",
+    "ReadWriteSide",
     "RedleaseWarning",
     "Redlock",
     "RedlockLease",
     "Run",
+    "Seconds",
     "Semaphore",
     "Skipped",
     "StaleFence",
@@ -138,7 +145,8 @@ def _load() -> None:
     for public in __all__:
         value = getattr(_public, public)
         # Tracebacks, reprs and logs name each public class and function as it is
-        # imported (redlease.LockLost), not by the private module that defines it.
-        if callable(value):
+        # imported (redlease.LockLost), not by the private module that defines it (the
+        # type aliases, Seconds..., are left as they are).
+        if isinstance(value, (type, types.FunctionType)):
             value.__module__ = __name__
         globals()[public] = value

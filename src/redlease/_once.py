@@ -3,19 +3,16 @@ of client (``Once`` for a sync one, ``AsyncOnce`` for an asyncio one)."""
 
 from __future__ import annotations
 
-from datetime import timedelta
 from typing import TYPE_CHECKING, Any, overload
 
 from ._async.once import AsyncOnce
+from ._base.types import OnLost, Seconds
 from ._clients.checks import is_async_client
-from ._rules.lock import OnLost
 from ._sync.once import Once
 
 if TYPE_CHECKING:  # (no client library is imported until a client is met)
     import redis
     import redis.asyncio
-
-Seconds = float | timedelta
 
 
 @overload
@@ -63,7 +60,18 @@ def once(
 ) -> Once | AsyncOnce: ...
 
 
-def once(client: Any, name: str, **options: Any) -> Once | AsyncOnce:
+def once(
+    client: Any,
+    name: str,
+    *,
+    at_most: Seconds,
+    at_least: Seconds = 0,
+    every: Seconds | None = None,
+    ttl: Seconds | None = None,
+    fence_as: str | None = None,
+    on_lost: OnLost | None = None,
+    prefix: str = "redlease:",
+) -> Once | AsyncOnce:
     """A scheduled job that runs once across every process that calls it: ``Once`` for a
     sync client, ``AsyncOnce`` for an asyncio one (see them for the options). Use it as a
     decorator or a context manager::
@@ -71,6 +79,15 @@ def once(client: Any, name: str, **options: Any) -> Once | AsyncOnce:
         @redlease.once(r, "nightly-report", at_most=600, at_least=30)
         def nightly_report(): ...
     """
-    if is_async_client(client):
-        return AsyncOnce(client, name, **options)
-    return Once(client, name, **options)
+    kind = AsyncOnce if is_async_client(client) else Once
+    return kind(
+        client,
+        name,
+        at_most=at_most,
+        at_least=at_least,
+        every=every,
+        ttl=ttl,
+        fence_as=fence_as,
+        on_lost=on_lost,
+        prefix=prefix,
+    )

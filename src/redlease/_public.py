@@ -12,7 +12,7 @@ from ._async.lock import AsyncLock
 from ._async.multilock import AsyncMultiLease, AsyncMultiLock
 from ._async.once import AsyncOnce, AsyncRun
 from ._async.redlock import AsyncRedlock, AsyncRedlockLease
-from ._async.rwlock import AsyncReadWriteLock
+from ._async.rwlock import AsyncReadWriteLock, AsyncReadWriteSide
 from ._async.semaphore import AsyncSemaphore
 from ._base.errors import (
     AcquireTimeout,
@@ -24,7 +24,9 @@ from ._base.errors import (
     RedleaseWarning,
     StaleFence,
 )
+from ._base.types import Clock, OnLost, Seconds
 from ._base.version import __version__
+from ._once import once
 from ._rules.election import Leader
 from ._rules.inspect import Holder, LockInfo, Waiter
 from ._rules.once import Skipped
@@ -36,6 +38,5 @@ from ._sync.lock import Lock
 from ._sync.multilock import MultiLease, MultiLock
 from ._sync.once import Once, Run
 from ._sync.redlock import Redlock, RedlockLease
-from ._sync.rwlock import ReadWriteLock
+from ._sync.rwlock import ReadWriteLock, ReadWriteSide
 from ._sync.semaphore import Semaphore
-from ._once import once

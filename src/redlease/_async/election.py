@@ -6,11 +6,11 @@ as asyncio code; ``scripts/unasync.py`` generates the blocking twin (``Election`
 from __future__ import annotations
 
 import contextlib
-from datetime import timedelta
 from typing import Any
 
 from .._base.errors import BackendError, LockLost
 from .._base.misuse import AsyncOnly  # unasync: async only
+from .._base.types import OnLost, Seconds
 from .._clients.checks import check_client
 from .._rules import arguments as args
 from .._rules.election import (
@@ -23,14 +23,12 @@ from .._rules.election import (
     rung,
 )
 from .._rules.flows import ELECTION, LockSpec, new_token
-from .._rules.lock import OnLost, check_replicas
+from .._rules.lock import check_replicas
 from .._rules.ops import Mailbox
 from .backend import ASYNC, Cancelled, Flag, shielded
 from .io import AsyncIO
 from .lease import AsyncLease, give_back_in_haste
 from .lock import AsyncOneServer
-
-Seconds = float | timedelta
 
 
 class _AsyncCandidacy(AsyncOneServer):

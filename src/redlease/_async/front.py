@@ -17,13 +17,13 @@ import asyncio  # unasync: async only
 import contextlib
 import inspect
 from collections.abc import Awaitable, Callable, Coroutine
-from datetime import timedelta
 from types import FrameType, TracebackType
 from typing import Any, Generic, TypeVar
 
 from .._base import metrics as _metrics
 from .._base.errors import AcquireTimeout, InvalidArgument, LockError, LockLost
 from .._base.misuse import AsyncOnly  # unasync: async only
+from .._base.types import Seconds
 from .._rules import arguments as args
 from .._rules.flows import Grant
 from .._rules.fronts import (
@@ -62,7 +62,6 @@ from .lease import (
     set_holder,  # unasync: async only
 )
 
-Seconds = float | timedelta
 LeaseT = TypeVar("LeaseT", bound=AsyncLeaseBlock)
 
 

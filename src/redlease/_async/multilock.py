@@ -8,13 +8,13 @@ from __future__ import annotations
 import contextlib
 import functools
 from collections.abc import Awaitable, Callable, Coroutine, Sequence
-from datetime import timedelta
 from typing import Any
 
 from .._base import metrics as _metrics
 from .._base.errors import AcquireTimeout, LockError, LockLost
 from .._base.misuse import AsyncOnly  # unasync: async only
-from .._base.timing import Clock, Deadline, valid_until
+from .._base.timing import Deadline, valid_until
+from .._base.types import Clock, OnLost, Seconds
 from .._clients.checks import check_client
 from .._rules import arguments as args
 from .._rules import flows as _flows
@@ -30,14 +30,12 @@ from .._rules.fronts import (
     push_entered,
 )
 from .._rules.lease import is_held, unhanded
-from .._rules.lock import OnLost, spec_of
+from .._rules.lock import spec_of
 from .._rules.multilock import MultiLeaseState, checked_names, try_all
 from .backend import ASYNC, Cancelled, shielded
 from .front import caller, end_block, handed_out, opened
 from .lease import AsyncLease, finish_in_haste, give_back_in_haste
 from .lock import AsyncLock, driver_of
-
-Seconds = float | timedelta
 
 
 class AsyncMultiLease(MultiLeaseState, AsyncOnly):

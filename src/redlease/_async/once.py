@@ -8,16 +8,15 @@ from __future__ import annotations
 import functools
 import logging
 from collections.abc import Awaitable, Callable, Coroutine
-from datetime import timedelta
 from typing import Any
 
 from .._base import metrics as _metrics
+from .._base.types import OnLost, Seconds
 from .._clients.checks import check_client
 from .._rules import arguments as args
 from .._rules.flows import Grant, LockSpec
 from .._rules.fronts import Opening, P, R, entered, push_entered, refuse_undecorable
 from .._rules.lease import is_held
-from .._rules.lock import OnLost
 from .._rules.once import (
     JobCall,
     OnceAttempt,
@@ -31,8 +30,6 @@ from .front import caller, end_block, opened
 from .io import AsyncIO
 from .lease import AsyncLease
 from .lock import AsyncOneServer
-
-Seconds = float | timedelta
 
 log = logging.getLogger(__name__)
 

@@ -31,17 +31,15 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Sequence
-from datetime import timedelta
 from typing import Any, TypeVar
 
 from .._base.errors import warn
-from .._base.timing import Clock
+from .._base.types import Clock, OnLost, Seconds
 from .._clients.checks import check_nodes, node_name
 from .._rules import arguments as args
 from .._rules import flows as _flows
 from .._rules.flows import Grant, LockSpec
 from .._rules.lease import Holders
-from .._rules.lock import OnLost
 from .._rules.ops import Call, Command, Sleep
 from .._rules.quorum import Fanout, QuorumAcquisition, QuorumFlow, QuorumGrant, QuorumSpec
 from .._rules.redlock import (
@@ -59,7 +57,6 @@ from .io import CHECKED, AsyncIO
 from .lease import AsyncLeaseBlock
 
 T = TypeVar("T")
-Seconds = float | timedelta
 
 
 class _AsyncNodes:

@@ -10,7 +10,8 @@ import math
 from typing import Any
 
 from .._base import fork as _fork
-from .._base.timing import MONOTONIC, Clock
+from .._base.timing import MONOTONIC
+from .._base.types import Clock
 from .._rules.lease import LeaseState, forked, watched
 from .._rules.renewal import Batch, Renewal, Schedule, failed, tell
 

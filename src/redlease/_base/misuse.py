@@ -25,7 +25,7 @@ class AsyncOnly:
 
         def __enter__(self):
             name = type(self).__name__
-            if name.startswith("_"):  # (a side of a read/write lock)
+            if name.startswith("_"):  # (a class of no public name)
                 name, twin = "this object", "the blocking twin"
             else:
                 twin = name.removeprefix("Async")

@@ -9,10 +9,9 @@ from __future__ import annotations
 
 import random
 import time
-from collections.abc import Callable
 from dataclasses import dataclass
 
-Clock = Callable[[], float]
+from .types import Clock
 
 MONOTONIC: Clock = time.monotonic
 

@@ -23,11 +23,11 @@ from .._base.timing import (
     QUEUE_ENTRY_SLACK,
     UNFAIR_WOKEN,
     UNKNOWN_HOLDER_RECHECK,
-    Clock,
     Deadline,
     backoff,
     valid_until,
 )
+from .._base.types import Clock
 from . import arguments as args
 from .classify import error_code, passing
 from .keys import DEFAULT_PREFIX, LockKeys

@@ -6,16 +6,11 @@ server who holds a name, the table of leases each holder took, and the client a
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from typing import Any
-
 from .._base.errors import InvalidArgument
 from . import inspect as _inspect
 from .flows import Flow, LockSpec
 from .inspect import LockInfo
 from .lease import Acquired
-
-OnLost = Callable[[Any], object]
 
 
 def check_replicas(spec: LockSpec, direct: bool) -> None:

@@ -13,10 +13,10 @@ from collections.abc import Sequence
 from typing import Any
 
 from .._base.errors import warn
+from .._base.types import OnLost
 from . import flows as _flows
 from . import quorum as _quorum
 from .lease import LeaseState
-from .lock import OnLost
 from .quorum import SAFE, QuorumGrant, QuorumSpec, Rules
 
 # The one-time eviction-policy check waits at least this long per node (it is only a

@@ -8,10 +8,10 @@ as asyncio code; ``scripts/unasync.py`` generates the blocking twin (``Election`
 from __future__ import annotations
 
 import contextlib
-from datetime import timedelta
 from typing import Any
 
 from .._base.errors import BackendError, LockLost
+from .._base.types import OnLost, Seconds
 from .._clients.checks import check_client
 from .._rules import arguments as args
 from .._rules.election import (
@@ -24,14 +24,12 @@ from .._rules.election import (
     rung,
 )
 from .._rules.flows import ELECTION, LockSpec, new_token
-from .._rules.lock import OnLost, check_replicas
+from .._rules.lock import check_replicas
 from .._rules.ops import Mailbox
 from .backend import ASYNC, Cancelled, Flag, shielded
 from .io import SyncIO
 from .lease import Lease, give_back_in_haste
 from .lock import OneServer
-
-Seconds = float | timedelta
 
 
 class _Candidacy(OneServer):

@@ -8,17 +8,15 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from datetime import timedelta
 from typing import Any
 
+from .._base.types import Seconds
 from .._clients.checks import check_client
 from .._rules import arguments as args
 from .._rules import fenced as _fenced
 from .._rules.keys import gate_key, hash_tag
 from .backend import ASYNC
 from .io import SyncIO
-
-Seconds = float | timedelta
 
 
 class FencedRedis:

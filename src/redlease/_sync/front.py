@@ -17,12 +17,12 @@ from __future__ import annotations
 
 import inspect
 from collections.abc import Callable
-from datetime import timedelta
 from types import FrameType, TracebackType
 from typing import Generic, TypeVar
 
 from .._base import metrics as _metrics
 from .._base.errors import AcquireTimeout, LockError
+from .._base.types import Seconds
 from .._rules import arguments as args
 from .._rules.flows import Grant
 from .._rules.fronts import (
@@ -58,7 +58,6 @@ from .lease import (
     finish_in_haste,
 )
 
-Seconds = float | timedelta
 LeaseT = TypeVar("LeaseT", bound=SyncLeaseBlock)
 
 

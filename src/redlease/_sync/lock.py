@@ -12,21 +12,18 @@ lock may be shared by many threads (or tasks).
 
 from __future__ import annotations
 
-from datetime import timedelta
 from typing import Any
 
-from .._base.timing import Clock
+from .._base.types import Clock, OnLost, Seconds
 from .._clients.checks import check_client
 from .._rules import arguments as args
 from .._rules.flows import Acquisition, Grant, LockSpec
 from .._rules.lease import Holders
-from .._rules.lock import OneName, OnLost, check_replicas
+from .._rules.lock import OneName, check_replicas
 from .backend import ASYNC, current_holder
 from .front import SyncFront
 from .io import SyncIO
 from .lease import Lease
-
-Seconds = float | timedelta
 
 
 class OneServer(OneName, SyncFront[Lease]):

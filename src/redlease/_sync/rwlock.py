@@ -7,27 +7,26 @@ asyncio code; ``scripts/unasync.py`` generates the blocking twin (``ReadWriteLoc
 
 from __future__ import annotations
 
-from datetime import timedelta
 from typing import Any
 
-from .._base.timing import Clock
+from .._base.types import Clock, OnLost, Seconds
 from .._clients.checks import check_client
 from .._rules import arguments as args
 from .._rules.flows import READ_WRITE, Acquisition, LockSpec
 from .._rules.fronts import Opening
 from .._rules.lease import Holders
-from .._rules.lock import Named, OnLost, check_replicas
+from .._rules.lock import Named, check_replicas
 from .._rules.rwlock import READ, READERS, WRITE, Shared, SideRules
 from .backend import ASYNC, current_holder
 from .io import SyncIO
 from .lease import Lease
 from .lock import OneServer
 
-Seconds = float | timedelta
 
-
-class _Side(SideRules, OneServer):
-    """One side (read or write) of a read/write lock: a lock of its own to its caller."""
+class ReadWriteSide(SideRules, OneServer):
+    """One side of a read/write lock, ``rw.read`` or ``rw.write``: a lock of its own to
+    its caller, with the surface of ``Lock`` (``acquire``, ``try_acquire``, ``with``,
+    ``locked``, ``owned``, ``waiting``, a decorator), handing out ``Lease`` objects."""
 
     def __init__(self, rw: ReadWriteLock, shared: Shared, mode: str, io: SyncIO) -> None:
         self._join(rw, shared, mode)
@@ -101,8 +100,19 @@ class ReadWriteLock(Named):
         io = SyncIO(client)
         check_replicas(specs[READ], io.direct)
         self._spec = specs[READ]  # (its name and ttl, both sides')
-        self.read = _Side(self, shared, READ, io)
-        self.write = _Side(self, shared, WRITE, io)
+        self._read = ReadWriteSide(self, shared, READ, io)
+        self._write = ReadWriteSide(self, shared, WRITE, io)
+
+    @property
+    def read(self) -> ReadWriteSide:
+        """The read side: shared leases, as many at once as are asked for while no
+        writer holds, nor waits before them."""
+        return self._read
+
+    @property
+    def write(self) -> ReadWriteSide:
+        """The write side: one exclusive lease at a time, while nothing else is held."""
+        return self._write
 
     def __repr__(self) -> str:
         return f"<{type(self).__name__} {self.name!r} ttl={self.ttl}s>"

@@ -10,19 +10,15 @@ code; ``scripts/unasync.py`` generates the blocking twin (``Semaphore``).
 
 from __future__ import annotations
 
-from datetime import timedelta
 from typing import Any
 
 from .._base.errors import InvalidArgument
-from .._base.timing import Clock
+from .._base.types import Clock, OnLost, Seconds
 from .._clients.checks import check_client
 from .._rules import arguments as args
 from .._rules.flows import SEMAPHORE, LockSpec
-from .._rules.lock import OnLost
 from .backend import ASYNC
 from .lock import OneServer
-
-Seconds = float | timedelta
 
 # More permits than a semaphore is of use with: each acquire counts its holders.
 MAX_LIMIT = 100_000
