@@ -13,7 +13,9 @@ from __future__ import annotations
 import itertools
 import os
 import signal
+import socket
 from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -98,6 +100,27 @@ def _warnings_said_afresh() -> None:
     """Each test starts as a fresh process would: warnings given once per process (per
     server) may be given again (a later test's server may reuse a port)."""
     _errors._SAID.clear()
+
+
+# The pure tier (tests/unit/): the rules driven by hand, with scripted replies and fake
+# clocks. A test there takes none of the fixtures that start or reach a server, and opens
+# no connection.
+_UNIT = Path(__file__).resolve().parent / "unit"
+_SERVERS = {"server", "server_kind", "r", "ar", "twin", "postgres", "cluster", "master_and_replica"}
+
+
+@pytest.fixture(autouse=True)
+def _pure_tier_stays_pure(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> None:
+    if _UNIT not in Path(request.node.path).parents:
+        return
+    taken = sorted(_SERVERS & set(request.fixturenames))
+    assert not taken, f"a test of the pure tier takes no server fixture: {taken}"
+
+    def refused(*args: object, **kwargs: object) -> None:
+        raise AssertionError("a test of the pure tier opens no connection")
+
+    monkeypatch.setattr(socket.socket, "connect", refused)
+    monkeypatch.setattr(socket, "create_connection", refused)
 
 
 @pytest.fixture

@@ -2,7 +2,7 @@
 files that exist, the API reference covers every public name, the examples marked
 runnable run against a real server, and the site builds with ``mkdocs build --strict``.
 
-(That the design page's module map names every module is tests/test_layout.py's.)
+(That the design page's module map names every module is tests/unit/test_layout.py's.)
 """
 
 from __future__ import annotations

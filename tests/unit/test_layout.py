@@ -15,8 +15,8 @@ import tokenize
 from pathlib import Path
 from typing import Any
 
-SRC = Path(__file__).resolve().parents[1] / "src" / "redlease"
-DESIGN = Path(__file__).resolve().parents[1] / "docs" / "design.md"
+SRC = Path(__file__).resolve().parents[2] / "src" / "redlease"
+DESIGN = Path(__file__).resolve().parents[2] / "docs" / "design.md"
 
 
 def test_the_generated_twins_match_their_asyncio_sources() -> None:
