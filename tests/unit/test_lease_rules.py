@@ -446,6 +446,10 @@ def test_a_holders_table_drops_released_leases_and_keeps_lost_ones_for_their_hol
     assert holders.held(me) is mine  # its holder is told at its next use of it
     yours._mark_released()
     assert holders.held(you) is None
+    # asyncio code run outside a task is no holder: it holds nothing, and keeps nothing
+    holders.hold(None, held(clock))
+    assert holders.held(None) is None
+    holders.left(None, mine)
 
 
 def test_a_lease_released_late_leaves_its_holders_newer_lease_in_the_table() -> None:
@@ -489,6 +493,7 @@ def test_acquired_tokens_are_a_holders_leases_it_still_holds() -> None:
     assert acquired.tokens(me) == {kept.token}
     assert acquired.tokens(you) == {yours.token}
     assert acquired.tokens(Holder()) == set()
+    assert acquired.tokens(None) == set()  # (asked outside a task: nobody owns anything)
     token = yours.token
     del yours  # the table keeps no lease alive
     gc.collect()

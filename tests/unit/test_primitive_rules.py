@@ -527,7 +527,7 @@ def test_who_leads_is_read_from_the_lock_keys_token_and_the_term_from_its_fence(
     assert _election.leader_of([b"", 0, -2]) == (None, -2)  # nobody leads
 
 
-@pytest.mark.parametrize("tail", ["zz", "abc", "ff"])  # not hex, odd, not UTF-8
+@pytest.mark.parametrize("tail", ["zz", "abc", "ff", ""])  # not hex, odd, not UTF-8, none
 def test_a_leader_token_no_candidate_wrote_reads_as_an_unknown_leader(tail: str) -> None:
     token = _flows.new_token() + tail
     assert _election.leader_of([token, 3, 900]) == (_election.Leader("?", 3), 900)

@@ -54,8 +54,8 @@ def leader_of(reply: Any) -> tuple[Leader | None, int]:
     token, term, pttl = as_text(reply[0]), as_int(reply[1]), as_int(reply[2])
     if not token:
         return None, -2
-    try:
-        identity = bytes.fromhex(token[TOKEN_HEX:]).decode()
+    try:  # (a candidate's token ends with its identity, never empty)
+        identity = bytes.fromhex(token[TOKEN_HEX:]).decode() or "?"
     except ValueError:  # not a candidate's token: something else wrote the key
         identity = "?"
     return Leader(identity, term), pttl

@@ -369,19 +369,21 @@ class Holders:
 
     def held(self, holder: object) -> LeaseState | None:
         """The lease ``holder`` holds (perhaps lost), or None. A fork's child holds none
-        of its parent's leases."""
-        lease = self._table.get(holder)
+        of its parent's leases; None (asyncio code run outside a task) holds none."""
+        lease = None if holder is None else self._table.get(holder)
         if lease is not None and (lease.released or lease._generation != _fork.generation):
             self.left(holder, lease)
             return None
         return lease
 
     def hold(self, holder: object, lease: LeaseState) -> None:
+        if holder is None:  # (nobody to hold it again: see held)
+            return
         self._table[holder] = lease
         lease._held_in = (self, weakref.ref(holder))
 
     def left(self, holder: object, lease: LeaseState) -> None:
-        if self._table.get(holder) is lease:
+        if holder is not None and self._table.get(holder) is lease:
             del self._table[holder]
 
 
@@ -407,7 +409,7 @@ class Acquired:
     def tokens(self, holder: object) -> set[str]:
         """The tokens of the leases ``holder`` acquired and still holds, as far as it
         knows here (not released, not lost, not a fork's parent's)."""
-        leases = self._table.get(holder)
+        leases = None if holder is None else self._table.get(holder)
         if not leases:
             return set()
         return {lease.token for lease in list(leases) if not (lease.released or lease.lost)}

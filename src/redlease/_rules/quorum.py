@@ -109,13 +109,28 @@ MIN_READ_WAIT = 0.001
 
 
 def said_yes(reply: Any) -> bool:
-    """A node's reply to a release or an extend: it was ours there and it is done."""
-    return not isinstance(reply, BaseException) and as_int(reply) == 1
+    """A node's reply to a release or an extend: it was ours there and it is done (a
+    reply of another shape than the script's is no yes)."""
+    return not isinstance(reply, BaseException) and _read(reply, lambda r: as_int(r) == 1)
 
 
 def took_it(reply: Any) -> bool:
-    """A node's reply to an acquire: the lock is ours there."""
-    return not isinstance(reply, BaseException) and as_int(reply[0]) == 1
+    """A node's reply to an acquire: the lock is ours there, with a fence counter."""
+    return not isinstance(reply, BaseException) and _read(
+        reply, lambda r: as_int(r[0]) == 1 and as_int(r[1]) > 0
+    )
+
+
+# What reading a reply of another shape than the script's raises.
+_MALFORMED = (TypeError, ValueError, IndexError, KeyError)
+NOT_UNDERSTOOD = "the node's reply was not understood (is it redlease's script that ran?)"
+
+
+def _read(reply: Any, read: Callable[[Any], bool]) -> bool:
+    try:
+        return read(reply)
+    except _MALFORMED:
+        return False
 
 
 class _Unread:
@@ -251,8 +266,10 @@ class Tally:
                 continue
             if took_it(result):
                 self.counters[node] = as_int(result[1])
-            else:
+            elif _read(result, lambda r: as_int(r[0]) == 0 and as_int(r[2]) >= -2):
                 self.held[node] = as_int(result[2])
+            else:  # a reply of another shape is neither a yes nor a no: that node failed
+                self.failures[node] = NOT_UNDERSTOOD
 
     @property
     def answered(self) -> int:
@@ -397,8 +414,12 @@ def _count_ours(fan: Fanout, results: Sequence[Any]) -> tuple[int, dict[int, str
     for node, result in zip(fan.nodes, results, strict=True):
         if isinstance(result, BaseException):
             failures[node] = _why(result)
-        elif result is not UNREAD and said_yes(result):
+        elif result is UNREAD:
+            continue
+        elif said_yes(result):
             ours += 1
+        elif not _read(result, lambda r: as_int(r) in (0, 1)):
+            failures[node] = NOT_UNDERSTOOD  # (neither a yes nor a no: it cannot tell)
     return ours, failures
 
 
