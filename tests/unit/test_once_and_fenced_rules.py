@@ -228,6 +228,17 @@ def test_a_try_that_meets_a_key_of_another_type_names_it() -> None:
     assert step(flow, b"string").args == ("TYPE", LOCK + ":fence")  # each key asked in turn
     with pytest.raises(redlease.LockError, match=r"the key 'redlease:\{reports:nightly\}:fence'"):
         flow.send(b"hash")
+    # the period's record too, once the lock's own keys are as they should be
+    flow = _once.OnceAttempt(job_spec(FakeClock(), r), r).run()
+    next(flow)
+    asked: Any = flow.throw(failure)
+    for answer in (b"string", b"string", b"list", b"hash"):
+        asked = step(flow, answer)
+    assert asked.args == ("TYPE", LOCK + ":once")
+    with pytest.raises(
+        redlease.LockError, match=r"the key 'redlease:\{reports:nightly\}:once' holds a hash"
+    ):
+        flow.send(b"hash")
 
 
 def test_giving_up_before_the_job_began_takes_back_the_grant_and_the_period() -> None:
@@ -427,6 +438,8 @@ def test_commands_are_sent_as_keys_and_per_command_count_name_and_words() -> Non
         ([("Eval", "return 1", "0")], "EVAL is not taken by the gate"),
         ([("DEL", "a", "b")], "DEL is not taken by the gate"),
         ([("exists", "a", "b")], "EXISTS is not taken by the gate"),
+        ([("ping", "hello")], "PING is not taken by the gate"),  # (no key: an echo)
+        ([("INFO", "server")], "INFO is not taken by the gate"),
         ([("SET", RECORD, "1")], r"commands\[0\] writes the gate's own record"),
         ([("SET", RECORD.encode(), "1")], "writes the gate's own record"),
         ([("SET", None, "1")], r"commands\[0\]'s key must be str, bytes, int or float"),

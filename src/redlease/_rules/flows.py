@@ -291,6 +291,9 @@ class Acquisition:
     releases a lock that may have been granted meanwhile (nothing is left behind).
     """
 
+    # Keys its script reads besides the lock's, with their types (see foreign_key).
+    more_keys: tuple[tuple[str, str], ...] = ()
+
     def __init__(
         self,
         spec: LockSpec,
@@ -429,7 +432,7 @@ class Acquisition:
         anything else is raised. Without a deadline the client's retries decide."""
 
         if error_code(failure) == "WRONGTYPE":
-            raise (yield from foreign_key(self.spec)) from failure
+            raise (yield from foreign_key(self.spec, self.more_keys)) from failure
         left = self.deadline.left()
         if not self.wait or left is None or left <= 0 or not passing(failure):
             raise failure
@@ -601,11 +604,12 @@ def release(
         raise LockLost(f"{spec.kind.noun} {spec.name!r} had already expired or been taken over")
 
 
-def foreign_key(spec: LockSpec) -> Flow[LockError]:
+def foreign_key(spec: LockSpec, more: tuple[tuple[str, str], ...] = ()) -> Flow[LockError]:
     """The error for a lock whose script met a key of the wrong type: something else
-    wrote under redlease's prefix. Names the key, found by asking each one's TYPE."""
+    wrote under redlease's prefix. Names the key, found by asking each one's TYPE (the
+    lock's, then ``more``: other keys its script reads, with the type each should be)."""
     noun = spec.kind.noun
-    for key, wanted in zip(spec.keys.script_keys, spec.kind.key_types, strict=True):
+    for key, wanted in (*zip(spec.keys.script_keys, spec.kind.key_types, strict=True), *more):
         try:
             kind = as_text((yield Command(("TYPE", key), MIN_REPLY_WAIT)))
         except BackendError:

@@ -117,6 +117,7 @@ class OnceAttempt(Acquisition):
         super().__init__(spec, 0.0, wait=False)
         self.rule = rule
         self.skipped: Skipped | None = None
+        self.more_keys = ((spec.keys.once, "string"),)  # (the period's record)
 
     def run(self) -> Flow[Grant | None]:
         spec = self.spec
