@@ -78,7 +78,7 @@ FAMILIES = {
     "valkey-py": ClientFamily("valkey-py", valkey, valkey.asyncio, "Valkey", "ValkeyCluster"),
 }
 # Each server kind's whole suite runs through one family (the server's own project's
-# client on it); tests/test_clients.py runs the contract through every pair.
+# client on it); tests/server/test_clients.py runs the contract through every pair.
 HOME = {"redis": "redis-py", "valkey": "valkey-py"}
 
 

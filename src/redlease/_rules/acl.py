@@ -2,7 +2,7 @@
 docs/least-privilege.md shows it (a test keeps the two the same).
 
 Measured on Redis 7.0 and Valkey 8 with a user holding exactly this rule, then with each
-part taken away (tests/test_acl.py keeps the first half of that honest). Redis 7 and
+part taken away (tests/server/test_acl.py keeps the first half of that honest). Redis 7 and
 Valkey check the commands a script calls against the caller's ACL too, so the rule
 names each command the scripts (_rules/lua/) call; a test checks that none is missing.
 """

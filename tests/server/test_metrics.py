@@ -382,7 +382,7 @@ def test_the_durations_waiting_at_exit_are_recorded(
     code = f"""
 import atexit, os, sys
 from pathlib import Path
-sys.path.insert(0, {str(Path(__file__).parent)!r})
+sys.path[:0] = [{str(Path(__file__).parent)!r}, {str(Path(__file__).parents[1])!r}]
 import redis, redlease
 from test_metrics import Recorded
 recorded = Recorded(Path({str(tmp_path / "records")!r}))

@@ -27,7 +27,7 @@ import redlease.sql
 from redlease._rules.keys import DEFAULT_PREFIX
 from redlease.tools import servers
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 DOCS = ROOT / "docs"
 PAGES = sorted([ROOT / "README.md", *DOCS.rglob("*.md")])
 # every Markdown file of the repository (not of its virtual environments or caches)

@@ -22,7 +22,7 @@ from redlease._rules.keys import LockKeys
 from redlease.tools import servers
 from waiting_helpers import lock_key, wait_until
 
-DOCS = Path(__file__).resolve().parent.parent / "docs" / "least-privilege.md"
+DOCS = Path(__file__).resolve().parents[2] / "docs" / "least-privilege.md"
 USER, PASSWORD = "locker", "locker-pw"
 RULE = acl_rule()
 

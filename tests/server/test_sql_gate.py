@@ -704,7 +704,7 @@ def test_gated_execute_in_psycopg_pipeline_mode(pg: PostgresProcess) -> None:
 def test_the_guides_postgresql_ddl_makes_a_working_gate(pg: PostgresProcess) -> None:
     """The fencing guide's DDL, for a migration of one's own, run as written in a schema
     of its own: the gate and gated_execute work on what it makes, as on create_table's."""
-    guide = (Path(__file__).parent.parent / "docs" / "guides" / "fencing.md").read_text()
+    guide = (Path(__file__).parents[2] / "docs" / "guides" / "fencing.md").read_text()
     ddl = guide[guide.index("-- PostgreSQL\n") : guide.index("-- SQLite\n")]
     schema = "ddl_" + uuid.uuid4().hex[:12]
     with psycopg.connect(pg.dsn) as conn:

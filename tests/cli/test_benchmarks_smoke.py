@@ -15,7 +15,7 @@ import pytest
 
 # benchmarks/ lives beside src/ and is not installed: `pytest` alone does not put the
 # repository root on sys.path (`python -m pytest` does). Spawned workers inherit it.
-_ROOT = str(Path(__file__).resolve().parents[1])
+_ROOT = str(Path(__file__).resolve().parents[2])
 if _ROOT not in sys.path:
     sys.path.insert(0, _ROOT)
 
