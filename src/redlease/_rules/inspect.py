@@ -35,6 +35,8 @@ KINDS: dict[str, Kind] = {
 # How long ``read_info`` waits for the reply: a read is harmless to wait for, and a busy
 # server (or a slow shared machine) should not turn a look into an error.
 READ_TIMEOUT = 5.0
+# The two flavours' names, for the error that says a client is of the other flavour.
+TWINS = {"sync_twin": "read_info", "async_twin": "aread_info"}
 
 EXCLUSIVE = "exclusive"
 SHARED = "shared"

@@ -9,7 +9,7 @@ from __future__ import annotations
 from typing import Any
 
 from .._clients.checks import check_client
-from .._rules.inspect import READ_TIMEOUT, LockInfo, checked, inspect
+from .._rules.inspect import READ_TIMEOUT, TWINS, LockInfo, checked, inspect
 from .backend import ASYNC
 from .io import SyncIO
 
@@ -19,7 +19,7 @@ def read_info(client: Any, name: str, *, kind: str = "lock", prefix: str = "redl
     flavour: standalone, Sentinel's ``master_for``, Cluster). One read-only script run.
     Raises InvalidArgument for a bad ``name``, ``prefix`` or ``kind``, or a client it
     cannot serve; BackendError if the server fails."""
-    check_client(client, want_async=ASYNC, sync_twin="read_info", async_twin="read_info")
+    check_client(client, want_async=ASYNC, **TWINS)
     keys, name, kind = checked(name, kind, prefix)
     flow = inspect(keys, name, kind, READ_TIMEOUT)
     return SyncIO(client).run(flow, f"inspect {name!r}")
