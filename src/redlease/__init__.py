@@ -146,7 +146,10 @@ def _load() -> None:
         value = getattr(_public, public)
         # Tracebacks, reprs and logs name each public class and function as it is
         # imported (redlease.LockLost), not by the private module that defines it (the
-        # type aliases, Seconds..., are left as they are).
-        if isinstance(value, (type, types.FunctionType)):
+        # type aliases, Seconds..., are left as they are: on Python 3.10 a generic alias
+        # also passes for a type).
+        if isinstance(value, (type, types.FunctionType)) and not isinstance(
+            value, types.GenericAlias
+        ):
             value.__module__ = __name__
         globals()[public] = value
