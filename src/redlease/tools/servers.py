@@ -82,10 +82,18 @@ def find_binary(kind: str | None = None) -> ServerBinary:
     )
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+def free_port(below: int = 65536) -> int:
+    """A free loopback port, under ``below``."""
+    while True:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = int(s.getsockname()[1])
+        if port < below:
+            return port
+
+
+# A Cluster node also listens 10,000 ports above its own, so its own must be at most 55535.
+_CLUSTER_PORTS_BELOW = 55536
 
 
 @dataclass
@@ -108,7 +116,8 @@ class ServerProcess:
     def start(self, timeout: float = 10.0) -> ServerProcess:
         for _ in range(5):
             if not self.port:
-                self.port = free_port()
+                cluster = "--cluster-enabled" in self.extra_args
+                self.port = free_port(_CLUSTER_PORTS_BELOW if cluster else 65536)
             if self._launch(timeout):
                 return self
             self.port = 0  # someone took the port between probe and bind: try another
