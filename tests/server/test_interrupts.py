@@ -145,17 +145,21 @@ def test_interrupts_at_random_moments_leave_no_name_held_or_renewed(
 # body never runs.
 
 
-def _interrupt_at(qualname: str, nth: int = 1) -> None:
-    """Raise KeyboardInterrupt as the ``nth`` call of ``qualname`` in this thread starts."""
+def _interrupt_at(qualname: str, nth: int = 1, at: str = "call") -> None:
+    """Raise KeyboardInterrupt as the ``nth`` call of ``qualname`` in this thread starts
+    (or, ``at="return"``, as it returns: its caller never gets what it returned)."""
     seen = 0
 
-    def tracer(frame: Any, event: str, arg: Any) -> None:
+    def tracer(frame: Any, event: str, arg: Any) -> Any:
         nonlocal seen
-        if event == "call" and getattr(frame.f_code, "co_qualname", "") == qualname:
+        if event == "call" and at == "return":
+            return tracer if getattr(frame.f_code, "co_qualname", "") == qualname else None
+        if event == at and getattr(frame.f_code, "co_qualname", "") == qualname:
             seen += 1
             if seen == nth:
                 sys.settrace(None)
                 raise KeyboardInterrupt
+        return None
 
     sys.settrace(tracer)
 
@@ -351,3 +355,32 @@ def test_leases_entered_outside_a_with_statement_are_never_taken_for_stale(
             assert all(redlease.read_info(r, lease.name).held for lease in held)
         locks[3].__exit__(None, None, None)
     assert not any(redlease.read_info(r, lock.name).held for lock in locks)
+
+
+@pytest.mark.parametrize(
+    ("function", "at"),
+    [("Pool.give", "call"), ("Pool.take", "return"), ("SocketConnection.send", "call")],
+)
+def test_connections_dropped_by_interrupts_are_neither_counted_nor_left_open(
+    server: servers.ServerProcess, name: str, function: str, at: str
+) -> None:
+    """More interrupts than a pool has connections (128), each as a connection is taken
+    or given back: the pool is not used up (the next call gets one at once, not "all
+    busy" after its timeout) and the dropped ones were closed."""
+    r = redis.Redis(port=server.port)  # a pool of its own
+    before = len(r.client_list())
+    interrupted = 0
+    for i in range(150):
+        lock = redlease.Lock(r, f"{name}:{i}", ttl=30.0)
+        _interrupt_at(function, at=at)
+        try:
+            lock.try_acquire()
+        except KeyboardInterrupt:
+            interrupted += 1
+        finally:
+            sys.settrace(None)
+    assert interrupted == 150
+    lease = redlease.Lock(r, name, ttl=30.0).acquire(timeout=0.5)
+    lease.release()
+    assert len(r.client_list()) <= before + 8  # (redlease keeps at most 8 idle)
+    r.close()

@@ -359,7 +359,7 @@ class ClassConnection:
     lean = False
     stale = 0
     client_id: int | None = None
-    __slots__ = ("conn", "loop", "wire")
+    __slots__ = ("__weakref__", "conn", "loop", "wire")  # (a pool counts it weakly)
 
     def __init__(self, conn: Any, pool: Any) -> None:
         self.conn = conn

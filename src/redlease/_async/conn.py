@@ -9,7 +9,9 @@ redlease's account. A connection taken from the idle list is checked first, with
 round trip, and replaced if the server closed it (an idle ``timeout``, ``CLIENT KILL``, a
 restart). After ``fork`` the child never uses its parent's sockets: the pool notices the
 new process id and starts empty. asyncio connections belong to one loop, and a loop's
-shutdown closes its idle ones.
+shutdown closes its idle ones. A pool counts its connections by weak reference, not by a
+tally every caller must keep straight: one dropped without being given back (an
+exception a signal handler raised between two steps) closes itself and no longer counts.
 
 Two kinds of connection (see ``_wire.endpoint``): ``SocketConnection``, a socket of our own
 read with hiredis (or ``_wire.resp.PyReader``), and ``ClassConnection``, one made with the
@@ -59,6 +61,7 @@ class SocketConnection:
 
     lean = True
     __slots__ = (
+        "__weakref__",  # (a pool counts its connections weakly)
         "buffer",
         "client_id",
         "poller",
@@ -197,6 +200,11 @@ class SocketConnection:
         with contextlib.suppress(OSError):
             self.sock.close()
 
+    def __del__(self) -> None:
+        # Dropped without being given back or closed (see the module docstring).
+        with contextlib.suppress(Exception):
+            self.close()
+
     # unasync: async only
     async def shut(self) -> None:
         """Close it, from the loop (as at its shutdown)."""
@@ -206,6 +214,12 @@ class SocketConnection:
 
 
 Connection = SocketConnection | ClassConnection
+
+
+class _Opening:
+    """A connection's place in its pool's count while it is being opened."""
+
+    __slots__ = ("__weakref__",)
 
 
 class Pool:
@@ -223,8 +237,10 @@ class Pool:
         self._freed = _backend_async.Freed(self._guard)
         self._idle: list[Connection] = []
         self._owing: list[tuple[Connection, float]] = []  # (conn, give up on it at)
-        self._count = 0  # connections open (idle, owing or in use)
-        self._blocking = 0  # of which held by blocking waits
+        # Connections open (idle, owing or in use) and slots of ones being opened; of
+        # them, those held by blocking waits. Weak: what is dropped no longer counts.
+        self._open_ones: weakref.WeakSet[object] = weakref.WeakSet()
+        self._waits: weakref.WeakSet[object] = weakref.WeakSet()
         self._waiting = 0  # callers waiting for a connection to be freed
         self._generation = _fork.generation
         self._hub: Hub | None = None
@@ -251,7 +267,7 @@ class Pool:
             self._idle.clear()
             self._owing.clear()
             for conn in idle + owing:
-                self._count -= 1
+                self._open_ones.discard(conn)
                 await conn.shut()
 
     # unasync: end
@@ -302,11 +318,12 @@ class Pool:
                 found = self._idle_one()
                 if found is not None:
                     if blocking:
-                        self._blocking += 1
+                        self._waits.add(found)
                     return found
+                count = len(self._open_ones)
                 limit = MAX_CONNECTIONS - RESERVED if blocking else MAX_CONNECTIONS
-                in_use = self._blocking if blocking else self._count
-                if in_use < limit and self._count < MAX_CONNECTIONS:
+                in_use = len(self._waits) if blocking else count
+                if in_use < limit and count < MAX_CONNECTIONS:
                     break
                 left = end - time.monotonic()
                 if left <= 0:
@@ -318,23 +335,29 @@ class Pool:
                     )
                 # (a give on the hot path does not notify: look again now and then)
                 self._waiting += 1
-                await self._freed.wait(min(left, 0.01))
-                self._waiting -= 1
-            self._count += 1
+                try:
+                    await self._freed.wait(min(left, 0.01))
+                finally:
+                    self._waiting -= 1
+            slot = _Opening()  # counts while this caller opens (and holds it)
+            self._open_ones.add(slot)
             if blocking:
-                self._blocking += 1
+                self._waits.add(slot)
         try:
             conn = await self._open(self.endpoint, timeout, self)
         except BaseException:
-            self._gone(blocking)
+            self._gone(slot)
             raise
+        self._open_ones.add(conn)
+        if blocking:
+            self._waits.add(conn)
         return conn
 
     def _dead(self, conn: Connection) -> None:
         """``conn`` was found closed by the server: it goes, and the scripts with it (the
         server may have restarted without them). Guard held."""
         conn.close()
-        self._count -= 1
+        self._open_ones.discard(conn)
         self.wire.forget()
 
     def _idle_one(self) -> Connection | None:
@@ -360,7 +383,7 @@ class Pool:
             elif failure is not None or now >= until:
                 self._owing.remove(entry)
                 conn.close()
-                self._count -= 1
+                self._open_ones.discard(conn)
 
     def give(self, conn: Connection, *, blocking: bool = False) -> None:
         """Take back ``conn``, its replies read in full (or owed: see ``owe``)."""
@@ -370,12 +393,12 @@ class Pool:
             return
         with self._guard:
             if blocking:
-                self._blocking -= 1
+                self._waits.discard(conn)
             if self._generation == _fork.generation and len(self._idle) < MAX_IDLE:
                 self._idle.append(conn)
             else:
                 conn.close()
-                self._count -= 1
+                self._open_ones.discard(conn)
             self._freed.notify()
 
     def owe(self, conn: Connection, *, blocking: bool = False) -> None:
@@ -387,7 +410,7 @@ class Pool:
         conn.stale += 1
         with self._guard:
             if blocking:
-                self._blocking -= 1
+                self._waits.discard(conn)
             self._owing.append((conn, time.monotonic() + OWED_REPLY_LIMIT))
             self._freed.notify()
 
@@ -395,13 +418,12 @@ class Pool:
         """Close ``conn``, whose state is unknown (a reply may still be on its way)."""
         conn.close()
         self.wire.forget()  # the server may have restarted without its scripts
-        self._gone(blocking)
+        self._gone(conn)
 
-    def _gone(self, blocking: bool) -> None:
+    def _gone(self, conn: object) -> None:
         with self._guard:
-            self._count -= 1
-            if blocking:
-                self._blocking -= 1
+            self._open_ones.discard(conn)
+            self._waits.discard(conn)
             self._freed.notify()
 
     def _forget_parents(self) -> None:
@@ -413,7 +435,8 @@ class Pool:
             conn.close()
         self._idle.clear()
         self._owing.clear()
-        self._count = self._blocking = 0
+        self._open_ones.clear()
+        self._waits.clear()
         self._generation = _fork.generation
 
     def idle_connections(self) -> list[Connection]:

@@ -228,7 +228,7 @@ class ClassConnection:
     lean = False
     stale = 0
     client_id: int | None = None
-    __slots__ = ("conn", "wire")
+    __slots__ = ("__weakref__", "conn", "wire")  # (a pool counts it weakly)
 
     def __init__(self, conn: Any, pool: Any) -> None:
         self.conn = conn
