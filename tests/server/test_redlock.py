@@ -778,7 +778,7 @@ def test_deliberately_unsafe_variants_are_wired(clients: list[redis.Redis]) -> N
     half = unsafe_redlock(redlease.Redlock, Unsafe(half_quorum=True))(clients, "x")
     assert half.quorum == 2  # wrong on purpose: two disjoint "majorities" of five
     spec = QuorumSpec.create(
-        redlease.Redlock(clients, "x")._spec.lock,
+        redlease.Redlock(clients, "x")._core.spec,
         ["a"] * 5,
         None,
         Unsafe(release_believed_only=True),

@@ -38,7 +38,7 @@ def test_no_lost_wake_up_when_release_lands_before_the_wait(
 ) -> None:
     lock = redlease.Lock(r, name, ttl=30.0, fair=fair)
     holder = lock.acquire()
-    attempt = _flows.Acquisition(lock._spec, 20.0, wait=True)
+    attempt = _flows.Acquisition(lock._core.spec, 20.0, wait=True)
     io = SyncIO(r)
     flow = attempt.run()
     wait_op = next(flow)

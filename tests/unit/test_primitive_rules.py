@@ -68,17 +68,15 @@ class Holder:
     """A thread or task as the holder tables know it (weakly referenced)."""
 
 
-class Front(_fronts.FrontBase):
-    """A lock as the fronts' rules read it: its name, and whether it is reentrant."""
+class Front(_fronts.FrontCore):
+    """A lock's rules (which here also stand for the lock in its blocks' notes): a
+    Lock's, or a reentrant one's."""
 
-    def __init__(self, name: str = "orders:42", *, reentrant: bool = False) -> None:
-        self._name = name
-        self._holding = _lease.Holders() if reentrant else None
-        self._refuses_nesting = not reentrant
-
-    @property
-    def name(self) -> str:
-        return self._name
+    def __init__(
+        self, name: str = "orders:42", *, reentrant: bool = False, kind: str = "lock"
+    ) -> None:
+        spec = _flows.LockSpec.create(name, 10.0)
+        super().__init__(spec, reentrant=reentrant, refuses_nesting=not reentrant, kind=kind)
 
 
 @pytest.fixture(autouse=True)
@@ -108,13 +106,13 @@ def test_a_nested_block_of_a_lock_its_holder_holds_is_refused_at_once() -> None:
     clock, front, holder = FakeClock(), Front(), Holder()
     note(front, new_lease(clock), holder)
     with pytest.raises(redlease.LockError) as refused:
-        _fronts.refuse_nested(front, holder)
+        _fronts.refuse_nested(front, front, holder)
     message = str(refused.value)
     assert "lock 'orders:42' is held already by an enclosing `with` block" in message
     assert "reentrant=True" in message
     # another holder, or another object of the same name, waits as any other caller
-    _fronts.refuse_nested(front, Holder())
-    _fronts.refuse_nested(Front(), holder)
+    _fronts.refuse_nested(front, front, Holder())
+    _fronts.refuse_nested(Front(), Front(), holder)
 
 
 @pytest.mark.parametrize("outer", ["released", "lost", "ending"])
@@ -130,7 +128,7 @@ def test_a_nested_block_is_let_through_once_the_outer_lease_is_no_longer_held(
         clock.advance(10.0)  # past its validity
     else:
         _fronts.close_entered(front)  # the outer block's end has begun
-    _fronts.refuse_nested(front, holder)
+    _fronts.refuse_nested(front, front, holder)
 
 
 def test_a_blocks_end_closes_the_innermost_open_block_of_its_own_lock() -> None:
@@ -143,7 +141,7 @@ def test_a_blocks_end_closes_the_innermost_open_block_of_its_own_lock() -> None:
     assert _fronts.entered_lease(ending) is inner
     assert len(noted()) == 3  # closed, but dropped only last (tidy_entered)
     with pytest.raises(redlease.LockError):
-        _fronts.refuse_nested(front, holder)  # the outer block is still open
+        _fronts.refuse_nested(front, front, holder)  # the outer block is still open
     _fronts.tidy_entered()
     assert [_fronts.entered_lease(e) for e in noted()] == [outer, theirs]
     assert _fronts.entered_lease(_fronts.close_entered(front)) is outer
@@ -296,26 +294,26 @@ def test_another_holder_or_a_block_not_opened_by_a_with_statement_is_never_stale
 def test_a_reentrant_holder_is_given_its_lease_again_one_hold_more() -> None:
     clock, front, holder = FakeClock(), Front(reentrant=True), Holder()
     lease = new_lease(clock)
-    assert front._held_by(holder) is None
-    front._hold(holder, lease)
-    assert front._held_by(holder) is lease
+    assert front.held_by(holder) is None
+    front.hold(holder, lease)
+    assert front.held_by(holder) is lease
     assert lease.hold_count == 2
-    assert front._held_by(Holder()) is None  # another thread (task) acquires anew
+    assert front.held_by(Holder()) is None  # another thread (task) acquires anew
     plain = Front()
-    plain._hold(holder, lease)  # not reentrant: no table to note it in
-    assert plain._held_by(holder) is None
+    plain.hold(holder, lease)  # not reentrant: no table to note it in
+    assert plain.held_by(holder) is None
     assert lease.hold_count == 2
 
 
 def test_a_reentrant_holder_whose_lease_was_lost_is_told_and_then_forgotten() -> None:
     clock, front, holder = FakeClock(), Front(reentrant=True), Holder()
     lease = new_lease(clock)
-    front._hold(holder, lease)
+    front.hold(holder, lease)
     clock.advance(10.0)
     with pytest.raises(redlease.LockLost, match="acquired before was lost: its validity ran out"):
-        front._held_by(holder)
+        front.held_by(holder)
     assert _lease.holds(lease) == 1  # no hold taken on a lost lease
-    assert front._held_by(holder) is None  # its next acquire is a new one
+    assert front.held_by(holder) is None  # its next acquire is a new one
 
 
 class Recorded:
@@ -355,11 +353,11 @@ def test_an_acquire_is_metered_from_its_start_and_its_lease_until_its_end(
     monkeypatch.setattr(_metrics, "instruments", lambda: meter)
     clock, front = FakeClock(), Front()
     lease = new_lease(clock)
-    front._opened(lease, 5.0)
+    front.opened(lease, 5.0)
     (labels,) = meter.made
     assert (labels.kind, labels.mode, labels.name) == ("lock", None, "orders:42")
-    front._not_granted(6.0, wait=True)
-    front._not_granted(7.0, wait=False)
+    front.not_granted(6.0, wait=True)
+    front.not_granted(7.0, wait=False)
     _lease.unhanded(lease)  # its hold ends: from when the grant was counted
     assert labels.told == [
         ("granted", 5.0),
@@ -370,24 +368,23 @@ def test_an_acquire_is_metered_from_its_start_and_its_lease_until_its_end(
     assert len(meter.made) == 1  # made once, reused by every acquire
     anew = Meter()  # metrics configured anew: the lock's sets are made again
     monkeypatch.setattr(_metrics, "instruments", lambda: anew)
-    front._not_granted(8.0, wait=False)
+    front.not_granted(8.0, wait=False)
     assert [made.told for made in anew.made] == [[("not granted", 8.0, False)]]
 
 
 def test_a_multi_locks_names_are_metered_as_its_own(monkeypatch: pytest.MonkeyPatch) -> None:
     meter = Meter()
     monkeypatch.setattr(_metrics, "instruments", lambda: meter)
-    front = Front("a")
-    _fronts.metered_as(front, "multilock")
-    front._opened(new_lease(FakeClock(), "a"), 1.0)
+    front = Front("a", kind="multilock")
+    front.opened(new_lease(FakeClock(), "a"), 1.0)
     assert [(made.kind, made.name) for made in meter.made] == [("multilock", "a")]
 
 
 def test_without_metrics_nothing_is_metered(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(_metrics, "instruments", lambda: None)
     front, lease = Front(), new_lease(FakeClock())
-    front._opened(lease, 1.0)
-    front._not_granted(1.0, wait=True)
+    front.opened(lease, 1.0)
+    front.not_granted(1.0, wait=True)
     assert _lease.labels_of(lease) is None
     assert front._labels is None
 
@@ -499,14 +496,6 @@ def election_spec(clock: FakeClock, identity: str = "nœud-1:42") -> _flows.Lock
     )
 
 
-class Election(_election.ElectionRules):
-    """An election as its rules read it: its spec and its observers' hash."""
-
-    def __init__(self, spec: _flows.LockSpec) -> None:
-        self._spec = spec
-        self._observers = spec.keys.lock + ":observers"
-
-
 class Box:
     """A hub's box as the flows see it: ``ready`` once the hub listens on the channel."""
 
@@ -534,8 +523,8 @@ def test_a_leader_token_no_candidate_wrote_reads_as_an_unknown_leader(tail: str)
 
 
 def test_reading_the_leader_registers_no_observer() -> None:
-    election = Election(election_spec(FakeClock()))
-    flow = election._read()
+    spec = election_spec(FakeClock())
+    flow = _election.read_leader(spec, _election.observers_of(spec))
     op: Any = next(flow)
     assert op.script is _scripts.ELECTION_WATCH
     assert op.keys == (
@@ -549,11 +538,20 @@ def test_reading_the_leader_registers_no_observer() -> None:
 
 
 def test_announcing_rings_the_observers_on_the_elections_bells() -> None:
-    election = Election(election_spec(FakeClock()))
-    flow = election._announce()
+    spec = election_spec(FakeClock())
+    observers = _election.observers_of(spec)
+    flow = _election.announce_change(spec, observers)
     op: Any = next(flow)
     assert op.script is _scripts.ELECTION_ANNOUNCE
-    assert op.keys == election._keys()
+    assert (
+        op.keys
+        == _election.keys_of(spec, observers)
+        == (
+            "redlease:{leader}:elect",
+            "redlease:{leader}:elect:fence",
+            "redlease:{leader}:elect:observers",
+        )
+    )
     assert op.args == ("redlease:{leader}:elect:bell:",)
     assert step(flow, 3) == ("done", None)  # however many were rung
 
@@ -749,22 +747,7 @@ def test_a_multi_lease_is_released_once_every_lease_is() -> None:
 # --- read/write lock --------------------------------------------------------------------
 
 
-class ReadWriteLock:
-    """The read/write lock a side belongs to, as its repr names it."""
-
-    def __repr__(self) -> str:
-        return "<ReadWriteLock 'doc'>"
-
-
-class Side(_rwlock.SideRules, _fronts.FrontBase):
-    """A side of a read/write lock as its rules and the fronts' read it."""
-
-    def __init__(self, shared: _rwlock.Shared, mode: str) -> None:
-        self._join(ReadWriteLock(), shared, mode)
-
-    @property
-    def name(self) -> str:
-        return self._spec.name
+Side = _rwlock.SideCore
 
 
 def sides(clock: FakeClock) -> tuple[Side, Side]:
@@ -779,16 +762,16 @@ def sides(clock: FakeClock) -> tuple[Side, Side]:
         for mode in (_rwlock.READ, _rwlock.WRITE)
     }
     tables = {mode: _lease.Holders() for mode in (_rwlock.READ, _rwlock.WRITE)}
-    shared = _rwlock.Shared(specs, tables, auto_renew=False, max_hold=None, on_lost=None)
-    return Side(shared, _rwlock.READ), Side(shared, _rwlock.WRITE)
+    read, write = (Side(specs[mode], mode=mode, tables=tables) for mode in specs)
+    return read, write
 
 
 def rw_lease(side: Side, holder: object) -> _lease.LeaseState:
     """A lease of ``side`` its holder holds, noted in the side's table."""
-    spec = side._spec
+    spec = side.spec
     grant = _flows.Grant(_flows.new_token(), 1, spec.clock() + spec.ttl - drift(spec.ttl))
     lease = _lease.LeaseState(spec, grant, on_lost=None)
-    side._hold(holder, lease)
+    side.hold(holder, lease)
     return lease
 
 
@@ -800,20 +783,19 @@ def first_call(flow: Generator[Any, Any, Any]) -> Any:
 
 def test_each_side_is_its_own_lock_with_its_own_holders() -> None:
     read, write = sides(FakeClock())
-    assert read._noun == "read side of read/write lock"
-    assert (write._metric_kind, write._metric_mode) == ("rwlock", "write")
-    assert repr(write) == "<write side of <ReadWriteLock 'doc'>>"
+    assert read.noun == "read side of read/write lock"
+    assert (write.kind, write.mode) == ("rwlock", "write")
     holder = Holder()
     lease = rw_lease(write, holder)
-    assert write._held_by(holder) is lease  # the same mode again: one hold more
+    assert write.held_by(holder) is lease  # the same mode again: one hold more
     assert lease.hold_count == 2
-    assert read._held_by(holder) is None  # the other mode is not re-entered
+    assert read.held_by(holder) is None  # the other mode is not re-entered
 
 
 def test_a_first_lease_is_an_ordinary_attempt_of_its_mode() -> None:
     read, _write = sides(FakeClock())
-    attempt = read._attempt_by(Holder(), 5.0, True)
-    assert attempt.spec is read._spec
+    attempt = read.new_attempt(5.0, wait=True, holder=lambda: Holder())
+    assert attempt.spec is read.spec
     assert (attempt.wait, attempt.also) == (True, ())
     op = first_call(attempt.run())
     assert op.script is _scripts.SHARED_ACQUIRE
@@ -825,7 +807,7 @@ def test_a_read_inside_a_write_is_a_downgrade_next_to_it_that_may_wait() -> None
     read, write = sides(FakeClock())
     holder = Holder()
     held = rw_lease(write, holder)
-    attempt = read._attempt_by(holder, 5.0, True)
+    attempt = read.new_attempt(5.0, wait=True, holder=lambda: holder)
     assert (attempt.wait, attempt.also) == (True, (held.token,))
     op = first_call(attempt.run())
     assert op.args[-3:] == (str(_rwlock.READERS), "r", held.token)
@@ -835,7 +817,7 @@ def test_a_write_inside_a_read_is_an_upgrade_tried_once_and_never_queued() -> No
     read, write = sides(FakeClock())
     holder = Holder()
     held = rw_lease(read, holder)
-    attempt = write._attempt_by(holder, None, True)
+    attempt = write.new_attempt(None, wait=True, holder=lambda: holder)
     assert (attempt.wait, attempt.also) == (False, (held.token,))
     flow = attempt.run()
     op: Any = next(flow)  # straight to the script: a try listens for nothing
@@ -851,25 +833,24 @@ def test_a_lost_lease_of_the_other_mode_counts_for_nothing() -> None:
     holder = Holder()
     rw_lease(read, holder)
     clock.advance(10.0)
-    attempt = write._attempt_by(holder, None, True)
+    attempt = write.new_attempt(None, wait=True, holder=lambda: holder)
     assert (attempt.wait, attempt.also) == (True, ())
-    write._refused(holder, None, True)  # no upgrade: an ordinary wait that ran out
+    write.refused(lambda: holder, wait=True)  # no upgrade: an ordinary wait that ran out
 
 
 def test_an_upgrade_refused_raises_for_acquire_and_is_none_for_a_try() -> None:
     read, write = sides(FakeClock())
     holder = Holder()
-    held = rw_lease(read, holder)
+    rw_lease(read, holder)
     with pytest.raises(redlease.LockError) as refused:
-        write._refused(holder, None, True)
+        write.refused(lambda: holder, wait=True)
     message = str(refused.value)
     assert "read/write lock 'doc'" in message
     assert "cannot be upgraded" in message
     assert "release the read lease first" in message
-    write._refused(holder, None, False)  # try_acquire: None
-    write._refused(holder, held, True)  # granted
-    write._refused(Holder(), None, True)  # another holder: an ordinary timeout
-    read._refused(holder, None, True)  # a read is never an upgrade
+    write.refused(lambda: holder, wait=False)  # try_acquire: None
+    write.refused(lambda: Holder(), wait=True)  # another holder: an ordinary timeout
+    read.refused(lambda: holder, wait=True)  # a read is never an upgrade
 
 
 # --- inspect ----------------------------------------------------------------------------

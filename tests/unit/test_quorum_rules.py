@@ -559,12 +559,14 @@ def test_a_quorum_lease_extends_and_releases_through_the_quorum_flows() -> None:
         assert release.nodes == released_on
 
 
-def test_a_redlock_describes_itself_by_its_spec() -> None:
-    rules = _redlock.RedlockRules()
-    rules._spec = qspec(5, ttl=2.5)
-    assert (rules.name, rules.ttl, rules.quorum) == ("orders:42", 2.5, 3)
-    assert rules.node_timeout == pytest.approx(0.1)
-    assert repr(rules) == "<RedlockRules 'orders:42' ttl=2.5s nodes=5 quorum=3>"
+def test_a_redlocks_rules_are_its_quorum_specs_and_its_attempt_the_quorums() -> None:
+    spec = qspec(5, ttl=2.5)
+    core = _redlock.QuorumCore(spec.lock, quorum=spec)
+    assert (core.name, core.spec.ttl, core.quorum.quorum) == ("orders:42", 2.5, 3)
+    assert (core.kind, core.noun, core.refuses_nesting) == ("redlock", "lock", True)
+    attempt = core.new_attempt(1.0, wait=False, holder=lambda: None)
+    assert isinstance(attempt, _quorum.QuorumAcquisition)
+    assert attempt.spec is spec
 
 
 def test_an_evicting_node_is_named_once_and_a_failed_look_says_nothing() -> None:

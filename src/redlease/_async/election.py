@@ -14,40 +14,30 @@ from .._base.types import OnLost, Seconds
 from .._clients.checks import check_client
 from .._rules import arguments as args
 from .._rules.election import (
-    ElectionRules,
     Leader,
+    announce_change,
     default_identity,
     log,
     look,
+    observers_of,
+    read_leader,
     retry_after,
     rung,
 )
 from .._rules.flows import ELECTION, LockSpec, new_token
-from .._rules.lock import check_replicas
+from .._rules.fronts import FrontCore
 from .._rules.ops import Mailbox
 from .backend import ASYNC, Cancelled, Flag, shielded
-from .io import AsyncIO
+from .front import AsyncFront, release_by_force
 from .lease import AsyncLease, give_back_in_haste
-from .lock import AsyncOneServer
+from .lock import served
 
 
-class _AsyncCandidacy(AsyncOneServer):
+class _AsyncCandidacy(AsyncFront[AsyncLease]):
     """The lock a candidate waits for (always renewed)."""
 
-    def __init__(
-        self,
-        spec: LockSpec,
-        io: AsyncIO,
-        on_lost: OnLost | None,
-        cancel_on_lost: bool,  # unasync: async only
-    ) -> None:
-        self._spec, self._io, self._on_lost = spec, io, on_lost
-        self._cancel_on_lost = cancel_on_lost  # unasync: async only
-        self._auto_renew, self._max_hold = True, None
-        self._noun = self._metric_kind = "election"
 
-
-class AsyncElection(ElectionRules):
+class AsyncElection:
     """Leader election on one Redis/Valkey deployment.
 
     ``campaign(timeout=None)`` waits until this candidate leads and returns its
@@ -86,17 +76,28 @@ class AsyncElection(ElectionRules):
             kind=ELECTION,
             token_tail=who.encode().hex(),
         )
-        self._on_lost: OnLost | None = args.callback(on_lost, "on_lost")  # type: ignore[assignment]
-        self._observers = self._spec.keys.lock + ":observers"
-        self._io = AsyncIO(client)
-        check_replicas(self._spec, self._io.direct)
-        self._candidacy = _AsyncCandidacy(
+        core = FrontCore(
             self._spec,
-            self._io,
-            self._on_lost,
-            args.flag(cancel_on_lost, "cancel_on_lost"),  # unasync: async only
+            auto_renew=True,
+            on_lost=args.callback(on_lost, "on_lost"),  # type: ignore[arg-type]
+            cancel_on_lost=args.flag(cancel_on_lost, "cancel_on_lost"),  # unasync: async only
+            noun="election",
+            kind="election",
         )
+        self._observers = observers_of(self._spec)
+        self._io = served(client, self._spec)
+        self._candidacy = _AsyncCandidacy(core, self._io)
         self._lease: AsyncLease | None = None
+
+    @property
+    def name(self) -> str:
+        """The name, as given."""
+        return self._spec.name
+
+    @property
+    def ttl(self) -> float:
+        """The leadership lease's length, in seconds."""
+        return self._spec.ttl
 
     @property
     def identity(self) -> str:
@@ -146,7 +147,8 @@ class AsyncElection(ElectionRules):
 
     async def leader(self) -> Leader | None:
         """Who leads now and since which term; None if nobody does."""
-        leader, _ = await self._io.run(self._read(), f"read the leader of {self.name!r}")
+        flow = read_leader(self._spec, self._observers)
+        leader, _ = await self._io.run(flow, f"read the leader of {self.name!r}")
         return leader
 
     def observe(self) -> AsyncObservation:
@@ -160,16 +162,19 @@ class AsyncElection(ElectionRules):
 
     async def _tell(self, what: str) -> None:
         try:
-            await self._io.run(self._announce(), f"announce {self.name!r}")
+            flow = announce_change(self._spec, self._observers)
+            await self._io.run(flow, f"announce {self.name!r}")
         except BackendError as failure:  # observers still see it, when they next look
             log.warning(
                 "election %r: %s, but observers were not told: %s", self.name, what, failure
             )
 
 
-async def announce(election: AsyncElection, what: str) -> None:
-    """Tell the observers of ``election`` that its leader changed, and how (``what``)."""
-    await election._tell(what)
+async def resign_by_force(election: AsyncElection, token: str) -> None:
+    """End the leadership ``token`` holds, as an operator does (``release --force``),
+    and tell the observers; LockLost if it had ended."""
+    await release_by_force(election._candidacy, token)
+    await election._tell("released by force")  # the observers hear of it at once
 
 
 class AsyncObservation(AsyncOnly):

@@ -1,9 +1,10 @@
 """The front of a lock: what its caller uses — ``acquire``, ``try_acquire``, ``with`` and
 the decorator — once for every kind (``Lock``, ``Semaphore``, a read/write lock's sides,
-``Redlock``). A lock class supplies its driver (``_io``), the attempt it makes
-(``_new_attempt``) and the lease it hands out (``_new_lease``); the front does the rest:
-checking the server once, cleaning up after an interrupted attempt, starting renewal.
-What needs no I/O (the `with` stack, reentrant holds, metrics) is in ``_rules.fronts``.
+``Redlock``). A lock class gives it its rules (a ``_rules.fronts.FrontCore``: the spec,
+the options, the attempt it makes) and its driver, and makes its own lease if it is not
+a one-server one (``_new_lease``); the front does the rest: checking the server once,
+cleaning up after an interrupted attempt, starting renewal. What needs no I/O (the
+`with` stack, reentrant holds, metrics) is in ``_rules.fronts``.
 
 Written once, as asyncio code; ``scripts/unasync.py`` generates the blocking twin.
 asyncio only: ``cancel_on_lost``, and ``using`` (a coroutine run
@@ -25,10 +26,11 @@ from .._base.errors import AcquireTimeout, InvalidArgument, LockError, LockLost
 from .._base.misuse import AsyncOnly  # unasync: async only
 from .._base.types import Seconds
 from .._rules import arguments as args
+from .._rules import flows as _flows
 from .._rules.flows import Grant
 from .._rules.fronts import (
     Attempt,
-    FrontBase,
+    FrontCore,
     Opening,
     P,
     R,
@@ -46,6 +48,7 @@ from .._rules.fronts import (
     stale_entered,
     tidy_entered,
 )
+from .._rules.inspect import LockInfo
 from .._rules.lease import (
     LeaseState,
     drop_hold,
@@ -57,6 +60,7 @@ from . import renewer as _renewer_async
 from .backend import Cancelled, current_holder, shielded
 from .lease import (
     AsyncDriver,
+    AsyncLease,
     AsyncLeaseBlock,
     finish_in_haste,
     set_holder,  # unasync: async only
@@ -116,14 +120,44 @@ def _releases(entered: object) -> bool:
     return isinstance(entered, (LeaseState, MultiLeaseState))
 
 
-class AsyncFront(FrontBase, AsyncOnly, Generic[LeaseT]):
-    """``acquire``, ``try_acquire``, ``with`` and ``@lock``, once for every kind of lock."""
+class AsyncFront(Generic[LeaseT], AsyncOnly):
+    """``acquire``, ``try_acquire``, ``with`` and ``@lock``, once for every kind of lock:
+    over the lock's rules (``_core``, see ``_rules.fronts.FrontCore``) and the driver that
+    runs its flows (``_io``)."""
 
-    _io: AsyncDriver
-    _cancel_on_lost: bool  # unasync: async only
+    def __init__(self, core: FrontCore, io: AsyncDriver) -> None:
+        self._core, self._io = core, io
+
+    @property
+    def name(self) -> str:
+        """The name, as given."""
+        return self._core.spec.name
+
+    @property
+    def ttl(self) -> float:
+        """The lease length, in seconds."""
+        return self._core.spec.ttl
+
+    def __repr__(self) -> str:
+        return f"<{type(self).__name__} {self.name!r} ttl={self.ttl}s>"
 
     def _new_lease(self, grant: Grant) -> LeaseT:
-        raise NotImplementedError
+        """The lease of ``grant`` (a one-server lease, noted for ``owned()``)."""
+        core = self._core
+        lease = AsyncLease(core.spec, grant, self._io, core.on_lost)
+        core.acquirers().note(current_holder(), lease)
+        return lease  # type: ignore[return-value]
+
+    async def _look(self) -> LockInfo:
+        """What the server says of the name now (``locked``, ``owned``, ``waiting``)."""
+        return await self._io.run(self._core.look(), f"inspect {self.name!r}")
+
+    async def _owned(self) -> bool:
+        tokens = self._core.acquirers().tokens(current_holder())
+        if not tokens:
+            return False
+        info = await self._look()
+        return any(holder.token in tokens for holder in info.holders)
 
     async def acquire(self, timeout: Seconds | None = None) -> LeaseT:
         """Wait until the lock is ours and return the lease.
@@ -140,7 +174,7 @@ class AsyncFront(FrontBase, AsyncOnly, Generic[LeaseT]):
         """
         lease = await self._acquire(args.timeout(timeout), wait=True)
         if lease is None:
-            raise AcquireTimeout(f"{self._noun} {self.name!r} still busy after {timeout}s")
+            raise AcquireTimeout(f"{self._core.noun} {self.name!r} still busy after {timeout}s")
         return lease
 
     async def try_acquire(self) -> LeaseT | None:
@@ -160,10 +194,14 @@ class AsyncFront(FrontBase, AsyncOnly, Generic[LeaseT]):
     ) -> LeaseT | None:
         """The lease, or None (a try, or a timeout). ``entering``: the `with` block it
         opens (noted before it is returned, see ``_granted``)."""
-        if self._holding is None:
-            return await self._take(timeout, wait=wait, entering=entering)
+        core = self._core
+        if core.holding is None:
+            lease = await self._take(timeout, wait=wait, entering=entering)
+            if lease is None:  # (a lease goes back with no call between: see _granted)
+                core.refused(current_holder, wait=wait)
+            return lease
         holder = current_holder() if entering is None else entering.holder
-        held = self._held_by(holder)
+        held = core.held_by(holder)
         if held is not None:
             if entering is not None:
                 entry = None
@@ -176,7 +214,10 @@ class AsyncFront(FrontBase, AsyncOnly, Generic[LeaseT]):
                     drop_hold(held)  # (the hold _held_by took: the block never began)
                     raise
             return held  # type: ignore[return-value]
-        return await self._take(timeout, wait=wait, holder=holder, entering=entering)
+        lease = await self._take(timeout, wait=wait, holder=holder, entering=entering)
+        if lease is None:
+            core.refused(current_holder, wait=wait)
+        return lease
 
     async def _take(
         self,
@@ -187,10 +228,11 @@ class AsyncFront(FrontBase, AsyncOnly, Generic[LeaseT]):
         entering: Opening | None = None,
     ) -> LeaseT | None:
         started = _metrics.now()
-        attempt = self._new_attempt(timeout, wait=wait)  # (its deadline counts the look)
+        # (its deadline counts the look)
+        attempt = self._core.new_attempt(timeout, wait=wait, holder=current_holder)
         lease = await self._granted(attempt, started, holder=holder, entering=entering)
         if lease is None:
-            self._not_granted(started, wait=wait)
+            self._core.not_granted(started, wait=wait)
         return lease
 
     async def _granted(
@@ -217,7 +259,7 @@ class AsyncFront(FrontBase, AsyncOnly, Generic[LeaseT]):
                 return None
             lease = self._watched(grant, started)
             if holder is not None:
-                self._hold(holder, lease)
+                self._core.hold(holder, lease)
             if entering is not None:
                 entry = entered(self if block is None else block, lease, entering)
                 push_entered(entry)
@@ -235,18 +277,19 @@ class AsyncFront(FrontBase, AsyncOnly, Generic[LeaseT]):
 
     def _watched(self, grant: Grant, started: float) -> LeaseT:
         lease = self._new_lease(grant)
+        core = self._core
         try:
-            self._opened(lease, started)
+            core.opened(lease, started)
             # unasync: async only
-            if self._cancel_on_lost:
+            if core.cancel_on_lost:
                 set_holder(lease, current_holder())
             # unasync: end
-            if self._auto_renew:
-                _renewer_async.watch(lease, self._io, self._max_hold)
-            elif self._watches:
+            if core.auto_renew:
+                _renewer_async.watch(lease, self._io, core.max_hold)
+            elif core.watches:
                 _renewer_async.watch(lease, self._io, 0.0)  # watch its validity, never renew
             # unasync: async only
-            elif self._cancel_on_lost:
+            elif core.cancel_on_lost:
                 _renewer_async.watch(lease, self._io, 0.0)
             # unasync: end
         except BaseException:
@@ -266,8 +309,9 @@ class AsyncFront(FrontBase, AsyncOnly, Generic[LeaseT]):
 
     async def __aenter__(self) -> LeaseT:
         at = await opened(caller())
-        if self._refuses_nesting and self._holding is None:
-            refuse_nested(self, at.holder)
+        core = self._core
+        if core.refuses_nesting and core.holding is None:
+            refuse_nested(self, core, at.holder)
         lease = await self._acquire(None, wait=True, entering=at)
         assert lease is not None  # (no timeout: a lease, or an error)
         return lease
@@ -307,10 +351,10 @@ class AsyncFront(FrontBase, AsyncOnly, Generic[LeaseT]):
         if not callable(fn):
             raise InvalidArgument(f"fn must be an async callable, not {type(fn).__name__}")
         lease = await self.acquire(timeout)
-        if not self._auto_renew and lease.hold_count == 1:
+        if not self._core.auto_renew and lease.hold_count == 1:
             # a lease that is not renewed, or only watched for cancel_on_lost: renewed now
             stop_watching(lease)
-            _renewer_async.watch(lease, self._io, self._max_hold)
+            _renewer_async.watch(lease, self._io, self._core.max_hold)
         try:
             result = await _run_holding(lease, fn, args)
         except LockLost:
@@ -367,6 +411,14 @@ async def _run_holding(lease: AsyncLeaseBlock, fn: Callable[..., Any], args: Any
 
 
 # unasync: end
+
+
+async def release_by_force(front: AsyncFront[Any], token: str) -> None:
+    """Release the hold ``token`` of ``front``'s name as its holder would, as an operator
+    does (``redlease release --force``): the next waiter is served at once, the fence
+    counter is untouched. LockLost if that hold had ended."""
+    flow = _flows.release(front._core.spec, token, forced=True)
+    await front._io.run(flow, f"release {front.name!r}")
 
 
 def handed_out(front: AsyncFront[LeaseT], grant: Grant, started: float) -> LeaseT:

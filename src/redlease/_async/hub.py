@@ -125,7 +125,7 @@ class Box:
 
 
 class Hub:
-    """The shared wait connection of one pool (see the module docstring). ``_rules.lock`` is
+    """The shared wait connection of one pool (see the module docstring). ``_lock`` is
     held across its I/O (connecting, subscribing, unsubscribing), ``_guard`` while its
     state changes otherwise (the reader's; a blocking hub's are one thread lock)."""
 

@@ -9,7 +9,7 @@ import asyncio  # unasync: async only
 import contextlib
 from collections.abc import Callable, Generator, Sequence
 from types import TracebackType
-from typing import TYPE_CHECKING, Any, Protocol, TypeVar
+from typing import Any, Protocol, TypeVar
 
 from .._base import fork as _fork
 from .._base.errors import LockError, LockLost, QuorumError
@@ -25,9 +25,6 @@ from .._rules.lease import (
 )
 from .._rules.multilock import MultiLeaseState
 from .backend import Cancelled, shielded
-
-if TYPE_CHECKING:
-    from .io import AsyncIO
 
 T = TypeVar("T")
 _Block = TypeVar("_Block", bound="AsyncLeaseBlock")
@@ -162,7 +159,7 @@ class AsyncLease(AsyncLeaseBlock):
         self,
         spec: _flows.LockSpec,
         grant: _flows.Grant,
-        io: AsyncIO,
+        io: AsyncDriver,
         on_lost: Callable[[Any], object] | None = None,
     ) -> None:
         super().__init__(spec, grant, on_lost)

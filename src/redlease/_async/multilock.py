@@ -18,24 +18,23 @@ from .._base.types import Clock, OnLost, Seconds
 from .._clients.checks import check_client
 from .._rules import arguments as args
 from .._rules import flows as _flows
-from .._rules.flows import Grant, new_token
+from .._rules.flows import Grant, LockSpec, new_token
 from .._rules.fronts import (
+    FrontCore,
     Opening,
     P,
     R,
     decorate_async,
     entered,
     forget_entered,
-    metered_as,
     push_entered,
 )
 from .._rules.lease import is_held, unhanded
-from .._rules.lock import spec_of
 from .._rules.multilock import MultiLeaseState, checked_names, try_all
 from .backend import ASYNC, Cancelled, shielded
-from .front import caller, end_block, handed_out, opened
+from .front import AsyncFront, caller, end_block, handed_out, opened
 from .lease import AsyncLease, finish_in_haste, give_back_in_haste
-from .lock import AsyncLock, driver_of
+from .lock import served
 
 
 class AsyncMultiLease(MultiLeaseState, AsyncOnly):
@@ -109,23 +108,26 @@ class AsyncMultiLock(AsyncOnly):
     ) -> None:
         check_client(client, want_async=ASYNC, sync_twin="MultiLock")
         self._names = checked_names(names)
-        options: dict[str, Any] = {
-            "auto_renew": auto_renew,
-            "on_lost": on_lost,
-            "max_hold": max_hold,
-            "cancel_on_lost": cancel_on_lost,  # unasync: async only
-            "prefix": prefix,
-            "clock": clock,
-        }
-        locks = {n: AsyncLock(client, n, ttl, **options) for n in self._names}
-        for lock in locks.values():
-            metered_as(lock, "multilock")  # each name's metrics say whose it is
-        # the one global order every multi-lock takes its names in
+        specs = [LockSpec.create(n, ttl, prefix=prefix, clock=clock) for n in self._names]
+        specs.sort(key=lambda spec: spec.keys.lock)  # the one order every multi-lock takes
+        self._specs = specs
+        self._io = served(client, specs[0])
+        # a lock per name (its metrics say whose it is), over the one driver
         self._locks = [
-            locks[n] for n in sorted(self._names, key=lambda n: spec_of(locks[n]).keys.lock)
+            AsyncFront[AsyncLease](
+                FrontCore.checked(
+                    spec,
+                    auto_renew,
+                    max_hold,
+                    on_lost,
+                    clock,
+                    cancel_on_lost=cancel_on_lost,  # unasync: async only
+                    kind="multilock",
+                ),
+                self._io,
+            )
+            for spec in specs
         ]
-        self._io = driver_of(self._locks[0])
-        self._specs = [spec_of(lock) for lock in self._locks]
 
     @property
     def names(self) -> list[str]:

@@ -15,7 +15,7 @@ from .._base.types import OnLost, Seconds
 from .._clients.checks import check_client
 from .._rules import arguments as args
 from .._rules.flows import Grant, LockSpec
-from .._rules.fronts import Opening, P, R, entered, push_entered, refuse_undecorable
+from .._rules.fronts import FrontCore, Opening, P, R, entered, push_entered, refuse_undecorable
 from .._rules.lease import is_held
 from .._rules.once import (
     JobCall,
@@ -26,10 +26,9 @@ from .._rules.once import (
     skip_message,
 )
 from .backend import ASYNC, current_holder
-from .front import caller, end_block, opened
-from .io import AsyncIO
-from .lease import AsyncLease
-from .lock import AsyncOneServer
+from .front import AsyncFront, caller, end_block, opened
+from .lease import AsyncDriver, AsyncLease
+from .lock import served
 
 log = logging.getLogger(__name__)
 
@@ -40,7 +39,7 @@ class AsyncRun(OnceLeaseRules, AsyncLease):
     passed since the run started, by the server's clock."""
 
     def __init__(
-        self, spec: LockSpec, grant: Grant, io: AsyncIO, on_lost: OnLost | None, rule: OnceRule
+        self, spec: LockSpec, grant: Grant, io: AsyncDriver, on_lost: OnLost | None, rule: OnceRule
     ) -> None:
         super().__init__(spec, grant, io, on_lost)
         self._run_by(grant, rule)
@@ -56,38 +55,43 @@ class AsyncRun(OnceLeaseRules, AsyncLease):
             await self._io.run(self._abandon_flow(), "abandon")
 
 
-class _AsyncJobLock(AsyncOneServer):
+class _AsyncJobLock(AsyncFront[AsyncRun]):
     """The lock of a job's name, taken by the job's one try (``begin``)."""
 
-    _metric_kind = "once"
-
     def __init__(self, client: Any, spec: LockSpec, rule: OnceRule, on_lost: OnLost | None) -> None:
-        self._spec, self._rule, self._on_lost = spec, rule, on_lost
-        self._auto_renew = rule.renews
-        self._watches = on_lost is not None  # (on_lost told when at_most has passed)
-        # (renewal stops in time for its last lease to end by at_most; the server caps it)
-        self._max_hold = (rule.at_most_ms - rule.lease_ms) / 1000.0 if rule.renews else None
-        self._cancel_on_lost = False  # unasync: async only
-        self._serve(client)
+        core = FrontCore(
+            spec,
+            auto_renew=rule.renews,
+            # (renewal stops in time for its last lease to end by at_most; the server caps it)
+            max_hold=(rule.at_most_ms - rule.lease_ms) / 1000.0 if rule.renews else None,
+            on_lost=on_lost,
+            watches=on_lost is not None,  # (on_lost told when at_most has passed)
+            kind="once",
+        )
+        super().__init__(core, served(client, spec))
+        self._rule = rule
 
     def _new_lease(self, grant: Grant) -> AsyncRun:
-        lease = AsyncRun(self._spec, grant, self._io, self._on_lost, self._rule)
-        self._acquirers().note(current_holder(), lease)
+        core = self._core
+        lease = AsyncRun(core.spec, grant, self._io, core.on_lost, self._rule)
+        core.acquirers().note(current_holder(), lease)
         return lease
+
+    async def locked(self) -> bool:
+        return (await self._look()).held
 
     async def begin(self, block: object = None, at: Opening | None = None) -> AsyncRun | Skipped:
         """The try; ``block``: the job whose `with` block the run opens, ``at`` (noted
         before it is returned, as a lock's block notes its lease)."""
         started = _metrics.now()
-        attempt = OnceAttempt(self._spec, self._rule)
+        attempt = OnceAttempt(self._core.spec, self._rule)
         run = await self._granted(attempt, started, entering=at, block=block)
         if run is not None:
-            assert isinstance(run, AsyncRun)
             return run
         skipped = attempt.skipped
         assert skipped is not None
-        self._not_granted(started, wait=False)
-        labels = self._metered()
+        self._core.not_granted(started, wait=False)
+        labels = self._core.metered()
         if labels is not None:
             labels.skipped(skipped.reason)
         log.info(skip_message(skipped))

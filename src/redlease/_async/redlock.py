@@ -39,14 +39,13 @@ from .._clients.checks import check_nodes, node_name
 from .._rules import arguments as args
 from .._rules import flows as _flows
 from .._rules.flows import Grant, LockSpec
-from .._rules.lease import Holders
 from .._rules.ops import Call, Command, Sleep
-from .._rules.quorum import Fanout, QuorumAcquisition, QuorumFlow, QuorumGrant, QuorumSpec
+from .._rules.quorum import SAFE, Fanout, QuorumFlow, QuorumGrant, QuorumSpec, Rules
 from .._rules.redlock import (
     CHECK_WAIT,
     MIN_TOLERANT_NODES,
+    QuorumCore,
     QuorumLease,
-    RedlockRules,
     pool_of,
     warn_evicting,
 )
@@ -120,7 +119,7 @@ class AsyncRedlockLease(QuorumLease, AsyncLeaseBlock):
     """A held Redlock: the same surface as ``Lease``."""
 
 
-class AsyncRedlock(RedlockRules, AsyncFront[AsyncRedlockLease]):
+class AsyncRedlock(AsyncFront[AsyncRedlockLease]):
     """A lock held on a majority of independent Redis/Valkey masters.
 
     ``nodes`` are one client per independent server (standalone masters without
@@ -136,6 +135,10 @@ class AsyncRedlock(RedlockRules, AsyncFront[AsyncRedlockLease]):
     plain contention is not an error.
     """
 
+    # The quorum rules. Only the fault harness's deliberately broken Redlocks (a subclass
+    # each: redlease.tools.chaos.unsafe) change them; no argument does.
+    _rules: Rules = SAFE
+    _core: QuorumCore
     _io: _AsyncNodes
 
     def __init__(
@@ -157,7 +160,7 @@ class AsyncRedlock(RedlockRules, AsyncFront[AsyncRedlockLease]):
         names = [node_name(c) for c in clients]
         lock = LockSpec.create(name, ttl, prefix=prefix, clock=clock)
         timeout = args.node_timeout(node_timeout, lock.ttl_ms)
-        self._spec = QuorumSpec.create(lock, names, timeout, self._rules)
+        quorum = QuorumSpec.create(lock, names, timeout, self._rules)
         if len(names) < MIN_TOLERANT_NODES:
             # Allowed (tests, a first step to more nodes) but worth saying: with one or
             # two nodes, every node must answer, so one node down stops every acquire.
@@ -165,16 +168,35 @@ class AsyncRedlock(RedlockRules, AsyncFront[AsyncRedlockLease]):
                 f"Redlock over {len(names)} node(s) tolerates no node failure: use at "
                 f"least {MIN_TOLERANT_NODES} independent masters (or Lock for one server)"
             )
-        self._auto_renew, self._max_hold = args.renewal(auto_renew, max_hold, clock)
-        self._on_lost: OnLost | None = args.callback(on_lost, "on_lost")  # type: ignore[assignment]
-        if args.flag(reentrant, "reentrant"):
-            self._holding = Holders()
-        self._io = _AsyncNodes(clients, self._spec)
-        self._cancel_on_lost = args.flag(cancel_on_lost, "cancel_on_lost")  # unasync: async only
+        core = QuorumCore.checked(
+            lock,
+            auto_renew,
+            max_hold,
+            on_lost,
+            clock,
+            reentrant=reentrant,
+            cancel_on_lost=cancel_on_lost,  # unasync: async only
+            quorum=quorum,
+        )
+        super().__init__(core, _AsyncNodes(clients, quorum))
 
-    def _new_attempt(self, timeout: float | None, *, wait: bool) -> QuorumAcquisition:
-        return QuorumAcquisition(self._spec, timeout, wait=wait)
+    @property
+    def quorum(self) -> int:
+        """How many nodes must agree: N//2 + 1."""
+        return self._core.quorum.quorum
+
+    @property
+    def node_timeout(self) -> float:
+        """Seconds each node's reply is waited for in a round."""
+        return self._core.quorum.node_timeout
+
+    def __repr__(self) -> str:
+        return (
+            f"<{type(self).__name__} {self.name!r} ttl={self.ttl}s "
+            f"nodes={len(self._core.quorum.nodes)} quorum={self.quorum}>"
+        )
 
     def _new_lease(self, grant: Grant) -> AsyncRedlockLease:
         assert isinstance(grant, QuorumGrant)
-        return AsyncRedlockLease(self._spec, grant, self._io, self._on_lost)
+        core = self._core
+        return AsyncRedlockLease(core.quorum, grant, self._io, core.on_lost)

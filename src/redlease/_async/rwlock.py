@@ -9,41 +9,45 @@ from typing import Any
 
 from .._base.types import Clock, OnLost, Seconds
 from .._clients.checks import check_client
-from .._rules import arguments as args
-from .._rules.flows import READ_WRITE, Acquisition, LockSpec
-from .._rules.fronts import Opening
+from .._rules.flows import READ_WRITE, LockSpec
 from .._rules.lease import Holders
-from .._rules.lock import Named, check_replicas
-from .._rules.rwlock import READ, READERS, WRITE, Shared, SideRules
-from .backend import ASYNC, current_holder
+from .._rules.rwlock import READ, READERS, SIDES, WRITE, SideCore
+from .backend import ASYNC
+from .front import AsyncFront
 from .io import AsyncIO
 from .lease import AsyncLease
-from .lock import AsyncOneServer
+from .lock import served
 
 
-class AsyncReadWriteSide(SideRules, AsyncOneServer):
+class AsyncReadWriteSide(AsyncFront[AsyncLease]):
     """One side of a read/write lock, ``rw.read`` or ``rw.write``: a lock of its own to
     its caller, with the surface of ``Lock`` (``acquire``, ``try_acquire``, ``with``,
     ``locked``, ``owned``, ``waiting``, a decorator), handing out ``Lease`` objects."""
 
-    def __init__(self, rw: AsyncReadWriteLock, shared: Shared, mode: str, io: AsyncIO) -> None:
-        self._join(rw, shared, mode)
-        self._io = io
-        self._cancel_on_lost = shared.cancel_on_lost  # unasync: async only
+    _core: SideCore
 
-    def _new_attempt(self, timeout: float | None, *, wait: bool) -> Acquisition:
-        return self._attempt_by(current_holder(), timeout, wait)
+    def __init__(self, rw: AsyncReadWriteLock, core: SideCore, io: AsyncIO) -> None:
+        super().__init__(core, io)
+        self._rw = rw
 
-    async def _acquire(
-        self, timeout: float | None, *, wait: bool, entering: Opening | None = None
-    ) -> AsyncLease | None:
-        lease = await super()._acquire(timeout, wait=wait, entering=entering)
-        if lease is None:  # (a lease goes back with no call between: see _granted)
-            self._refused(current_holder(), lease, wait)
-        return lease
+    def __repr__(self) -> str:
+        return f"<{SIDES[self._core.side]} side of {self._rw!r}>"
+
+    async def locked(self) -> bool:
+        """Whether any lease of the lock is held now, read or write (``Lock.locked``)."""
+        return (await self._look()).held
+
+    async def owned(self) -> bool:
+        """Whether the caller holds a lease of this side that is still its own on the
+        server now (``Lock.owned``)."""
+        return await self._owned()
+
+    async def waiting(self) -> int:
+        """How many waiters of either side are queued and live now (``Lock.waiting``)."""
+        return (await self._look()).live_waiters
 
 
-class AsyncReadWriteLock(Named):
+class AsyncReadWriteLock:
     """Many readers or one writer of ``name``, on one Redis/Valkey deployment.
 
     ``rw.read`` and ``rw.write`` behave like a ``Lock``: ``with rw.read as lease``,
@@ -89,20 +93,23 @@ class AsyncReadWriteLock(Named):
             )
             for mode in (READ, WRITE)
         }
-        auto_renew, max_hold = args.renewal(auto_renew, max_hold, clock)
-        shared = Shared(
-            specs,
-            {mode: Holders() for mode in (READ, WRITE)},  # each holder's lease
-            auto_renew,
-            max_hold,
-            args.callback(on_lost, "on_lost"),
-            args.flag(cancel_on_lost, "cancel_on_lost"),  # unasync: async only
-        )
-        io = AsyncIO(client)
-        check_replicas(specs[READ], io.direct)
-        self._spec = specs[READ]  # (its name and ttl, both sides')
-        self._read = AsyncReadWriteSide(self, shared, READ, io)
-        self._write = AsyncReadWriteSide(self, shared, WRITE, io)
+        tables = {mode: Holders() for mode in (READ, WRITE)}  # each holder's lease
+        cores = {
+            mode: SideCore.checked(
+                specs[mode],
+                auto_renew,
+                max_hold,
+                on_lost,
+                clock,
+                cancel_on_lost=cancel_on_lost,  # unasync: async only
+                mode=mode,
+                tables=tables,
+            )
+            for mode in (READ, WRITE)
+        }
+        io = served(client, specs[READ])
+        self._read = AsyncReadWriteSide(self, cores[READ], io)
+        self._write = AsyncReadWriteSide(self, cores[WRITE], io)
 
     @property
     def read(self) -> AsyncReadWriteSide:
@@ -114,6 +121,16 @@ class AsyncReadWriteLock(Named):
     def write(self) -> AsyncReadWriteSide:
         """The write side: one exclusive lease at a time, while nothing else is held."""
         return self._write
+
+    @property
+    def name(self) -> str:
+        """The name, as given."""
+        return self._read.name
+
+    @property
+    def ttl(self) -> float:
+        """The lease length, in seconds."""
+        return self._read.ttl
 
     def __repr__(self) -> str:
         return f"<{type(self).__name__} {self.name!r} ttl={self.ttl}s>"

@@ -15,14 +15,17 @@ from .._base.types import Clock, OnLost, Seconds
 from .._clients.checks import check_client
 from .._rules import arguments as args
 from .._rules.flows import SEMAPHORE, LockSpec
+from .._rules.fronts import FrontCore
 from .backend import ASYNC
-from .lock import AsyncOneServer
+from .front import AsyncFront
+from .lease import AsyncLease
+from .lock import served
 
 # More permits than a semaphore is of use with: each acquire counts its holders.
 MAX_LIMIT = 100_000
 
 
-class AsyncSemaphore(AsyncOneServer):
+class AsyncSemaphore(AsyncFront[AsyncLease]):
     """At most ``limit`` holders of ``name`` at once, on one Redis/Valkey deployment.
 
     ``acquire(timeout=)``, ``try_acquire()`` and ``with sem as permit`` work as for
@@ -42,9 +45,6 @@ class AsyncSemaphore(AsyncOneServer):
     cancels the task that acquired a permit when the permit is lost, as it does for
     asyncio locks; a permit granted to a waiter cancelled meanwhile is given back.
     """
-
-    _noun = "semaphore"
-    _metric_kind = "semaphore"
 
     def __init__(
         self,
@@ -67,7 +67,7 @@ class AsyncSemaphore(AsyncOneServer):
         if checked < 1:
             raise InvalidArgument("limit must be at least 1, got 0")
         self._limit = checked
-        self._spec = LockSpec.create(
+        spec = LockSpec.create(
             name,
             ttl,
             prefix=prefix,
@@ -77,10 +77,17 @@ class AsyncSemaphore(AsyncOneServer):
             kind=SEMAPHORE,
             extra=(str(checked), "r"),
         )
-        self._auto_renew, self._max_hold = args.renewal(auto_renew, max_hold, clock)
-        self._on_lost = args.callback(on_lost, "on_lost")  # type: ignore[assignment]
-        self._serve(client)
-        self._cancel_on_lost = args.flag(cancel_on_lost, "cancel_on_lost")  # unasync: async only
+        core = FrontCore.checked(
+            spec,
+            auto_renew,
+            max_hold,
+            on_lost,
+            clock,
+            cancel_on_lost=cancel_on_lost,  # unasync: async only
+            noun="semaphore",
+            kind="semaphore",
+        )
+        super().__init__(core, served(client, spec))
 
     @property
     def limit(self) -> int:
@@ -89,3 +96,16 @@ class AsyncSemaphore(AsyncOneServer):
 
     def __repr__(self) -> str:
         return f"<{type(self).__name__} {self.name!r} limit={self.limit} ttl={self.ttl}s>"
+
+    async def locked(self) -> bool:
+        """Whether any permit is held now, as the server says (``Lock.locked``)."""
+        return (await self._look()).held
+
+    async def owned(self) -> bool:
+        """Whether the caller holds a permit of this object that is still its own on the
+        server now (``Lock.owned``)."""
+        return await self._owned()
+
+    async def waiting(self) -> int:
+        """How many waiters for a permit are queued and live now (``Lock.waiting``)."""
+        return (await self._look()).live_waiters

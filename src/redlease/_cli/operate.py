@@ -304,29 +304,25 @@ def _release_one(url: str, args: argparse.Namespace, token: str) -> bool:
     meanwhile."""
     from .. import Election, Lock, ReadWriteLock, Semaphore
     from .._base.errors import LockLost
-    from .._rules import flows as _flows
-    from .._rules.lock import spec_of
-    from .._sync.election import announce
-    from .._sync.io import SyncIO
+    from .._sync.election import resign_by_force
+    from .._sync.front import release_by_force
 
     client = make_client(url)
     try:
-        primitive: Any
-        if args.kind == "semaphore":
-            primitive = Semaphore(client, args.name, 1, prefix=args.prefix)
-        elif args.kind == "rwlock":
-            primitive = ReadWriteLock(client, args.name, prefix=args.prefix).write
-        elif args.kind == "election":
-            primitive = Election(client, args.name, prefix=args.prefix)
-        else:
-            primitive = Lock(client, args.name, prefix=args.prefix)
         try:
-            flow = _flows.release(spec_of(primitive), token, forced=True)
-            SyncIO(client).run(flow, f"release {args.name!r}")
+            if args.kind == "election":
+                resign_by_force(Election(client, args.name, prefix=args.prefix), token)
+                return True
+            lock: Any
+            if args.kind == "semaphore":
+                lock = Semaphore(client, args.name, 1, prefix=args.prefix)
+            elif args.kind == "rwlock":
+                lock = ReadWriteLock(client, args.name, prefix=args.prefix).write
+            else:
+                lock = Lock(client, args.name, prefix=args.prefix)
+            release_by_force(lock, token)
         except LockLost:
             return False
-        if args.kind == "election":
-            announce(primitive, "released by force")  # the observers hear of it at once
         return True
     finally:
         client.close()

@@ -29,7 +29,6 @@ from .._base.errors import BackendError
 from .._base.timing import PASSING_RETRY_BASE, PASSING_RETRY_CAP, QUEUE_ENTRY_SLACK, backoff
 from .classify import passing
 from .flows import EXPIRY_NUDGE, MIN_WAIT, Flow, LockSpec, as_int, as_text
-from .lock import Named
 from .ops import Listen, Mailbox, Wait
 from .scripts import ELECTION_ANNOUNCE, ELECTION_WATCH
 
@@ -61,29 +60,29 @@ def leader_of(reply: Any) -> tuple[Leader | None, int]:
     return Leader(identity, term), pttl
 
 
-class ElectionRules(Named):
-    """The flows an election runs (a candidate's are its lock's): reading the leader and
-    announcing a change (an observer's look and wait are the functions below)."""
+# The flows an election runs besides its candidates' (which are its lock's). ``observers``
+# is the key of the observers' hash (``observers_of``).
 
-    _spec: LockSpec
-    _observers: str  # the key of the observers' hash
 
-    def _keys(self) -> tuple[str, str, str]:
-        return keys_of(self._spec, self._observers)
-
-    def _read(self) -> Flow[tuple[Leader | None, int]]:
-        spec = self._spec
-        reply = yield spec.call(ELECTION_WATCH, "", "0", "", keys=self._keys())
-        return leader_of(reply)
-
-    def _announce(self) -> Flow[None]:
-        spec = self._spec
-        yield spec.call(ELECTION_ANNOUNCE, spec.keys.bell_prefix, keys=self._keys())
+def observers_of(spec: LockSpec) -> str:
+    return spec.keys.lock + ":observers"
 
 
 def keys_of(spec: LockSpec, observers: str) -> tuple[str, str, str]:
     """An election's keys: its lock's, its fence counter, its observers' hash."""
     return (spec.keys.lock, spec.keys.fence, observers)
+
+
+def read_leader(spec: LockSpec, observers: str) -> Flow[tuple[Leader | None, int]]:
+    """Who leads, and the time its lease has left (ms; -2 if nobody leads)."""
+    reply = yield spec.call(ELECTION_WATCH, "", "0", "", keys=keys_of(spec, observers))
+    return leader_of(reply)
+
+
+def announce_change(spec: LockSpec, observers: str) -> Flow[None]:
+    """Ring every observer: the leader changed."""
+    keys = keys_of(spec, observers)
+    yield spec.call(ELECTION_ANNOUNCE, spec.keys.bell_prefix, keys=keys)
 
 
 def look(

@@ -1,6 +1,6 @@
 """What every lock's front shares that needs no I/O: the `with` blocks open in this
 context, refusing a nested block that would wait for itself, reentrant holds, metrics, the
-decorators, and the checks of the client a lock is given. The fronts themselves (``acquire``,
+decorators, and each lock's rules (``FrontCore``). The fronts themselves (``acquire``,
 ``try_acquire``, ``with``) are in ``_async.front`` (and its generated twin).
 
 ``with lock as lease`` remembers the lease it opened in a context variable (per thread,
@@ -9,6 +9,9 @@ per task), so nested and concurrent blocks each release their own.
 A ``reentrant`` lock keeps a table of the leases it handed out by holder (the thread, or
 the asyncio task, that acquired): an acquire by a holder returns its lease again, one
 hold more (``hold_count``), and only the release of the last hold goes to the server.
+
+A front holds a ``FrontCore``: its lock's rules (spec, options, holds, metrics, the
+attempt it makes), as an object, so that each public class is its front and nothing more.
 """
 
 from __future__ import annotations
@@ -24,8 +27,12 @@ from typing import Any, NamedTuple, ParamSpec, Protocol, TypeVar
 
 from .._base import metrics as _metrics
 from .._base.errors import InvalidArgument, LockError, LockLost
-from .flows import Grant
-from .lease import Holders, LeaseState, hold_again, holds, metered, release_calls
+from .._base.types import OnLost
+from . import arguments as args
+from . import inspect as _inspect
+from .flows import Acquisition, Flow, Grant, LockSpec
+from .inspect import LockInfo
+from .lease import Acquired, Holders, LeaseState, hold_again, holds, metered, release_calls
 
 
 class Attempt(Protocol):
@@ -140,7 +147,7 @@ def close_stale(entry: _Entry) -> None:
     tidy_entered()
 
 
-def refuse_nested(lock: FrontBase, holder: object) -> None:
+def refuse_nested(lock: object, core: FrontCore, holder: object) -> None:
     """A `with` block of a lock that is not reentrant, inside a block of the same object
     whose lease ``holder`` still holds, would wait for that lease (until its ttl runs out,
     then take a lock its outer block believes it holds): refused at once, as
@@ -151,7 +158,7 @@ def refuse_nested(lock: FrontBase, holder: object) -> None:
             if lease.released or lease.lost:
                 continue
             raise LockError(
-                f"{lock._noun} {lock.name!r} is held already by an enclosing `with` block "
+                f"{core.noun} {core.name!r} is held already by an enclosing `with` block "
                 "of the same object in this thread (asyncio: task); a nested block would "
                 "wait for it until its ttl ran out. Make the lock with reentrant=True to "
                 "re-enter it, or release the outer lease first"
@@ -198,6 +205,15 @@ def tidy_entered() -> None:
     kept = tuple(entry for entry in stack if entry[_OPEN])
     if len(kept) != len(stack):
         _entered.set(kept)
+
+
+def check_replicas(spec: LockSpec, direct: bool) -> None:
+    """``replicas=`` is for a client that talks to its server directly (see ``_async.io``)."""
+    if spec.replicas is not None and not direct:
+        raise InvalidArgument(
+            "replicas needs a standalone client (redis.Redis, valkey.Valkey; or Sentinel's): "
+            "WAIT must run on the connection that made the write"
+        )
 
 
 P = ParamSpec("P")
@@ -268,30 +284,90 @@ def decorate_async(
     return locked_call
 
 
-class FrontBase:
-    """What both fronts need from the lock class they serve."""
+CoreT = TypeVar("CoreT", bound="FrontCore")
 
-    _auto_renew: bool
-    _max_hold: float | None
-    _watches = False  # without auto_renew: its leases' validity watched, to tell on_lost
-    _holding: Holders | None = None  # reentrant: each holder's lease
-    _refuses_nesting = False  # a nested `with` by its holder is refused (a Lock's)
-    _noun = "lock"  # what errors call it
-    # What its metrics call it (``redlease.kind``, ``redlease.mode``), and the attribute
-    # sets made for them (see ``_base.metrics.Labels``).
-    _metric_kind = "lock"
-    _metric_mode: str | None = None
-    _labels: _metrics.Labels | None = None
+
+class FrontCore:
+    """One lock object's rules, without I/O, held by its front (``_async.front``): its
+    spec and options, the leases its holders took, whether a nested block is refused,
+    what its metrics and errors call it, the attempt it makes and the look that answers
+    ``locked()``, ``owned()`` and ``waiting()``. A read/write lock's side and a Redlock
+    hold a core of their own kind (``_rules.rwlock``, ``_rules.redlock``)."""
+
+    _acquired: Acquired | None = None  # (made at the first acquire: see acquirers)
+
+    def __init__(
+        self,
+        spec: LockSpec,
+        *,
+        auto_renew: bool = False,
+        max_hold: float | None = None,
+        on_lost: OnLost | None = None,
+        reentrant: bool = False,
+        refuses_nesting: bool = False,
+        watches: bool = False,
+        cancel_on_lost: bool = False,
+        noun: str = "lock",
+        kind: str = "lock",
+        mode: str | None = None,
+    ) -> None:
+        self.spec = spec
+        self.auto_renew, self.max_hold = auto_renew, max_hold
+        self.on_lost = on_lost
+        # reentrant: each holder's lease (an acquire by its holder is one hold more)
+        self.holding: Holders | None = Holders() if reentrant else None
+        self.refuses_nesting = refuses_nesting  # see refuse_nested
+        self.watches = watches  # without auto_renew: validity watched, to tell on_lost
+        self.cancel_on_lost = cancel_on_lost  # (asyncio's)
+        self.noun = noun  # what errors call it
+        # What its metrics call it (``redlease.kind``, ``redlease.mode``), and the
+        # attribute sets made for them (see ``_base.metrics.Labels``).
+        self.kind, self.mode = kind, mode
+        self._labels: _metrics.Labels | None = None
+
+    @classmethod
+    def checked(
+        cls: type[CoreT],
+        spec: LockSpec,
+        auto_renew: object,
+        max_hold: object,
+        on_lost: object,
+        clock: object,
+        reentrant: object = False,
+        cancel_on_lost: object = False,
+        **rest: Any,
+    ) -> CoreT:
+        """A core of the options a lock's caller gave (each checked: ``_rules.arguments``;
+        ``clock``, the caller's, says whether renewal may be had)."""
+        renews, bound = args.renewal(auto_renew, max_hold, clock)
+        return cls(
+            spec,
+            auto_renew=renews,
+            max_hold=bound,
+            on_lost=args.callback(on_lost, "on_lost"),  # type: ignore[arg-type]
+            reentrant=args.flag(reentrant, "reentrant"),
+            cancel_on_lost=args.flag(cancel_on_lost, "cancel_on_lost"),
+            **rest,
+        )
 
     @property
-    def name(self) -> str:  # the lock's own config class says
-        raise NotImplementedError
+    def name(self) -> str:
+        return self.spec.name
 
-    def _held_by(self, holder: object) -> LeaseState | None:
+    def new_attempt(
+        self, timeout: float | None, *, wait: bool, holder: Callable[[], object]
+    ) -> Attempt:
+        """The attempt an acquire makes (``holder`` says who asks, for the kinds it matters to)."""
+        return Acquisition(self.spec, timeout, wait=wait)
+
+    def refused(self, holder: Callable[[], object], *, wait: bool) -> None:
+        """Told that an acquire got nothing: the kinds that must raise then do."""
+
+    def held_by(self, holder: object) -> LeaseState | None:
         """The lease ``holder`` holds already (a reentrant lock's), with one hold more.
         A lease found lost is dropped from the table and reported: the work it
         protects is no longer protected, and a new lease would hide that."""
-        holding = self._holding
+        holding = self.holding
         lease = None if holding is None else holding.held(holder)
         if lease is None:
             return None
@@ -305,36 +381,41 @@ class FrontBase:
         hold_again(lease)
         return lease
 
-    def _hold(self, holder: object, lease: LeaseState) -> None:
-        if self._holding is not None:
-            self._holding.hold(holder, lease)
+    def hold(self, holder: object, lease: LeaseState) -> None:
+        if self.holding is not None:
+            self.holding.hold(holder, lease)
 
-    def _new_attempt(self, timeout: float | None, *, wait: bool) -> Attempt:
-        raise NotImplementedError
+    def acquirers(self) -> Acquired:
+        """Every lease handed out, by the holder that acquired it (``owned()``)."""
+        acquired = self._acquired
+        if acquired is None:  # (setdefault: two threads' first acquires keep one table)
+            acquired = self.__dict__.setdefault("_acquired", Acquired())
+        return acquired
 
-    def _metered(self) -> _metrics.Labels | None:
+    def look(self) -> Flow[LockInfo]:
+        """What the server says of the name: its holders and waiters (``_rules.inspect``)."""
+        spec = self.spec
+        kind = _inspect.kind_of(spec.kind)
+        return _inspect.inspect(spec.keys, spec.name, kind, spec.reply_timeout)
+
+    def metered(self) -> _metrics.Labels | None:
         of = _metrics.instruments()
         if of is None:
             return None
         labels = self._labels
         if labels is None or labels.of is not of:  # first use, or configured anew
-            labels = self._labels = of.labels(self._metric_kind, self._metric_mode, self.name)
+            labels = self._labels = of.labels(self.kind, self.mode, self.name)
         return labels
 
-    def _opened(self, lease: LeaseState, started: float) -> None:
+    def opened(self, lease: LeaseState, started: float) -> None:
         """A lease handed out by an acquire that started at ``started``: granted by the
         server, or one name's of a multi-lock's single script (each counts as an
         acquisition)."""
-        labels = self._metered()
+        labels = self.metered()
         if labels is not None:
             metered(lease, labels, labels.granted(started))
 
-    def _not_granted(self, started: float, *, wait: bool) -> None:
-        labels = self._metered()
+    def not_granted(self, started: float, *, wait: bool) -> None:
+        labels = self.metered()
         if labels is not None:
             labels.not_granted(started, waited=wait)
-
-
-def metered_as(front: FrontBase, kind: str) -> None:
-    """Its metrics say ``kind`` (``redlease.kind``): whose lock it is (a multi-lock's)."""
-    front._metric_kind = kind

@@ -9,15 +9,17 @@ How a round goes, and what Redlock assumes: ``_async.redlock``'s docstring.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from .._base.errors import warn
 from .._base.types import OnLost
 from . import flows as _flows
 from . import quorum as _quorum
+from .flows import LockSpec
+from .fronts import FrontCore
 from .lease import LeaseState
-from .quorum import SAFE, QuorumGrant, QuorumSpec, Rules
+from .quorum import QuorumAcquisition, QuorumGrant, QuorumSpec
 
 # The one-time eviction-policy check waits at least this long per node (it is only a
 # warning, but a node that is merely slow should not skip it).
@@ -67,38 +69,15 @@ class QuorumLease(LeaseState):
 MIN_TOLERANT_NODES = 3
 
 
-class RedlockRules:
-    """What a Redlock says of itself: its name, ttl, quorum and node timeout."""
+class QuorumCore(FrontCore):
+    """A Redlock's rules (see ``_rules.fronts.FrontCore``): its quorum spec, whose
+    ``lock`` is the spec its name and ttl come from, and the quorum attempt."""
 
-    _refuses_nesting = True  # see _rules.fronts.refuse_nested
-    _metric_kind = "redlock"
-    # The quorum rules. Only the fault harness's deliberately broken Redlocks (a subclass
-    # each: redlease.tools.chaos.unsafe) change them; no argument does.
-    _rules: Rules = SAFE
-    _spec: QuorumSpec
+    def __init__(self, spec: LockSpec, *, quorum: QuorumSpec, **options: Any) -> None:
+        super().__init__(spec, kind="redlock", refuses_nesting=True, **options)
+        self.quorum = quorum
 
-    @property
-    def name(self) -> str:
-        """The name, as given."""
-        return self._spec.lock.name
-
-    @property
-    def ttl(self) -> float:
-        """The lease length, in seconds."""
-        return self._spec.lock.ttl
-
-    @property
-    def quorum(self) -> int:
-        """How many nodes must agree: N//2 + 1."""
-        return self._spec.quorum
-
-    @property
-    def node_timeout(self) -> float:
-        """Seconds each node's reply is waited for in a round."""
-        return self._spec.node_timeout
-
-    def __repr__(self) -> str:
-        return (
-            f"<{type(self).__name__} {self.name!r} ttl={self.ttl}s "
-            f"nodes={len(self._spec.nodes)} quorum={self.quorum}>"
-        )
+    def new_attempt(
+        self, timeout: float | None, *, wait: bool, holder: Callable[[], object]
+    ) -> QuorumAcquisition:
+        return QuorumAcquisition(self.quorum, timeout, wait=wait)

@@ -23,11 +23,12 @@ read/write locks serve it, never by waiting for itself:
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Callable
 from typing import Any
 
 from .._base.errors import LockError
 from .flows import Acquisition, LockSpec
+from .fronts import FrontCore
 from .lease import Holders, LeaseState
 
 READ, WRITE = "r", "w"
@@ -36,61 +37,41 @@ READERS = 1_000_000_000
 SIDES = {READ: "read", WRITE: "write"}
 
 
-@dataclass(frozen=True)
-class Shared:
-    """What the two sides of a read/write lock share: a spec per mode, a table of each
-    holder's lease per mode, and the options their leases are made with."""
+class SideCore(FrontCore):
+    """The rules of one side of a read/write lock (see the module docstring): its mode's
+    spec and table of holds; the other side's table, for a downgrade or an upgrade."""
 
-    specs: dict[str, LockSpec]
-    tables: dict[str, Holders]
-    auto_renew: bool
-    max_hold: float | None
-    on_lost: Any
-    cancel_on_lost: bool = False  # (asyncio's)
-
-
-class SideRules:
-    """What a side needs of its read/write lock: its spec, options and name."""
-
-    _metric_mode: str | None
-
-    _spec: LockSpec
-    _noun: str
-    _holding: Holders | None
-
-    def _join(self, rw: object, shared: Shared, mode: str) -> None:
-        self._rw, self._mode = rw, mode
-        self._spec = shared.specs[mode]
-        self._holding = shared.tables[mode]  # the same mode again: one hold more (_rules.fronts)
-        self._other = shared.tables[WRITE if mode == READ else READ]
-        self._auto_renew, self._max_hold = shared.auto_renew, shared.max_hold
-        self._on_lost = shared.on_lost
-        self._noun = f"{SIDES[mode]} side of read/write lock"
-        self._metric_kind, self._metric_mode = "rwlock", SIDES[mode]
+    def __init__(
+        self, spec: LockSpec, *, mode: str, tables: dict[str, Holders], **options: Any
+    ) -> None:
+        super().__init__(spec, kind="rwlock", mode=SIDES[mode], **options)
+        self.side = mode
+        self.noun = f"{SIDES[mode]} side of read/write lock"
+        self.holding = tables[mode]  # the same mode again: one hold more (_rules.fronts)
+        self._other = tables[WRITE if mode == READ else READ]
 
     def _other_lease(self, holder: object) -> LeaseState | None:
         """The lease of the other mode ``holder`` holds, if it still does."""
         lease = self._other.held(holder)
         return None if lease is None or lease.lost else lease
 
-    def _attempt_by(self, holder: object, timeout: float | None, wait: bool) -> Acquisition:
-        other = self._other_lease(holder)
+    def new_attempt(
+        self, timeout: float | None, *, wait: bool, holder: Callable[[], object]
+    ) -> Acquisition:
+        other = self._other_lease(holder())
         if other is None:
-            return Acquisition(self._spec, timeout, wait=wait)
+            return Acquisition(self.spec, timeout, wait=wait)
         # a downgrade, or an upgrade, which is granted at once or not at all (never queued)
-        waits = wait and self._mode == READ
-        return Acquisition(self._spec, timeout, wait=waits, also=(other.token,))
+        waits = wait and self.side == READ
+        return Acquisition(self.spec, timeout, wait=waits, also=(other.token,))
 
-    def _refused(self, holder: object, lease: LeaseState | None, wait: bool) -> None:
+    def refused(self, holder: Callable[[], object], *, wait: bool) -> None:
         """An upgrade the server refused (other readers hold it) raises for ``acquire``;
         ``try_acquire`` returns None."""
-        if lease is None and wait and self._mode == WRITE and self._other_lease(holder):
+        if wait and self.side == WRITE and self._other_lease(holder()):
             raise LockError(
-                f"read/write lock {self._spec.name!r}: this holder's read lease is not the only "
+                f"read/write lock {self.name!r}: this holder's read lease is not the only "
                 "one held, so it cannot be upgraded to a write lease at once, and waiting "
                 "for the other readers could deadlock with one of them upgrading too: "
                 "release the read lease first"
             )
-
-    def __repr__(self) -> str:
-        return f"<{SIDES[self._mode]} side of {self._rw!r}>"

@@ -2,10 +2,11 @@
 # `python scripts/unasync.py` (the tests run it with --check).
 """The front of a lock: what its caller uses — ``acquire``, ``try_acquire``, ``with`` and
 the decorator — once for every kind (``Lock``, ``Semaphore``, a read/write lock's sides,
-``Redlock``). A lock class supplies its driver (``_io``), the attempt it makes
-(``_new_attempt``) and the lease it hands out (``_new_lease``); the front does the rest:
-checking the server once, cleaning up after an interrupted attempt, starting renewal.
-What needs no I/O (the `with` stack, reentrant holds, metrics) is in ``_rules.fronts``.
+``Redlock``). A lock class gives it its rules (a ``_rules.fronts.FrontCore``: the spec,
+the options, the attempt it makes) and its driver, and makes its own lease if it is not
+a one-server one (``_new_lease``); the front does the rest: checking the server once,
+cleaning up after an interrupted attempt, starting renewal. What needs no I/O (the
+`with` stack, reentrant holds, metrics) is in ``_rules.fronts``.
 
 Written once, as asyncio code; ``scripts/unasync.py`` generates the blocking twin.
 asyncio only: ``cancel_on_lost``, and ``using`` (a coroutine run
@@ -18,16 +19,17 @@ from __future__ import annotations
 import inspect
 from collections.abc import Callable
 from types import FrameType, TracebackType
-from typing import Generic, TypeVar
+from typing import Any, Generic, TypeVar
 
 from .._base import metrics as _metrics
 from .._base.errors import AcquireTimeout, LockError
 from .._base.types import Seconds
 from .._rules import arguments as args
+from .._rules import flows as _flows
 from .._rules.flows import Grant
 from .._rules.fronts import (
     Attempt,
-    FrontBase,
+    FrontCore,
     Opening,
     P,
     R,
@@ -44,6 +46,7 @@ from .._rules.fronts import (
     stale_entered,
     tidy_entered,
 )
+from .._rules.inspect import LockInfo
 from .._rules.lease import (
     LeaseState,
     drop_hold,
@@ -53,6 +56,7 @@ from .._rules.multilock import MultiLeaseState
 from . import renewer as _renewer_sync
 from .backend import Cancelled, current_holder, shielded
 from .lease import (
+    Lease,
     SyncDriver,
     SyncLeaseBlock,
     finish_in_haste,
@@ -112,13 +116,44 @@ def _releases(entered: object) -> bool:
     return isinstance(entered, (LeaseState, MultiLeaseState))
 
 
-class SyncFront(FrontBase, Generic[LeaseT]):
-    """``acquire``, ``try_acquire``, ``with`` and ``@lock``, once for every kind of lock."""
+class SyncFront(Generic[LeaseT]):
+    """``acquire``, ``try_acquire``, ``with`` and ``@lock``, once for every kind of lock:
+    over the lock's rules (``_core``, see ``_rules.fronts.FrontCore``) and the driver that
+    runs its flows (``_io``)."""
 
-    _io: SyncDriver
+    def __init__(self, core: FrontCore, io: SyncDriver) -> None:
+        self._core, self._io = core, io
+
+    @property
+    def name(self) -> str:
+        """The name, as given."""
+        return self._core.spec.name
+
+    @property
+    def ttl(self) -> float:
+        """The lease length, in seconds."""
+        return self._core.spec.ttl
+
+    def __repr__(self) -> str:
+        return f"<{type(self).__name__} {self.name!r} ttl={self.ttl}s>"
 
     def _new_lease(self, grant: Grant) -> LeaseT:
-        raise NotImplementedError
+        """The lease of ``grant`` (a one-server lease, noted for ``owned()``)."""
+        core = self._core
+        lease = Lease(core.spec, grant, self._io, core.on_lost)
+        core.acquirers().note(current_holder(), lease)
+        return lease  # type: ignore[return-value]
+
+    def _look(self) -> LockInfo:
+        """What the server says of the name now (``locked``, ``owned``, ``waiting``)."""
+        return self._io.run(self._core.look(), f"inspect {self.name!r}")
+
+    def _owned(self) -> bool:
+        tokens = self._core.acquirers().tokens(current_holder())
+        if not tokens:
+            return False
+        info = self._look()
+        return any(holder.token in tokens for holder in info.holders)
 
     def acquire(self, timeout: Seconds | None = None) -> LeaseT:
         """Wait until the lock is ours and return the lease.
@@ -135,7 +170,7 @@ class SyncFront(FrontBase, Generic[LeaseT]):
         """
         lease = self._acquire(args.timeout(timeout), wait=True)
         if lease is None:
-            raise AcquireTimeout(f"{self._noun} {self.name!r} still busy after {timeout}s")
+            raise AcquireTimeout(f"{self._core.noun} {self.name!r} still busy after {timeout}s")
         return lease
 
     def try_acquire(self) -> LeaseT | None:
@@ -155,10 +190,14 @@ class SyncFront(FrontBase, Generic[LeaseT]):
     ) -> LeaseT | None:
         """The lease, or None (a try, or a timeout). ``entering``: the `with` block it
         opens (noted before it is returned, see ``_granted``)."""
-        if self._holding is None:
-            return self._take(timeout, wait=wait, entering=entering)
+        core = self._core
+        if core.holding is None:
+            lease = self._take(timeout, wait=wait, entering=entering)
+            if lease is None:  # (a lease goes back with no call between: see _granted)
+                core.refused(current_holder, wait=wait)
+            return lease
         holder = current_holder() if entering is None else entering.holder
-        held = self._held_by(holder)
+        held = core.held_by(holder)
         if held is not None:
             if entering is not None:
                 entry = None
@@ -171,7 +210,10 @@ class SyncFront(FrontBase, Generic[LeaseT]):
                     drop_hold(held)  # (the hold _held_by took: the block never began)
                     raise
             return held  # type: ignore[return-value]
-        return self._take(timeout, wait=wait, holder=holder, entering=entering)
+        lease = self._take(timeout, wait=wait, holder=holder, entering=entering)
+        if lease is None:
+            core.refused(current_holder, wait=wait)
+        return lease
 
     def _take(
         self,
@@ -182,10 +224,11 @@ class SyncFront(FrontBase, Generic[LeaseT]):
         entering: Opening | None = None,
     ) -> LeaseT | None:
         started = _metrics.now()
-        attempt = self._new_attempt(timeout, wait=wait)  # (its deadline counts the look)
+        # (its deadline counts the look)
+        attempt = self._core.new_attempt(timeout, wait=wait, holder=current_holder)
         lease = self._granted(attempt, started, holder=holder, entering=entering)
         if lease is None:
-            self._not_granted(started, wait=wait)
+            self._core.not_granted(started, wait=wait)
         return lease
 
     def _granted(
@@ -212,7 +255,7 @@ class SyncFront(FrontBase, Generic[LeaseT]):
                 return None
             lease = self._watched(grant, started)
             if holder is not None:
-                self._hold(holder, lease)
+                self._core.hold(holder, lease)
             if entering is not None:
                 entry = entered(self if block is None else block, lease, entering)
                 push_entered(entry)
@@ -230,11 +273,12 @@ class SyncFront(FrontBase, Generic[LeaseT]):
 
     def _watched(self, grant: Grant, started: float) -> LeaseT:
         lease = self._new_lease(grant)
+        core = self._core
         try:
-            self._opened(lease, started)
-            if self._auto_renew:
-                _renewer_sync.watch(lease, self._io, self._max_hold)
-            elif self._watches:
+            core.opened(lease, started)
+            if core.auto_renew:
+                _renewer_sync.watch(lease, self._io, core.max_hold)
+            elif core.watches:
                 _renewer_sync.watch(lease, self._io, 0.0)  # watch its validity, never renew
         except BaseException:
             unhanded(lease)
@@ -253,8 +297,9 @@ class SyncFront(FrontBase, Generic[LeaseT]):
 
     def __enter__(self) -> LeaseT:
         at = opened(caller())
-        if self._refuses_nesting and self._holding is None:
-            refuse_nested(self, at.holder)
+        core = self._core
+        if core.refuses_nesting and core.holding is None:
+            refuse_nested(self, core, at.holder)
         lease = self._acquire(None, wait=True, entering=at)
         assert lease is not None  # (no timeout: a lease, or an error)
         return lease
@@ -268,6 +313,14 @@ class SyncFront(FrontBase, Generic[LeaseT]):
         function; for a blocking lock, a coroutine function) is refused
         (InvalidArgument)."""
         return decorate(self, fn)
+
+
+def release_by_force(front: SyncFront[Any], token: str) -> None:
+    """Release the hold ``token`` of ``front``'s name as its holder would, as an operator
+    does (``redlease release --force``): the next waiter is served at once, the fence
+    counter is untouched. LockLost if that hold had ended."""
+    flow = _flows.release(front._core.spec, token, forced=True)
+    front._io.run(flow, f"release {front.name!r}")
 
 
 def handed_out(front: SyncFront[LeaseT], grant: Grant, started: float) -> LeaseT:

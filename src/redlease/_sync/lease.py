@@ -10,7 +10,7 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Callable, Generator, Sequence
 from types import TracebackType
-from typing import TYPE_CHECKING, Any, Protocol, TypeVar
+from typing import Any, Protocol, TypeVar
 
 from .._base import fork as _fork
 from .._base.errors import LockError, LockLost, QuorumError
@@ -25,9 +25,6 @@ from .._rules.lease import (
 )
 from .._rules.multilock import MultiLeaseState
 from .backend import Cancelled, shielded
-
-if TYPE_CHECKING:
-    from .io import SyncIO
 
 T = TypeVar("T")
 _Block = TypeVar("_Block", bound="SyncLeaseBlock")
@@ -152,7 +149,7 @@ class Lease(SyncLeaseBlock):
         self,
         spec: _flows.LockSpec,
         grant: _flows.Grant,
-        io: SyncIO,
+        io: SyncDriver,
         on_lost: Callable[[Any], object] | None = None,
     ) -> None:
         super().__init__(spec, grant, on_lost)

@@ -1,9 +1,9 @@
 # Generated from _async/lock.py by scripts/unasync.py: edit that file, then run
 # `python scripts/unasync.py` (the tests run it with --check).
 """``Lock``: a lock name on one Redis/Valkey deployment (standalone, Sentinel-managed
-or Cluster), and ``OneServer``, what it shares with the semaphore and the read/write
-lock's sides. Written once, as asyncio code; ``scripts/unasync.py`` generates the
-blocking twin (``Lock``, ``OneServer``). The rules are in ``_rules.flows``, the I/O in
+or Cluster), and the driver every one-server lock is served by (``served``). Written
+once, as asyncio code; ``scripts/unasync.py`` generates the blocking twin (``Lock``).
+The protocol is in ``_rules.flows``, the lock's rules in ``_rules.fronts``, the I/O in
 ``_async.io``, what a caller sees in ``_async.front``.
 
 A lock object holds no ownership state: each acquisition returns its own lease, so one
@@ -16,68 +16,15 @@ from typing import Any
 
 from .._base.types import Clock, OnLost, Seconds
 from .._clients.checks import check_client
-from .._rules import arguments as args
-from .._rules.flows import Acquisition, Grant, LockSpec
-from .._rules.lease import Holders
-from .._rules.lock import OneName, check_replicas
-from .backend import ASYNC, current_holder
+from .._rules.flows import LockSpec
+from .._rules.fronts import FrontCore, check_replicas
+from .backend import ASYNC
 from .front import SyncFront
 from .io import SyncIO
 from .lease import Lease
 
 
-class OneServer(OneName, SyncFront[Lease]):
-    """What ``Lock``, ``Semaphore`` and a read/write lock's sides share: one
-    deployment, the one-server flows, and ``locked``, ``owned`` and ``waiting``."""
-
-    _io: SyncIO
-    _spec: LockSpec
-    _on_lost: OnLost | None
-
-    def _serve(self, client: Any) -> None:
-        self._io = SyncIO(client)
-        check_replicas(self._spec, self._io.direct)
-
-    def _new_attempt(self, timeout: float | None, *, wait: bool) -> Acquisition:
-        return Acquisition(self._spec, timeout, wait=wait)
-
-    def _new_lease(self, grant: Grant) -> Lease:
-        lease = Lease(self._spec, grant, self._io, self._on_lost)
-        self._acquirers().note(current_holder(), lease)
-        return lease
-
-    def locked(self) -> bool:
-        """Whether anyone holds it now, as the server says (a semaphore: any permit; a
-        read/write lock's side: any lease, read or write). One round trip. A snapshot:
-        to act on "free", take it (``try_acquire``), never test first. Raises
-        BackendError if the server cannot answer."""
-        return (self._io.run(self._look(), f"inspect {self.name!r}")).held
-
-    def owned(self) -> bool:
-        """Whether the caller (the thread; asyncio: the task) holds a lease of this object
-        that is still its own on the server now: one it acquired (lent to others or not),
-        has not released, does not know lost, and whose token the server lists as a
-        holder. No round trip when it holds none. Raises BackendError if the server
-        cannot answer."""
-        tokens = self._acquirers().tokens(current_holder())
-        if not tokens:
-            return False
-        info = self._io.run(self._look(), f"inspect {self.name!r}")
-        return any(holder.token in tokens for holder in info.holders)
-
-    def waiting(self) -> int:
-        """How many waiters are queued and live now (within their deadline, on the
-        server's clock); waiters that gave up or died are not counted. Raises
-        BackendError if the server cannot answer."""
-        return (self._io.run(self._look(), f"inspect {self.name!r}")).live_waiters
-
-
-def driver_of(lock: OneServer) -> SyncIO:
-    """The driver that runs ``lock``'s flows (a multi-lock runs its own through it)."""
-    return lock._io
-
-
-class Lock(OneServer):
+class Lock(SyncFront[Lease]):
     """A distributed lock on one Redis/Valkey deployment.
 
     ``ttl`` is the lease length; ``fair`` serves waiters in arrival order (no barging);
@@ -119,8 +66,6 @@ class Lock(OneServer):
     client it cannot serve.
     """
 
-    _refuses_nesting = True  # see _rules.fronts.refuse_nested
-
     def __init__(
         self,
         client: Any,
@@ -138,7 +83,7 @@ class Lock(OneServer):
         replica_timeout: Seconds | None = None,
     ) -> None:
         check_client(client, want_async=ASYNC)
-        self._spec = LockSpec.create(
+        spec = LockSpec.create(
             name,
             ttl,
             fair=fair,
@@ -147,11 +92,40 @@ class Lock(OneServer):
             replicas=replicas,
             replica_timeout=replica_timeout,
         )
-        self._auto_renew, self._max_hold = args.renewal(auto_renew, max_hold, clock)
-        self._on_lost = args.callback(on_lost, "on_lost")  # type: ignore[assignment]
-        if args.flag(reentrant, "reentrant"):
-            self._holding = Holders()
-        self._serve(client)
+        core = FrontCore.checked(
+            spec,
+            auto_renew,
+            max_hold,
+            on_lost,
+            clock,
+            reentrant=reentrant,
+            refuses_nesting=True,  # (see _rules.fronts.refuse_nested)
+        )
+        super().__init__(core, served(client, spec))
 
-    def __repr__(self) -> str:
-        return f"<{type(self).__name__} {self.name!r} ttl={self.ttl}s>"
+    def locked(self) -> bool:
+        """Whether anyone holds it now, as the server says. One round trip. A snapshot:
+        to act on "free", take it (``try_acquire``), never test first. Raises
+        BackendError if the server cannot answer."""
+        return (self._look()).held
+
+    def owned(self) -> bool:
+        """Whether the caller (the thread; asyncio: the task) holds a lease of this object
+        that is still its own on the server now: one it acquired (lent to others or not),
+        has not released, does not know lost, and whose token the server lists as a
+        holder. No round trip when it holds none. Raises BackendError if the server
+        cannot answer."""
+        return self._owned()
+
+    def waiting(self) -> int:
+        """How many waiters are queued and live now (within their deadline, on the
+        server's clock); waiters that gave up or died are not counted. Raises
+        BackendError if the server cannot answer."""
+        return (self._look()).live_waiters
+
+
+def served(client: Any, spec: LockSpec) -> SyncIO:
+    """The driver of a one-server lock over ``client`` (``replicas=`` checked against it)."""
+    io = SyncIO(client)
+    check_replicas(spec, io.direct)
+    return io

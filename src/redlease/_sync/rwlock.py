@@ -11,40 +11,45 @@ from typing import Any
 
 from .._base.types import Clock, OnLost, Seconds
 from .._clients.checks import check_client
-from .._rules import arguments as args
-from .._rules.flows import READ_WRITE, Acquisition, LockSpec
-from .._rules.fronts import Opening
+from .._rules.flows import READ_WRITE, LockSpec
 from .._rules.lease import Holders
-from .._rules.lock import Named, check_replicas
-from .._rules.rwlock import READ, READERS, WRITE, Shared, SideRules
-from .backend import ASYNC, current_holder
+from .._rules.rwlock import READ, READERS, SIDES, WRITE, SideCore
+from .backend import ASYNC
+from .front import SyncFront
 from .io import SyncIO
 from .lease import Lease
-from .lock import OneServer
+from .lock import served
 
 
-class ReadWriteSide(SideRules, OneServer):
+class ReadWriteSide(SyncFront[Lease]):
     """One side of a read/write lock, ``rw.read`` or ``rw.write``: a lock of its own to
     its caller, with the surface of ``Lock`` (``acquire``, ``try_acquire``, ``with``,
     ``locked``, ``owned``, ``waiting``, a decorator), handing out ``Lease`` objects."""
 
-    def __init__(self, rw: ReadWriteLock, shared: Shared, mode: str, io: SyncIO) -> None:
-        self._join(rw, shared, mode)
-        self._io = io
+    _core: SideCore
 
-    def _new_attempt(self, timeout: float | None, *, wait: bool) -> Acquisition:
-        return self._attempt_by(current_holder(), timeout, wait)
+    def __init__(self, rw: ReadWriteLock, core: SideCore, io: SyncIO) -> None:
+        super().__init__(core, io)
+        self._rw = rw
 
-    def _acquire(
-        self, timeout: float | None, *, wait: bool, entering: Opening | None = None
-    ) -> Lease | None:
-        lease = super()._acquire(timeout, wait=wait, entering=entering)
-        if lease is None:  # (a lease goes back with no call between: see _granted)
-            self._refused(current_holder(), lease, wait)
-        return lease
+    def __repr__(self) -> str:
+        return f"<{SIDES[self._core.side]} side of {self._rw!r}>"
+
+    def locked(self) -> bool:
+        """Whether any lease of the lock is held now, read or write (``Lock.locked``)."""
+        return (self._look()).held
+
+    def owned(self) -> bool:
+        """Whether the caller holds a lease of this side that is still its own on the
+        server now (``Lock.owned``)."""
+        return self._owned()
+
+    def waiting(self) -> int:
+        """How many waiters of either side are queued and live now (``Lock.waiting``)."""
+        return (self._look()).live_waiters
 
 
-class ReadWriteLock(Named):
+class ReadWriteLock:
     """Many readers or one writer of ``name``, on one Redis/Valkey deployment.
 
     ``rw.read`` and ``rw.write`` behave like a ``Lock``: ``with rw.read as lease``,
@@ -89,19 +94,22 @@ class ReadWriteLock(Named):
             )
             for mode in (READ, WRITE)
         }
-        auto_renew, max_hold = args.renewal(auto_renew, max_hold, clock)
-        shared = Shared(
-            specs,
-            {mode: Holders() for mode in (READ, WRITE)},  # each holder's lease
-            auto_renew,
-            max_hold,
-            args.callback(on_lost, "on_lost"),
-        )
-        io = SyncIO(client)
-        check_replicas(specs[READ], io.direct)
-        self._spec = specs[READ]  # (its name and ttl, both sides')
-        self._read = ReadWriteSide(self, shared, READ, io)
-        self._write = ReadWriteSide(self, shared, WRITE, io)
+        tables = {mode: Holders() for mode in (READ, WRITE)}  # each holder's lease
+        cores = {
+            mode: SideCore.checked(
+                specs[mode],
+                auto_renew,
+                max_hold,
+                on_lost,
+                clock,
+                mode=mode,
+                tables=tables,
+            )
+            for mode in (READ, WRITE)
+        }
+        io = served(client, specs[READ])
+        self._read = ReadWriteSide(self, cores[READ], io)
+        self._write = ReadWriteSide(self, cores[WRITE], io)
 
     @property
     def read(self) -> ReadWriteSide:
@@ -113,6 +121,16 @@ class ReadWriteLock(Named):
     def write(self) -> ReadWriteSide:
         """The write side: one exclusive lease at a time, while nothing else is held."""
         return self._write
+
+    @property
+    def name(self) -> str:
+        """The name, as given."""
+        return self._read.name
+
+    @property
+    def ttl(self) -> float:
+        """The lease length, in seconds."""
+        return self._read.ttl
 
     def __repr__(self) -> str:
         return f"<{type(self).__name__} {self.name!r} ttl={self.ttl}s>"

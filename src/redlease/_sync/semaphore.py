@@ -17,14 +17,17 @@ from .._base.types import Clock, OnLost, Seconds
 from .._clients.checks import check_client
 from .._rules import arguments as args
 from .._rules.flows import SEMAPHORE, LockSpec
+from .._rules.fronts import FrontCore
 from .backend import ASYNC
-from .lock import OneServer
+from .front import SyncFront
+from .lease import Lease
+from .lock import served
 
 # More permits than a semaphore is of use with: each acquire counts its holders.
 MAX_LIMIT = 100_000
 
 
-class Semaphore(OneServer):
+class Semaphore(SyncFront[Lease]):
     """At most ``limit`` holders of ``name`` at once, on one Redis/Valkey deployment.
 
     ``acquire(timeout=)``, ``try_acquire()`` and ``with sem as permit`` work as for
@@ -44,9 +47,6 @@ class Semaphore(OneServer):
     cancels the task that acquired a permit when the permit is lost, as it does for
     asyncio locks; a permit granted to a waiter cancelled meanwhile is given back.
     """
-
-    _noun = "semaphore"
-    _metric_kind = "semaphore"
 
     def __init__(
         self,
@@ -68,7 +68,7 @@ class Semaphore(OneServer):
         if checked < 1:
             raise InvalidArgument("limit must be at least 1, got 0")
         self._limit = checked
-        self._spec = LockSpec.create(
+        spec = LockSpec.create(
             name,
             ttl,
             prefix=prefix,
@@ -78,9 +78,16 @@ class Semaphore(OneServer):
             kind=SEMAPHORE,
             extra=(str(checked), "r"),
         )
-        self._auto_renew, self._max_hold = args.renewal(auto_renew, max_hold, clock)
-        self._on_lost = args.callback(on_lost, "on_lost")  # type: ignore[assignment]
-        self._serve(client)
+        core = FrontCore.checked(
+            spec,
+            auto_renew,
+            max_hold,
+            on_lost,
+            clock,
+            noun="semaphore",
+            kind="semaphore",
+        )
+        super().__init__(core, served(client, spec))
 
     @property
     def limit(self) -> int:
@@ -89,3 +96,16 @@ class Semaphore(OneServer):
 
     def __repr__(self) -> str:
         return f"<{type(self).__name__} {self.name!r} limit={self.limit} ttl={self.ttl}s>"
+
+    def locked(self) -> bool:
+        """Whether any permit is held now, as the server says (``Lock.locked``)."""
+        return (self._look()).held
+
+    def owned(self) -> bool:
+        """Whether the caller holds a permit of this object that is still its own on the
+        server now (``Lock.owned``)."""
+        return self._owned()
+
+    def waiting(self) -> int:
+        """How many waiters for a permit are queued and live now (``Lock.waiting``)."""
+        return (self._look()).live_waiters
