@@ -193,12 +193,12 @@ _ENTERING = [
 _ENDING = [
     ("exit-finds-its-note", "close_entered", 1, ("lock", "semaphore", "write", "multi")),
     ("exit-knows-its-lease", "entered_lease", 1, ("lock", "semaphore", "write", "multi")),
-    ("lease-exit", "SyncLeaseBlock.__exit__", 1, ("lock", "semaphore", "write")),
-    ("release-begins", "SyncLeaseBlock.release", 1, ("lock", "semaphore", "write")),
-    ("release-before-its-script", "LeaseState._release_flow", 1, ("lock", "semaphore")),
+    ("lease-exit", "Lease.__exit__", 1, ("lock", "semaphore", "write")),
+    ("release-begins", "Lease.release", 1, ("lock", "semaphore", "write")),
+    ("release-before-its-script", "LeaseState.release_flow", 1, ("lock", "semaphore")),
     ("release-sending", "SocketConnection.send", 1, ("lock", "semaphore", "write")),
     ("multi-release", "MultiLease.release", 1, ("multi",)),
-    ("multi-after-first-name", "SyncLeaseBlock.release", 2, ("multi",)),
+    ("multi-after-first-name", "Lease.release", 2, ("multi",)),
 ]
 
 
@@ -282,7 +282,7 @@ def test_an_interrupt_before_exit_runs_is_given_back_when_its_statement_runs_aga
     assert [n for n in names if redlease.read_info(r, n).held] == []
 
 
-@pytest.mark.parametrize("function", ["_releases", "entered_lease", "SyncLeaseBlock.__exit__"])
+@pytest.mark.parametrize("function", ["_released_by_block", "entered_lease", "Lease.__exit__"])
 def test_an_interrupt_as_a_reentrant_outer_block_ends_releases_it(
     r: redis.Redis, name: str, function: str
 ) -> None:

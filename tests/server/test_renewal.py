@@ -27,6 +27,7 @@ import redlease
 from redlease._base.errors import BackendError
 from redlease._rules import flows as _flows
 from redlease._rules import renewal as _renewal
+from redlease._rules.lease import LeaseState
 from redlease.testing import FakeClock
 from redlease.tools import servers
 from waiting_helpers import lock_key
@@ -34,10 +35,10 @@ from waiting_helpers import lock_key
 # -- the schedule, without I/O -----------------------------------------------------------
 
 
-def _lease(clock: FakeClock, ttl: float = 3.0) -> redlease.Lease:
+def _lease(clock: FakeClock, ttl: float = 3.0) -> LeaseState:
+    """A lease's state, as the renewer watches it."""
     spec = _flows.LockSpec.create("job", ttl, clock=clock)
-    grant = _flows.Grant("tok", 1, clock() + ttl)
-    return redlease.Lease(spec, grant, io=None)  # type: ignore[arg-type]
+    return LeaseState(spec, _flows.Grant("tok", 1, clock() + ttl), on_lost=None)
 
 
 def test_due_after_a_third_of_the_ttl_and_batched_per_connection() -> None:

@@ -15,6 +15,7 @@ from redlease._rules import flows as _flows
 from redlease._rules import ops as _ops
 from redlease._rules import scripts as _scripts
 from redlease._rules.keys import LockKeys, hash_tag
+from redlease._rules.lease import LeaseState
 from redlease.testing import FakeClock
 
 
@@ -267,7 +268,8 @@ def test_lease_state_with_a_fake_clock() -> None:
     clock = FakeClock()
     s = spec(clock, ttl=2.0)
     seen: list[Any] = []
-    lease = redlease.Lease(s, _flows.Grant("tok", 3, 1001.5), io=None, on_lost=seen.append)  # type: ignore[arg-type]
+    state = LeaseState(s, _flows.Grant("tok", 3, 1001.5), on_lost=seen.append)
+    lease = redlease.Lease(state, io=None)  # type: ignore[arg-type]
     assert lease.remaining() == pytest.approx(1.5)
     assert not lease.lost
     clock.advance(1.5)

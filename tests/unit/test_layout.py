@@ -411,12 +411,6 @@ def test_modules_talk_through_each_others_public_names() -> None:
     assert reaching == []
 
 
-# The leases still take their rules by inheritance (LeaseState, the quorum and scheduled
-# run rules); they are to hold them as the fronts hold theirs. Listed so that the list
-# can only shrink: a class here that meets the bar fails the test until it is struck off.
-_DEEP_NOT_YET = {"AsyncLease", "RedlockLease", "AsyncRedlockLease", "Run", "AsyncRun"}
-
-
 def test_a_public_class_is_itself_a_flavour_base_and_an_asyncio_marker_at_most() -> None:
     """One class per primitive and flavour: the public class, at most one flavour base
     (the front it is), and asyncio's marker; the rules are an object it holds."""
@@ -430,8 +424,6 @@ def test_a_public_class_is_itself_a_flavour_base_and_an_asyncio_marker_at_most()
         if not inspect.isclass(cls) or issubclass(cls, BaseException):
             continue
         own = [c.__qualname__ for c in cls.__mro__ if c.__module__.startswith("redlease")]
-        if name in _DEEP_NOT_YET:
-            assert len(own) > 3, f"{name} meets the bar now: strike it off _DEEP_NOT_YET"
-        elif len(own) > 3:
+        if len(own) > 3:
             deep[name] = own
     assert deep == {}

@@ -86,7 +86,7 @@ class Meter:
 
 def metered(lease: _lease.LeaseState, broken: bool = False) -> Meter:
     meter = Meter(broken=broken)
-    _lease.metered(lease, cast(Any, meter), 5.0)
+    lease.metered(cast(Any, meter), 5.0)
     return meter
 
 
@@ -101,8 +101,8 @@ def watch(
     schedule: _renewal.Schedule, lease: _lease.LeaseState, io: object, max_hold: float | None = None
 ) -> _renewal.Renewal:
     """Watched as the renewer watches: a release or loss takes it off the schedule."""
-    renewal = schedule.add(lease, io, _lease.spec_of(lease).clock(), max_hold)
-    _lease.watched(lease, lambda: schedule.discard(renewal))
+    renewal = schedule.add(lease, io, lease.spec.clock(), max_hold)
+    lease.watched(lambda: schedule.discard(renewal))
     return renewal
 
 
@@ -125,7 +125,7 @@ def holding() -> Holding:
     told: list[Any] = []
     h = Holding(held(FakeClock(), told=told), _lease.Holders(), Holder(), told, [])
     h.holders.hold(h.holder, h.lease)
-    _lease.watched(h.lease, lambda: h.unwatched.append(1))
+    h.lease.watched(lambda: h.unwatched.append(1))
     return h
 
 
@@ -139,7 +139,7 @@ def test_a_token_is_shown_by_its_first_characters_and_never_whole(
     assert _lease.short_token("01234567") == "01234567"  # no longer than shown: as it is
     lease = held(FakeClock())
     with caplog.at_level(logging.WARNING, logger="redlease._rules.lease"):
-        _lease.mark_lost(lease, "taken over")
+        lease.mark_lost("taken over")
     assert f"'orders:42' ({lease.token[:8]}…) was lost: taken over" in caplog.text
     with pytest.raises(redlease.LockLost) as lost:
         lease.check()
@@ -156,13 +156,13 @@ def test_validity_counts_from_before_the_acquire_was_sent_and_ends_at_valid_unti
     assert lease.valid_until == pytest.approx(1000.0 + TTL - drift(TTL))
     clock.now = lease.valid_until - 0.001
     assert lease.remaining() == pytest.approx(0.001)
-    assert not lease.lost
-    assert lease.lost_reason is None
+    assert not lease.lost()
+    assert lease.reason is None
     lease.check()
     clock.now = lease.valid_until  # the very end is no longer valid
     assert lease.remaining() == 0.0
-    assert lease.lost
-    assert lease.lost_reason == "its validity ran out"
+    assert lease.lost()
+    assert lease.reason == "its validity ran out"
     assert told == [lease]
     with pytest.raises(redlease.LockLost, match="'orders:42' was lost: its validity ran out"):
         lease.check()
@@ -173,18 +173,18 @@ def test_the_first_loss_is_told_once_and_its_reason_stands() -> None:
     told: list[Any] = []
     lease = held(FakeClock(), told=told)
     unwatched: list[int] = []
-    _lease.watched(lease, lambda: unwatched.append(1))
+    lease.watched(lambda: unwatched.append(1))
     meter = metered(lease)
-    assert _lease.mark_lost(lease, "taken over") is True
-    assert _lease.mark_lost(lease, "expired") is False
-    lease._mark_released()  # a release after the loss changes nothing
-    assert lease.lost
-    assert not lease.released
-    assert lease.lost_reason == "taken over"
+    assert lease.mark_lost("taken over") is True
+    assert lease.mark_lost("expired") is False
+    lease.mark_released()  # a release after the loss changes nothing
+    assert lease.lost()
+    assert lease.status != _lease.RELEASED
+    assert lease.reason == "taken over"
     assert told == [lease]
     assert unwatched == [1]  # its renewal stops, once
     assert meter.ends == [(5.0, True)]
-    assert not _lease.is_held(lease)
+    assert not lease.is_held()
 
 
 def test_an_on_lost_callback_that_raises_is_logged_and_the_loss_still_recorded(
@@ -196,8 +196,8 @@ def test_an_on_lost_callback_that_raises_is_logged_and_the_loss_still_recorded(
     s = spec(FakeClock())
     lease = _lease.LeaseState(s, grant(s), broken)
     with caplog.at_level(logging.ERROR, logger="redlease._rules.lease"):
-        assert _lease.mark_lost(lease, "taken over") is True
-    assert lease.lost_reason == "taken over"
+        assert lease.mark_lost("taken over") is True
+    assert lease.reason == "taken over"
     assert "on_lost callback for lock 'orders:42'" in caplog.text
 
 
@@ -205,46 +205,46 @@ def test_a_released_lease_is_neither_valid_nor_ever_lost() -> None:
     clock = FakeClock()
     told: list[Any] = []
     lease = held(clock, told=told)
-    lease._mark_released()
+    lease.mark_released()
     assert lease.remaining() == 0.0  # with time left on the clock
-    assert lease.hold_count == 0
+    assert lease.hold_count() == 0
     clock.advance(TTL)
-    assert lease.released
-    assert not lease.lost
-    assert lease.lost_reason is None
+    assert lease.status == _lease.RELEASED
+    assert not lease.lost()
+    assert lease.reason is None
     with pytest.raises(redlease.LockLost, match="'orders:42' was released"):
         lease.check()
-    assert _lease.mark_lost(lease, "taken over") is False
+    assert lease.mark_lost("taken over") is False
     assert told == []
 
 
 def test_a_renewal_moves_validity_only_while_the_lease_is_held() -> None:
     clock = FakeClock()
     lease = held(clock)
-    _lease.renewed(lease, 1010.0)
+    lease.renewed(1010.0)
     clock.now = 1005.0  # past the first validity, within the renewed one
-    assert not lease.lost
+    assert not lease.lost()
     assert lease.remaining() == pytest.approx(5.0)
-    lease._mark_released()
-    _lease.renewed(lease, 1020.0)
+    lease.mark_released()
+    lease.renewed(1020.0)
     lost = held(clock)
-    _lease.mark_lost(lost, "taken over")
+    lost.mark_lost("taken over")
     before = lost.valid_until
-    _lease.renewed(lost, 1020.0)
+    lost.renewed(1020.0)
     assert (lease.valid_until, lost.valid_until) == (1010.0, before)
 
 
 def test_hold_count_counts_a_reentrant_leases_holds_while_it_is_held() -> None:
     lease = held(FakeClock())
-    assert lease.hold_count == 1
-    _lease.hold_again(lease)
-    _lease.hold_again(lease)
-    _lease.drop_hold(lease)  # a hold given up before its caller had it
-    assert lease.hold_count == 2
-    _lease.mark_lost(lease, "taken over")
-    assert (lease.hold_count, _lease.holds(lease)) == (0, 2)  # the holds are still to release
+    assert lease.hold_count() == 1
+    lease.hold_again()
+    lease.hold_again()
+    lease.drop_hold()  # a hold given up before its caller had it
+    assert lease.hold_count() == 2
+    lease.mark_lost("taken over")
+    assert (lease.hold_count(), lease.holds) == (0, 2)  # the holds are still to release
     # what an interrupted block's end reads to tell whether its release began
-    lease._release_calls += 1
+    lease.release_calls += 1
     assert (_lease.release_calls(lease), _lease.release_calls(object())) == (1, 0)
 
 
@@ -254,18 +254,18 @@ def test_in_a_forks_child_a_lease_reads_as_lost_untold_and_refuses_to_be_sent(
     told: list[Any] = []
     lease = held(FakeClock(), told=told)
     unwatched: list[int] = []
-    _lease.watched(lease, lambda: unwatched.append(1))
+    lease.watched(lambda: unwatched.append(1))
     holders, acquired, me = _lease.Holders(), _lease.Acquired(), Holder()
     holders.hold(me, lease)
     acquired.note(me, lease)
-    lease._not_forked()  # the process that acquired it may release it
+    lease.not_forked()  # the process that acquired it may release it
     monkeypatch.setattr(_fork, "generation", _fork.generation + 1)
     assert holders.held(me) is None
     assert acquired.tokens(me) == set()
     with pytest.raises(redlease.LockLost, match="belongs to the process this one was forked from"):
-        lease._not_forked()
-    assert lease.lost
-    assert lease.lost_reason == "this process is a fork of the one that holds it"
+        lease.not_forked()
+    assert lease.lost()
+    assert lease.reason == "this process is a fork of the one that holds it"
     assert told == []  # the child never held it
     assert unwatched == []  # the parent's renewer is not the child's to stop
 
@@ -278,9 +278,9 @@ def test_after_a_fork_the_renewers_leases_are_dropped_and_read_as_lost_untold() 
     for lease in leases:
         watch(schedule, lease, Driver(object()))
     for renewal in schedule.clear():
-        _lease.forked(renewal.lease)
+        renewal.lease.forked()
     assert len(schedule) == 0
-    assert [lease.lost_reason for lease in leases] == [
+    assert [lease.reason for lease in leases] == [
         "this process is a fork of the one that holds it"
     ] * 2
     assert told == []
@@ -290,18 +290,18 @@ def test_metrics_record_the_end_of_a_hold_once_released_or_lost() -> None:
     clock = FakeClock()
     released, lost, unhanded = held(clock), held(clock), held(clock)
     meters = [metered(lease) for lease in (released, lost, unhanded)]
-    labels: Any = _lease.labels_of(released)
+    labels: Any = released.labels
     assert labels is meters[0]
-    released._mark_released()
-    _lease.mark_lost(lost, "taken over")
+    released.mark_released()
+    lost.mark_lost("taken over")
     unwatched: list[int] = []
-    _lease.watched(unhanded, lambda: unwatched.append(1))
-    _lease.unhanded(unhanded)  # never reached its caller: released here, its watch ended
+    unhanded.watched(lambda: unwatched.append(1))
+    unhanded.mark_released()  # never reached its caller: released here, its watch ended
     for lease in (released, lost, unhanded):  # later news changes nothing
-        _lease.mark_lost(lease, "expired")
-        lease._mark_released()
+        lease.mark_lost("expired")
+        lease.mark_released()
     assert [meter.ends for meter in meters] == [[(5.0, False)], [(5.0, True)], [(5.0, False)]]
-    assert unhanded.released
+    assert unhanded.status == _lease.RELEASED
     assert unwatched == [1]
 
 
@@ -311,7 +311,7 @@ def test_metrics_record_the_end_of_a_hold_once_released_or_lost() -> None:
 def test_a_lease_extends_by_its_own_token_and_counts_validity_from_the_send() -> None:
     clock = FakeClock()
     lease = held(clock)
-    flow = _lease.extend_flow(lease, 5000, wait=0.4)
+    flow = lease.extend_flow(5000, wait=0.4)
     op = next(flow)
     assert isinstance(op, _ops.Call)
     assert op.script is _scripts.EXTEND
@@ -319,63 +319,63 @@ def test_a_lease_extends_by_its_own_token_and_counts_validity_from_the_send() ->
     clock.advance(0.3)  # the reply's time in flight is the lease's loss
     assert step(flow, 1) == ("done", pytest.approx(1000.0 + 5.0 - drift(5.0)))
     # without the renewer's bound, the lock's own (its ttl, as it is longer than 1 s)
-    assert next(_lease.extend_flow(lease, 5000)).timeout == TTL
+    assert next(lease.extend_flow(5000)).timeout == TTL
 
 
 def test_an_extend_that_finds_the_lease_gone_marks_it_lost_and_a_failed_one_does_not() -> None:
     told: list[Any] = []
     lease = held(FakeClock(), told=told)
-    flow = lease._extend_flow(3000)
+    flow = lease.extend_flow(3000)
     next(flow)
-    with pytest.raises(redlease.BackendError), lease._lost_on_lock_lost():
+    with pytest.raises(redlease.BackendError), lease.lost_on_lock_lost():
         flow.throw(failure("extend"))
-    assert _lease.is_held(lease)  # the server out of reach says nothing of the lease
+    assert lease.is_held()  # the server out of reach says nothing of the lease
     assert told == []
-    flow = lease._extend_flow(3000)
+    flow = lease.extend_flow(3000)
     next(flow)
-    with pytest.raises(redlease.LockLost) as gone, lease._lost_on_lock_lost():
+    with pytest.raises(redlease.LockLost) as gone, lease.lost_on_lock_lost():
         flow.send(0)
     assert str(gone.value) == LOST_WORDS
-    assert lease.lost_reason == LOST_WORDS
+    assert lease.reason == LOST_WORDS
     assert told == [lease]
 
 
 def test_an_extend_without_a_ttl_takes_the_locks_own_and_a_too_short_one_is_refused() -> None:
     lease = held(FakeClock())
-    assert lease._extend_ttl_ms(None) == 3000
-    assert lease._extend_ttl_ms(0.25) == 250
+    assert lease.extend_ttl_ms(None) == 3000
+    assert lease.extend_ttl_ms(0.25) == 250
     with pytest.raises(redlease.InvalidArgument, match="ttl must be at least 3 ms"):
-        lease._extend_ttl_ms(0.002)
+        lease.extend_ttl_ms(0.002)
 
 
 def test_a_release_leaves_a_mark_as_long_as_its_retries_and_a_hurried_one_is_bounded() -> None:
     lease = held(FakeClock())
     unwatched: list[int] = []
-    _lease.watched(lease, lambda: unwatched.append(1))
-    op = next(_lease.release_flow(lease))
+    lease.watched(lambda: unwatched.append(1))
+    op = next(lease.release_flow())
     assert isinstance(op, _ops.Call)
     assert op.script is _scripts.RELEASE
-    assert op.keys == _lease.spec_of(lease).keys.script_keys
+    assert op.keys == lease.spec.keys.script_keys
     # fair, the waiters' bells, a release mark as long as a reply is waited for (the ttl)
     assert op.args == (lease.token, "1", "redlease:{orders:42}:bell:", "3000")
     assert (op.timeout, op.patient) == (TTL, True)
     # given back in haste: its renewal stops first, once, and it is held until the reply
-    _lease.stop_watching(lease)
-    _lease.stop_watching(lease)
+    lease.stop_watching()
+    lease.stop_watching()
     assert unwatched == [1]
-    assert _lease.is_held(lease)
-    hurried = next(_lease.release_flow(lease, hurried=True))
+    assert lease.is_held()
+    hurried = next(lease.release_flow(hurried=True))
     assert hurried.args == op.args
     assert (hurried.timeout, hurried.patient) == (_flows.PAST_DEADLINE, False)
 
 
 def test_a_release_the_server_confirms_ends_the_hold_and_its_renewal() -> None:
     h = holding()
-    flow = _lease.release_flow(h.lease)
+    flow = h.lease.release_flow()
     next(flow)
-    with h.lease._releasing():
+    with h.lease.releasing():
         assert step(flow, 1) == ("done", None)
-    assert h.lease.released
+    assert h.lease.status == _lease.RELEASED
     assert h.unwatched == [1]
     assert h.holders.held(h.holder) is None
     assert h.told == []
@@ -383,14 +383,14 @@ def test_a_release_the_server_confirms_ends_the_hold_and_its_renewal() -> None:
 
 def test_a_release_that_finds_the_lease_gone_marks_it_lost_and_frees_its_holder() -> None:
     h = holding()
-    flow = _lease.release_flow(h.lease)
+    flow = h.lease.release_flow()
     next(flow)
     with (
         pytest.raises(redlease.LockLost, match="had already expired or been taken over"),
-        h.lease._releasing(),
+        h.lease.releasing(),
     ):
         flow.send(0)
-    assert h.lease.lost
+    assert h.lease.lost()
     assert h.told == [h.lease]
     assert h.unwatched == [1]
     # told by the error: the holder's next acquire is a new one, not a re-entry
@@ -400,20 +400,20 @@ def test_a_release_that_finds_the_lease_gone_marks_it_lost_and_frees_its_holder(
 def test_a_release_short_of_a_quorum_counts_as_released() -> None:
     h = holding()
     quorum = redlease.QuorumError("release 'orders:42': 1 of 3 nodes", {"b:6379": "refused"})
-    with pytest.raises(redlease.QuorumError), h.lease._releasing():
+    with pytest.raises(redlease.QuorumError), h.lease.releasing():
         raise quorum
-    assert h.lease.released
+    assert h.lease.status == _lease.RELEASED
     assert h.unwatched == [1]
 
 
 def test_a_release_that_fails_stops_renewal_and_lets_go_without_calling_it_released() -> None:
     h = holding()
-    flow = _lease.release_flow(h.lease)
+    flow = h.lease.release_flow()
     next(flow)
-    with pytest.raises(redlease.BackendError), h.lease._releasing():
+    with pytest.raises(redlease.BackendError), h.lease.releasing():
         flow.throw(failure("release"))
-    assert _lease.is_held(h.lease)  # it may still be held on the server, until its ttl
-    assert not h.lease.released
+    assert h.lease.is_held()  # it may still be held on the server, until its ttl
+    assert h.lease.status != _lease.RELEASED
     assert h.unwatched == [1]
     assert h.holders.held(h.holder) is None
     assert h.told == []
@@ -442,9 +442,9 @@ def test_a_holders_table_drops_released_leases_and_keeps_lost_ones_for_their_hol
     holders.hold(me, mine)
     holders.hold(you, yours)
     assert (holders.held(me), holders.held(you), holders.held(Holder())) == (mine, yours, None)
-    _lease.mark_lost(mine, "taken over")
+    mine.mark_lost("taken over")
     assert holders.held(me) is mine  # its holder is told at its next use of it
-    yours._mark_released()
+    yours.mark_released()
     assert holders.held(you) is None
     # asyncio code run outside a task is no holder: it holds nothing, and keeps nothing
     holders.hold(None, held(clock))
@@ -458,7 +458,7 @@ def test_a_lease_released_late_leaves_its_holders_newer_lease_in_the_table() -> 
     old, new = held(clock), held(clock)
     holders.hold(me, old)
     holders.hold(me, new)
-    old._mark_released()
+    old.mark_released()
     assert holders.held(me) is new
     holders.left(me, old)
     assert holders.held(me) is new
@@ -473,8 +473,8 @@ def test_a_holders_table_keeps_no_holder_alive() -> None:
     del me
     gc.collect()
     assert gone() is None
-    lease._mark_released()  # leaving the table of a holder that is gone
-    assert lease.released
+    lease.mark_released()  # leaving the table of a holder that is gone
+    assert lease.status == _lease.RELEASED
 
 
 def test_acquired_tokens_are_a_holders_leases_it_still_holds() -> None:
@@ -487,8 +487,8 @@ def test_acquired_tokens_are_a_holders_leases_it_still_holds() -> None:
     yours = held(clock)
     acquired.note(you, yours)
     acquired.note(None, held(clock))  # asyncio code outside a task: nobody to own it
-    released._mark_released()
-    _lease.mark_lost(lost, "taken over")
+    released.mark_released()
+    lost.mark_lost("taken over")
     clock.advance(0.5)  # the short lease has run out, though nobody has looked yet
     assert acquired.tokens(me) == {kept.token}
     assert acquired.tokens(you) == {yours.token}
@@ -578,17 +578,17 @@ def test_a_lease_released_meanwhile_is_neither_renewed_nor_revived() -> None:
     before = held(clock)
     renewal = watch(schedule, before, Driver(object()))
     [batch] = schedule.take_due(renewal.due)
-    before._mark_released()
+    before.mark_released()
     steps, _ = schedule.start(batch, renewal.due)
     assert (steps, batch.renewals) == ([], [])
     during = held(clock)
     renewal = watch(schedule, during, Driver(object()))
     [batch] = schedule.take_due(renewal.due)
     schedule.start(batch, renewal.due)
-    during._mark_released()  # while its renewal is in flight
+    during.mark_released()  # while its renewal is in flight
     valid_until = during.valid_until
     assert schedule.settle(batch, [1], renewal.due) == []
-    assert during.released
+    assert during.status == _lease.RELEASED
     assert during.valid_until == valid_until
 
 
@@ -617,9 +617,9 @@ def test_each_renewal_in_a_batch_is_settled_by_its_own_reply() -> None:
     assert told == []
     _renewal.tell(losses)
     assert told == [gone]
-    assert gone.lost_reason == LOST_WORDS
-    assert _lease.is_held(kept)
-    assert _lease.is_held(failing)
+    assert gone.reason == LOST_WORDS
+    assert kept.is_held()
+    assert failing.is_held()
 
 
 def test_a_failed_renewal_is_retried_after_a_quarter_of_the_validity_left_until_one_lands() -> None:
@@ -673,7 +673,7 @@ def test_too_few_acknowledgements_or_an_unreadable_reply_is_a_failed_renewal_not
     with caplog.at_level(logging.ERROR, logger="redlease._rules.renewal"):
         assert schedule.settle(batch, [reply], renewal.due) == []
     assert renewal.retry_at is not None
-    assert _lease.is_held(lease)
+    assert lease.is_held()
     [error] = meter.renewal_failures
     assert words in str(error)
     assert ("unexpected reply renewing 'orders:42'" in caplog.text) == logged
@@ -710,8 +710,8 @@ def test_leases_no_longer_held_leave_the_schedule_without_a_word() -> None:
     released, lost = held(clock), held(clock)
     for lease in (released, lost):
         schedule.add(lease, Driver(object()), clock(), None)  # (not unwatched when they end)
-    released._mark_released()
-    _lease.mark_lost(lost, "taken over")
+    released.mark_released()
+    lost.mark_lost("taken over")
     assert schedule.expire(clock()) == []
     assert len(schedule) == 0
 
@@ -725,13 +725,13 @@ def test_the_holder_is_told_once_whoever_finds_the_loss_first() -> None:
         watch(schedule, lease, Driver(object()))
     losses = dict(schedule.expire(seen_first.valid_until - 0.025))
     clock.now = seen_first.valid_until
-    assert seen_first.lost  # its holder looks before the renewer tells it
+    assert seen_first.lost()  # its holder looks before the renewer tells it
     _renewal.tell([(seen_first, losses[seen_first])])
     _renewal.tell([(told_first, losses[told_first])])
-    assert told_first.lost  # its holder looks after
+    assert told_first.lost()  # its holder looks after
     assert told == [seen_first, told_first]
-    assert seen_first.lost_reason == "its validity ran out"
-    assert told_first.lost_reason == "its validity ran out before a renewal was confirmed"
+    assert seen_first.reason == "its validity ran out"
+    assert told_first.reason == "its validity ran out before a renewal was confirmed"
 
 
 def test_telling_one_holder_that_fails_still_tells_the_others(
@@ -744,6 +744,6 @@ def test_telling_one_holder_that_fails_still_tells_the_others(
     with caplog.at_level(logging.ERROR, logger="redlease._rules.renewal"):
         _renewal.tell([(first, "taken over"), (second, "expired")])
     assert "telling the holder of 'orders:42' about its loss failed" in caplog.text
-    assert first.lost
+    assert first.lost()
     assert second in told
-    assert second.lost_reason == "expired"
+    assert second.reason == "expired"

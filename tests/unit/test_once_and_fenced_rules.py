@@ -57,17 +57,9 @@ def sent(flow: Generator[Any, Any, Any]) -> _ops.Call:
     return op
 
 
-class Run(_once.OnceLeaseRules):
-    """A run's lease as the lease classes have it: the rules mixed in, spec and token."""
-
-    def __init__(self, spec: _flows.LockSpec, token: str) -> None:
-        self._spec, self._token = spec, token
-
-
-def started_run(clock: FakeClock, r: _once.OnceRule) -> tuple[Run, _flows.LockSpec]:
+def started_run(clock: FakeClock, r: _once.OnceRule) -> tuple[_once.RunState, _flows.LockSpec]:
     s = job_spec(clock, r)
-    run = Run(s, "tok")
-    run._run_by(_once.OnceGrant("tok", 7, 0.0, STARTED_MS), r)
+    run = _once.RunState(s, _once.OnceGrant("tok", 7, 0.0, STARTED_MS), None, r)
     return run, s
 
 
@@ -254,7 +246,7 @@ def test_giving_up_before_the_job_began_takes_back_the_grant_and_the_period() ->
     assert step(flow, [9, 60_000, 1]) == ("done", None)  # a grant made meanwhile: given back
     # the run's own abandon (its job not begun): the same, on the lease's own bound
     run, rs = started_run(FakeClock(), r)
-    op = sent(run._abandon_flow())
+    op = sent(run.abandon_flow())
     assert (op.script, op.keys[-1]) == (_scripts.ONCE_LEAVE, LOCK + ":once")
     assert op.args == ("tok", "1", BELLS, "0", rs.given_up_ms)
     assert (op.timeout, op.patient) == (rs.reply_timeout, True)
@@ -266,7 +258,7 @@ def test_giving_up_before_the_job_began_takes_back_the_grant_and_the_period() ->
 def test_a_runs_extend_ends_no_later_than_its_start_plus_at_most_by_the_servers_clock() -> None:
     clock = FakeClock()
     run, s = started_run(clock, rule(at_most=60, at_least=5, ttl=10))
-    flow = run._extend_flow(10_000, wait=0.5)
+    flow = run.extend_flow(10_000, wait=0.5)
     op = sent(flow)
     assert op.script is _scripts.ONCE_EXTEND
     assert op.keys == (LOCK,)
@@ -275,8 +267,8 @@ def test_a_runs_extend_ends_no_later_than_its_start_plus_at_most_by_the_servers_
     clock.advance(0.2)
     # the server cut the lease to the 4 s at_most leaves: the validity is of those 4 s
     assert step(flow, 4000) == ("done", pytest.approx(1000.0 + 4.0 - drift(10.0)))
-    assert sent(run._extend_flow(10_000)).timeout == s.reply_timeout
-    over = run._extend_flow(10_000)
+    assert sent(run.extend_flow(10_000)).timeout == s.reply_timeout
+    over = run.extend_flow(10_000)
     next(over)
     with pytest.raises(redlease.LockLost, match="at_most time is over"):
         over.send(b"0")
@@ -285,14 +277,14 @@ def test_a_runs_extend_ends_no_later_than_its_start_plus_at_most_by_the_servers_
 def test_a_runs_release_keeps_the_name_until_its_start_plus_at_least() -> None:
     run, s = started_run(FakeClock(), rule(at_most=60, at_least=5))
     mark = str(math.ceil(s.reply_timeout * 1000))  # as long as the release may be retried
-    flow = run._release_flow()
+    flow = run.release_flow()
     op = sent(flow)
     assert op.script is _scripts.ONCE_RELEASE
     assert op.keys == s.keys.script_keys
     assert op.args == ("tok", "1", BELLS, mark, str(STARTED_MS + 5000))
     assert (op.timeout, op.patient) == (s.reply_timeout, True)
     assert step(flow, 1) == ("done", None)
-    hurried = run._release_flow(hurried=True)
+    hurried = run.release_flow(hurried=True)
     op = sent(hurried)
     assert (op.script, op.args[-1]) == (_scripts.ONCE_RELEASE, str(STARTED_MS + 5000))
     assert (op.timeout, op.patient) == (_flows.PAST_DEADLINE, False)
@@ -300,7 +292,7 @@ def test_a_runs_release_keeps_the_name_until_its_start_plus_at_least() -> None:
         hurried.send(0)
     # no at_least: kept until its start, which has passed: released at once
     plain, _ = started_run(FakeClock(), rule(at_most=60))
-    assert sent(plain._release_flow()).args[-1] == str(STARTED_MS)
+    assert sent(plain.release_flow()).args[-1] == str(STARTED_MS)
 
 
 # -- a decorated job's call, and its skip ---------------------------------------------

@@ -123,7 +123,7 @@ def test_a_nested_block_is_let_through_once_the_outer_lease_is_no_longer_held(
     lease = new_lease(clock)
     note(front, lease, holder)
     if outer == "released":
-        _lease.unhanded(lease)
+        lease.mark_released()
     elif outer == "lost":
         clock.advance(10.0)  # past its validity
     else:
@@ -155,12 +155,12 @@ def test_a_blocks_end_closes_the_innermost_open_block_of_its_own_lock() -> None:
 def test_a_release_is_told_begun_only_if_it_began_after_the_blocks_end_did() -> None:
     clock, front = FakeClock(), Front()
     lease = new_lease(clock)
-    lease._release_calls = 1  # a release called inside the block, before its end
+    lease.release_calls = 1  # a release called inside the block, before its end
     note(front, lease, Holder())
     ending = _fronts.close_entered(front)
     assert ending is not None
     assert not _fronts.release_begun(ending)
-    lease._release_calls += 1  # what release() counts first
+    lease.release_calls += 1  # what release() counts first
     assert _fronts.release_begun(ending)
 
 
@@ -168,10 +168,10 @@ def test_an_inner_reentrant_block_whose_hold_was_released_inside_it_releases_not
     clock, front, holder = FakeClock(), Front(reentrant=True), Holder()
     lease = new_lease(clock)
     outer = note(front, lease, holder)
-    _lease.hold_again(lease)
+    lease.hold_again()
     inner = note(front, lease, holder)
     assert _fronts.entered_lease(inner) is lease  # its own hold: released as it ends
-    _lease.drop_hold(lease)  # the inner block released its hold itself
+    lease.drop_hold()  # the inner block released its hold itself
     assert _fronts.entered_lease(inner) is None  # a release now would take the outer's
     assert _fronts.entered_lease(outer) is lease
     assert _fronts.entered_lease(None) is None
@@ -297,12 +297,12 @@ def test_a_reentrant_holder_is_given_its_lease_again_one_hold_more() -> None:
     assert front.held_by(holder) is None
     front.hold(holder, lease)
     assert front.held_by(holder) is lease
-    assert lease.hold_count == 2
+    assert lease.hold_count() == 2
     assert front.held_by(Holder()) is None  # another thread (task) acquires anew
     plain = Front()
     plain.hold(holder, lease)  # not reentrant: no table to note it in
     assert plain.held_by(holder) is None
-    assert lease.hold_count == 2
+    assert lease.hold_count() == 2
 
 
 def test_a_reentrant_holder_whose_lease_was_lost_is_told_and_then_forgotten() -> None:
@@ -312,7 +312,7 @@ def test_a_reentrant_holder_whose_lease_was_lost_is_told_and_then_forgotten() ->
     clock.advance(10.0)
     with pytest.raises(redlease.LockLost, match="acquired before was lost: its validity ran out"):
         front.held_by(holder)
-    assert _lease.holds(lease) == 1  # no hold taken on a lost lease
+    assert lease.holds == 1  # no hold taken on a lost lease
     assert front.held_by(holder) is None  # its next acquire is a new one
 
 
@@ -358,7 +358,7 @@ def test_an_acquire_is_metered_from_its_start_and_its_lease_until_its_end(
     assert (labels.kind, labels.mode, labels.name) == ("lock", None, "orders:42")
     front.not_granted(6.0, wait=True)
     front.not_granted(7.0, wait=False)
-    _lease.unhanded(lease)  # its hold ends: from when the grant was counted
+    lease.mark_released()  # its hold ends: from when the grant was counted
     assert labels.told == [
         ("granted", 5.0),
         ("not granted", 6.0, True),
@@ -385,7 +385,7 @@ def test_without_metrics_nothing_is_metered(monkeypatch: pytest.MonkeyPatch) -> 
     front, lease = Front(), new_lease(FakeClock())
     front.opened(lease, 1.0)
     front.not_granted(1.0, wait=True)
-    assert _lease.labels_of(lease) is None
+    assert lease.labels is None
     assert front._labels is None
 
 
@@ -714,9 +714,14 @@ def test_a_fence_that_is_not_a_number_is_an_error_not_a_lease(
         flow.send([b"7", fence])
 
 
+def held(state: _lease.LeaseState) -> redlease.Lease:
+    """The lease a caller holds over ``state`` (a multi-lease holds those)."""
+    return redlease.Lease(state, io=None)  # type: ignore[arg-type]  # (no I/O here)
+
+
 def test_a_multi_lease_is_valid_only_while_each_of_its_leases_is() -> None:
     clock = FakeClock()
-    a, b = new_lease(clock, "a", ttl=10.0), new_lease(clock, "b", ttl=5.0)
+    a, b = held(new_lease(clock, "a", ttl=10.0)), held(new_lease(clock, "b", ttl=5.0))
     multi = _multilock.MultiLeaseState(["b", "a"], {"a": a, "b": b})
     assert list(multi.leases) == ["b", "a"]  # the order the names were given in
     assert list(multi) == [b, a]
@@ -734,11 +739,11 @@ def test_a_multi_lease_is_valid_only_while_each_of_its_leases_is() -> None:
 def test_a_multi_lease_is_released_once_every_lease_is() -> None:
     clock = FakeClock()
     a, b = new_lease(clock, "a"), new_lease(clock, "b")
-    multi = _multilock.MultiLeaseState(["a", "b"], {"a": a, "b": b})
-    _lease.unhanded(a)
+    multi = _multilock.MultiLeaseState(["a", "b"], {"a": held(a), "b": held(b)})
+    a.mark_released()
     assert not multi.released
     assert not multi.lost
-    _lease.unhanded(b)
+    b.mark_released()
     assert multi.released
     with pytest.raises(redlease.LockLost, match="'a' was released"):
         multi.check()
@@ -788,7 +793,7 @@ def test_each_side_is_its_own_lock_with_its_own_holders() -> None:
     holder = Holder()
     lease = rw_lease(write, holder)
     assert write.held_by(holder) is lease  # the same mode again: one hold more
-    assert lease.hold_count == 2
+    assert lease.hold_count() == 2
     assert read.held_by(holder) is None  # the other mode is not re-entered
 
 

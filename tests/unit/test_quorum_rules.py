@@ -546,14 +546,14 @@ def test_a_quorum_lease_extends_and_releases_through_the_quorum_flows() -> None:
         (Unsafe(release_believed_only=True), (1, 2)),  # the nodes the grant names
     ]:
         spec = qspec(3, clock=clock, rules=rules)
-        lease = _redlock.QuorumLease(spec, grant, nodes=None)
+        lease = _redlock.QuorumLeaseState(spec, grant, on_lost=None)
         assert (lease.token, lease.fence, lease.remaining()) == ("tok", 9, 8.0)
-        extend = fan(next(lease._extend_flow(3000, 0.2)))
+        extend = fan(next(lease.extend_flow(3000, 0.2)))
         assert extend.call.script is _scripts.EXTEND
         assert extend.call.args == ("tok", "3000")
         assert extend.timeout == 0.2
         assert extend.enough == spec.quorum
-        release = fan(next(lease._release_flow(hurried=True)))
+        release = fan(next(lease.release_flow(hurried=True)))
         assert release.call.script is _scripts.REDLOCK_RELEASE
         assert release.call.args == ("tok",)
         assert release.nodes == released_on

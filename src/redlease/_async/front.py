@@ -19,7 +19,7 @@ import contextlib
 import inspect
 from collections.abc import Awaitable, Callable, Coroutine
 from types import FrameType, TracebackType
-from typing import Any, Generic, TypeVar
+from typing import Any, Generic, TypeVar, cast
 
 from .._base import metrics as _metrics
 from .._base.errors import AcquireTimeout, InvalidArgument, LockError, LockLost
@@ -49,24 +49,18 @@ from .._rules.fronts import (
     tidy_entered,
 )
 from .._rules.inspect import LockInfo
-from .._rules.lease import (
-    LeaseState,
-    drop_hold,
-    stop_watching,  # unasync: async only
-    unhanded,
-)
+from .._rules.lease import LeaseState
 from .._rules.multilock import MultiLeaseState
 from . import renewer as _renewer_async
 from .backend import Cancelled, current_holder, shielded
 from .lease import (
     AsyncDriver,
     AsyncLease,
-    AsyncLeaseBlock,
     finish_in_haste,
     set_holder,  # unasync: async only
 )
 
-LeaseT = TypeVar("LeaseT", bound=AsyncLeaseBlock)
+LeaseT = TypeVar("LeaseT", bound=AsyncLease)
 
 
 async def end_block(
@@ -83,9 +77,9 @@ async def end_block(
     entry = None
     try:
         entry = close_entered(block)
-        lease = entered_lease(entry)  # (a lease, a multi-lease; a Skipped holds nothing)
-        if _releases(lease):
-            await lease.__aexit__(exc_type, exc, tb)
+        held = _released_by_block(entered_lease(entry))
+        if held is not None:
+            await held.__aexit__(exc_type, exc, tb)
     except BaseException as failure:
         if not isinstance(failure, LockError):
             if entry is None:  # interrupted before its note was found
@@ -114,16 +108,21 @@ def caller() -> FrameType | None:
     return None if frame is None or frame.f_back is None else frame.f_back.f_back
 
 
-def _releases(entered: object) -> bool:
-    """Whether what a block noted is released as it ends (a lease, a multi-lease; a
-    job's Skipped holds nothing)."""
-    return isinstance(entered, (LeaseState, MultiLeaseState))
+def _released_by_block(noted: object) -> Any:
+    """What a block's end releases of what it noted: a lease (noted as its state), a
+    multi-lease; None for a job's Skipped, which holds nothing."""
+    if isinstance(noted, LeaseState):
+        return noted.lease
+    return noted if isinstance(noted, MultiLeaseState) else None
 
 
 class AsyncFront(Generic[LeaseT], AsyncOnly):
     """``acquire``, ``try_acquire``, ``with`` and ``@lock``, once for every kind of lock:
     over the lock's rules (``_core``, see ``_rules.fronts.FrontCore``) and the driver that
     runs its flows (``_io``)."""
+
+    # The class of the leases it hands out (each holds the state its core makes).
+    _lease_type: type[AsyncLease] = AsyncLease
 
     def __init__(self, core: FrontCore, io: AsyncDriver) -> None:
         self._core, self._io = core, io
@@ -140,13 +139,6 @@ class AsyncFront(Generic[LeaseT], AsyncOnly):
 
     def __repr__(self) -> str:
         return f"<{type(self).__name__} {self.name!r} ttl={self.ttl}s>"
-
-    def _new_lease(self, grant: Grant) -> LeaseT:
-        """The lease of ``grant`` (a one-server lease, noted for ``owned()``)."""
-        core = self._core
-        lease = AsyncLease(core.spec, grant, self._io, core.on_lost)
-        core.acquirers().note(current_holder(), lease)
-        return lease  # type: ignore[return-value]
 
     async def _look(self) -> LockInfo:
         """What the server says of the name now (``locked``, ``owned``, ``waiting``)."""
@@ -172,10 +164,13 @@ class AsyncFront(Generic[LeaseT], AsyncOnly):
         what it may have taken within half a second (a Redlock's: within its node
         timeout); what a server that does not answer keeps by then expires on its own.
         """
-        lease = await self._acquire(args.timeout(timeout), wait=True)
-        if lease is None:
+        return cast(LeaseT, (await self._waited(timeout)).lease)
+
+    async def _waited(self, timeout: Seconds | None) -> LeaseState:
+        state = await self._acquire(args.timeout(timeout), wait=True)
+        if state is None:
             raise AcquireTimeout(f"{self._core.noun} {self.name!r} still busy after {timeout}s")
-        return lease
+        return state
 
     async def try_acquire(self) -> LeaseT | None:
         """Take the lock if it is free right now; never waits. None if it is busy.
@@ -187,13 +182,14 @@ class AsyncFront(Generic[LeaseT], AsyncOnly):
         again once, at once); with ``replicas=``, add the wait for them. A Cluster
         client's calls keep its own timeouts and retries.
         """
-        return await self._acquire(0.0, wait=False)
+        state = await self._acquire(0.0, wait=False)
+        return None if state is None else cast(LeaseT, state.lease)
 
     async def _acquire(
         self, timeout: float | None, *, wait: bool, entering: Opening | None = None
-    ) -> LeaseT | None:
-        """The lease, or None (a try, or a timeout). ``entering``: the `with` block it
-        opens (noted before it is returned, see ``_granted``)."""
+    ) -> LeaseState | None:
+        """The lease's state, or None (a try, or a timeout). ``entering``: the `with`
+        block it opens (noted before it is returned, see ``_granted``)."""
         core = self._core
         if core.holding is None:
             lease = await self._take(timeout, wait=wait, entering=entering)
@@ -211,9 +207,9 @@ class AsyncFront(Generic[LeaseT], AsyncOnly):
                 except BaseException:
                     if entry is not None:
                         forget_entered(entry)
-                    drop_hold(held)  # (the hold _held_by took: the block never began)
+                    held.drop_hold()  # (the hold held_by took: the block never began)
                     raise
-            return held  # type: ignore[return-value]
+            return held
         lease = await self._take(timeout, wait=wait, holder=holder, entering=entering)
         if lease is None:
             core.refused(current_holder, wait=wait)
@@ -226,7 +222,7 @@ class AsyncFront(Generic[LeaseT], AsyncOnly):
         wait: bool,
         holder: object = None,
         entering: Opening | None = None,
-    ) -> LeaseT | None:
+    ) -> LeaseState | None:
         started = _metrics.now()
         # (its deadline counts the look)
         attempt = self._core.new_attempt(timeout, wait=wait, holder=current_holder)
@@ -243,14 +239,14 @@ class AsyncFront(Generic[LeaseT], AsyncOnly):
         holder: object = None,
         entering: Opening | None = None,
         block: object = None,
-    ) -> LeaseT | None:
+    ) -> LeaseState | None:
         """Run ``attempt`` (after the one look at the server) and hand its grant over as
-        a lease (``_watched``), noted for its reentrant ``holder`` and, ``entering``, as
+        a lease (``_watched``: its state), noted for its reentrant ``holder`` and, ``entering``, as
         the `with` block of ``block`` (default: this lock) that it opens; None if nothing
         was granted. One try covers every step from the first write to the return, so
         an interruption anywhere (a cancellation, an error raised by a signal handler)
         gives back what the attempt may have taken: no one else could release it."""
-        lease: LeaseT | None = None
+        lease: LeaseState | None = None
         entry = None
         try:
             await self._io.check_server_once(attempt.look_within())
@@ -268,34 +264,38 @@ class AsyncFront(Generic[LeaseT], AsyncOnly):
             if entry is not None:
                 forget_entered(entry)
             if lease is not None:
-                unhanded(lease)
+                lease.mark_released()  # (it never reached its caller)
             if attempt.outstanding:
                 # An interruption that ends the process (Ctrl-C, exit, a signal's error:
                 # not an Exception, nor asyncio's cancellation) is cleaned up in haste.
                 await self._abandon(attempt, hurried=not isinstance(exc, (Exception, Cancelled)))
             raise
 
-    def _watched(self, grant: Grant, started: float) -> LeaseT:
-        lease = self._new_lease(grant)
+    def _watched(self, grant: Grant, started: float) -> LeaseState:
+        """The state of ``grant``'s lease (made, held by its lease, noted for
+        ``owned()``, metered, watched or renewed as the lock's options say)."""
         core = self._core
+        state = core.new_state(grant)
         try:
-            core.opened(lease, started)
+            self._lease_type(state, self._io)  # (the lease holds it: state.lease)
+            core.acquirers().note(current_holder(), state)
+            core.opened(state, started)
             # unasync: async only
             if core.cancel_on_lost:
-                set_holder(lease, current_holder())
+                set_holder(state.lease, current_holder())
             # unasync: end
             if core.auto_renew:
-                _renewer_async.watch(lease, self._io, core.max_hold)
+                _renewer_async.watch(state, self._io, core.max_hold)
             elif core.watches:
-                _renewer_async.watch(lease, self._io, 0.0)  # watch its validity, never renew
+                _renewer_async.watch(state, self._io, 0.0)  # watch its validity, never renew
             # unasync: async only
             elif core.cancel_on_lost:
-                _renewer_async.watch(lease, self._io, 0.0)
+                _renewer_async.watch(state, self._io, 0.0)
             # unasync: end
         except BaseException:
-            unhanded(lease)
+            state.mark_released()
             raise
-        return lease
+        return state
 
     async def _abandon(self, attempt: Attempt, *, hurried: bool = False) -> None:
         try:
@@ -312,9 +312,9 @@ class AsyncFront(Generic[LeaseT], AsyncOnly):
         core = self._core
         if core.refuses_nesting and core.holding is None:
             refuse_nested(self, core, at.holder)
-        lease = await self._acquire(None, wait=True, entering=at)
-        assert lease is not None  # (no timeout: a lease, or an error)
-        return lease
+        state = await self._acquire(None, wait=True, entering=at)
+        assert state is not None  # (no timeout: a lease, or an error)
+        return cast(LeaseT, state.lease)
 
     __aexit__ = end_block
 
@@ -350,11 +350,12 @@ class AsyncFront(Generic[LeaseT], AsyncOnly):
         """
         if not callable(fn):
             raise InvalidArgument(f"fn must be an async callable, not {type(fn).__name__}")
-        lease = await self.acquire(timeout)
-        if not self._core.auto_renew and lease.hold_count == 1:
+        state = await self._waited(timeout)
+        lease = cast(LeaseT, state.lease)
+        if not self._core.auto_renew and state.hold_count() == 1:
             # a lease that is not renewed, or only watched for cancel_on_lost: renewed now
-            stop_watching(lease)
-            _renewer_async.watch(lease, self._io, self._core.max_hold)
+            state.stop_watching()
+            _renewer_async.watch(state, self._io, self._core.max_hold)
         try:
             result = await _run_holding(lease, fn, args)
         except LockLost:
@@ -374,7 +375,7 @@ async def _awaited(work: Awaitable[R]) -> R:
     return await work
 
 
-async def _run_holding(lease: AsyncLeaseBlock, fn: Callable[..., Any], args: Any) -> Any:
+async def _run_holding(lease: AsyncLease, fn: Callable[..., Any], args: Any) -> Any:
     """``fn(lease, *args)`` in a task of its own, which the lease cancels if it is lost
     (as ``cancel_on_lost`` cancels the acquirer); its result, or its error. A task
     cancelled by the loss raises LockLost. Cancelling the caller cancels the task and
@@ -424,4 +425,4 @@ async def release_by_force(front: AsyncFront[Any], token: str) -> None:
 def handed_out(front: AsyncFront[LeaseT], grant: Grant, started: float) -> LeaseT:
     """The lease of a grant that ``front``'s lock got in another way (a multi-lock's one
     script): watched, renewed and metered as its own acquire's would be."""
-    return front._watched(grant, started)
+    return cast(LeaseT, front._watched(grant, started).lease)

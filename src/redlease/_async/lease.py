@@ -7,27 +7,19 @@ from __future__ import annotations
 
 import asyncio  # unasync: async only
 import contextlib
-from collections.abc import Callable, Generator, Sequence
+from collections.abc import Generator, Sequence
 from types import TracebackType
 from typing import Any, Protocol, TypeVar
 
 from .._base import fork as _fork
 from .._base.errors import LockError, LockLost, QuorumError
 from .._base.misuse import AsyncOnly  # unasync: async only
-from .._rules import flows as _flows
-from .._rules.lease import (
-    HELD,
-    RELEASED,
-    LeaseState,
-    lost_at_block_end,
-    release_flow,
-    stop_watching,
-)
+from .._rules.lease import HELD, RELEASED, LeaseState, lost_at_block_end
 from .._rules.multilock import MultiLeaseState
 from .backend import Cancelled, shielded
 
 T = TypeVar("T")
-_Block = TypeVar("_Block", bound="AsyncLeaseBlock")
+_Lease = TypeVar("_Lease", bound="AsyncLease")
 
 
 class AsyncDriver(Protocol):
@@ -42,22 +34,76 @@ class AsyncDriver(Protocol):
         """The first steps of several leases' extend flows, at once (the renewer's)."""
 
 
-class AsyncLeaseBlock(LeaseState, AsyncOnly):
-    """What every lease shares: ``extend`` and ``release`` (the lease's flows, run by its
-    driver ``_io``) and ``with lease:``, which releases it when the block ends; asyncio's
-    also the task to cancel when the lease is lost (``cancel_on_lost``)."""
+class AsyncLease(AsyncOnly):
+    """A held lock. Use it as a context manager to release it when the block ends.
 
-    _io: AsyncDriver
+    Its rules (validity, holds, the lost flag, ``on_lost``) are the ``LeaseState`` it
+    holds (``_rules.lease``); it adds ``extend``, ``release`` and ``with``, run by its
+    driver."""
+
     # unasync: async only
-    _holder: asyncio.Task[Any] | None = None  # set by the lock when cancel_on_lost
-
-    def _mark_lost(self, reason: str) -> bool:
-        marked = super()._mark_lost(reason)
-        if marked and self._holder is not None:
-            _cancel_holder(self._holder, f"lease on {self.name!r} was lost: {reason}")
-        return marked
+    _holder: asyncio.Task[Any] | None = None  # cancelled when it is lost (cancel_on_lost)
 
     # unasync: end
+    def __init__(self, state: LeaseState, io: AsyncDriver) -> None:
+        self._state, self._io = state, io
+        state.lease = self
+
+    @property
+    def name(self) -> str:
+        """The name of the lock this lease is for."""
+        return self._state.spec.name
+
+    @property
+    def token(self) -> str:
+        """The random value that proves ownership on the server."""
+        return self._state.token
+
+    @property
+    def fence(self) -> int:
+        """Fencing token: strictly greater than any earlier grant's for this name."""
+        return self._state.fence
+
+    @property
+    def valid_until(self) -> float:
+        """End of validity on the lock's monotonic clock."""
+        return self._state.valid_until
+
+    def remaining(self) -> float:
+        """Seconds of validity left (0.0 once expired, released or lost), by this
+        process's clock, drift margin taken off. Never raises."""
+        return self._state.remaining()
+
+    @property
+    def lost(self) -> bool:
+        """True once the lease is known gone or its validity has run out (not after release)."""
+        return self._state.lost()
+
+    @property
+    def lost_reason(self) -> str | None:
+        """Why the lease was lost, in words: the server said it is no longer ours
+        (expired, or taken over: ``redlease release --force``, a failover), its renewals
+        failed until its validity ran out, renewal stopped at ``max_hold``... None while
+        it is not lost."""
+        state = self._state
+        return state.reason if state.lost() else None
+
+    @property
+    def released(self) -> bool:
+        """True once released (``release()``, or the end of its ``with`` block)."""
+        return self._state.status == RELEASED
+
+    @property
+    def hold_count(self) -> int:
+        """How many acquisitions this lease stands for and that are not released yet: 1,
+        or more when a ``reentrant`` lock was acquired again by the thread (task) that
+        holds it. Only the release of the last one releases on the server."""
+        return self._state.hold_count()
+
+    def check(self) -> None:
+        """Raise LockLost unless the lease is still held and valid: call it before each
+        step of protected work (and pass ``fence`` to the resource when it can check it)."""
+        self._state.check()
 
     async def extend(self, ttl: float | None = None) -> None:
         """Make the lease last ``ttl`` seconds from now (default: the lock's ttl).
@@ -65,11 +111,12 @@ class AsyncLeaseBlock(LeaseState, AsyncOnly):
         Raises LockLost if it is no longer ours (a Redlock's: if a majority says so; if
         too few nodes answer to tell, QuorumError, and the lease keeps its validity).
         """
-        ttl_ms = self._extend_ttl_ms(ttl)
-        self.check()
-        with self._lost_on_lock_lost():
-            until = await self._io.run(self._extend_flow(ttl_ms), "extend")
-        self._renewed(until)
+        state = self._state
+        ttl_ms = state.extend_ttl_ms(ttl)
+        state.check()
+        with state.lost_on_lock_lost():
+            until = await self._io.run(state.extend_flow(ttl_ms), "extend")
+        state.renewed(until)
 
     async def release(self) -> None:
         """Give the lock back (and hand it to the next waiter). Releasing twice is a no-op.
@@ -82,19 +129,20 @@ class AsyncLeaseBlock(LeaseState, AsyncOnly):
         what is left expires with the ttl). asyncio: cancelling the caller does not
         cancel the release itself.
         """
-        self._release_calls += 1  # (first: see _rules.lease.release_calls)
-        if self._state == RELEASED:
+        state = self._state
+        state.release_calls += 1  # (first: see _rules.lease.release_calls)
+        if state.status == RELEASED:
             return
-        if self._holds > 1:  # a reentrant lease's inner hold: one hold fewer, no I/O
+        if state.holds > 1:  # a reentrant lease's inner hold: one hold fewer, no I/O
             try:
-                self.check()  # a lease lost meanwhile says so at each release
+                state.check()  # a lease lost meanwhile says so at each release
             finally:
-                self._holds -= 1
+                state.holds -= 1
             return
         try:
-            self._not_forked()
-            with self._releasing():
-                await self._io.run(self._release_flow(), "release")
+            state.not_forked()
+            with state.releasing():
+                await self._io.run(state.release_flow(), "release")
         except LockError:
             raise
         except Cancelled:
@@ -102,8 +150,8 @@ class AsyncLeaseBlock(LeaseState, AsyncOnly):
             # it again to the end, shielded, then let the cancellation go on. "Not ours"
             # now may mean the first one did land, so it is not reported.
             with contextlib.suppress(LockLost, QuorumError):
-                await shielded(lambda: self._io.run(self._release_flow(), "release"))
-            self._mark_released()
+                await shielded(lambda: self._io.run(state.release_flow(), "release"))
+            state.mark_released()
             raise
         except BaseException:
             # Interrupted (an error raised by a signal handler: a Ctrl-C the program
@@ -120,24 +168,25 @@ class AsyncLeaseBlock(LeaseState, AsyncOnly):
         reentrant lease held more than once gives up one hold. Nothing if it is released
         or lost already, or a fork's parent's. One more interruption while the release
         is on its way sends it once more; a third may cut it short."""
-        if self._state != HELD or self._generation != _fork.generation:
+        state = self._state
+        if state.status != HELD or state.generation != _fork.generation:
             return
-        if self._holds > 1:
-            self._holds -= 1
+        if state.holds > 1:
+            state.holds -= 1
             return
         try:
-            self._mark_released()  # (renewal stops, whatever comes of the release)
+            state.mark_released()  # (renewal stops, whatever comes of the release)
             await self._send_in_haste()
         except BaseException:
-            self._mark_released()
+            state.mark_released()
             await self._send_in_haste()
             raise
 
     async def _send_in_haste(self) -> None:
         with contextlib.suppress(Exception):
-            await self._io.run(self._release_flow(hurried=True), "release")
+            await self._io.run(self._state.release_flow(hurried=True), "release")
 
-    async def __aenter__(self: _Block) -> _Block:
+    async def __aenter__(self: _Lease) -> _Lease:
         return self
 
     async def __aexit__(
@@ -149,21 +198,10 @@ class AsyncLeaseBlock(LeaseState, AsyncOnly):
         try:
             await self.release()
         except LockLost as lost:
-            lost_at_block_end(self, lost, exc)
+            lost_at_block_end(self._state, lost, exc)
 
-
-class AsyncLease(AsyncLeaseBlock):
-    """A held lock. Use it as a context manager to release it when the block ends."""
-
-    def __init__(
-        self,
-        spec: _flows.LockSpec,
-        grant: _flows.Grant,
-        io: AsyncDriver,
-        on_lost: Callable[[Any], object] | None = None,
-    ) -> None:
-        super().__init__(spec, grant, on_lost)
-        self._io = io
+    def __repr__(self) -> str:
+        return repr(self._state)
 
 
 async def give_back_in_haste(lease: AsyncLease) -> None:
@@ -171,27 +209,43 @@ async def give_back_in_haste(lease: AsyncLease) -> None:
     release bounded to half a second with no retry (``_rules.flows.release``'s
     ``hurried``); BackendError if that fails, and what the server keeps then expires
     with the ttl."""
-    stop_watching(lease)
-    await lease._io.run(release_flow(lease, hurried=True), f"give back {lease.name!r}")
+    state = lease._state
+    state.stop_watching()
+    await lease._io.run(state.release_flow(hurried=True), f"give back {lease.name!r}")
 
 
 async def finish_in_haste(held: object) -> None:
     """A lease's release, or each of a multi-lease's, finished in haste (see
-    ``AsyncLeaseBlock._finish_in_haste``); anything else holds nothing."""
-    if isinstance(held, AsyncLeaseBlock):
+    ``AsyncLease._finish_in_haste``); anything else holds nothing. ``held``: a lease,
+    its state, or a multi-lease."""
+    if isinstance(held, LeaseState):
+        held = held.lease
+    if isinstance(held, AsyncLease):
         await held._finish_in_haste()
     elif isinstance(held, MultiLeaseState):
         leases = list(held.leases.values())
         for lease in leases:  # every renewal stops first, whatever cuts the rest short
-            stop_watching(lease)
+            lease._state.stop_watching()
         for lease in leases:
             await finish_in_haste(lease)
 
 
+def unhanded(lease: AsyncLease) -> None:
+    """A lease that never reached its caller: released here (see ``mark_released``)."""
+    lease._state.mark_released()
+
+
 # unasync: async only
-def set_holder(lease: AsyncLeaseBlock, task: asyncio.Task[Any] | None) -> asyncio.Task[Any] | None:
+def set_holder(lease: AsyncLease, task: asyncio.Task[Any] | None) -> asyncio.Task[Any] | None:
     """The task to cancel when ``lease`` is lost (None: none); returns the one before."""
     previous, lease._holder = lease._holder, task
+    if task is None:
+        lease._state.also_told = None
+    else:
+        name = lease.name
+        lease._state.also_told = lambda reason: _cancel_holder(
+            task, f"lease on {name!r} was lost: {reason}"
+        )
     return previous
 
 

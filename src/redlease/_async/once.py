@@ -8,74 +8,55 @@ from __future__ import annotations
 import functools
 import logging
 from collections.abc import Awaitable, Callable, Coroutine
-from typing import Any
+from typing import Any, cast
 
 from .._base import metrics as _metrics
 from .._base.types import OnLost, Seconds
 from .._clients.checks import check_client
 from .._rules import arguments as args
-from .._rules.flows import Grant, LockSpec
-from .._rules.fronts import FrontCore, Opening, P, R, entered, push_entered, refuse_undecorable
-from .._rules.lease import is_held
+from .._rules.flows import LockSpec
+from .._rules.fronts import Opening, P, R, entered, push_entered, refuse_undecorable
 from .._rules.once import (
     JobCall,
     OnceAttempt,
-    OnceLeaseRules,
+    OnceCore,
     OnceRule,
+    RunState,
     Skipped,
     skip_message,
 )
-from .backend import ASYNC, current_holder
+from .backend import ASYNC
 from .front import AsyncFront, caller, end_block, opened
-from .lease import AsyncDriver, AsyncLease
+from .lease import AsyncLease
 from .lock import served
 
 log = logging.getLogger(__name__)
 
 
-class AsyncRun(OnceLeaseRules, AsyncLease):
+class AsyncRun(AsyncLease):
     """A scheduled job's run: the lease it holds (``fence``, ``check()``, ``lost``...).
     Its release (the end of the job's block) keeps the name held until ``at_least`` has
-    passed since the run started, by the server's clock."""
+    passed since the run started, by the server's clock (``_rules.once.RunState``)."""
 
-    def __init__(
-        self, spec: LockSpec, grant: Grant, io: AsyncDriver, on_lost: OnLost | None, rule: OnceRule
-    ) -> None:
-        super().__init__(spec, grant, io, on_lost)
-        self._run_by(grant, rule)
+    _state: RunState
 
     async def abandon(self) -> None:
         """Give the run back before its job has begun: the name is freed at once (no
         ``at_least``) and, with ``every``, the period too, so another call may run it.
         A no-op once released or lost."""
-        if not is_held(self):
+        state = self._state
+        if not state.is_held():
             return
-        self._not_forked()
-        with self._releasing():
-            await self._io.run(self._abandon_flow(), "abandon")
+        state.not_forked()
+        with state.releasing():
+            await self._io.run(state.abandon_flow(), "abandon")
 
 
 class _AsyncJobLock(AsyncFront[AsyncRun]):
     """The lock of a job's name, taken by the job's one try (``begin``)."""
 
-    def __init__(self, client: Any, spec: LockSpec, rule: OnceRule, on_lost: OnLost | None) -> None:
-        core = FrontCore(
-            spec,
-            auto_renew=rule.renews,
-            # (renewal stops in time for its last lease to end by at_most; the server caps it)
-            max_hold=(rule.at_most_ms - rule.lease_ms) / 1000.0 if rule.renews else None,
-            on_lost=on_lost,
-            watches=on_lost is not None,  # (on_lost told when at_most has passed)
-            kind="once",
-        )
-        super().__init__(core, served(client, spec))
-        self._rule = rule
-
-    def _new_lease(self, grant: Grant) -> AsyncRun:
-        core = self._core
-        lease = AsyncRun(core.spec, grant, self._io, core.on_lost, self._rule)
-        core.acquirers().note(current_holder(), lease)
-        return lease
+    _core: OnceCore
+    _lease_type = AsyncRun
 
     async def locked(self) -> bool:
         return (await self._look()).held
@@ -84,10 +65,10 @@ class _AsyncJobLock(AsyncFront[AsyncRun]):
         """The try; ``block``: the job whose `with` block the run opens, ``at`` (noted
         before it is returned, as a lock's block notes its lease)."""
         started = _metrics.now()
-        attempt = OnceAttempt(self._core.spec, self._rule)
-        run = await self._granted(attempt, started, entering=at, block=block)
-        if run is not None:
-            return run
+        attempt = OnceAttempt(self._core.spec, self._core.rule)
+        state = await self._granted(attempt, started, entering=at, block=block)
+        if state is not None:
+            return cast(AsyncRun, state.lease)
         skipped = attempt.skipped
         assert skipped is not None
         self._core.not_granted(started, wait=False)
@@ -142,7 +123,7 @@ class AsyncOnce:
         spec = LockSpec.create(name, rule.lease_ms / 1000.0, prefix=prefix)
         on_lost = args.callback(on_lost, "on_lost")  # type: ignore[assignment]
         self._rule = rule
-        self._lock = _AsyncJobLock(client, spec, rule, on_lost)
+        self._lock = _AsyncJobLock(OnceCore(spec, rule, on_lost), served(client, spec))
 
     @property
     def name(self) -> str:

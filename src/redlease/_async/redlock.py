@@ -38,14 +38,13 @@ from .._base.types import Clock, OnLost, Seconds
 from .._clients.checks import check_nodes, node_name
 from .._rules import arguments as args
 from .._rules import flows as _flows
-from .._rules.flows import Grant, LockSpec
+from .._rules.flows import LockSpec
 from .._rules.ops import Call, Command, Sleep
-from .._rules.quorum import SAFE, Fanout, QuorumFlow, QuorumGrant, QuorumSpec, Rules
+from .._rules.quorum import SAFE, Fanout, QuorumFlow, QuorumSpec, Rules
 from .._rules.redlock import (
     CHECK_WAIT,
     MIN_TOLERANT_NODES,
     QuorumCore,
-    QuorumLease,
     pool_of,
     warn_evicting,
 )
@@ -53,7 +52,7 @@ from . import io as _io_async
 from .backend import ASYNC, sleep
 from .front import AsyncFront
 from .io import CHECKED, AsyncIO
-from .lease import AsyncLeaseBlock
+from .lease import AsyncLease
 
 T = TypeVar("T")
 
@@ -115,8 +114,9 @@ class _AsyncNodes:
             warn_evicting(self.spec, fresh, replies)
 
 
-class AsyncRedlockLease(QuorumLease, AsyncLeaseBlock):
-    """A held Redlock: the same surface as ``Lease``."""
+class AsyncRedlockLease(AsyncLease):
+    """A held Redlock: the same surface as ``Lease``, over a Redlock lease's rules
+    (``_rules.redlock.QuorumLeaseState``)."""
 
 
 class AsyncRedlock(AsyncFront[AsyncRedlockLease]):
@@ -140,6 +140,7 @@ class AsyncRedlock(AsyncFront[AsyncRedlockLease]):
     _rules: Rules = SAFE
     _core: QuorumCore
     _io: _AsyncNodes
+    _lease_type = AsyncRedlockLease
 
     def __init__(
         self,
@@ -195,8 +196,3 @@ class AsyncRedlock(AsyncFront[AsyncRedlockLease]):
             f"<{type(self).__name__} {self.name!r} ttl={self.ttl}s "
             f"nodes={len(self._core.quorum.nodes)} quorum={self.quorum}>"
         )
-
-    def _new_lease(self, grant: Grant) -> AsyncRedlockLease:
-        assert isinstance(grant, QuorumGrant)
-        core = self._core
-        return AsyncRedlockLease(core.quorum, grant, self._io, core.on_lost)

@@ -12,7 +12,7 @@ from typing import Any
 from .._base import fork as _fork
 from .._base.timing import MONOTONIC
 from .._base.types import Clock
-from .._rules.lease import LeaseState, forked, watched
+from .._rules.lease import LeaseState
 from .._rules.renewal import Batch, Renewal, Schedule, failed, tell
 
 
@@ -31,7 +31,7 @@ class Renewer:
 
     def register(self, lease: LeaseState, io: Any, max_hold: float | None) -> None:
         renewal = self._schedule.add(lease, io, self._clock(), max_hold)
-        watched(lease, lambda: self._forget(renewal))
+        lease.watched(lambda: self._forget(renewal))
         if self._task is None:
             self._task = self._loop.create_task(self._run(), name="redlease-renewer")
         elif renewal.next_event() < self._wake_at:
@@ -110,7 +110,7 @@ def _after_fork_in_child() -> None:
         renewals += renewer._after_fork_in_child()
     _RENEWERS.clear()
     for renewal in renewals:
-        forked(renewal.lease)
+        renewal.lease.forked()
 
 
 _fork.in_child(_after_fork_in_child)

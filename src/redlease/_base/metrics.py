@@ -8,10 +8,10 @@ without an SDK its instruments are OpenTelemetry's no-op ones.
 
 Where each event is recorded, once for both twins:
 
-* an acquire that returned (a lease, or None): ``_rules.fronts`` (``_Front._opened`` and
-  ``_Front._not_granted``), wait duration, acquisitions and timeouts;
-* the end of a hold (released, or found lost by anyone): ``LeaseState._mark_released``
-  and ``_mark_lost`` in ``_rules.lease``, hold duration and lost leases;
+* an acquire that returned (a lease, or None): ``_rules.fronts`` (``FrontCore.opened`` and
+  ``FrontCore.not_granted``), wait duration, acquisitions and timeouts;
+* the end of a hold (released, or found lost by anyone): ``LeaseState.mark_released``
+  and ``mark_lost`` in ``_rules.lease``, hold duration and lost leases;
 * a renewal that did not extend its lease: ``Schedule.settle`` in ``_rules.renewal``.
 
 Attribute sets are made once per kind (per lock object when names are recorded) and

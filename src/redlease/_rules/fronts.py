@@ -32,7 +32,7 @@ from . import arguments as args
 from . import inspect as _inspect
 from .flows import Acquisition, Flow, Grant, LockSpec
 from .inspect import LockInfo
-from .lease import Acquired, Holders, LeaseState, hold_again, holds, metered, release_calls
+from .lease import Acquired, Holders, LeaseState, release_calls
 
 
 class Attempt(Protocol):
@@ -106,7 +106,7 @@ def entered(lock: object, lease: Any, at: Opening) -> _Entry:
     """The entry of a block of ``lock`` that took ``lease`` (or a MultiLock's leases),
     made before it is noted (``push_entered``), so that whoever notes it can take back
     exactly that note (``forget_entered``)."""
-    depth = holds(lease) if isinstance(lease, LeaseState) else 1  # (a multi-lease nests not)
+    depth = lease.holds if isinstance(lease, LeaseState) else 1  # (a multi-lease nests not)
     return [lock, lease, depth, at.holder, True, at.frame, at.lasti, 0]
 
 
@@ -155,7 +155,7 @@ def refuse_nested(lock: object, core: FrontCore, holder: object) -> None:
     for entry in _entered.get():
         lease = entry[_LEASE]
         if entry[_LOCK] is lock and entry[_HOLDER] is holder and entry[_OPEN]:
-            if lease.released or lease.lost:
+            if not lease.is_held() or lease.lost():
                 continue
             raise LockError(
                 f"{core.noun} {core.name!r} is held already by an enclosing `with` block "
@@ -194,7 +194,7 @@ def entered_lease(entry: _Entry | None) -> Any:
     if entry is None:
         return None
     lease, depth = entry[_LEASE], entry[_DEPTH]
-    if isinstance(lease, LeaseState) and depth > 1 and holds(lease) < depth:
+    if isinstance(lease, LeaseState) and depth > 1 and lease.holds < depth:
         return None
     return lease
 
@@ -360,6 +360,10 @@ class FrontCore:
         """The attempt an acquire makes (``holder`` says who asks, for the kinds it matters to)."""
         return Acquisition(self.spec, timeout, wait=wait)
 
+    def new_state(self, grant: Grant) -> LeaseState:
+        """The rules of the lease of ``grant`` (a one-server lease's)."""
+        return LeaseState(self.spec, grant, self.on_lost)
+
     def refused(self, holder: Callable[[], object], *, wait: bool) -> None:
         """Told that an acquire got nothing: the kinds that must raise then do."""
 
@@ -372,13 +376,12 @@ class FrontCore:
         if lease is None:
             return None
         assert holding is not None
-        if lease.lost:
+        if lease.lost():
             holding.left(holder, lease)
             raise LockLost(
-                f"lease on {self.name!r} that this holder acquired before was lost: "
-                f"{lease.lost_reason}"
+                f"lease on {self.name!r} that this holder acquired before was lost: {lease.reason}"
             )
-        hold_again(lease)
+        lease.hold_again()
         return lease
 
     def hold(self, holder: object, lease: LeaseState) -> None:
@@ -413,7 +416,7 @@ class FrontCore:
         acquisition)."""
         labels = self.metered()
         if labels is not None:
-            metered(lease, labels, labels.granted(started))
+            lease.metered(labels, labels.granted(started))
 
     def not_granted(self, started: float, *, wait: bool) -> None:
         labels = self.metered()

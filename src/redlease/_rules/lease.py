@@ -2,9 +2,9 @@
 never to a thread or task, so a lease may be handed to another thread and released there.
 
 ``LeaseState`` holds everything that needs no I/O: validity, the lost flag and the
-one-time ``on_lost`` notification; ``_async.lease`` (and its generated twin)
-adds ``extend``, ``release`` and ``with``. Also here: the tables of leases by
-holder (``Holders``, ``Acquired``).
+one-time ``on_lost`` notification; the lease of ``_async.lease`` (and its generated
+twin) holds one and adds ``extend``, ``release`` and ``with``. Also here: the tables of
+leases by holder (``Holders``, ``Acquired``), which hold states.
 """
 
 from __future__ import annotations
@@ -43,18 +43,25 @@ _TRANSITIONS = _fork.thread_lock()
 
 
 class LeaseState:
-    """What a holder knows about its lease without asking the server."""
+    """What a holder's lease knows without asking the server: its token, fence and
+    validity, its holds, whether it is held, released or lost, and the one-time
+    ``on_lost`` notification. The lease a caller holds (``_async.lease``) holds one, as
+    its rules; the library's fronts, renewers and tables work on this object. Its
+    subclasses are a Redlock lease's (``_rules.redlock``) and a scheduled run's
+    (``_rules.once``): other extend and release flows."""
 
     # Why it is lost when its hold's end comes (the renewer stopped at max_hold, or, a
     # scheduled job's, at_most) and its validity runs out.
-    _held_out = "renewal stopped at max_hold and its validity ran out"
+    held_out = "renewal stopped at max_hold and its validity ran out"
     # Set by the front when metrics are recorded: the lock's attribute sets, and when
-    # the hold started (its end is recorded by _mark_released / _mark_lost).
-    _labels: Labels | None = None
-    _since = 0.0
+    # the hold started (its end is recorded by mark_released / mark_lost).
+    labels: Labels | None = None
+    since = 0.0
     # Calls of release() so far, counted as its first step: a block's end that is
     # interrupted tells from it whether the release had begun (and finishes it then).
-    _release_calls = 0
+    release_calls = 0
+    # Told of a loss besides on_lost (asyncio's cancel_on_lost: the task to cancel).
+    also_told: Callable[[str], None] | None = None
 
     def __init__(
         self,
@@ -62,182 +69,174 @@ class LeaseState:
         grant: _flows.Grant,
         on_lost: Callable[[Any], object] | None,
     ) -> None:
-        self._spec = spec
-        self._token = grant.token
-        self._fence = grant.fence
-        self._valid_until = grant.valid_until
-        self._on_lost = on_lost
-        self._state = HELD
-        self._lost_reason: str | None = None
+        self.spec = spec
+        self.token = grant.token
+        self.fence = grant.fence
+        self.valid_until = grant.valid_until
+        self.on_lost = on_lost
+        self.status = HELD
+        self.reason: str | None = None  # why it was lost
         # Set by the renewer that watches this lease: called once it is released or lost.
-        self._unwatch: Callable[[], None] | None = None
-        self._generation = _fork.generation  # a fork's child never holds it
-        self._holds = 1  # acquisitions not yet released (a reentrant lock's nest them)
+        self.unwatch: Callable[[], None] | None = None
+        self.generation = _fork.generation  # a fork's child never holds it
+        self.holds = 1  # acquisitions not yet released (a reentrant lock's nest them)
         # The table of leases by holder this one is in (reentrant, read/write), and its
         # holder there.
-        self._held_in: tuple[Holders, weakref.ref[Any]] | None = None
+        self.held_in: tuple[Holders, weakref.ref[Any]] | None = None
+        # The lease that holds this state: what on_lost is told of, what a holder's
+        # table hands back (the state itself until a lease takes it).
+        self.lease: Any = self
 
     @property
     def name(self) -> str:
-        """The name of the lock this lease is for."""
-        return self._spec.name
-
-    @property
-    def token(self) -> str:
-        """The random value that proves ownership on the server."""
-        return self._token
-
-    @property
-    def fence(self) -> int:
-        """Fencing token: strictly greater than any earlier grant's for this name."""
-        return self._fence
-
-    @property
-    def valid_until(self) -> float:
-        """End of validity on the lock's monotonic clock."""
-        return self._valid_until
+        return self.spec.name
 
     def remaining(self) -> float:
-        """Seconds of validity left (0.0 once expired, released or lost), by this
-        process's clock, drift margin taken off. Never raises."""
-        if self._state != HELD:
+        """Seconds of validity left (0.0 once expired, released or lost)."""
+        if self.status != HELD:
             return 0.0
-        return max(0.0, self._valid_until - self._spec.clock())
+        return max(0.0, self.valid_until - self.spec.clock())
 
-    @property
     def lost(self) -> bool:
-        """True once the lease is known gone or its validity has run out (not after release)."""
-        if self._state == HELD:
-            if self._generation != _fork.generation:
-                self._forked()
-            elif self._spec.clock() >= self._valid_until:
-                self._mark_lost("its validity ran out")
-        return self._state == LOST
+        """Whether it is known gone or its validity has run out (which it then records)."""
+        if self.status == HELD:
+            if self.generation != _fork.generation:
+                self.forked()
+            elif self.spec.clock() >= self.valid_until:
+                self.mark_lost("its validity ran out")
+        return self.status == LOST
 
-    @property
-    def lost_reason(self) -> str | None:
-        """Why the lease was lost, in words: the server said it is no longer ours
-        (expired, or taken over: ``redlease release --force``, a failover), its renewals
-        failed until its validity ran out, renewal stopped at ``max_hold``... None while
-        it is not lost."""
-        return self._lost_reason if self.lost else None
+    def is_held(self) -> bool:
+        """Neither released nor known lost (no look at the clock, unlike ``lost``)."""
+        return self.status == HELD
 
-    @property
-    def released(self) -> bool:
-        """True once released (``release()``, or the end of its ``with`` block)."""
-        return self._state == RELEASED
-
-    @property
     def hold_count(self) -> int:
-        """How many acquisitions this lease stands for and that are not released yet: 1,
-        or more when a ``reentrant`` lock was acquired again by the thread (task) that
-        holds it. Only the release of the last one releases on the server."""
-        return self._holds if self._state == HELD else 0
+        return self.holds if self.status == HELD else 0
 
-    def _leave_table(self) -> None:
+    def check(self) -> None:
+        """Raise LockLost unless it is still held and valid."""
+        if self.lost():
+            raise LockLost(f"lease on {self.name!r} was lost: {self.reason}")
+        if self.status == RELEASED:
+            raise LockLost(f"lease on {self.name!r} was released")
+
+    def hold_again(self) -> None:
+        """A reentrant lease acquired again by its holder: one hold more."""
+        self.holds += 1
+
+    def drop_hold(self) -> None:
+        """The hold ``hold_again`` took, given up before its caller had it."""
+        self.holds -= 1
+
+    def metered(self, labels: Labels, since: float) -> None:
+        """Record the end of its hold in ``labels``; it started at ``since``."""
+        self.labels, self.since = labels, since
+
+    def leave_table(self) -> None:
         """Released, or found lost by its release: out of its holder table, if in one."""
-        held, self._held_in = self._held_in, None
+        held, self.held_in = self.held_in, None
         if held is not None:
             holder = held[1]()
             if holder is not None:
                 held[0].left(holder, self)
 
-    def check(self) -> None:
-        """Raise LockLost unless the lease is still held and valid: call it before each
-        step of protected work (and pass ``fence`` to the resource when it can check it)."""
-        if self.lost:
-            raise LockLost(f"lease on {self.name!r} was lost: {self._lost_reason}")
-        if self._state == RELEASED:
-            raise LockLost(f"lease on {self.name!r} was released")
-
-    def _renewed(self, valid_until: float) -> None:
+    def renewed(self, valid_until: float) -> None:
         with _TRANSITIONS:
-            if self._state == HELD:
-                self._valid_until = valid_until
+            if self.status == HELD:
+                self.valid_until = valid_until
 
-    def _mark_lost(self, reason: str) -> bool:
+    def mark_lost(self, reason: str) -> bool:
         """Record the loss and tell the holder's callback, exactly once (True that time)."""
         with _TRANSITIONS:
-            if self._state != HELD:
+            if self.status != HELD:
                 return False
-            self._state, self._lost_reason = LOST, reason
-        self._stop_watching()
+            self.status, self.reason = LOST, reason
+        self.stop_watching()
         # Said here, once per lease, whoever found it (the renewer, a check, a release):
         # with the token's first characters, as `redlease inspect` shows holders.
-        log.warning("lease on %r (%s) was lost: %s", self.name, short_token(self._token), reason)
-        if self._labels is not None:
-            self._labels.ended(self._since, lost=True)
-        if self._on_lost is not None:
+        log.warning("lease on %r (%s) was lost: %s", self.name, short_token(self.token), reason)
+        if self.labels is not None:
+            self.labels.ended(self.since, lost=True)
+        if self.on_lost is not None:
             try:
-                self._on_lost(self)
+                self.on_lost(self.lease)
             except Exception:
                 log.exception(
-                    "on_lost callback for lock %r (%s) raised", self.name, short_token(self._token)
+                    "on_lost callback for lock %r (%s) raised", self.name, short_token(self.token)
                 )
+        if self.also_told is not None:
+            self.also_told(reason)
         return True
 
-    def _mark_released(self) -> None:
+    def mark_released(self) -> None:
+        """Released (or never handed to its caller: its renewal and watch stop, its
+        metrics end; the caller gives its grant back on the server)."""
         with _TRANSITIONS:
-            if self._state != HELD:
+            if self.status != HELD:
                 return
-            self._state = RELEASED
-        self._stop_watching()
-        self._leave_table()
-        if self._labels is not None:
-            self._labels.ended(self._since, lost=False)
+            self.status = RELEASED
+        self.stop_watching()
+        self.leave_table()
+        if self.labels is not None:
+            self.labels.ended(self.since, lost=False)
 
     # The flows a lease's driver runs to extend and release it, the renewer's included
-    # (``wait``: its bound): a single server's here; a Redlock lease gives the quorum ones.
-    def _extend_flow(self, ttl_ms: int, wait: float | None = None) -> Any:
-        return _flows.extend(self._spec, self._token, ttl_ms, wait)
+    # (``wait``: its bound): a single server's here; the subclasses give theirs.
+    def extend_flow(self, ttl_ms: int, wait: float | None = None) -> Any:
+        return _flows.extend(self.spec, self.token, ttl_ms, wait)
 
-    def _release_flow(self, *, hurried: bool = False) -> Any:
-        return _flows.release(self._spec, self._token, hurried=hurried)
+    def release_flow(self, *, hurried: bool = False) -> Any:
+        """The flow that releases it (``hurried``: bounded, see ``_rules.flows.release``)."""
+        return _flows.release(self.spec, self.token, hurried=hurried)
 
-    def _lost_on_lock_lost(self) -> _Ending:
+    def lost_on_lock_lost(self) -> _Ending:
         """Around a round trip that may find the lease gone: LockLost marks it lost (and
         tells ``on_lost``) before it propagates."""
         return _Ending(self, release=False)
 
-    def _releasing(self) -> _Ending:
+    def releasing(self) -> _Ending:
         """Around a release: how it ends sets the state. LockLost: it was lost before;
         QuorumError: released all the same (what is left expires with the ttl)."""
         return _Ending(self, release=True)
 
-    def _stop_watching(self) -> None:
-        unwatch, self._unwatch = self._unwatch, None
+    def watched(self, unwatch: Callable[[], None]) -> None:
+        """A renewer watches it: ``unwatch`` is called once it is released or lost."""
+        self.unwatch = unwatch
+
+    def stop_watching(self) -> None:
+        unwatch, self.unwatch = self.unwatch, None
         if unwatch is not None:
             unwatch()
 
-    def _not_forked(self) -> None:
+    def not_forked(self) -> None:
         """Raise LockLost in a fork's child (before anything is sent): the lease is the
         parent's, and the child must neither release nor extend it."""
-        if self._generation != _fork.generation:
-            self._forked()
+        if self.generation != _fork.generation:
+            self.forked()
             raise LockLost(
                 f"lease on {self.name!r} belongs to the process this one was forked from"
             )
 
-    def _forked(self) -> None:
+    def forked(self) -> None:
         """In a child after ``fork``: the lease is the parent's, never the child's (no
         callback runs: the child never held it)."""
-        self._unwatch = None
-        if self._state == HELD:
-            self._state = LOST
-            self._lost_reason = "this process is a fork of the one that holds it"
+        self.unwatch = None
+        if self.status == HELD:
+            self.status = LOST
+            self.reason = "this process is a fork of the one that holds it"
 
-    def _extend_ttl_ms(self, ttl: object) -> int:
-        return self._spec.ttl_ms if ttl is None else args.ttl_ms(ttl)
+    def extend_ttl_ms(self, ttl: object) -> int:
+        return self.spec.ttl_ms if ttl is None else args.ttl_ms(ttl)
 
     def __repr__(self) -> str:
         return (
-            f"<{type(self).__name__} {self.name!r} fence={self._fence} {self._state} "
+            f"<{type(self.lease).__name__} {self.name!r} fence={self.fence} {self.status} "
             f"remaining={self.remaining():.3f}s>"
         )
 
 
 class _Ending:
-    """The context of ``_lost_on_lock_lost`` and ``_releasing``: a plain class, as a
+    """The context of ``lost_on_lock_lost`` and ``releasing``: a plain class, as a
     generator-based context manager costs more than the rule it carries."""
 
     __slots__ = ("lease", "release")
@@ -255,107 +254,25 @@ class _Ending:
         tb: TracebackType | None,
     ) -> None:  # the exception, if any, goes on
         if exc_type is not None and issubclass(exc_type, LockLost):
-            self.lease._mark_lost(str(exc))
+            self.lease.mark_lost(str(exc))
             if self.release:
-                self.lease._leave_table()  # its holder has been told, here
+                self.lease.leave_table()  # its holder has been told, here
         elif self.release and (exc_type is None or issubclass(exc_type, QuorumError)):
-            self.lease._mark_released()
+            self.lease.mark_released()
         elif self.release:
             # A release that failed (the server out of reach): the lease may still be
             # held there, but its holder has let go of it. Its renewal stops, so that
             # it expires with its ttl if a release sent again does not reach the server
             # either, and its holder's next acquire is a new one, not a re-entry into a
             # lease it no longer protects.
-            self.lease._stop_watching()
-            self.lease._leave_table()
-
-
-# The library's own hands on a lease: what its fronts and renewers do to one, through
-# names a holder never sees on the lease itself.
-
-
-def spec_of(lease: LeaseState) -> _flows.LockSpec:
-    return lease._spec
-
-
-def is_held(lease: LeaseState) -> bool:
-    """Neither released nor known lost (no look at the clock, unlike ``lease.lost``)."""
-    return lease._state == HELD
-
-
-def holds(lease: LeaseState) -> int:
-    """Its holds not yet released, lost or not (``hold_count`` says 0 once it is lost)."""
-    return lease._holds
-
-
-def hold_again(lease: LeaseState) -> None:
-    """A reentrant lease acquired again by its holder: one hold more."""
-    lease._holds += 1
+            self.lease.stop_watching()
+            self.lease.leave_table()
 
 
 def release_calls(held: object) -> int:
     """How often a lease's ``release()`` has been called (0 for anything else): a
     block's end that is interrupted tells from it whether the release had begun."""
-    return held._release_calls if isinstance(held, LeaseState) else 0
-
-
-def drop_hold(lease: LeaseState) -> None:
-    """The hold ``hold_again`` took, given up before its caller had it."""
-    lease._holds -= 1
-
-
-def metered(lease: LeaseState, labels: Labels, since: float) -> None:
-    """Record the end of its hold in ``labels``; it started at ``since``."""
-    lease._labels, lease._since = labels, since
-
-
-def held_out(lease: LeaseState) -> str:
-    """Why it is lost once its hold's end has come and its validity run out."""
-    return lease._held_out
-
-
-def labels_of(lease: LeaseState) -> Labels | None:
-    return lease._labels
-
-
-def watched(lease: LeaseState, unwatch: Callable[[], None]) -> None:
-    """A renewer watches it: ``unwatch`` is called once it is released or lost."""
-    lease._unwatch = unwatch
-
-
-def stop_watching(lease: LeaseState) -> None:
-    lease._stop_watching()
-
-
-def unhanded(lease: LeaseState) -> None:
-    """A lease that never reached its caller: released here (its renewal and watch stop,
-    its metrics end); the caller gives its grant back on the server."""
-    lease._mark_released()
-
-
-def renewed(lease: LeaseState, valid_until: float) -> None:
-    lease._renewed(valid_until)
-
-
-def mark_lost(lease: LeaseState, reason: str) -> bool:
-    """Record the loss and tell its holder, exactly once (True that time)."""
-    return lease._mark_lost(reason)
-
-
-def forked(lease: LeaseState) -> None:
-    """In a fork's child: the lease is the parent's."""
-    lease._forked()
-
-
-def release_flow(lease: LeaseState, *, hurried: bool = False) -> Any:
-    """The flow that releases it (its own rule; ``hurried``: bounded, see
-    ``_rules.flows.release``)."""
-    return lease._release_flow(hurried=hurried)
-
-
-def extend_flow(lease: LeaseState, ttl_ms: int, wait: float | None = None) -> Any:
-    """The flow that extends it (its own rule: one server's, or a Redlock's quorum)."""
-    return lease._extend_flow(ttl_ms, wait)
+    return held.release_calls if isinstance(held, LeaseState) else 0
 
 
 class Holders:
@@ -371,7 +288,7 @@ class Holders:
         """The lease ``holder`` holds (perhaps lost), or None. A fork's child holds none
         of its parent's leases; None (asyncio code run outside a task) holds none."""
         lease = None if holder is None else self._table.get(holder)
-        if lease is not None and (lease.released or lease._generation != _fork.generation):
+        if lease is not None and (lease.status == RELEASED or lease.generation != _fork.generation):
             self.left(holder, lease)
             return None
         return lease
@@ -380,7 +297,7 @@ class Holders:
         if holder is None:  # (nobody to hold it again: see held)
             return
         self._table[holder] = lease
-        lease._held_in = (self, weakref.ref(holder))
+        lease.held_in = (self, weakref.ref(holder))
 
     def left(self, holder: object, lease: LeaseState) -> None:
         if holder is not None and self._table.get(holder) is lease:
@@ -412,7 +329,9 @@ class Acquired:
         leases = None if holder is None else self._table.get(holder)
         if not leases:
             return set()
-        return {lease.token for lease in list(leases) if not (lease.released or lease.lost)}
+        return {
+            lease.token for lease in list(leases) if not (lease.status == RELEASED or lease.lost())
+        }
 
 
 def lost_at_block_end(lease: LeaseState, lost: LockLost, failure: BaseException | None) -> None:

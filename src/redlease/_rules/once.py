@@ -27,8 +27,11 @@ from typing import Any, Literal
 
 from .._base.errors import BackendError, InvalidArgument, LockLost
 from .._base.timing import valid_until
+from .._base.types import OnLost
 from . import arguments as args
 from .flows import ONE_FENCE, Acquisition, Flow, Grant, LockSpec, as_int, release
+from .fronts import FrontCore
+from .lease import LeaseState
 from .scripts import ONCE_ACQUIRE, ONCE_EXTEND, ONCE_LEAVE, ONCE_RELEASE
 
 # Why a call was skipped (``Skipped.reason``).
@@ -179,32 +182,31 @@ def _given_up(
     )
 
 
-class OnceLeaseRules:
-    """What a job's lease does otherwise than a lock's: it is extended never past its
-    run's start plus ``at_most``, and its release keeps the name until the start plus
-    ``at_least`` (both by the server's clock). Mixed into the lease classes."""
+class RunState(LeaseState):
+    """A scheduled run's lease rules (see ``_rules.lease.LeaseState``): it is extended
+    never past its run's start plus ``at_most``, and its release keeps the name until
+    the start plus ``at_least`` (both by the server's clock)."""
 
-    _spec: LockSpec
-    _token: str
-    _held_out = "its at_most time is over"
-    _kept_until_ms = 0  # the server's ms until which its release keeps the name
-    _ends_ms = 0  # the server's ms at which its at_most ends
+    held_out = "its at_most time is over"
 
-    def _run_by(self, grant: Grant, rule: OnceRule) -> None:
+    def __init__(
+        self, spec: LockSpec, grant: Grant, on_lost: Callable[[Any], object] | None, rule: OnceRule
+    ) -> None:
+        super().__init__(spec, grant, on_lost)
         assert isinstance(grant, OnceGrant)
-        self._kept_until_ms = grant.started_ms + rule.at_least_ms
-        self._ends_ms = grant.started_ms + rule.at_most_ms
+        self.kept_until_ms = grant.started_ms + rule.at_least_ms  # (the server's ms)
+        self.ends_ms = grant.started_ms + rule.at_most_ms  # its at_most ends then
 
-    def _extend_flow(self, ttl_ms: int, wait: float | None = None) -> Flow[float]:
-        spec = self._spec
+    def extend_flow(self, ttl_ms: int, wait: float | None = None) -> Flow[float]:
+        spec = self.spec
         sent_at = spec.clock()
         left = as_int(
             (
                 yield spec.call(
                     ONCE_EXTEND,
-                    self._token,
+                    self.token,
                     str(ttl_ms),
-                    str(self._ends_ms),
+                    str(self.ends_ms),
                     keys=(spec.keys.lock,),
                     timeout=wait,
                 )
@@ -217,15 +219,35 @@ class OnceLeaseRules:
             )
         return valid_until(sent_at, left, ttl_ms / 1000.0)
 
-    def _abandon_flow(self) -> Flow[None]:
+    def abandon_flow(self) -> Flow[None]:
         """The run given back before its job began: the name and the period's run go."""
-        return _given_up(self._spec, self._token)
+        return _given_up(self.spec, self.token)
 
-    def _release_flow(self, *, hurried: bool = False) -> Flow[None]:
-        kept_until = str(self._kept_until_ms)
+    def release_flow(self, *, hurried: bool = False) -> Flow[None]:
+        kept_until = str(self.kept_until_ms)
         return release(
-            self._spec, self._token, hurried=hurried, script=ONCE_RELEASE, also=(kept_until,)
+            self.spec, self.token, hurried=hurried, script=ONCE_RELEASE, also=(kept_until,)
         )
+
+
+class OnceCore(FrontCore):
+    """The rules of a job's lock (see ``_rules.fronts.FrontCore``): renewed while its
+    job runs, never past ``at_most``, its leases runs (``RunState``)."""
+
+    def __init__(self, spec: LockSpec, rule: OnceRule, on_lost: OnLost | None) -> None:
+        super().__init__(
+            spec,
+            auto_renew=rule.renews,
+            # (renewal stops in time for its last lease to end by at_most; the server caps it)
+            max_hold=(rule.at_most_ms - rule.lease_ms) / 1000.0 if rule.renews else None,
+            on_lost=on_lost,
+            watches=on_lost is not None,  # (on_lost told when at_most has passed)
+            kind="once",
+        )
+        self.rule = rule
+
+    def new_state(self, grant: Grant) -> RunState:
+        return RunState(self.spec, grant, self.on_lost, self.rule)
 
 
 class JobCall:

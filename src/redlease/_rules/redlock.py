@@ -16,7 +16,7 @@ from .._base.errors import warn
 from .._base.types import OnLost
 from . import flows as _flows
 from . import quorum as _quorum
-from .flows import LockSpec
+from .flows import Grant, LockSpec
 from .fronts import FrontCore
 from .lease import LeaseState
 from .quorum import QuorumAcquisition, QuorumGrant, QuorumSpec
@@ -44,25 +44,22 @@ def warn_evicting(spec: QuorumSpec, nodes: Sequence[int], replies: Sequence[Any]
 # -- leases -------------------------------------------------------------------------------
 
 
-class QuorumLease(LeaseState):
-    """What both Redlock leases add to a lease, without I/O: the nodes, the ones that
-    said yes, and the quorum flows (extend and release count only when a majority
-    confirms; release goes to every node)."""
+class QuorumLeaseState(LeaseState):
+    """A Redlock lease's rules (see ``_rules.lease.LeaseState``): the nodes that said
+    yes, and the quorum flows (extend and release count only when a majority confirms;
+    release goes to every node)."""
 
-    def __init__(
-        self, spec: QuorumSpec, grant: QuorumGrant, nodes: Any, on_lost: OnLost | None = None
-    ) -> None:
+    def __init__(self, spec: QuorumSpec, grant: QuorumGrant, on_lost: OnLost | None) -> None:
         super().__init__(spec.lock, grant, on_lost)
-        self._quorum = spec
-        self._io = nodes  # a Redlock's nodes (the driver)
-        self._believed = grant.nodes
+        self.quorum = spec
+        self.believed = grant.nodes
 
-    def _extend_flow(self, ttl_ms: int, wait: float | None = None) -> Any:
-        return _quorum.extend(self._quorum, self._token, ttl_ms, wait)
+    def extend_flow(self, ttl_ms: int, wait: float | None = None) -> Any:
+        return _quorum.extend(self.quorum, self.token, ttl_ms, wait)
 
-    def _release_flow(self, *, hurried: bool = False) -> Any:
+    def release_flow(self, *, hurried: bool = False) -> Any:
         # (each node's release is bounded by its node timeout, hurried or not)
-        return _quorum.release(self._quorum, self._token, self._believed)
+        return _quorum.release(self.quorum, self.token, self.believed)
 
 
 # The fewest nodes with a majority that survives one of them failing.
@@ -81,3 +78,7 @@ class QuorumCore(FrontCore):
         self, timeout: float | None, *, wait: bool, holder: Callable[[], object]
     ) -> QuorumAcquisition:
         return QuorumAcquisition(self.quorum, timeout, wait=wait)
+
+    def new_state(self, grant: Grant) -> QuorumLeaseState:
+        assert isinstance(grant, QuorumGrant)
+        return QuorumLeaseState(self.quorum, grant, self.on_lost)

@@ -41,16 +41,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .._base.errors import BackendError, LockLost
-from .lease import (
-    LeaseState,
-    extend_flow,
-    held_out,
-    is_held,
-    labels_of,
-    mark_lost,
-    renewed,
-    spec_of,
-)
+from .lease import LeaseState
 
 log = logging.getLogger(__name__)
 
@@ -86,7 +77,7 @@ class Renewal:
 
     @property
     def ttl(self) -> float:
-        return spec_of(self.lease).ttl
+        return self.lease.spec.ttl
 
     @property
     def due(self) -> float:
@@ -144,7 +135,7 @@ class Schedule:
         losses: list[Loss] = []
         for renewal in list(self._renewals):
             lease = renewal.lease
-            if not is_held(lease):
+            if not lease.is_held():
                 self.discard(renewal)  # released, or its holder already found the loss
             elif now >= renewal.notice_at:
                 self.discard(renewal)
@@ -163,7 +154,7 @@ class Schedule:
                 # connections: one batch per client (and per kind: a replicas=
                 # lease's EXTEND cannot share a pipeline, see SyncIO.execute_many).
                 client = id(getattr(renewal.io, "client", renewal.io))
-                key = (client, spec_of(renewal.lease).replicas is not None)
+                key = (client, renewal.lease.spec.replicas is not None)
                 batch = batches.get(key)
                 if batch is None:
                     batch = batches[key] = Batch(renewal.io, [])
@@ -192,7 +183,7 @@ class Schedule:
             lease = renewal.lease
             # The lease's own extend rule (validity from the send; with replicas=, too few
             # acknowledgements; a Redlock's majority), only bounded by the renewer's wait.
-            flow = extend_flow(lease, spec_of(lease).ttl_ms, wait)
+            flow = lease.extend_flow(lease.spec.ttl_ms, wait)
             batch.flows.append(flow)
             steps.append(next(flow))
         return steps, wait
@@ -209,7 +200,7 @@ class Schedule:
             try:
                 flow.send(result)
             except StopIteration as done:
-                renewed(lease, done.value)
+                lease.renewed(done.value)
                 renewal.retry_at = None
             except LockLost as exc:  # counted as a failed renewal, then (by _tell) as lost
                 _failed_renewal(lease, exc)
@@ -227,14 +218,14 @@ class Schedule:
 
 
 def _failed_renewal(lease: LeaseState, error: BaseException) -> None:
-    labels = labels_of(lease)
+    labels = lease.labels
     if labels is not None:
         labels.renewal_failed(error)
 
 
 def _why_ran_out(renewal: Renewal) -> str:
     if not renewal.renewable_at(renewal.lease.valid_until):
-        return held_out(renewal.lease)
+        return renewal.lease.held_out
     if renewal.retry_at is not None:
         return "renewals failed until its validity ran out"
     return "its validity ran out before a renewal was confirmed"
@@ -243,7 +234,7 @@ def _why_ran_out(renewal: Renewal) -> str:
 def tell(losses: Sequence[Loss]) -> None:
     for lease, reason in losses:
         try:
-            mark_lost(lease, reason)
+            lease.mark_lost(reason)
         except Exception:  # the renewer must outlive anything a holder does
             log.exception("telling the holder of %r about its loss failed", lease.name)
 

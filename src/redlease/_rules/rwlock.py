@@ -53,7 +53,7 @@ class SideCore(FrontCore):
     def _other_lease(self, holder: object) -> LeaseState | None:
         """The lease of the other mode ``holder`` holds, if it still does."""
         lease = self._other.held(holder)
-        return None if lease is None or lease.lost else lease
+        return None if lease is None or lease.lost() else lease
 
     def new_attempt(
         self, timeout: float | None, *, wait: bool, holder: Callable[[], object]

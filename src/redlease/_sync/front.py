@@ -19,7 +19,7 @@ from __future__ import annotations
 import inspect
 from collections.abc import Callable
 from types import FrameType, TracebackType
-from typing import Any, Generic, TypeVar
+from typing import Any, Generic, TypeVar, cast
 
 from .._base import metrics as _metrics
 from .._base.errors import AcquireTimeout, LockError
@@ -47,22 +47,17 @@ from .._rules.fronts import (
     tidy_entered,
 )
 from .._rules.inspect import LockInfo
-from .._rules.lease import (
-    LeaseState,
-    drop_hold,
-    unhanded,
-)
+from .._rules.lease import LeaseState
 from .._rules.multilock import MultiLeaseState
 from . import renewer as _renewer_sync
 from .backend import Cancelled, current_holder, shielded
 from .lease import (
     Lease,
     SyncDriver,
-    SyncLeaseBlock,
     finish_in_haste,
 )
 
-LeaseT = TypeVar("LeaseT", bound=SyncLeaseBlock)
+LeaseT = TypeVar("LeaseT", bound=Lease)
 
 
 def end_block(
@@ -79,9 +74,9 @@ def end_block(
     entry = None
     try:
         entry = close_entered(block)
-        lease = entered_lease(entry)  # (a lease, a multi-lease; a Skipped holds nothing)
-        if _releases(lease):
-            lease.__exit__(exc_type, exc, tb)
+        held = _released_by_block(entered_lease(entry))
+        if held is not None:
+            held.__exit__(exc_type, exc, tb)
     except BaseException as failure:
         if not isinstance(failure, LockError):
             if entry is None:  # interrupted before its note was found
@@ -110,16 +105,21 @@ def caller() -> FrameType | None:
     return None if frame is None or frame.f_back is None else frame.f_back.f_back
 
 
-def _releases(entered: object) -> bool:
-    """Whether what a block noted is released as it ends (a lease, a multi-lease; a
-    job's Skipped holds nothing)."""
-    return isinstance(entered, (LeaseState, MultiLeaseState))
+def _released_by_block(noted: object) -> Any:
+    """What a block's end releases of what it noted: a lease (noted as its state), a
+    multi-lease; None for a job's Skipped, which holds nothing."""
+    if isinstance(noted, LeaseState):
+        return noted.lease
+    return noted if isinstance(noted, MultiLeaseState) else None
 
 
 class SyncFront(Generic[LeaseT]):
     """``acquire``, ``try_acquire``, ``with`` and ``@lock``, once for every kind of lock:
     over the lock's rules (``_core``, see ``_rules.fronts.FrontCore``) and the driver that
     runs its flows (``_io``)."""
+
+    # The class of the leases it hands out (each holds the state its core makes).
+    _lease_type: type[Lease] = Lease
 
     def __init__(self, core: FrontCore, io: SyncDriver) -> None:
         self._core, self._io = core, io
@@ -136,13 +136,6 @@ class SyncFront(Generic[LeaseT]):
 
     def __repr__(self) -> str:
         return f"<{type(self).__name__} {self.name!r} ttl={self.ttl}s>"
-
-    def _new_lease(self, grant: Grant) -> LeaseT:
-        """The lease of ``grant`` (a one-server lease, noted for ``owned()``)."""
-        core = self._core
-        lease = Lease(core.spec, grant, self._io, core.on_lost)
-        core.acquirers().note(current_holder(), lease)
-        return lease  # type: ignore[return-value]
 
     def _look(self) -> LockInfo:
         """What the server says of the name now (``locked``, ``owned``, ``waiting``)."""
@@ -168,10 +161,13 @@ class SyncFront(Generic[LeaseT]):
         what it may have taken within half a second (a Redlock's: within its node
         timeout); what a server that does not answer keeps by then expires on its own.
         """
-        lease = self._acquire(args.timeout(timeout), wait=True)
-        if lease is None:
+        return cast(LeaseT, (self._waited(timeout)).lease)
+
+    def _waited(self, timeout: Seconds | None) -> LeaseState:
+        state = self._acquire(args.timeout(timeout), wait=True)
+        if state is None:
             raise AcquireTimeout(f"{self._core.noun} {self.name!r} still busy after {timeout}s")
-        return lease
+        return state
 
     def try_acquire(self) -> LeaseT | None:
         """Take the lock if it is free right now; never waits. None if it is busy.
@@ -183,13 +179,14 @@ class SyncFront(Generic[LeaseT]):
         again once, at once); with ``replicas=``, add the wait for them. A Cluster
         client's calls keep its own timeouts and retries.
         """
-        return self._acquire(0.0, wait=False)
+        state = self._acquire(0.0, wait=False)
+        return None if state is None else cast(LeaseT, state.lease)
 
     def _acquire(
         self, timeout: float | None, *, wait: bool, entering: Opening | None = None
-    ) -> LeaseT | None:
-        """The lease, or None (a try, or a timeout). ``entering``: the `with` block it
-        opens (noted before it is returned, see ``_granted``)."""
+    ) -> LeaseState | None:
+        """The lease's state, or None (a try, or a timeout). ``entering``: the `with`
+        block it opens (noted before it is returned, see ``_granted``)."""
         core = self._core
         if core.holding is None:
             lease = self._take(timeout, wait=wait, entering=entering)
@@ -207,9 +204,9 @@ class SyncFront(Generic[LeaseT]):
                 except BaseException:
                     if entry is not None:
                         forget_entered(entry)
-                    drop_hold(held)  # (the hold _held_by took: the block never began)
+                    held.drop_hold()  # (the hold held_by took: the block never began)
                     raise
-            return held  # type: ignore[return-value]
+            return held
         lease = self._take(timeout, wait=wait, holder=holder, entering=entering)
         if lease is None:
             core.refused(current_holder, wait=wait)
@@ -222,7 +219,7 @@ class SyncFront(Generic[LeaseT]):
         wait: bool,
         holder: object = None,
         entering: Opening | None = None,
-    ) -> LeaseT | None:
+    ) -> LeaseState | None:
         started = _metrics.now()
         # (its deadline counts the look)
         attempt = self._core.new_attempt(timeout, wait=wait, holder=current_holder)
@@ -239,14 +236,14 @@ class SyncFront(Generic[LeaseT]):
         holder: object = None,
         entering: Opening | None = None,
         block: object = None,
-    ) -> LeaseT | None:
+    ) -> LeaseState | None:
         """Run ``attempt`` (after the one look at the server) and hand its grant over as
-        a lease (``_watched``), noted for its reentrant ``holder`` and, ``entering``, as
+        a lease (``_watched``: its state), noted for its reentrant ``holder`` and, ``entering``, as
         the `with` block of ``block`` (default: this lock) that it opens; None if nothing
         was granted. One try covers every step from the first write to the return, so
         an interruption anywhere (a cancellation, an error raised by a signal handler)
         gives back what the attempt may have taken: no one else could release it."""
-        lease: LeaseT | None = None
+        lease: LeaseState | None = None
         entry = None
         try:
             self._io.check_server_once(attempt.look_within())
@@ -264,26 +261,30 @@ class SyncFront(Generic[LeaseT]):
             if entry is not None:
                 forget_entered(entry)
             if lease is not None:
-                unhanded(lease)
+                lease.mark_released()  # (it never reached its caller)
             if attempt.outstanding:
                 # An interruption that ends the process (Ctrl-C, exit, a signal's error:
                 # not an Exception, nor asyncio's cancellation) is cleaned up in haste.
                 self._abandon(attempt, hurried=not isinstance(exc, (Exception, Cancelled)))
             raise
 
-    def _watched(self, grant: Grant, started: float) -> LeaseT:
-        lease = self._new_lease(grant)
+    def _watched(self, grant: Grant, started: float) -> LeaseState:
+        """The state of ``grant``'s lease (made, held by its lease, noted for
+        ``owned()``, metered, watched or renewed as the lock's options say)."""
         core = self._core
+        state = core.new_state(grant)
         try:
-            core.opened(lease, started)
+            self._lease_type(state, self._io)  # (the lease holds it: state.lease)
+            core.acquirers().note(current_holder(), state)
+            core.opened(state, started)
             if core.auto_renew:
-                _renewer_sync.watch(lease, self._io, core.max_hold)
+                _renewer_sync.watch(state, self._io, core.max_hold)
             elif core.watches:
-                _renewer_sync.watch(lease, self._io, 0.0)  # watch its validity, never renew
+                _renewer_sync.watch(state, self._io, 0.0)  # watch its validity, never renew
         except BaseException:
-            unhanded(lease)
+            state.mark_released()
             raise
-        return lease
+        return state
 
     def _abandon(self, attempt: Attempt, *, hurried: bool = False) -> None:
         try:
@@ -300,9 +301,9 @@ class SyncFront(Generic[LeaseT]):
         core = self._core
         if core.refuses_nesting and core.holding is None:
             refuse_nested(self, core, at.holder)
-        lease = self._acquire(None, wait=True, entering=at)
-        assert lease is not None  # (no timeout: a lease, or an error)
-        return lease
+        state = self._acquire(None, wait=True, entering=at)
+        assert state is not None  # (no timeout: a lease, or an error)
+        return cast(LeaseT, state.lease)
 
     __exit__ = end_block
 
@@ -326,4 +327,4 @@ def release_by_force(front: SyncFront[Any], token: str) -> None:
 def handed_out(front: SyncFront[LeaseT], grant: Grant, started: float) -> LeaseT:
     """The lease of a grant that ``front``'s lock got in another way (a multi-lock's one
     script): watched, renewed and metered as its own acquire's would be."""
-    return front._watched(grant, started)
+    return cast(LeaseT, front._watched(grant, started).lease)

@@ -8,26 +8,18 @@ as asyncio code; ``scripts/unasync.py`` generates the blocking twin.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable, Generator, Sequence
+from collections.abc import Generator, Sequence
 from types import TracebackType
 from typing import Any, Protocol, TypeVar
 
 from .._base import fork as _fork
 from .._base.errors import LockError, LockLost, QuorumError
-from .._rules import flows as _flows
-from .._rules.lease import (
-    HELD,
-    RELEASED,
-    LeaseState,
-    lost_at_block_end,
-    release_flow,
-    stop_watching,
-)
+from .._rules.lease import HELD, RELEASED, LeaseState, lost_at_block_end
 from .._rules.multilock import MultiLeaseState
 from .backend import Cancelled, shielded
 
 T = TypeVar("T")
-_Block = TypeVar("_Block", bound="SyncLeaseBlock")
+_Lease = TypeVar("_Lease", bound="Lease")
 
 
 class SyncDriver(Protocol):
@@ -42,12 +34,72 @@ class SyncDriver(Protocol):
         """The first steps of several leases' extend flows, at once (the renewer's)."""
 
 
-class SyncLeaseBlock(LeaseState):
-    """What every lease shares: ``extend`` and ``release`` (the lease's flows, run by its
-    driver ``_io``) and ``with lease:``, which releases it when the block ends; asyncio's
-    also the task to cancel when the lease is lost (``cancel_on_lost``)."""
+class Lease:
+    """A held lock. Use it as a context manager to release it when the block ends.
 
-    _io: SyncDriver
+    Its rules (validity, holds, the lost flag, ``on_lost``) are the ``LeaseState`` it
+    holds (``_rules.lease``); it adds ``extend``, ``release`` and ``with``, run by its
+    driver."""
+
+    def __init__(self, state: LeaseState, io: SyncDriver) -> None:
+        self._state, self._io = state, io
+        state.lease = self
+
+    @property
+    def name(self) -> str:
+        """The name of the lock this lease is for."""
+        return self._state.spec.name
+
+    @property
+    def token(self) -> str:
+        """The random value that proves ownership on the server."""
+        return self._state.token
+
+    @property
+    def fence(self) -> int:
+        """Fencing token: strictly greater than any earlier grant's for this name."""
+        return self._state.fence
+
+    @property
+    def valid_until(self) -> float:
+        """End of validity on the lock's monotonic clock."""
+        return self._state.valid_until
+
+    def remaining(self) -> float:
+        """Seconds of validity left (0.0 once expired, released or lost), by this
+        process's clock, drift margin taken off. Never raises."""
+        return self._state.remaining()
+
+    @property
+    def lost(self) -> bool:
+        """True once the lease is known gone or its validity has run out (not after release)."""
+        return self._state.lost()
+
+    @property
+    def lost_reason(self) -> str | None:
+        """Why the lease was lost, in words: the server said it is no longer ours
+        (expired, or taken over: ``redlease release --force``, a failover), its renewals
+        failed until its validity ran out, renewal stopped at ``max_hold``... None while
+        it is not lost."""
+        state = self._state
+        return state.reason if state.lost() else None
+
+    @property
+    def released(self) -> bool:
+        """True once released (``release()``, or the end of its ``with`` block)."""
+        return self._state.status == RELEASED
+
+    @property
+    def hold_count(self) -> int:
+        """How many acquisitions this lease stands for and that are not released yet: 1,
+        or more when a ``reentrant`` lock was acquired again by the thread (task) that
+        holds it. Only the release of the last one releases on the server."""
+        return self._state.hold_count()
+
+    def check(self) -> None:
+        """Raise LockLost unless the lease is still held and valid: call it before each
+        step of protected work (and pass ``fence`` to the resource when it can check it)."""
+        self._state.check()
 
     def extend(self, ttl: float | None = None) -> None:
         """Make the lease last ``ttl`` seconds from now (default: the lock's ttl).
@@ -55,11 +107,12 @@ class SyncLeaseBlock(LeaseState):
         Raises LockLost if it is no longer ours (a Redlock's: if a majority says so; if
         too few nodes answer to tell, QuorumError, and the lease keeps its validity).
         """
-        ttl_ms = self._extend_ttl_ms(ttl)
-        self.check()
-        with self._lost_on_lock_lost():
-            until = self._io.run(self._extend_flow(ttl_ms), "extend")
-        self._renewed(until)
+        state = self._state
+        ttl_ms = state.extend_ttl_ms(ttl)
+        state.check()
+        with state.lost_on_lock_lost():
+            until = self._io.run(state.extend_flow(ttl_ms), "extend")
+        state.renewed(until)
 
     def release(self) -> None:
         """Give the lock back (and hand it to the next waiter). Releasing twice is a no-op.
@@ -72,19 +125,20 @@ class SyncLeaseBlock(LeaseState):
         what is left expires with the ttl). asyncio: cancelling the caller does not
         cancel the release itself.
         """
-        self._release_calls += 1  # (first: see _rules.lease.release_calls)
-        if self._state == RELEASED:
+        state = self._state
+        state.release_calls += 1  # (first: see _rules.lease.release_calls)
+        if state.status == RELEASED:
             return
-        if self._holds > 1:  # a reentrant lease's inner hold: one hold fewer, no I/O
+        if state.holds > 1:  # a reentrant lease's inner hold: one hold fewer, no I/O
             try:
-                self.check()  # a lease lost meanwhile says so at each release
+                state.check()  # a lease lost meanwhile says so at each release
             finally:
-                self._holds -= 1
+                state.holds -= 1
             return
         try:
-            self._not_forked()
-            with self._releasing():
-                self._io.run(self._release_flow(), "release")
+            state.not_forked()
+            with state.releasing():
+                self._io.run(state.release_flow(), "release")
         except LockError:
             raise
         except Cancelled:
@@ -92,8 +146,8 @@ class SyncLeaseBlock(LeaseState):
             # it again to the end, shielded, then let the cancellation go on. "Not ours"
             # now may mean the first one did land, so it is not reported.
             with contextlib.suppress(LockLost, QuorumError):
-                shielded(lambda: self._io.run(self._release_flow(), "release"))
-            self._mark_released()
+                shielded(lambda: self._io.run(state.release_flow(), "release"))
+            state.mark_released()
             raise
         except BaseException:
             # Interrupted (an error raised by a signal handler: a Ctrl-C the program
@@ -110,24 +164,25 @@ class SyncLeaseBlock(LeaseState):
         reentrant lease held more than once gives up one hold. Nothing if it is released
         or lost already, or a fork's parent's. One more interruption while the release
         is on its way sends it once more; a third may cut it short."""
-        if self._state != HELD or self._generation != _fork.generation:
+        state = self._state
+        if state.status != HELD or state.generation != _fork.generation:
             return
-        if self._holds > 1:
-            self._holds -= 1
+        if state.holds > 1:
+            state.holds -= 1
             return
         try:
-            self._mark_released()  # (renewal stops, whatever comes of the release)
+            state.mark_released()  # (renewal stops, whatever comes of the release)
             self._send_in_haste()
         except BaseException:
-            self._mark_released()
+            state.mark_released()
             self._send_in_haste()
             raise
 
     def _send_in_haste(self) -> None:
         with contextlib.suppress(Exception):
-            self._io.run(self._release_flow(hurried=True), "release")
+            self._io.run(self._state.release_flow(hurried=True), "release")
 
-    def __enter__(self: _Block) -> _Block:
+    def __enter__(self: _Lease) -> _Lease:
         return self
 
     def __exit__(
@@ -139,21 +194,10 @@ class SyncLeaseBlock(LeaseState):
         try:
             self.release()
         except LockLost as lost:
-            lost_at_block_end(self, lost, exc)
+            lost_at_block_end(self._state, lost, exc)
 
-
-class Lease(SyncLeaseBlock):
-    """A held lock. Use it as a context manager to release it when the block ends."""
-
-    def __init__(
-        self,
-        spec: _flows.LockSpec,
-        grant: _flows.Grant,
-        io: SyncDriver,
-        on_lost: Callable[[Any], object] | None = None,
-    ) -> None:
-        super().__init__(spec, grant, on_lost)
-        self._io = io
+    def __repr__(self) -> str:
+        return repr(self._state)
 
 
 def give_back_in_haste(lease: Lease) -> None:
@@ -161,18 +205,27 @@ def give_back_in_haste(lease: Lease) -> None:
     release bounded to half a second with no retry (``_rules.flows.release``'s
     ``hurried``); BackendError if that fails, and what the server keeps then expires
     with the ttl."""
-    stop_watching(lease)
-    lease._io.run(release_flow(lease, hurried=True), f"give back {lease.name!r}")
+    state = lease._state
+    state.stop_watching()
+    lease._io.run(state.release_flow(hurried=True), f"give back {lease.name!r}")
 
 
 def finish_in_haste(held: object) -> None:
     """A lease's release, or each of a multi-lease's, finished in haste (see
-    ``SyncLeaseBlock._finish_in_haste``); anything else holds nothing."""
-    if isinstance(held, SyncLeaseBlock):
+    ``Lease._finish_in_haste``); anything else holds nothing. ``held``: a lease,
+    its state, or a multi-lease."""
+    if isinstance(held, LeaseState):
+        held = held.lease
+    if isinstance(held, Lease):
         held._finish_in_haste()
     elif isinstance(held, MultiLeaseState):
         leases = list(held.leases.values())
         for lease in leases:  # every renewal stops first, whatever cuts the rest short
-            stop_watching(lease)
+            lease._state.stop_watching()
         for lease in leases:
             finish_in_haste(lease)
+
+
+def unhanded(lease: Lease) -> None:
+    """A lease that never reached its caller: released here (see ``mark_released``)."""
+    lease._state.mark_released()

@@ -30,11 +30,10 @@ from .._rules.fronts import (
     forget_entered,
     push_entered,
 )
-from .._rules.lease import is_held, unhanded
 from .._rules.multilock import MultiLeaseState, checked_names, try_all
 from .backend import ASYNC, Cancelled, shielded
 from .front import SyncFront, caller, end_block, handed_out, opened
-from .lease import Lease, finish_in_haste, give_back_in_haste
+from .lease import Lease, finish_in_haste, give_back_in_haste, unhanded
 from .lock import served
 
 
@@ -200,8 +199,10 @@ class MultiLock:
         """Each name in the global order, waiting for each (or one try each), into
         ``taken``: True when all are; otherwise False with nothing kept."""
         for lock in self._locks:
-            left = deadline.left()
-            lease = lock.try_acquire() if not wait else lock._acquire(left, wait=True)
+            try:
+                lease = lock.acquire(deadline.left()) if wait else lock.try_acquire()
+            except AcquireTimeout:
+                lease = None
             if lease is None:
                 shielded(functools.partial(self._give_all_back, taken))
                 return False
@@ -254,7 +255,7 @@ class MultiLock:
         with the ttl); ``hurried``: as for ``_give_back_token``, each lease's renewal
         stopped first. Leases released already are passed over."""
         for lease in leases:
-            if not is_held(lease):
+            if lease.released or lease.lost:  # (what was lost is gone from the server)
                 continue
             if hurried:
                 try:

@@ -40,14 +40,13 @@ from .._base.types import Clock, OnLost, Seconds
 from .._clients.checks import check_nodes, node_name
 from .._rules import arguments as args
 from .._rules import flows as _flows
-from .._rules.flows import Grant, LockSpec
+from .._rules.flows import LockSpec
 from .._rules.ops import Call, Command, Sleep
-from .._rules.quorum import SAFE, Fanout, QuorumFlow, QuorumGrant, QuorumSpec, Rules
+from .._rules.quorum import SAFE, Fanout, QuorumFlow, QuorumSpec, Rules
 from .._rules.redlock import (
     CHECK_WAIT,
     MIN_TOLERANT_NODES,
     QuorumCore,
-    QuorumLease,
     pool_of,
     warn_evicting,
 )
@@ -55,7 +54,7 @@ from . import io as _io_sync
 from .backend import ASYNC, sleep
 from .front import SyncFront
 from .io import CHECKED, SyncIO
-from .lease import SyncLeaseBlock
+from .lease import Lease
 
 T = TypeVar("T")
 
@@ -117,8 +116,9 @@ class _Nodes:
             warn_evicting(self.spec, fresh, replies)
 
 
-class RedlockLease(QuorumLease, SyncLeaseBlock):
-    """A held Redlock: the same surface as ``Lease``."""
+class RedlockLease(Lease):
+    """A held Redlock: the same surface as ``Lease``, over a Redlock lease's rules
+    (``_rules.redlock.QuorumLeaseState``)."""
 
 
 class Redlock(SyncFront[RedlockLease]):
@@ -142,6 +142,7 @@ class Redlock(SyncFront[RedlockLease]):
     _rules: Rules = SAFE
     _core: QuorumCore
     _io: _Nodes
+    _lease_type = RedlockLease
 
     def __init__(
         self,
@@ -195,8 +196,3 @@ class Redlock(SyncFront[RedlockLease]):
             f"<{type(self).__name__} {self.name!r} ttl={self.ttl}s "
             f"nodes={len(self._core.quorum.nodes)} quorum={self.quorum}>"
         )
-
-    def _new_lease(self, grant: Grant) -> RedlockLease:
-        assert isinstance(grant, QuorumGrant)
-        core = self._core
-        return RedlockLease(core.quorum, grant, self._io, core.on_lost)

@@ -13,7 +13,7 @@ from typing import Any
 from .._base import fork as _fork
 from .._base.timing import MONOTONIC
 from .._base.types import Clock
-from .._rules.lease import LeaseState, forked, watched
+from .._rules.lease import LeaseState
 from .._rules.renewal import Batch, Renewal, Schedule, failed, tell
 
 log = logging.getLogger("redlease._rules.renewal")
@@ -42,7 +42,7 @@ class Renewer:
     def register(self, lease: LeaseState, io: Any, max_hold: float | None) -> None:
         with self._lock:
             renewal = self._schedule.add(lease, io, self._clock(), max_hold)
-            watched(lease, lambda: self._forget(renewal))
+            lease.watched(lambda: self._forget(renewal))
             if self._thread is None:
                 thread = self._thread = _thread(self._run, "redlease-renewer")
                 try:
@@ -167,7 +167,7 @@ def watch(lease: LeaseState, io: Any, max_hold: float | None) -> None:
 
 def _after_fork_in_child() -> None:
     for renewal in RENEWER._after_fork_in_child():
-        forked(renewal.lease)
+        renewal.lease.forked()
 
 
 _fork.in_child(_after_fork_in_child)
