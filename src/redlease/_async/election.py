@@ -33,7 +33,7 @@ from .lease import AsyncLease, give_back_in_haste
 from .lock import served
 
 
-class _AsyncCandidacy(AsyncFront[AsyncLease]):
+class _AsyncCandidacy(AsyncFront):
     """The lock a candidate waits for (always renewed)."""
 
 

@@ -19,7 +19,7 @@ import contextlib
 import inspect
 from collections.abc import Awaitable, Callable, Coroutine
 from types import FrameType, TracebackType
-from typing import Any, Generic, TypeVar, cast
+from typing import Any, cast
 
 from .._base import metrics as _metrics
 from .._base.errors import AcquireTimeout, InvalidArgument, LockError, LockLost
@@ -59,8 +59,6 @@ from .lease import (
     finish_in_haste,
     set_holder,  # unasync: async only
 )
-
-LeaseT = TypeVar("LeaseT", bound=AsyncLease)
 
 
 async def end_block(
@@ -116,7 +114,7 @@ def _released_by_block(noted: object) -> Any:
     return noted if isinstance(noted, MultiLeaseState) else None
 
 
-class AsyncFront(Generic[LeaseT], AsyncOnly):
+class AsyncFront(AsyncOnly):
     """``acquire``, ``try_acquire``, ``with`` and ``@lock``, once for every kind of lock:
     over the lock's rules (``_core``, see ``_rules.fronts.FrontCore``) and the driver that
     runs its flows (``_io``)."""
@@ -151,7 +149,7 @@ class AsyncFront(Generic[LeaseT], AsyncOnly):
         info = await self._look()
         return any(holder.token in tokens for holder in info.holders)
 
-    async def acquire(self, timeout: Seconds | None = None) -> LeaseT:
+    async def acquire(self, timeout: Seconds | None = None) -> AsyncLease:
         """Wait until the lock is ours and return the lease.
 
         ``timeout`` bounds the wait in seconds (None: no bound; 0: a single try).
@@ -164,7 +162,7 @@ class AsyncFront(Generic[LeaseT], AsyncOnly):
         what it may have taken within half a second (a Redlock's: within its node
         timeout); what a server that does not answer keeps by then expires on its own.
         """
-        return cast(LeaseT, (await self._waited(timeout)).lease)
+        return cast(AsyncLease, (await self._waited(timeout)).lease)
 
     async def _waited(self, timeout: Seconds | None) -> LeaseState:
         state = await self._acquire(args.timeout(timeout), wait=True)
@@ -172,7 +170,7 @@ class AsyncFront(Generic[LeaseT], AsyncOnly):
             raise AcquireTimeout(f"{self._core.noun} {self.name!r} still busy after {timeout}s")
         return state
 
-    async def try_acquire(self) -> LeaseT | None:
+    async def try_acquire(self) -> AsyncLease | None:
         """Take the lock if it is free right now; never waits. None if it is busy.
 
         Raises BackendError if the server fails (a Redlock: QuorumError if too few nodes
@@ -183,7 +181,7 @@ class AsyncFront(Generic[LeaseT], AsyncOnly):
         client's calls keep its own timeouts and retries.
         """
         state = await self._acquire(0.0, wait=False)
-        return None if state is None else cast(LeaseT, state.lease)
+        return None if state is None else cast(AsyncLease, state.lease)
 
     async def _acquire(
         self, timeout: float | None, *, wait: bool, entering: Opening | None = None
@@ -307,14 +305,14 @@ class AsyncFront(Generic[LeaseT], AsyncOnly):
         except Cancelled:
             pass  # cancelled again while cleaning up; the clean-up itself ran to its end
 
-    async def __aenter__(self) -> LeaseT:
+    async def __aenter__(self) -> AsyncLease:
         at = await opened(caller())
         core = self._core
         if core.refuses_nesting and core.holding is None:
             refuse_nested(self, core, at.holder)
         state = await self._acquire(None, wait=True, entering=at)
         assert state is not None  # (no timeout: a lease, or an error)
-        return cast(LeaseT, state.lease)
+        return cast(AsyncLease, state.lease)
 
     __aexit__ = end_block
 
@@ -351,7 +349,7 @@ class AsyncFront(Generic[LeaseT], AsyncOnly):
         if not callable(fn):
             raise InvalidArgument(f"fn must be an async callable, not {type(fn).__name__}")
         state = await self._waited(timeout)
-        lease = cast(LeaseT, state.lease)
+        lease = cast(AsyncLease, state.lease)
         if not self._core.auto_renew and state.hold_count() == 1:
             # a lease that is not renewed, or only watched for cancel_on_lost: renewed now
             state.stop_watching()
@@ -414,7 +412,7 @@ async def _run_holding(lease: AsyncLease, fn: Callable[..., Any], args: Any) -> 
 # unasync: end
 
 
-async def release_by_force(front: AsyncFront[Any], token: str) -> None:
+async def release_by_force(front: AsyncFront, token: str) -> None:
     """Release the hold ``token`` of ``front``'s name as its holder would, as an operator
     does (``redlease release --force``): the next waiter is served at once, the fence
     counter is untouched. LockLost if that hold had ended."""
@@ -422,7 +420,7 @@ async def release_by_force(front: AsyncFront[Any], token: str) -> None:
     await front._io.run(flow, f"release {front.name!r}")
 
 
-def handed_out(front: AsyncFront[LeaseT], grant: Grant, started: float) -> LeaseT:
+def handed_out(front: AsyncFront, grant: Grant, started: float) -> AsyncLease:
     """The lease of a grant that ``front``'s lock got in another way (a multi-lock's one
     script): watched, renewed and metered as its own acquire's would be."""
-    return cast(LeaseT, front._watched(grant, started).lease)
+    return cast(AsyncLease, front._watched(grant, started).lease)

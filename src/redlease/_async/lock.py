@@ -19,10 +19,9 @@ from .._rules.fronts import FrontCore, check_replicas
 from .backend import ASYNC
 from .front import AsyncFront
 from .io import AsyncIO
-from .lease import AsyncLease
 
 
-class AsyncLock(AsyncFront[AsyncLease]):
+class AsyncLock(AsyncFront):
     """A distributed lock on one Redis/Valkey deployment.
 
     ``ttl`` is the lease length; ``fair`` serves waiters in arrival order (no barging);

@@ -113,7 +113,7 @@ class AsyncMultiLock(AsyncOnly):
         self._io = served(client, specs[0])
         # a lock per name (its metrics say whose it is), over the one driver
         self._locks = [
-            AsyncFront[AsyncLease](
+            AsyncFront(
                 FrontCore.checked(
                     spec,
                     auto_renew,

@@ -52,7 +52,7 @@ class AsyncRun(AsyncLease):
             await self._io.run(state.abandon_flow(), "abandon")
 
 
-class _AsyncJobLock(AsyncFront[AsyncRun]):
+class _AsyncJobLock(AsyncFront):
     """The lock of a job's name, taken by the job's one try (``begin``)."""
 
     _core: OnceCore

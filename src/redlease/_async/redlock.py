@@ -119,7 +119,7 @@ class AsyncRedlockLease(AsyncLease):
     (``_rules.redlock.QuorumLeaseState``)."""
 
 
-class AsyncRedlock(AsyncFront[AsyncRedlockLease]):
+class AsyncRedlock(AsyncFront):
     """A lock held on a majority of independent Redis/Valkey masters.
 
     ``nodes`` are one client per independent server (standalone masters without

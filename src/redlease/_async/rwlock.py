@@ -15,11 +15,10 @@ from .._rules.rwlock import READ, READERS, SIDES, WRITE, SideCore
 from .backend import ASYNC
 from .front import AsyncFront
 from .io import AsyncIO
-from .lease import AsyncLease
 from .lock import served
 
 
-class AsyncReadWriteSide(AsyncFront[AsyncLease]):
+class AsyncReadWriteSide(AsyncFront):
     """One side of a read/write lock, ``rw.read`` or ``rw.write``: a lock of its own to
     its caller, with the surface of ``Lock`` (``acquire``, ``try_acquire``, ``with``,
     ``locked``, ``owned``, ``waiting``, a decorator), handing out ``Lease`` objects."""

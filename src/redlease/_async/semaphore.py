@@ -18,14 +18,13 @@ from .._rules.flows import SEMAPHORE, LockSpec
 from .._rules.fronts import FrontCore
 from .backend import ASYNC
 from .front import AsyncFront
-from .lease import AsyncLease
 from .lock import served
 
 # More permits than a semaphore is of use with: each acquire counts its holders.
 MAX_LIMIT = 100_000
 
 
-class AsyncSemaphore(AsyncFront[AsyncLease]):
+class AsyncSemaphore(AsyncFront):
     """At most ``limit`` holders of ``name`` at once, on one Redis/Valkey deployment.
 
     ``acquire(timeout=)``, ``try_acquire()`` and ``with sem as permit`` work as for

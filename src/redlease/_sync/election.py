@@ -34,7 +34,7 @@ from .lease import Lease, give_back_in_haste
 from .lock import served
 
 
-class _Candidacy(SyncFront[Lease]):
+class _Candidacy(SyncFront):
     """The lock a candidate waits for (always renewed)."""
 
 

@@ -19,7 +19,7 @@ from __future__ import annotations
 import inspect
 from collections.abc import Callable
 from types import FrameType, TracebackType
-from typing import Any, Generic, TypeVar, cast
+from typing import Any, cast
 
 from .._base import metrics as _metrics
 from .._base.errors import AcquireTimeout, LockError
@@ -56,8 +56,6 @@ from .lease import (
     SyncDriver,
     finish_in_haste,
 )
-
-LeaseT = TypeVar("LeaseT", bound=Lease)
 
 
 def end_block(
@@ -113,7 +111,7 @@ def _released_by_block(noted: object) -> Any:
     return noted if isinstance(noted, MultiLeaseState) else None
 
 
-class SyncFront(Generic[LeaseT]):
+class SyncFront:
     """``acquire``, ``try_acquire``, ``with`` and ``@lock``, once for every kind of lock:
     over the lock's rules (``_core``, see ``_rules.fronts.FrontCore``) and the driver that
     runs its flows (``_io``)."""
@@ -148,7 +146,7 @@ class SyncFront(Generic[LeaseT]):
         info = self._look()
         return any(holder.token in tokens for holder in info.holders)
 
-    def acquire(self, timeout: Seconds | None = None) -> LeaseT:
+    def acquire(self, timeout: Seconds | None = None) -> Lease:
         """Wait until the lock is ours and return the lease.
 
         ``timeout`` bounds the wait in seconds (None: no bound; 0: a single try).
@@ -161,7 +159,7 @@ class SyncFront(Generic[LeaseT]):
         what it may have taken within half a second (a Redlock's: within its node
         timeout); what a server that does not answer keeps by then expires on its own.
         """
-        return cast(LeaseT, (self._waited(timeout)).lease)
+        return cast(Lease, (self._waited(timeout)).lease)
 
     def _waited(self, timeout: Seconds | None) -> LeaseState:
         state = self._acquire(args.timeout(timeout), wait=True)
@@ -169,7 +167,7 @@ class SyncFront(Generic[LeaseT]):
             raise AcquireTimeout(f"{self._core.noun} {self.name!r} still busy after {timeout}s")
         return state
 
-    def try_acquire(self) -> LeaseT | None:
+    def try_acquire(self) -> Lease | None:
         """Take the lock if it is free right now; never waits. None if it is busy.
 
         Raises BackendError if the server fails (a Redlock: QuorumError if too few nodes
@@ -180,7 +178,7 @@ class SyncFront(Generic[LeaseT]):
         client's calls keep its own timeouts and retries.
         """
         state = self._acquire(0.0, wait=False)
-        return None if state is None else cast(LeaseT, state.lease)
+        return None if state is None else cast(Lease, state.lease)
 
     def _acquire(
         self, timeout: float | None, *, wait: bool, entering: Opening | None = None
@@ -296,14 +294,14 @@ class SyncFront(Generic[LeaseT]):
         except Cancelled:
             pass  # cancelled again while cleaning up; the clean-up itself ran to its end
 
-    def __enter__(self) -> LeaseT:
+    def __enter__(self) -> Lease:
         at = opened(caller())
         core = self._core
         if core.refuses_nesting and core.holding is None:
             refuse_nested(self, core, at.holder)
         state = self._acquire(None, wait=True, entering=at)
         assert state is not None  # (no timeout: a lease, or an error)
-        return cast(LeaseT, state.lease)
+        return cast(Lease, state.lease)
 
     __exit__ = end_block
 
@@ -316,7 +314,7 @@ class SyncFront(Generic[LeaseT]):
         return decorate(self, fn)
 
 
-def release_by_force(front: SyncFront[Any], token: str) -> None:
+def release_by_force(front: SyncFront, token: str) -> None:
     """Release the hold ``token`` of ``front``'s name as its holder would, as an operator
     does (``redlease release --force``): the next waiter is served at once, the fence
     counter is untouched. LockLost if that hold had ended."""
@@ -324,7 +322,7 @@ def release_by_force(front: SyncFront[Any], token: str) -> None:
     front._io.run(flow, f"release {front.name!r}")
 
 
-def handed_out(front: SyncFront[LeaseT], grant: Grant, started: float) -> LeaseT:
+def handed_out(front: SyncFront, grant: Grant, started: float) -> Lease:
     """The lease of a grant that ``front``'s lock got in another way (a multi-lock's one
     script): watched, renewed and metered as its own acquire's would be."""
-    return cast(LeaseT, front._watched(grant, started).lease)
+    return cast(Lease, front._watched(grant, started).lease)

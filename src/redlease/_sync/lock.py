@@ -21,10 +21,9 @@ from .._rules.fronts import FrontCore, check_replicas
 from .backend import ASYNC
 from .front import SyncFront
 from .io import SyncIO
-from .lease import Lease
 
 
-class Lock(SyncFront[Lease]):
+class Lock(SyncFront):
     """A distributed lock on one Redis/Valkey deployment.
 
     ``ttl`` is the lease length; ``fair`` serves waiters in arrival order (no barging);

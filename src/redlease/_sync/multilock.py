@@ -113,7 +113,7 @@ class MultiLock:
         self._io = served(client, specs[0])
         # a lock per name (its metrics say whose it is), over the one driver
         self._locks = [
-            SyncFront[Lease](
+            SyncFront(
                 FrontCore.checked(
                     spec,
                     auto_renew,

@@ -54,7 +54,7 @@ class Run(Lease):
             self._io.run(state.abandon_flow(), "abandon")
 
 
-class _JobLock(SyncFront[Run]):
+class _JobLock(SyncFront):
     """The lock of a job's name, taken by the job's one try (``begin``)."""
 
     _core: OnceCore

@@ -121,7 +121,7 @@ class RedlockLease(Lease):
     (``_rules.redlock.QuorumLeaseState``)."""
 
 
-class Redlock(SyncFront[RedlockLease]):
+class Redlock(SyncFront):
     """A lock held on a majority of independent Redis/Valkey masters.
 
     ``nodes`` are one client per independent server (standalone masters without

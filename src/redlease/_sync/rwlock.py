@@ -17,11 +17,10 @@ from .._rules.rwlock import READ, READERS, SIDES, WRITE, SideCore
 from .backend import ASYNC
 from .front import SyncFront
 from .io import SyncIO
-from .lease import Lease
 from .lock import served
 
 
-class ReadWriteSide(SyncFront[Lease]):
+class ReadWriteSide(SyncFront):
     """One side of a read/write lock, ``rw.read`` or ``rw.write``: a lock of its own to
     its caller, with the surface of ``Lock`` (``acquire``, ``try_acquire``, ``with``,
     ``locked``, ``owned``, ``waiting``, a decorator), handing out ``Lease`` objects."""
