@@ -10,21 +10,29 @@ backend modules, ``_async.backend`` and ``_sync.backend``, under the same names,
 generated code imports the blocking one. The test suite runs ``--check``.
 
 Code only the asyncio side has (running a coroutine under a lease, cancelling a task when
-its lease is lost) is marked in its source, and left out of the twin:
+its lease is lost, catching a cancellation) is marked in its source, and left out of the
+twin:
 
     self._cancel_on_lost = flag  # unasync: async only       (this line)
 
     # unasync: async only                                    (these lines, markers too)
     async def using(...): ...
     # unasync: end
+
+Docstrings say what holds for asyncio alone in a sentence that starts "asyncio:" (or
+"asyncio only:"), or in a parenthesis that does ("(asyncio: the task)", "(and asyncio's
+...)", "(the thread; asyncio: the task)"): the twin's docstrings leave those words out.
 """
 
 from __future__ import annotations
 
 import argparse
+import io
 import re
 import subprocess
 import sys
+import textwrap
+import tokenize
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -156,9 +164,79 @@ def both_sides(lines: list[str], source: str) -> list[str]:
     return kept
 
 
+# What a docstring says of asyncio alone, in the words the sources use for it: a
+# sentence that starts "asyncio:" or "asyncio only:", a parenthesis that does ("(asyncio:
+# ...)", "(and asyncio's ...)"), and the "; asyncio: ..." end of one. The twin's
+# docstrings leave these out (and their paragraphs are filled again).
+_ASYNC_SENTENCE = re.compile(r"(?:(?<=\. )|(?<=^))asyncio(?: only)?: [^.]*?\.(?: |$)", re.M)
+_ASYNC_ASIDE = re.compile(r" ?\((?:and )?asyncio(?::|'s)[^()]*\)")
+_ASYNC_TAIL = re.compile(r"; asyncio: [^()]*(?=\))")
+_FILL = 88  # the docstrings' width
+
+
+def _without_asyncio(flat: str) -> str:
+    flat = _ASYNC_TAIL.sub("", flat)
+    flat = _ASYNC_ASIDE.sub("", flat)
+    return _ASYNC_SENTENCE.sub("", flat).strip()
+
+
+def blocking_docstring(body: str, indent: str) -> str:
+    """A docstring's body with its asyncio-only words left out, each paragraph that had
+    some filled again at the docstrings' width (one that had nothing else goes); lists,
+    code and untouched paragraphs are kept as they are."""
+    parts = re.split(r"(\n[ \t]*\n)", body)  # paragraph, blank line, paragraph...
+    out = ""
+    for at in range(0, len(parts), 2):
+        paragraph, blank = parts[at], parts[at - 1] if at else ""
+        trail = paragraph[len(paragraph.rstrip()) :]  # (before the closing quotes)
+        flat = " ".join(paragraph.split())
+        listed = any(ln.lstrip().startswith(("* ", "- ", ">>>")) for ln in paragraph.split("\n"))
+        new = flat if listed else _without_asyncio(flat)
+        if new == flat:
+            out += blank + paragraph
+        elif new:
+            first = at == 0  # it starts after the opening quotes
+            filled = textwrap.fill(
+                new,
+                width=_FILL,
+                initial_indent=" " * (len(indent) + 3) if first else indent,
+                subsequent_indent=indent,
+                break_long_words=False,
+                break_on_hyphens=False,
+            )
+            out += blank + (filled.lstrip() if first else filled) + trail
+        else:  # nothing left of it
+            out += trail if at == len(parts) - 1 else ""
+    return out
+
+
+def _blocking_docstrings(text: str) -> str:
+    """Every docstring of ``text`` as the blocking twin says it (``blocking_docstring``)."""
+    tokens = list(tokenize.generate_tokens(io.StringIO(text).readline))
+    lines = text.splitlines(True)
+    offsets = [0]
+    for line in lines:
+        offsets.append(offsets[-1] + len(line))
+    edits = []
+    for token in tokens:
+        if token.type != tokenize.STRING or not token.string.startswith('"""'):
+            continue
+        if "asyncio" not in token.string:
+            continue
+        (row, col), (end_row, end_col) = token.start, token.end
+        start, end = offsets[row - 1] + col, offsets[end_row - 1] + end_col
+        indent = " " * col
+        body = token.string[3:-3]
+        edits.append((start, end, '"""' + blocking_docstring(body, indent) + '"""'))
+    for start, end, new in reversed(edits):
+        text = text[:start] + new + text[end:]
+    return text
+
+
 def generate(source: str, target: str) -> str:
     lines = both_sides((PACKAGE / source).read_text().splitlines(True), source)
     text = header(source) + "".join(unasync_line(line) for line in lines)
+    text = _blocking_docstrings(text)
     text = _ruff(["check", "--select", "I,F401", "--fix", "--quiet"], text, target)
     return _ruff(["format", "--quiet"], text, target)
 

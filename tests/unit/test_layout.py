@@ -427,3 +427,26 @@ def test_a_public_class_is_itself_a_flavour_base_and_an_asyncio_marker_at_most()
         if len(own) > 3:
             deep[name] = own
     assert deep == {}
+
+
+def test_the_blocking_api_says_nothing_of_asyncio() -> None:
+    """``help(redlease.Lock)`` and the blocking twins' other docs speak of threads only:
+    what the asyncio sources say of asyncio alone is left out of the generated twins.
+    (``once``, which serves both flavours, is the one blocking name that may.)"""
+    import inspect
+    import pydoc
+
+    import redlease
+
+    words = re.compile(r"asyncio|cancel_on_lost|async with|\bawait\b|\btasks?\b|event loop")
+    said = {}
+    for name in redlease.__all__:
+        obj = getattr(redlease, name)
+        if name.startswith(("Async", "a")) or name == "once":
+            continue
+        if inspect.isclass(obj) or inspect.isfunction(obj):
+            text = pydoc.render_doc(obj, renderer=pydoc.plaintext)
+            hits = [line.strip() for line in text.splitlines() if words.search(line)]
+            if hits:
+                said[name] = hits
+    assert said == {}

@@ -179,10 +179,9 @@ async def resign_by_force(election: AsyncElection, token: str) -> None:
 
 class AsyncObservation(AsyncOnly):
     """What ``observe()`` returns: iterate it for the leader after each change.
-    ``close()`` (from any thread; an asyncio observation's from its loop, or its
-    ``aclose()``), or leaving its ``with`` block, ends the iteration: at once while it
-    waits through the process's hub, else within a ttl. (asyncio: cancelling the task
-    that iterates ends it too.)"""
+    ``close()`` (from any thread; asyncio: from its loop, as ``aclose`` is), or leaving
+    its ``with`` block, ends the iteration: at once while it waits through the process's
+    hub, else within a ttl. asyncio: cancelling the task that iterates ends it too."""
 
     def __init__(self, election: AsyncElection) -> None:
         self._election = election

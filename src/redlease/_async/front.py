@@ -296,14 +296,12 @@ class AsyncFront(AsyncOnly):
         return state
 
     async def _abandon(self, attempt: Attempt, *, hurried: bool = False) -> None:
-        try:
+        # The original error matters more (an orphaned key expires with its ttl); asyncio:
+        # cancelled again while cleaning up, the clean-up itself ran to its end.
+        with contextlib.suppress(Exception, Cancelled):
             await shielded(
                 lambda: self._io.run(attempt.abandon(hurried=hurried), f"clean up {self.name!r}")
             )
-        except Exception:
-            pass  # the original error matters more; an orphaned key expires with its ttl
-        except Cancelled:
-            pass  # cancelled again while cleaning up; the clean-up itself ran to its end
 
     async def __aenter__(self) -> AsyncLease:
         at = await opened(caller())

@@ -312,9 +312,11 @@ async def _read(ref: weakref.ReferenceType[Hub], conn: Any) -> None:
                 return
             del hub
             continue
+        # unasync: async only
         except _backend_async.Cancelled:
             conn.close()
             raise
+        # unasync: end
         except Exception:
             hub = ref()
             if hub is None:

@@ -96,8 +96,8 @@ class AsyncLease(AsyncOnly):
     @property
     def hold_count(self) -> int:
         """How many acquisitions this lease stands for and that are not released yet: 1,
-        or more when a ``reentrant`` lock was acquired again by the thread (task) that
-        holds it. Only the release of the last one releases on the server."""
+        or more when a ``reentrant`` lock was acquired again by the thread (asyncio: the
+        task) that holds it. Only the release of the last one releases on the server."""
         return self._state.hold_count()
 
     def check(self) -> None:
@@ -145,6 +145,7 @@ class AsyncLease(AsyncOnly):
                 await self._io.run(state.release_flow(), "release")
         except LockError:
             raise
+        # unasync: async only
         except Cancelled:
             # Cancelled mid-release: it may or may not have reached the server(s). Run
             # it again to the end, shielded, then let the cancellation go on. "Not ours"
@@ -153,6 +154,7 @@ class AsyncLease(AsyncOnly):
                 await shielded(lambda: self._io.run(state.release_flow(), "release"))
             state.mark_released()
             raise
+        # unasync: end
         except BaseException:
             # Interrupted (an error raised by a signal handler: a Ctrl-C the program
             # goes on after) before, while or after the release was sent: finished in

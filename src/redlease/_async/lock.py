@@ -36,8 +36,8 @@ class AsyncLock(AsyncFront):
     thread; asyncio: the running event loop's one task) extends it well before it runs
     out and, if it is taken over or cannot be renewed in time, marks it lost
     (``lease.lost``, ``check()`` raises ``LockLost``) and calls ``on_lost(lease)`` from
-    that thread (asyncio: in that loop; keep the callback short) no later than the end of
-    its validity. ``max_hold`` (seconds) stops renewal that long after acquisition, so a
+    that thread (asyncio: in that loop) no later than the end of its validity: keep the
+    callback short. ``max_hold`` (seconds) stops renewal that long after acquisition, so a
     hung holder cannot keep the lock forever. A lease that is never released keeps being
     renewed (until ``max_hold``).
 

@@ -44,12 +44,10 @@ class Election:
     ``campaign(timeout=None)`` waits until this candidate leads and returns its
     leadership lease: renewed automatically while held, ``fence`` is the term (strictly
     increasing across leaders), ``lost``/``check()``/``on_lost`` tell the leader when it
-    no longer leads, before a successor can be elected. ``resign()`` hands leadership
-    to the next candidate at once. ``leader()`` says who leads now (``Leader(identity,
+    no longer leads, before a successor can be elected. ``resign()`` hands leadership to
+    the next candidate at once. ``leader()`` says who leads now (``Leader(identity,
     term)``) or None; ``observe()`` yields the leader after each change, woken by the
-    server. ``identity`` defaults to "hostname:pid". asyncio only: ``cancel_on_lost=True``
-    also cancels the task that won the campaign when its leadership is lost, as it does
-    for asyncio locks.
+    server. ``identity`` defaults to "hostname:pid".
     """
 
     def __init__(
@@ -109,8 +107,8 @@ class Election:
     def campaign(self, timeout: Seconds | None = None) -> Lease:
         """Wait until this candidate leads (``timeout``: as ``Lock.acquire``'s, raising
         ``AcquireTimeout``) and return the leadership lease. Campaigning while leading
-        returns the lease held. A candidate interrupted while it waits (asyncio:
-        cancelled) leaves the queue, and gives back a leadership granted meanwhile."""
+        returns the lease held. A candidate interrupted while it waits leaves the queue,
+        and gives back a leadership granted meanwhile."""
         held = self._lease
         if held is not None and not (held.lost or held.released):
             return held
@@ -152,11 +150,10 @@ class Election:
 
     def observe(self) -> Observation:
         """The leader now, then after each change (None while nobody leads), to iterate
-        (asyncio: with an asynchronous for loop) until the observation is closed.
-        Woken by the server when a leader is elected or resigns, and when a leader's
-        lease runs out; a consumer slower than the changes sees the latest. A server
-        that is unreachable for a while (restarting, failing over) is waited for; any
-        other failure is raised."""
+        until the observation is closed. Woken by the server when a leader is elected or
+        resigns, and when a leader's lease runs out; a consumer slower than the changes
+        sees the latest. A server that is unreachable for a while (restarting, failing
+        over) is waited for; any other failure is raised."""
         return Observation(self)
 
     def _tell(self, what: str) -> None:
@@ -178,10 +175,8 @@ def resign_by_force(election: Election, token: str) -> None:
 
 class Observation:
     """What ``observe()`` returns: iterate it for the leader after each change.
-    ``close()`` (from any thread; an asyncio observation's from its loop, or its
-    ``aclose()``), or leaving its ``with`` block, ends the iteration: at once while it
-    waits through the process's hub, else within a ttl. (asyncio: cancelling the task
-    that iterates ends it too.)"""
+    ``close()`` (from any thread), or leaving its ``with`` block, ends the iteration: at
+    once while it waits through the process's hub, else within a ttl."""
 
     def __init__(self, election: Election) -> None:
         self._election = election

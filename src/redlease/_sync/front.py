@@ -9,13 +9,11 @@ cleaning up after an interrupted attempt, starting renewal. What needs no I/O (t
 `with` stack, reentrant holds, metrics) is in ``_rules.fronts``.
 
 Written once, as asyncio code; ``scripts/unasync.py`` generates the blocking twin.
-asyncio only: ``cancel_on_lost``, and ``using`` (a coroutine run
-under a lease that cancels it if the lease is lost, after node-redlock's
-``using(resources, duration, routine(signal))``).
 """
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 from collections.abc import Callable
 from types import FrameType, TracebackType
@@ -149,15 +147,14 @@ class SyncFront:
     def acquire(self, timeout: Seconds | None = None) -> Lease:
         """Wait until the lock is ours and return the lease.
 
-        ``timeout`` bounds the wait in seconds (None: no bound; 0: a single try).
-        Raises AcquireTimeout if the lock stayed busy (a Redlock: QuorumError if too few
-        nodes answered); BackendError if the server failed until the timeout;
-        InvalidArgument for a bad ``timeout``; LockLost if a ``reentrant`` holder's lease
-        was lost meanwhile. asyncio: cancelling the caller at any point leaves no lock
-        behind (a lock granted meanwhile is released). An acquire of a one-server lock
-        interrupted as the process goes away (KeyboardInterrupt, SystemExit) gives back
-        what it may have taken within half a second (a Redlock's: within its node
-        timeout); what a server that does not answer keeps by then expires on its own.
+        ``timeout`` bounds the wait in seconds (None: no bound; 0: a single try). Raises
+        AcquireTimeout if the lock stayed busy (a Redlock: QuorumError if too few nodes
+        answered); BackendError if the server failed until the timeout; InvalidArgument
+        for a bad ``timeout``; LockLost if a ``reentrant`` holder's lease was lost
+        meanwhile. An acquire of a one-server lock interrupted as the process goes away
+        (KeyboardInterrupt, SystemExit) gives back what it may have taken within half a
+        second (a Redlock's: within its node timeout); what a server that does not
+        answer keeps by then expires on its own.
         """
         return cast(Lease, (self._waited(timeout)).lease)
 
@@ -285,14 +282,12 @@ class SyncFront:
         return state
 
     def _abandon(self, attempt: Attempt, *, hurried: bool = False) -> None:
-        try:
+        # The original error matters more (an orphaned key expires with its ttl); asyncio:
+        # cancelled again while cleaning up, the clean-up itself ran to its end.
+        with contextlib.suppress(Exception, Cancelled):
             shielded(
                 lambda: self._io.run(attempt.abandon(hurried=hurried), f"clean up {self.name!r}")
             )
-        except Exception:
-            pass  # the original error matters more; an orphaned key expires with its ttl
-        except Cancelled:
-            pass  # cancelled again while cleaning up; the clean-up itself ran to its end
 
     def __enter__(self) -> Lease:
         at = opened(caller())
@@ -306,11 +301,10 @@ class SyncFront:
     __exit__ = end_block
 
     def __call__(self, fn: Callable[P, R]) -> Callable[P, R]:
-        """``@lock``: each call of ``fn`` runs holding the lock, as in a block of the lock
-        (asyncio: ``fn`` is a coroutine function, run to its end), and raises what that
-        raises. A function whose work would run after the lock is given back (a generator
-        function; for a blocking lock, a coroutine function) is refused
-        (InvalidArgument)."""
+        """``@lock``: each call of ``fn`` runs holding the lock, as in a block of the
+        lock, and raises what that raises. A function whose work would run after the
+        lock is given back (a generator function; for a blocking lock, a coroutine
+        function) is refused (InvalidArgument)."""
         return decorate(self, fn)
 
 

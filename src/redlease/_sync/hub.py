@@ -314,9 +314,6 @@ def _read(ref: weakref.ReferenceType[Hub], conn: Any) -> None:
                 return
             del hub
             continue
-        except _backend_sync.Cancelled:
-            conn.close()
-            raise
         except Exception:
             hub = ref()
             if hub is None:

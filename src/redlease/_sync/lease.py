@@ -13,10 +13,9 @@ from types import TracebackType
 from typing import Any, Protocol, TypeVar
 
 from .._base import fork as _fork
-from .._base.errors import LockError, LockLost, QuorumError
+from .._base.errors import LockError, LockLost
 from .._rules.lease import HELD, RELEASED, LeaseState, lost_at_block_end
 from .._rules.multilock import MultiLeaseState
-from .backend import Cancelled, shielded
 
 T = TypeVar("T")
 _Lease = TypeVar("_Lease", bound="Lease")
@@ -92,8 +91,8 @@ class Lease:
     @property
     def hold_count(self) -> int:
         """How many acquisitions this lease stands for and that are not released yet: 1,
-        or more when a ``reentrant`` lock was acquired again by the thread (task) that
-        holds it. Only the release of the last one releases on the server."""
+        or more when a ``reentrant`` lock was acquired again by the thread that holds
+        it. Only the release of the last one releases on the server."""
         return self._state.hold_count()
 
     def check(self) -> None:
@@ -122,8 +121,7 @@ class Lease:
 
         Raises LockLost if the lock had expired or been taken over before the release. A
         Redlock's: QuorumError if too few nodes answered (the lease counts as released:
-        what is left expires with the ttl). asyncio: cancelling the caller does not
-        cancel the release itself.
+        what is left expires with the ttl).
         """
         state = self._state
         state.release_calls += 1  # (first: see _rules.lease.release_calls)
@@ -140,14 +138,6 @@ class Lease:
             with state.releasing():
                 self._io.run(state.release_flow(), "release")
         except LockError:
-            raise
-        except Cancelled:
-            # Cancelled mid-release: it may or may not have reached the server(s). Run
-            # it again to the end, shielded, then let the cancellation go on. "Not ours"
-            # now may mean the first one did land, so it is not reported.
-            with contextlib.suppress(LockLost, QuorumError):
-                shielded(lambda: self._io.run(state.release_flow(), "release"))
-            state.mark_released()
             raise
         except BaseException:
             # Interrupted (an error raised by a signal handler: a Ctrl-C the program

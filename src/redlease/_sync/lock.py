@@ -35,26 +35,19 @@ class Lock(SyncFront):
     closes, the window in which a failover to an asynchronous replica loses the lock.
 
     ``auto_renew`` keeps each lease alive while held: the renewer (the process's one
-    thread; asyncio: the running event loop's one task) extends it well before it runs
-    out and, if it is taken over or cannot be renewed in time, marks it lost
-    (``lease.lost``, ``check()`` raises ``LockLost``) and calls ``on_lost(lease)`` from
-    that thread (asyncio: in that loop; keep the callback short) no later than the end of
-    its validity. ``max_hold`` (seconds) stops renewal that long after acquisition, so a
-    hung holder cannot keep the lock forever. A lease that is never released keeps being
-    renewed (until ``max_hold``).
+    thread) extends it well before it runs out and, if it is taken over or cannot be
+    renewed in time, marks it lost (``lease.lost``, ``check()`` raises ``LockLost``) and
+    calls ``on_lost(lease)`` from that thread no later than the end of its validity:
+    keep the callback short. ``max_hold`` (seconds) stops renewal that long after
+    acquisition, so a hung holder cannot keep the lock forever. A lease that is never
+    released keeps being renewed (until ``max_hold``).
 
-    ``reentrant=True`` lets the holder of a lease (the thread that acquired it; asyncio:
-    the task) acquire the lock again without waiting for itself: ``acquire``,
-    ``try_acquire`` and ``with`` return the lease it holds, one hold more
-    (``lease.hold_count``); each release takes one hold off and the last one releases on
-    the server. If that lease was lost meanwhile, acquiring again raises ``LockLost``
-    (once; the next acquire takes the lock anew). A lease handed to another thread
-    still counts as its acquirer's.
-
-    asyncio only: ``cancel_on_lost=True`` also cancels the task that acquired the lease
-    when the lease is lost (unless that task is the one that found out, through
-    ``extend``, ``release`` or ``lost``), so protected work stops at its next ``await``;
-    without ``auto_renew`` it still fires when validity runs out.
+    ``reentrant=True`` lets the holder of a lease (the thread that acquired it) acquire
+    the lock again without waiting for itself: ``acquire``, ``try_acquire`` and ``with``
+    return the lease it holds, one hold more (``lease.hold_count``); each release takes
+    one hold off and the last one releases on the server. If that lease was lost
+    meanwhile, acquiring again raises ``LockLost`` (once; the next acquire takes the
+    lock anew). A lease handed to another thread still counts as its acquirer's.
 
     The defaults that are not values: ``on_lost=None`` calls nothing; ``max_hold=None``
     renews for as long as the lease is held; ``clock=None`` is the monotonic clock (tests
@@ -109,11 +102,10 @@ class Lock(SyncFront):
         return (self._look()).held
 
     def owned(self) -> bool:
-        """Whether the caller (the thread; asyncio: the task) holds a lease of this object
-        that is still its own on the server now: one it acquired (lent to others or not),
-        has not released, does not know lost, and whose token the server lists as a
-        holder. No round trip when it holds none. Raises BackendError if the server
-        cannot answer."""
+        """Whether the caller (the thread) holds a lease of this object that is still
+        its own on the server now: one it acquired (lent to others or not), has not
+        released, does not know lost, and whose token the server lists as a holder. No
+        round trip when it holds none. Raises BackendError if the server cannot answer."""
         return self._owned()
 
     def waiting(self) -> int:

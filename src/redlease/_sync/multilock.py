@@ -47,10 +47,9 @@ class MultiLease(MultiLeaseState):
 
     def release(self) -> None:
         """Release every lease, each even if another's release failed; then raise the
-        first failure (LockLost if one had been lost). asyncio: cancelling the caller
-        does not stop it half-way. Interrupted (an error raised by a signal handler), it
-        gives back the leases it had not released yet in haste, as a lease's release
-        finishes in haste, before the interruption goes on."""
+        first failure (LockLost if one had been lost). Interrupted (an error raised by a
+        signal handler), it gives back the leases it had not released yet in haste, as a
+        lease's release finishes in haste, before the interruption goes on."""
         try:
             shielded(self._release_all)
         except LockError:
@@ -85,12 +84,11 @@ class MultiLease(MultiLeaseState):
 class MultiLock:
     """Several lock names held together, all or none, on one deployment.
 
-    ``acquire(timeout=None)``, ``try_acquire()`` and ``with mlock as leases`` work as for
-    ``Lock``; the ``MultiLease`` has a lease per name (``leases``, ``fences``) and
-    ``extend``, ``release``, ``lost``, ``check``, ``remaining``. Never a deadlock between
-    multi-locks that share names, in whatever order they list them. The other options
-    are ``Lock``'s and apply to each name. asyncio: cancelling an acquire at any point
-    leaves none of the names held.
+    ``acquire(timeout=None)``, ``try_acquire()`` and ``with mlock as leases`` work as
+    for ``Lock``; the ``MultiLease`` has a lease per name (``leases``, ``fences``) and
+    ``extend``, ``release``, ``lost``, ``check``, ``remaining``. Never a deadlock
+    between multi-locks that share names, in whatever order they list them. The other
+    options are ``Lock``'s and apply to each name.
     """
 
     def __init__(

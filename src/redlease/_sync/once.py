@@ -89,14 +89,14 @@ class Once:
     then). ``at_least``: the shortest; a run that ends sooner leaves the name held until
     ``at_least`` after its start, by the server's clock, so that a node whose scheduler
     fires a little later skips it (even if the first process has exited). ``every``: at
-    most one run per period of the server's clock (period k covers [k * every,
-    (k + 1) * every) of its time since the epoch), however far apart the nodes' clocks
-    are. ``ttl``: a lease that long, renewed while the job runs, never past ``at_most``
-    (default: one lease of ``at_most``). ``fence_as``: the keyword argument through which
-    the decorated job gets its run's fence. ``on_lost(run)``: called once the run's lease
-    is lost while the job runs (its at_most has passed: the renewer watches it; or a
-    renewal found it gone), from the renewer's thread (asyncio: in the loop). Every key
-    starts with ``prefix``.
+    most one run per period of the server's clock (period k covers [k * every, (k + 1) *
+    every) of its time since the epoch), however far apart the nodes' clocks are.
+    ``ttl``: a lease that long, renewed while the job runs, never past ``at_most``
+    (default: one lease of ``at_most``). ``fence_as``: the keyword argument through
+    which the decorated job gets its run's fence. ``on_lost(run)``: called once the
+    run's lease is lost while the job runs (its at_most has passed: the renewer watches
+    it; or a renewal found it gone), from the renewer's thread. Every key starts with
+    ``prefix``.
 
     As a context manager, ``with job as run:`` gives the run (an ``Run``, the
     lease) or a ``Skipped``, which is false: ``if not run: return``. As a decorator of an

@@ -130,11 +130,10 @@ class Redlock(SyncFront):
     ``remaining()``, ``extend()``, ``release()``, ``lost`` and ``check()``.
 
     ``node_timeout`` is how long each node's reply is waited for in a round (default a
-    twentieth of the ttl, at most 0.1 s). ``auto_renew``, ``on_lost``, ``max_hold``
-    and ``reentrant`` (and asyncio's ``cancel_on_lost``) work as for ``Lock``; a renewal
-    counts only when a majority confirms it in time.
-    A majority that cannot be reached raises ``QuorumError`` naming each failed node;
-    plain contention is not an error.
+    twentieth of the ttl, at most 0.1 s). ``auto_renew``, ``on_lost``, ``max_hold`` and
+    ``reentrant`` work as for ``Lock``; a renewal counts only when a majority confirms
+    it in time. A majority that cannot be reached raises ``QuorumError`` naming each
+    failed node; plain contention is not an error.
     """
 
     # The quorum rules. Only the fault harness's deliberately broken Redlocks (a subclass

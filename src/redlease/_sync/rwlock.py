@@ -57,12 +57,12 @@ class ReadWriteLock:
     order: readers that come after a waiting writer wait behind it. A write lease's
     fence is greater than every lease's before it, read or write.
 
-    A holder (the thread; asyncio: the task) that holds a lease of this object and
-    acquires again is served at once: the same mode gives its lease one hold more, a read
-    inside its write is a downgrade, a write inside its read an upgrade if its read is the
-    only lease held (otherwise ``LockError``; ``try_acquire`` returns None).
-    ``auto_renew``, ``on_lost``, ``max_hold``, ``prefix``, ``clock``, ``replicas``,
-    ``replica_timeout`` (and asyncio's ``cancel_on_lost``) work as for ``Lock``.
+    A holder (the thread) that holds a lease of this object and acquires again is served
+    at once: the same mode gives its lease one hold more, a read inside its write is a
+    downgrade, a write inside its read an upgrade if its read is the only lease held
+    (otherwise ``LockError``; ``try_acquire`` returns None). ``auto_renew``,
+    ``on_lost``, ``max_hold``, ``prefix``, ``clock``, ``replicas``, ``replica_timeout``
+    work as for ``Lock``.
     """
 
     def __init__(

@@ -42,9 +42,7 @@ class Semaphore(SyncFront):
     limit revokes no permit: it grants none until enough are released.
 
     ``auto_renew``, ``on_lost``, ``max_hold``, ``prefix``, ``clock``, ``replicas`` and
-    ``replica_timeout`` work as for ``Lock``. asyncio only: ``cancel_on_lost=True`` also
-    cancels the task that acquired a permit when the permit is lost, as it does for
-    asyncio locks; a permit granted to a waiter cancelled meanwhile is given back.
+    ``replica_timeout`` work as for ``Lock``.
     """
 
     def __init__(

@@ -25,12 +25,11 @@ def fence_gate(conn: Any, resource: str, fence: int, *, table: str = "redlease_f
     with a smaller fence that comes meanwhile waits for this transaction to end, then is
     refused. The same fence passes again and again. A rollback undoes the record.
 
-    ``conn``: a DB-API connection (sqlite3, psycopg 3, psycopg2; asyncio: psycopg's
-    ``Connection``, aiosqlite) or a SQLAlchemy ``Connection`` / ``Session``
-    (asyncio: ``Connection`` / ``Session``), on PostgreSQL or SQLite, inside a
-    transaction (a gate run outside one, in autocommit, raises ``InvalidArgument``: its
-    record would lock nothing). ``table``: the gate's table (``create_table`` makes it).
-    On ``StaleFence`` roll the transaction back.
+    ``conn``: a DB-API connection (sqlite3, psycopg 3, psycopg2) or a SQLAlchemy
+    ``Connection`` / ``Session``, on PostgreSQL or SQLite, inside a transaction (a gate
+    run outside one, in autocommit, raises ``InvalidArgument``: its record would lock
+    nothing). ``table``: the gate's table (``create_table`` makes it). On ``StaleFence``
+    roll the transaction back.
     """
     conn, calling = _gate.connection(conn, want_async=ASYNC)
     name, value, where = _gate.resource(resource), _gate.fence(fence), _gate.gate_table(table)
