@@ -91,6 +91,31 @@ async def test_cancelled_release_still_releases(ar: aredis.Redis, name: str) -> 
     assert (await lock_state(ar, name))[0] is None
 
 
+async def test_a_lease_two_tasks_release_at_once_is_released_by_one_script(
+    ar: aredis.Redis, r: Any, name: str
+) -> None:
+    """A lease handed to another task (an election's leadership is handed to every task
+    that campaigns on the same object) and released by both at once: one release is
+    sent, the other waits for its end. Two scripts, on two connections, could reach the
+    server in either order, and the later one, run after the next holder's own release,
+    would find the name gone and raise LockLost to a holder that did nothing wrong."""
+    lock = redlease.AsyncLock(ar, name, ttl=30.0)
+
+    def scripts_run() -> int:
+        stats = r.info("commandstats")
+        return sum(stats.get(f"cmdstat_{c}", {}).get("calls", 0) for c in ("evalsha", "eval"))
+
+    for _ in range(10):
+        lease = await lock.acquire()
+        before = scripts_run()
+        first = asyncio.ensure_future(lease.release())
+        await asyncio.sleep(0)  # the first release is on its way
+        await lease.release()  # the second returns once the first has ended
+        assert not await lock.locked()
+        await first
+        assert scripts_run() - before == 1 + 1  # one release, and the look of locked()
+
+
 async def test_cancelled_async_with_releases(ar: aredis.Redis, name: str) -> None:
     lock = redlease.AsyncLock(ar, name, ttl=30.0)
     entered = asyncio.Event()

@@ -16,9 +16,16 @@ from .._base.errors import LockError, LockLost, QuorumError
 from .._base.misuse import AsyncOnly  # unasync: async only
 from .._rules.lease import HELD, RELEASED, LeaseState, lost_at_block_end
 from .._rules.multilock import MultiLeaseState
-from .backend import Cancelled, shielded
+from .backend import Cancelled, Flag, shielded
 
 T = TypeVar("T")
+
+# Guards the note of a release on its way (``AsyncLease._sending``): leases are handed
+# between threads, and released there.
+_SENDING = _fork.thread_lock()
+# How long a second release of a lease waits for the first one's end, in reply bounds (the
+# first one is given up on by then).
+_SECOND_RELEASE_WAIT = 2.0
 _Lease = TypeVar("_Lease", bound="AsyncLease")
 
 
@@ -45,6 +52,10 @@ class AsyncLease(AsyncOnly):
     _holder: asyncio.Task[Any] | None = None  # cancelled when it is lost (cancel_on_lost)
 
     # unasync: end
+    # A release of it on its way, and what a second caller's release waits on meanwhile.
+    _sending = False
+    _sent: Flag | None = None
+
     def __init__(self, state: LeaseState, io: AsyncDriver) -> None:
         self._state, self._io = state, io
         state.lease = self
@@ -139,7 +150,11 @@ class AsyncLease(AsyncOnly):
             finally:
                 state.holds -= 1
             return
+        if self._sending:  # another caller's release of it is on its way
+            await self._second_release(state)
+            return
         try:
+            self._sending = True
             state.not_forked()
             with state.releasing():
                 await self._io.run(state.release_flow(), "release")
@@ -161,6 +176,24 @@ class AsyncLease(AsyncOnly):
             # haste, then the interruption goes on.
             await self._finish_in_haste()
             raise
+        finally:
+            with _SENDING:
+                self._sending, sent, self._sent = False, self._sent, None
+            if sent is not None:
+                sent.set()
+
+    async def _second_release(self, state: LeaseState) -> None:
+        """A release of a lease whose release another caller (a thread, a task it was
+        handed to) has on its way: the no-op a second release is, once the first has
+        ended. Not sent again: the server keeps one release mark per lock, and a
+        second script run after the next holder's release would find the name gone."""
+        with _SENDING:
+            if not self._sending:
+                return
+            sent = self._sent
+            if sent is None:
+                sent = self._sent = Flag()
+        await sent.wait(state.spec.reply_timeout * _SECOND_RELEASE_WAIT)
 
     async def _finish_in_haste(self) -> None:
         """The release of a lease whose holder was interrupted as it let go: its

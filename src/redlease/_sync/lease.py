@@ -16,8 +16,16 @@ from .._base import fork as _fork
 from .._base.errors import LockError, LockLost
 from .._rules.lease import HELD, RELEASED, LeaseState, lost_at_block_end
 from .._rules.multilock import MultiLeaseState
+from .backend import Flag
 
 T = TypeVar("T")
+
+# Guards the note of a release on its way (``Lease._sending``): leases are handed
+# between threads, and released there.
+_SENDING = _fork.thread_lock()
+# How long a second release of a lease waits for the first one's end, in reply bounds (the
+# first one is given up on by then).
+_SECOND_RELEASE_WAIT = 2.0
 _Lease = TypeVar("_Lease", bound="Lease")
 
 
@@ -39,6 +47,10 @@ class Lease:
     Its rules (validity, holds, the lost flag, ``on_lost``) are the ``LeaseState`` it
     holds (``_rules.lease``); it adds ``extend``, ``release`` and ``with``, run by its
     driver."""
+
+    # A release of it on its way, and what a second caller's release waits on meanwhile.
+    _sending = False
+    _sent: Flag | None = None
 
     def __init__(self, state: LeaseState, io: SyncDriver) -> None:
         self._state, self._io = state, io
@@ -133,7 +145,11 @@ class Lease:
             finally:
                 state.holds -= 1
             return
+        if self._sending:  # another caller's release of it is on its way
+            self._second_release(state)
+            return
         try:
+            self._sending = True
             state.not_forked()
             with state.releasing():
                 self._io.run(state.release_flow(), "release")
@@ -145,6 +161,24 @@ class Lease:
             # haste, then the interruption goes on.
             self._finish_in_haste()
             raise
+        finally:
+            with _SENDING:
+                self._sending, sent, self._sent = False, self._sent, None
+            if sent is not None:
+                sent.set()
+
+    def _second_release(self, state: LeaseState) -> None:
+        """A release of a lease whose release another caller (a thread, a task it was
+        handed to) has on its way: the no-op a second release is, once the first has
+        ended. Not sent again: the server keeps one release mark per lock, and a
+        second script run after the next holder's release would find the name gone."""
+        with _SENDING:
+            if not self._sending:
+                return
+            sent = self._sent
+            if sent is None:
+                sent = self._sent = Flag()
+        sent.wait(state.spec.reply_timeout * _SECOND_RELEASE_WAIT)
 
     def _finish_in_haste(self) -> None:
         """The release of a lease whose holder was interrupted as it let go: its
