@@ -445,7 +445,7 @@ def test_the_blocking_api_says_nothing_of_asyncio() -> None:
         if name.startswith(("Async", "a")) or name == "once":
             continue
         if inspect.isclass(obj) or inspect.isfunction(obj):
-            text = pydoc.render_doc(obj, renderer=pydoc.plaintext)
+            text = pydoc.render_doc(obj, renderer=pydoc.plaintext)  # type: ignore[attr-defined]
             hits = [line.strip() for line in text.splitlines() if words.search(line)]
             if hits:
                 said[name] = hits
