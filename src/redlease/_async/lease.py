@@ -236,7 +236,7 @@ class AsyncLease(AsyncOnly):
             lost_at_block_end(self._state, lost, exc)
 
     def __repr__(self) -> str:
-        return repr(self._state)
+        return self._state.described(type(self).__name__)
 
 
 async def give_back_in_haste(lease: AsyncLease) -> None:

@@ -84,8 +84,9 @@ class LeaseState:
         # holder there.
         self.held_in: tuple[Holders, weakref.ref[Any]] | None = None
         # The lease that holds this state: what on_lost is told of, what a holder's
-        # table hands back (the state itself until a lease takes it).
-        self.lease: Any = self
+        # table hands back. Let go of once released, so that the two, which refer to
+        # each other, go with their last reference rather than with the next collection.
+        self.lease: Any = None
 
     @property
     def name(self) -> str:
@@ -159,7 +160,7 @@ class LeaseState:
             self.labels.ended(self.since, lost=True)
         if self.on_lost is not None:
             try:
-                self.on_lost(self.lease)
+                self.on_lost(self if self.lease is None else self.lease)
             except Exception:
                 log.exception(
                     "on_lost callback for lock %r (%s) raised", self.name, short_token(self.token)
@@ -175,6 +176,7 @@ class LeaseState:
             if self.status != HELD:
                 return
             self.status = RELEASED
+        self.lease = None
         self.stop_watching()
         self.leave_table()
         if self.labels is not None:
@@ -228,11 +230,15 @@ class LeaseState:
     def extend_ttl_ms(self, ttl: object) -> int:
         return self.spec.ttl_ms if ttl is None else args.ttl_ms(ttl)
 
-    def __repr__(self) -> str:
+    def described(self, kind: str) -> str:
+        """What the lease of ``kind`` (its class's name) shows of itself."""
         return (
-            f"<{type(self.lease).__name__} {self.name!r} fence={self.fence} {self.status} "
+            f"<{kind} {self.name!r} fence={self.fence} {self.status} "
             f"remaining={self.remaining():.3f}s>"
         )
+
+    def __repr__(self) -> str:
+        return self.described(type(self).__name__)
 
 
 class _Ending:

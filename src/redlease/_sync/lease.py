@@ -221,7 +221,7 @@ class Lease:
             lost_at_block_end(self._state, lost, exc)
 
     def __repr__(self) -> str:
-        return repr(self._state)
+        return self._state.described(type(self).__name__)
 
 
 def give_back_in_haste(lease: Lease) -> None:
