@@ -7,11 +7,12 @@ with lock as lease:
     do_work(fence=lease.fence)
 """
 
-import logging
 import types
-import typing
 
-if typing.TYPE_CHECKING:  # (the names as the type checkers see them; loaded on first use)
+# typing.TYPE_CHECKING without importing typing (a tenth of the command's start-up)
+TYPE_CHECKING = False
+
+if TYPE_CHECKING:  # (the names as the type checkers see them; loaded on first use)
     from . import metrics as metrics  # (a module: redlease.metrics.configure)
     from ._async.election import AsyncElection, AsyncObservation
     from ._async.fenced import AsyncFencedRedis
@@ -102,17 +103,13 @@ __all__ = [
     "read_info",
 ]
 
-# A library's loggers print nothing of their own accord: the application configures
-# logging (the "redlease" tree) if it wants to see them.
-logging.getLogger(__name__).addHandler(logging.NullHandler())
-
 # Submodules reachable as attributes without an import of their own.
 _SUBMODULES = frozenset({"metrics", "sql", "testing", "tools"})
 
 
-if not typing.TYPE_CHECKING:  # (type checkers see the names above, and no others)
+if not TYPE_CHECKING:  # (type checkers see the names above, and no others)
 
-    def __getattr__(name: str) -> typing.Any:
+    def __getattr__(name: str) -> object:
         """The public names are loaded on first use, all at once: ``import redlease``
         costs next to nothing (the command line handles signals from its first
         instruction), and a program pays for the library when it first touches it.
@@ -135,6 +132,9 @@ if not typing.TYPE_CHECKING:  # (type checkers see the names above, and no other
 
     def __dir__() -> list[str]:
         return sorted({*globals(), *__all__, *_SUBMODULES})
+
+
+del TYPE_CHECKING  # (not a name of the package's)
 
 
 def _load() -> None:

@@ -3,9 +3,10 @@
 Light on purpose: ``import redlease`` loads nothing until a public name is used, so the
 command handles SIGINT and SIGTERM from the first line of ``main``, before the library
 and its clients are imported (about a quarter of a second): one line and the shell's
-code for the signal, 130 or 143, never a traceback nor a silent death. A subcommand that
-must do more with a signal (``run`` passes it on to its command) sets its own handling
-and gives this back afterwards.
+code for the signal, 130 or 143, never a traceback nor a silent death; a signal that
+comes in the middle of an import is taken once the import is done
+(``_cli.signals``). A subcommand that must do more with a signal (``run`` passes it on to
+its command) sets its own handling and gives this back afterwards.
 """
 
 from __future__ import annotations
@@ -14,7 +15,8 @@ import signal
 import sys
 import threading
 from collections.abc import Sequence
-from types import FrameType
+
+from ._cli.signals import raising_safely
 
 __all__ = ["main"]
 
@@ -23,14 +25,17 @@ class _Terminated(BaseException):
     """SIGTERM, until a subcommand handles it its own way: unwinds as Ctrl-C does."""
 
 
-def _terminated(signum: int, frame: FrameType | None) -> None:
-    raise _Terminated
+def _unwind(signum: int) -> None:
+    raise KeyboardInterrupt if signum == signal.SIGINT else _Terminated
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the ``redlease`` command with ``argv`` (default: the process arguments)."""
     ours = threading.current_thread() is threading.main_thread()
-    previous = signal.signal(signal.SIGTERM, _terminated) if ours else None
+    handler = raising_safely(_unwind)
+    previous = (
+        {s: signal.signal(s, handler) for s in (signal.SIGINT, signal.SIGTERM)} if ours else {}
+    )
     try:
         from ._cli.command import main as command
 
@@ -42,8 +47,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         print("redlease: terminated", file=sys.stderr)
         return 128 + signal.SIGTERM
     finally:
-        if ours and previous is not None:  # (None: a handler not set from Python)
-            signal.signal(signal.SIGTERM, previous)
+        for signum, old in previous.items():
+            if old is not None:  # (None: a handler not set from Python)
+                signal.signal(signum, old)
 
 
 if __name__ == "__main__":

@@ -12,6 +12,7 @@ import shlex
 import signal
 import socket
 import subprocess
+import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -236,3 +237,78 @@ def test_a_run_against_a_server_that_never_answers_says_so_and_gives_up() -> Non
     assert took < 30.0, took
     assert "did not answer in time" in rest, rest
     assert "Traceback" not in first + rest
+
+
+# A second and a half of work, in a module or in code compiled from a string; it says it
+# is done from inside, where a signal is still put off.
+_SLOW = """
+import time
+end = time.monotonic() + 1.5
+while time.monotonic() < end:
+    pass
+print("slow part done", flush=True)
+"""
+
+# A process that takes one signal through ``raising_safely`` while it runs a second and a
+# half of code in an import or in code compiled from a string, then blocks on a socket
+# that never answers: the signal must end that wait (sent again once the slow part is
+# done), not the slow part, and be taken once.
+_SLOW_THEN_BLOCKED = """
+import signal, socket, sys, time
+from redlease._cli.signals import raising_safely
+
+def interrupt(signum):
+    raise KeyboardInterrupt
+signal.signal(signal.SIGINT, raising_safely(interrupt))
+SLOW = open(sys.argv[2] + "/slow_module.py").read()
+print("started", flush=True)
+try:
+    if sys.argv[1] == "import":
+        sys.path.insert(0, sys.argv[2])
+        import slow_module
+    elif sys.argv[1] == "exec":
+        exec(SLOW, {})
+    else:
+        end = time.monotonic() + 1.5
+        while time.monotonic() < end:
+            pass
+    ours, theirs = socket.socketpair()
+    ours.recv(1)
+except KeyboardInterrupt:
+    print("interrupted", flush=True)
+try:
+    time.sleep(0.5)  # (a second KeyboardInterrupt here would be the signal taken twice)
+except KeyboardInterrupt:
+    print("taken twice", flush=True)
+"""
+
+
+@pytest.mark.parametrize("where", ["import", "exec", "python -c"])
+def test_a_signal_in_an_import_or_compiled_code_is_taken_after_it(
+    where: str, tmp_path: Path
+) -> None:
+    """In an import, an exception raised by a handler can be dropped by the import
+    system's lock callback; in code compiled from a string, as a dataclass's methods
+    are, a KeyboardInterrupt marks the interpreter to end by SIGINT whatever the command
+    returns. Both lost the command's exit code or hung it until a timeout. A program
+    that is itself a string (``python -c``) is interrupted in its own code at once."""
+    (tmp_path / "program.py").write_text(_SLOW_THEN_BLOCKED)
+    (tmp_path / "slow_module.py").write_text(_SLOW)
+    program = ["-c", _SLOW_THEN_BLOCKED] if where == "python -c" else [str(tmp_path / "program.py")]
+    proc = subprocess.Popen(
+        [sys.executable, *program, where, str(tmp_path)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    assert proc.stdout is not None
+    assert proc.stdout.readline() == "started\n"
+    time.sleep(0.3)
+    sent = time.monotonic()
+    proc.send_signal(signal.SIGINT)
+    code, out, err = finish(proc, timeout=60)
+    took = time.monotonic() - sent
+    assert code == 0, (code, err)
+    assert took < 1.5 + PROMPT, took
+    done = "" if where == "python -c" else "slow part done\n"  # (-c: in the slow part)
+    assert out == f"{done}interrupted\n", (out, err)

@@ -28,6 +28,7 @@ from typing import Any, TextIO
 from .._base.errors import LockError
 from .._rules.keys import DEFAULT_PREFIX
 from .common import EXIT_CONFLICT, EXIT_LOST, EXIT_USAGE, CliError, make_client
+from .signals import raising_safely
 
 DEFAULT_URL = "redis://127.0.0.1:6379/0"
 _UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
@@ -535,10 +536,10 @@ def _exit_on_sigterm() -> Any:
     if threading.current_thread() is not threading.main_thread():
         return None
 
-    def stop(signum: int, frame: object) -> None:
+    def stop(signum: int) -> None:
         raise KeyboardInterrupt
 
-    return signal.signal(signal.SIGTERM, stop)
+    return signal.signal(signal.SIGTERM, raising_safely(stop))
 
 
 def _failure(exc: BaseException) -> str:

@@ -33,8 +33,9 @@ import sys
 import threading
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from types import FrameType
 from typing import Any
+
+from .signals import raising_safely
 
 PASSED_ON = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
 # After a signal, the release that follows the command's end is given this long; a server
@@ -161,9 +162,7 @@ def signals_handled(handler: Callable[[int], None]) -> Iterator[None]:
         yield
         return
 
-    def route(signum: int, frame: FrameType | None) -> None:
-        handler(signum)
-
+    route = raising_safely(handler)  # (it raises Interrupted while the lease is taken)
     previous = {s: signal.signal(s, route) for s in PASSED_ON}
     try:
         yield

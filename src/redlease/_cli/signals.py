@@ -1,0 +1,102 @@
+"""Handlers that raise on a signal, raising only where an exception is taken well.
+
+A Python handler runs between any two instructions of the main thread, and two places
+take an exception raised there badly: the import system, whose module-lock callback
+prints it as "Exception ignored" and drops it (the command then runs on, and waits out
+its timeouts), and code compiled from a string, as the methods a dataclass makes at
+import, from which an escaping KeyboardInterrupt marks the interpreter to end by SIGINT
+at exit whatever code the command returns. The command imports the library on first
+use, so a Ctrl-C in its first half second lands in one or the other: there the handler
+sends the signal again a moment later instead, to be handled once the import is done.
+
+Light on purpose, as ``redlease.__main__`` is: it imports nothing of the library.
+"""
+
+from __future__ import annotations
+
+import signal
+import threading
+import time
+from collections.abc import Callable
+from types import FrameType
+
+__all__ = ["raising_safely"]
+
+# Frames of the import system and of code compiled from a string, by their file names.
+_UNSAFE = ("<frozen importlib.", "<string>")
+# A deferred signal is sent again every this long until a handler takes it (one sent just
+# before the main thread blocks on a socket wakes nothing: the wait runs out first).
+_AGAIN_EVERY = 0.01
+# Deferred this many times, a signal is handled where it lands (an import that never
+# ends would otherwise never take it).
+_DEFER_AT_MOST = 200
+# After a deferred signal is taken, the same signal is dropped for this long: it is the
+# copy that was on its way (two real ones so close are one key pressed twice).
+_QUIET = 0.1
+
+
+def _unsafe_frames(frame: FrameType | None) -> int:
+    count = 0
+    while frame is not None:
+        count += frame.f_code.co_filename.startswith(_UNSAFE)
+        frame = frame.f_back
+    return count
+
+
+def _callers_frame() -> FrameType | None:
+    """The frame that called ``raising_safely`` (read off a traceback: public ground)."""
+    try:
+        raise RuntimeError
+    except RuntimeError as here:
+        traceback = here.__traceback__
+    frame = traceback.tb_frame if traceback is not None else None  # (this function's)
+    for _ in range(3):  # _Deferring.__init__, raising_safely, its caller
+        frame = frame.f_back if frame is not None else None
+    return frame
+
+
+class _Deferring:
+    """The handler ``raising_safely`` makes; main-thread state, as every handler runs
+    there (the sender thread only reads ``owed``)."""
+
+    def __init__(self, handler: Callable[[int], None]) -> None:
+        self.handler = handler
+        self.owed: set[int] = set()
+        self.quiet_until: dict[int, float] = {}
+        self.deferred = 0
+        # Those already under the code that makes the handler do not count: a command
+        # started from code that is itself a string (``python -c``) is at a safe point
+        # in its own code.
+        self.under = _unsafe_frames(_callers_frame())
+
+    def __call__(self, signum: int, frame: FrameType | None) -> None:
+        now = time.monotonic()
+        if signum not in self.owed and now < self.quiet_until.get(signum, 0.0):
+            return
+        if self.deferred < _DEFER_AT_MOST and _unsafe_frames(frame) > self.under:
+            self.deferred += 1
+            if signum not in self.owed:
+                self.owed.add(signum)
+                threading.Thread(target=self._send_again, args=(signum,), daemon=True).start()
+            return
+        self.deferred = 0
+        if signum in self.owed:
+            self.owed.discard(signum)
+            self.quiet_until[signum] = now + _QUIET
+        self.handler(signum)
+
+    def _send_again(self, signum: int) -> None:
+        # To the main thread: sent to the process, it may land in this thread, and a main
+        # thread blocked on a socket would not wake for it.
+        main = threading.main_thread().ident
+        assert main is not None
+        while signum in self.owed:
+            time.sleep(_AGAIN_EVERY)
+            if signum in self.owed:
+                signal.pthread_kill(main, signum)
+
+
+def raising_safely(handler: Callable[[int], None]) -> Callable[[int, FrameType | None], None]:
+    """A ``signal.signal`` handler that calls ``handler(signum)`` where an exception it
+    raises unwinds the command as it should, and defers the signal anywhere else."""
+    return _Deferring(handler)
