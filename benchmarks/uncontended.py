@@ -25,7 +25,7 @@ import redis
 import redis.asyncio as aredis
 
 import redlease
-from redlease._wire import spin as _spin
+from redlease._wire import resp as _wire
 
 from ._common import Settings, describe_error, median
 from ._report import NA, Row, rate, times, verdict
@@ -316,11 +316,11 @@ def _coredis(node: Node) -> Any:
 
 @contextlib.contextmanager
 def _spin_off() -> Iterator[None]:
-    saved, _spin.BUDGET = _spin.BUDGET, 0.0
+    saved, _wire.BUDGET = _wire.BUDGET, 0.0
     try:
         yield
     finally:
-        _spin.BUDGET = saved
+        _wire.BUDGET = saved
 
 
 def _no_spin(build: Callable[[str], SyncCycle]) -> Callable[[str], SyncCycle]:

@@ -158,15 +158,15 @@ async def test_a_port_that_is_not_redis_is_a_backend_error_saying_so_asyncio() -
 @pytest.mark.parametrize("reader", ["python", "hiredis"])
 def test_a_reply_that_is_not_resp_is_not_redis(reader: str) -> None:
     from redlease._clients import NotRedis
-    from redlease._wire import reading, resp
+    from redlease._wire import resp
 
     hiredis = pytest.importorskip("hiredis") if reader == "hiredis" else None
     parser = resp.PyReader() if hiredis is None else resp.new_reader()
     data = bytearray(b"HTTP/1.1 400 Bad Request\r\n\r\n")
     with pytest.raises(NotRedis, match="not RESP"):
-        reading.fed(len(data), data, parser)
+        resp.fed(len(data), data, parser)
     ok = bytearray(b"+OK\r\n")
-    assert reading.fed(len(ok), ok, resp.PyReader() if hiredis is None else resp.new_reader())
+    assert resp.fed(len(ok), ok, resp.PyReader() if hiredis is None else resp.new_reader())
 
 
 def test_junk_after_a_reply_is_not_redis_on_the_next_read() -> None:

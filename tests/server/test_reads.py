@@ -19,7 +19,6 @@ import families
 import redlease
 from redlease._async import backend as _backend_async
 from redlease._wire import resp as _resp
-from redlease._wire import spin as _spin
 from redlease.tools import servers
 from redlease.tools.chaos.proxy import FaultProxy
 from waiting_helpers import lock_key
@@ -41,11 +40,11 @@ def test_a_slow_link_stops_the_spinning(server: servers.ServerProcess, name: str
         client = families.client(port=proxy.port)
         lock = redlease.Lock(client, name, ttl=5.0)
         fences = []
-        for _ in range(_spin.MISSES):  # two reads each: acquire, release
+        for _ in range(_resp.MISSES):  # two reads each: acquire, release
             with lock as lease:
                 fences.append(lease.fence)
         record = spin_record(client)
-        assert record.rest > _spin.REST - 2 * _spin.MISSES
+        assert record.rest > _resp.REST - 2 * _resp.MISSES
         resting = record.rest
         with lock:
             pass
@@ -60,8 +59,8 @@ def test_spinning_off_gives_the_same_results(
     client = families.client(port=server.port)
     lock = redlease.Lock(client, name, ttl=5.0)
     seen = []
-    for budget in (0.0, _spin.BUDGET, 0.0):
-        monkeypatch.setattr(_spin, "BUDGET", budget)
+    for budget in (0.0, _resp.BUDGET, 0.0):
+        monkeypatch.setattr(_resp, "BUDGET", budget)
         for _ in range(20):
             with lock as lease:
                 seen.append(lease.fence)
@@ -74,14 +73,14 @@ def test_spinning_off_gives_the_same_results(
 
 
 def test_spin_setting() -> None:
-    assert _spin.budget_from(None) == _spin.DEFAULT_BUDGET
-    assert _spin.budget_from("0") == 0.0
-    assert _spin.budget_from("250") == pytest.approx(250e-6)
+    assert _resp.budget_from(None) == _resp.DEFAULT_BUDGET
+    assert _resp.budget_from("0") == 0.0
+    assert _resp.budget_from("250") == pytest.approx(250e-6)
     for bad in ("-1", "fast", "1.5"):
         with pytest.warns(redlease.RedleaseWarning, match="REDLEASE_SPIN_US"):
-            assert _spin.budget_from(bad) == _spin.DEFAULT_BUDGET
+            assert _resp.budget_from(bad) == _resp.DEFAULT_BUDGET
     shown = subprocess.run(
-        [sys.executable, "-c", "from redlease._wire import spin; print(spin.BUDGET)"],
+        [sys.executable, "-c", "from redlease._wire import resp; print(resp.BUDGET)"],
         env={**os.environ, "REDLEASE_SPIN_US": "0"},
         capture_output=True,
         text=True,
@@ -146,11 +145,11 @@ async def test_asyncio_reads_poll_too_and_a_slow_link_stops_them(
         try:
             lock = redlease.AsyncLock(client, name, ttl=5.0)
             fences = []
-            for _ in range(_spin.MISSES):
+            for _ in range(_resp.MISSES):
                 async with lock as lease:
                     fences.append(lease.fence)
             record = spin_record(client)
-            assert record.rest > _spin.REST - 2 * _spin.MISSES
+            assert record.rest > _resp.REST - 2 * _resp.MISSES
             resting = record.rest
             async with lock:
                 pass
@@ -167,8 +166,8 @@ async def test_asyncio_spinning_off_gives_the_same_results(
     try:
         lock = redlease.AsyncLock(client, name, ttl=5.0)
         seen = []
-        for budget in (0.0, _spin.BUDGET, 0.0):
-            monkeypatch.setattr(_spin, "BUDGET", budget)
+        for budget in (0.0, _resp.BUDGET, 0.0):
+            monkeypatch.setattr(_resp, "BUDGET", budget)
             for _ in range(20):
                 async with lock as lease:
                     seen.append(lease.fence)

@@ -21,11 +21,10 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
 from typing import Any, TypeVar
 
 from .._base import fork as _fork
-from .._wire import spin as _spin
+from .._wire import resp as _resp
 from .._wire.endpoint import CLIENT_CALLS, Endpoint, ReplyTimedOut
 from .._wire.endpoint import bounded as settings_within
-from .._wire.reading import fed, read_failed
-from .._wire.resp import NOT_ENOUGH
+from .._wire.resp import NOT_ENOUGH, fed, read_failed
 
 if sys.version_info >= (3, 11, 3):  # earlier 3.11 releases mishandle nested cancellation
     from asyncio import timeout as _timeout  # type: ignore[attr-defined,unused-ignore]
@@ -242,24 +241,24 @@ def _cancel_due() -> bool:
 
 
 async def poll(
-    recv: Callable[[], int], buffer: bytearray, reader: Any, record: _spin.Record
+    recv: Callable[[], int], buffer: bytearray, reader: Any, record: _resp.Record
 ) -> Any:
-    """``_wire.spin.poll`` on a non-blocking socket, where a pending cancellation lands first:
-    every _wire.spin.TURN of polling the event loop takes a turn, so other tasks wait on it no
+    """``_wire.resp.poll`` on a non-blocking socket, where a pending cancellation lands first:
+    every _wire.resp.TURN of polling the event loop takes a turn, so other tasks wait on it no
     longer than that, and once more when polled replies came in a row for _TURN_EVERY."""
     if _cancel_due():
         await asyncio.sleep(0)
-    if _spin.resting(record):
+    if _resp.resting(record):
         return NOT_ENOUGH
     clock = time.perf_counter
     started = clock()
-    turn = started + _spin.TURN
-    reply = _spin.polled(recv, buffer, reader, record, started + _spin.BUDGET, turn)
-    while reply is _spin.TURN_DUE:
+    turn = started + _resp.TURN
+    reply = _resp.polled(recv, buffer, reader, record, started + _resp.BUDGET, turn)
+    while reply is _resp.TURN_DUE:
         await asyncio.sleep(0)
         turn = record.turned = clock()
-        turn += _spin.TURN
-        reply = _spin.polled(recv, buffer, reader, record, started + _spin.BUDGET, turn)
+        turn += _resp.TURN
+        reply = _resp.polled(recv, buffer, reader, record, started + _resp.BUDGET, turn)
     if reply is not NOT_ENOUGH and started - record.turned > _TURN_EVERY:
         record.turned = started
         await asyncio.sleep(0)
@@ -290,7 +289,7 @@ class SocketWait:
         self.handle: asyncio.TimerHandle | None = None
 
     async def read(
-        self, buffer: bytearray, reader: Any, record: _spin.Record, timeout: float
+        self, buffer: bytearray, reader: Any, record: _resp.Record, timeout: float
     ) -> Any:
         """The next reply into ``reader``, within ``timeout`` (else ReplyTimedOut)."""
         if _cancel_due():

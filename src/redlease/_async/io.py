@@ -36,7 +36,6 @@ from .._wire.endpoint import (
     caught,
     endpoint_of,
     node_of,
-    read_bound,
     reloading,
     retries_of,
 )
@@ -269,7 +268,7 @@ class AsyncIO:
         try:
             conn = await pool.take(left)
             assert conn is not None
-            result = await work(conn, read_bound(pool.endpoint, left))
+            result = await work(conn, min(left, pool.endpoint.read_limit))
         except reply_errors() as exc:
             if conn is not None:
                 pool.give(conn)  # the reply was read in full: the connection is clean

@@ -7,7 +7,7 @@ Fan-out. The driver writes the command on one connection per node, then reads th
 replies in turn, each due ``node_timeout`` after its own send, so a round costs about one
 round trip whatever N is, with no thread pool and no task per node. Acquire, extend and
 release stop reading once a majority said yes; the replies left are read before their
-connections' next ones (see ``_wire.spin``). A node that has not answered in time is a "no"
+connections' next ones (see ``_wire.resp``). A node that has not answered in time is a "no"
 for that attempt; its connection is dropped, so a late reply cannot be mistaken for a
 later command's. A node whose command never left (no connection could be made) cannot
 hold the lock and is not sent the release either.

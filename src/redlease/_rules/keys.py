@@ -48,7 +48,7 @@ key, whatever their names and kinds.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from .._base.timing import QUEUE_ENTRY_SLACK, UNKNOWN_HOLDER_RECHECK
 
@@ -136,6 +136,13 @@ class LockKeys:
     waiters: str
     bell_prefix: str
     extra: tuple[str, ...] = ()  # a semaphore's: its fences
+    # The keys every script of the primitive is sent, in its KEYS order (made once: the
+    # warm path sends them on every call).
+    script_keys: tuple[str, ...] = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        keys = (self.lock, self.fence, self.queue, self.waiters, *self.extra)
+        object.__setattr__(self, "script_keys", keys)  # (frozen)
 
     @classmethod
     def for_name(cls, name: str, prefix: str = DEFAULT_PREFIX) -> LockKeys:
@@ -175,7 +182,3 @@ class LockKeys:
 
     def bell(self, token: str) -> str:
         return self.bell_prefix + token
-
-    @property
-    def script_keys(self) -> tuple[str, ...]:
-        return (self.lock, self.fence, self.queue, self.waiters, *self.extra)

@@ -15,11 +15,10 @@ from collections.abc import Callable, Iterator
 from typing import Any, TypeVar
 
 from .._base import fork as _fork
-from .._wire import spin as _spin
+from .._wire import resp as _resp
 from .._wire.endpoint import CLIENT_CALLS, Endpoint, ReplyTimedOut
 from .._wire.endpoint import bounded as settings_within
-from .._wire.reading import fed, read_failed
-from .._wire.resp import NOT_ENOUGH
+from .._wire.resp import NOT_ENOUGH, fed, read_failed
 
 T = TypeVar("T")
 
@@ -185,7 +184,7 @@ def sender(sock: socket.socket) -> Callable[[bytes], None]:
     return sock.sendall
 
 
-poll = _spin.poll
+poll = _resp.poll
 
 
 class SocketWait:
@@ -198,7 +197,7 @@ class SocketWait:
         self.sock = sock
         self.bound = -1.0  # the receive bound currently set on the socket
 
-    def read(self, buffer: bytearray, reader: Any, record: _spin.Record, timeout: float) -> Any:
+    def read(self, buffer: bytearray, reader: Any, record: _resp.Record, timeout: float) -> Any:
         """The next reply into ``reader``, within ``timeout`` (else ReplyTimedOut)."""
         # Whole milliseconds, rounded up: the reads of one fan-out then share a bound and
         # the socket option is rarely set again.

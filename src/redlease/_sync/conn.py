@@ -19,7 +19,7 @@ Two kinds of connection (see ``_wire.endpoint``): ``SocketConnection``, a socket
 read with hiredis (or ``_wire.resp.PyReader``), and ``ClassConnection``, one made with the
 client's own connection class and used through its public methods (in the backend: its
 methods are the flavour's). A reply due in about a round trip is first polled for (see
-``_wire.spin``); how a read then waits (SO_RCVTIMEO, or the loop with a shared timer) is the
+``_wire.resp``); how a read then waits (SO_RCVTIMEO, or the loop with a shared timer) is the
 backend's ``SocketWait``.
 """
 
@@ -36,10 +36,9 @@ from typing import Any
 from .._base import fork as _fork
 from .._clients.errors import ReplyError
 from .._wire import resp as _resp
-from .._wire import spin as _spin
 from .._wire import stale as _stale
 from .._wire.endpoint import ConnectionFailed, Endpoint, Kind, ReplyTimedOut, node_endpoint
-from .._wire.reading import buffered
+from .._wire.resp import buffered
 from . import backend as _backend_sync
 from .backend import ClassConnection
 from .hub import PLAIN, SHARDED, Hub, Verbs
@@ -57,7 +56,7 @@ _MIN_WAIT = 0.001
 
 class SocketConnection:
     """A plain TCP or Unix socket of our own. A write is one ``send``, a read a short
-    poll (see ``_wire.spin``) and then the backend's wait. ``stale``: replies owed to fan-outs
+    poll (see ``_wire.resp``) and then the backend's wait. ``stale``: replies owed to fan-outs
     that did not wait for them (see ``_rules.quorum``), dropped before the next reply is read."""
 
     lean = True
@@ -186,7 +185,7 @@ class SocketConnection:
         reader = self.reader
         reply = buffered(reader)
         if reply is NOT_ENOUGH:
-            if spin and _spin.BUDGET > 0:
+            if spin and _resp.BUDGET > 0:
                 started = time.perf_counter()
                 reply = _backend_sync.poll(self.recv, self.buffer, reader, self.spin)
                 if reply is not NOT_ENOUGH:
@@ -226,7 +225,7 @@ class Pool:
         self.hub_verbs = hub_verbs  # sharded pub/sub for a Cluster node
         self._open = SocketConnection.open if endpoint.kind is Kind.SOCKET else ClassConnection.open
         self.wire = _resp.Wire()  # each op as bytes for this server
-        self.spin = _spin.Record()  # whether reads from this server poll before sleeping
+        self.spin = _resp.Record()  # whether reads from this server poll before sleeping
         self._guard = _backend_sync.Guard()
         self._freed = _backend_sync.Freed(self._guard)
         self._idle: list[Connection] = []

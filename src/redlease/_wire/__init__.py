@@ -1,7 +1,7 @@
 """The wire: the bytes between redlease and a server, for both flavours.
 
-RESP encoding and the readers (``resp``), the one read step (``reading``), polling a
-socket before sleeping (``spin``), dropping replies nobody waits for (``stale``), and how
-to reach the server behind a client (``endpoint``). What does not belong here: waiting in
+RESP out and in, the one read step and polling a socket before sleeping (``resp``),
+dropping replies nobody waits for (``stale``), how to reach the server behind a client
+(``endpoint``) and a failure as a caller sees it (``errors``). What does not belong here: waiting in
 a flavour's way (the backends), or deciding anything about a lock (the rules).
 """

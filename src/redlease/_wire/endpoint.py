@@ -26,6 +26,7 @@ server never takes a slot from the application, whatever its pool's limit.
 from __future__ import annotations
 
 import enum
+import math
 import sys
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -48,7 +49,6 @@ __all__ = [
     "endpoint_of",
     "node_endpoint",
     "node_of",
-    "read_bound",
 ]
 
 
@@ -101,6 +101,13 @@ class Endpoint:
     connection_class: Any = None  # CLASS: the client's connection class
     class_settings: dict[str, Any] = field(default_factory=dict)  # CLASS: its settings
     retry: Any = None  # the client's retry policy (its family's Retry), or None
+    # A read's bound is the op's timeout, or this if shorter: a hung server is given up on
+    # as soon as the client itself would (``socket_timeout``; none: no limit).
+    read_limit: float = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        limit = math.inf if self.socket_timeout is None else float(self.socket_timeout)
+        object.__setattr__(self, "read_limit", limit)  # (frozen)
 
     def credentials(self) -> tuple[str, ...]:
         """What AUTH takes: (password,) or (username, password); () for no AUTH."""
@@ -235,13 +242,6 @@ def bounded(settings: dict[str, Any], timeout: float) -> dict[str, Any]:
         configured = kwargs.get(key)
         kwargs[key] = timeout if configured is None else min(configured, timeout)
     return kwargs
-
-
-def read_bound(endpoint: Endpoint, timeout: float) -> float:
-    """A read's bound: the op's ``timeout``, or the client's ``socket_timeout`` if shorter
-    (a hung server is given up on as soon as the client itself would)."""
-    limit = endpoint.socket_timeout
-    return timeout if limit is None or limit >= timeout else float(limit)
 
 
 def reloading(ops: Sequence[Call]) -> bytes:

@@ -1,18 +1,32 @@
-"""RESP, the wire format, for both drivers: encoding the core's operations, and reading
-replies from the sockets redlease owns.
+"""The wire, for both drivers: RESP out and in, and how a reply is read off a socket.
 
-The lock's commands are short lists of str; packing them here (in C when hiredis is
-installed) skips a client's general-purpose argument handling on the hot path. Replies
-are parsed by ``hiredis.Reader`` when installed, else by ``PyReader`` (RESP2, which is
-all redlease's own connections speak). Either returns an error reply as a
-``ReplyError`` (not raised) and ``NOT_ENOUGH`` while a reply is incomplete.
+Out: the lock's commands are short lists of str; packing them here (in C when hiredis is
+installed) skips a client's general-purpose argument handling on the hot path. In:
+replies are parsed by ``hiredis.Reader`` when installed, else by ``PyReader`` (RESP2,
+which is all redlease's own connections speak); either returns an error reply as a
+``ReplyError`` (not raised) and ``NOT_ENOUGH`` while a reply is incomplete. Between the
+two, the one read step every reader shares (``fed``, ``buffered``, ``received``: the
+connections' blocking and asyncio reads, the spinning poll, the stale replies' drop) and
+the spin-then-block rule (``poll``; docs/design.md, "Connections and timeouts"): a reply
+from a server on this host or a fast link comes back within tens of microseconds, sooner
+than the kernel wakes a sleeping reader, so a read first polls its socket for up to
+BUDGET seconds, giving the CPU away between polls, and gives up at once if that showed
+another task wanted the CPU. After MISSES straight polls without the reply (a slow link,
+a busy machine), reads from that server sleep right away for the next REST reads.
+REDLEASE_SPIN_US sets the budget; 0 turns spinning off.
 """
 
 from __future__ import annotations
 
+import math
+import os
+import time
+import warnings
 from collections.abc import Callable
 from typing import Any
 
+from .._base.errors import RedleaseWarning
+from .._clients import ConnectionFailed, NotRedis
 from .._clients.errors import ReplyError
 from .._rules.ops import Call, Command
 
@@ -162,3 +176,153 @@ def new_reader() -> Any:
     if _hiredis is None:
         return PyReader()
     return _hiredis.Reader(notEnoughData=NOT_ENOUGH, replyError=ReplyError)
+
+
+# --------------------------------------------------------------------------- one read
+
+SHOWN_BYTES = 32  # of a reply that is not RESP, shown in the error
+
+
+def fed(got: int, buffer: bytearray, reader: Any) -> Any:
+    """The reply that the ``got`` bytes just read into ``buffer`` complete, or NOT_ENOUGH;
+    ConnectionFailed if the read found the end of the stream (0 bytes)."""
+    if not got:
+        raise ConnectionFailed("connection closed by server")
+    try:
+        reader.feed(buffer, 0, got)
+    except Exception as exc:  # (the reader's own error: hiredis's ProtocolError, ValueError)
+        raise _not_redis(exc, buffer[: min(got, SHOWN_BYTES)]) from exc
+    return buffered(reader, buffer[: min(got, SHOWN_BYTES)])
+
+
+def buffered(reader: Any, head: bytes | bytearray = b"") -> Any:
+    """The next reply already in ``reader``, or NOT_ENOUGH; NotRedis if what it holds is
+    not RESP (every read of a reply goes through here, bytes just read or not)."""
+    try:
+        return reader.gets()
+    except Exception as exc:  # (the reader's own error: hiredis's ProtocolError, ValueError)
+        raise _not_redis(exc, head) from exc
+
+
+def _not_redis(exc: Exception, head: bytes | bytearray) -> NotRedis:
+    shown = f": {bytes(head)!r}" if head else f" ({exc})"
+    return NotRedis(f"the reply is not RESP{shown}")
+
+
+def read_failed(exc: OSError) -> ConnectionFailed:
+    """What a read that failed with ``exc`` means: the connection is gone."""
+    failed = ConnectionFailed(f"error while reading: {exc}")
+    failed.__cause__ = exc
+    return failed
+
+
+def received(recv: Callable[[], int], buffer: bytearray, reader: Any) -> Any:
+    """What one non-blocking read with ``recv`` (into ``buffer``: the byte count, 0 at end
+    of stream) brings: the next reply, or NOT_ENOUGH; BlockingIOError if nothing came."""
+    try:
+        got = recv()
+    except BlockingIOError:
+        raise
+    except OSError as exc:
+        raise read_failed(exc) from exc
+    return fed(got, buffer, reader)
+
+
+# --------------------------------------------------------------------------- spin, then block
+
+DEFAULT_BUDGET = 100e-6
+BUSY = 20e-6  # a yield that took longer than this: another task ran meanwhile
+MISSES = 4
+REST = 256
+TURN = 20e-6  # asyncio: the longest a poll holds the event loop between its turns
+
+
+def budget_from(setting: str | None) -> float:
+    """The budget in seconds that REDLEASE_SPIN_US (``setting``) asks for."""
+    if setting is None:
+        return DEFAULT_BUDGET
+    try:
+        micros = int(setting)
+    except ValueError:
+        micros = -1
+    if micros < 0:
+        warnings.warn(
+            f"REDLEASE_SPIN_US must be a whole number of microseconds >= 0, not {setting!r}; "
+            f"using {DEFAULT_BUDGET * 1e6:.0f}",
+            RedleaseWarning,
+            stacklevel=2,
+        )
+        return DEFAULT_BUDGET
+    return micros / 1e6
+
+
+BUDGET = budget_from(os.environ.get("REDLEASE_SPIN_US"))
+
+
+class Record:
+    """One server's spin record, shared by its connections (races only blur a count)."""
+
+    __slots__ = ("misses", "rest", "turned")
+
+    def __init__(self) -> None:
+        self.misses = 0  # straight polls that ended without the reply
+        self.rest = 0  # reads left that sleep right away
+        self.turned = 0.0  # asyncio: when a read from this server last let the loop run
+
+
+def _missed(record: Record) -> Any:
+    """A poll ended without the reply: after MISSES in a row, rest."""
+    record.misses += 1
+    if record.misses >= MISSES:
+        record.misses, record.rest = 0, REST
+    return NOT_ENOUGH
+
+
+def resting(record: Record) -> bool:
+    """Whether this read skips polling (the server's polls have missed of late)."""
+    if record.rest:
+        record.rest -= 1
+        return True
+    return False
+
+
+def poll(recv: Callable[[], int], buffer: bytearray, reader: Any, record: Record) -> Any:
+    """The next reply from ``reader``, polling for up to BUDGET with ``recv`` (see
+    ``received``); NOT_ENOUGH when the reader should sleep in the kernel after all."""
+    if resting(record):
+        return NOT_ENOUGH
+    return polled(recv, buffer, reader, record, time.perf_counter() + BUDGET, math.inf)
+
+
+class _TurnDue:
+    """What ``polled`` returns when the caller's event loop is owed a turn."""
+
+
+TURN_DUE: Any = _TurnDue()
+
+
+def polled(
+    recv: Callable[[], int], buffer: bytearray, reader: Any, record: Record, end: float, turn: float
+) -> Any:
+    """Poll until the reply is in (returned), until ``end`` or the CPU is wanted elsewhere
+    (a miss: NOT_ENOUGH), or until ``turn`` (TURN_DUE: an asyncio poll lets its loop take a
+    turn, then goes on)."""
+    clock = time.perf_counter
+    while True:
+        try:  # (``received``'s steps: a miss, the commonest turn, costs no call)
+            got = recv()
+        except BlockingIOError:
+            now = clock()
+            if now < end:
+                if now >= turn:
+                    return TURN_DUE
+                os.sched_yield()
+                if clock() - now < BUSY:
+                    continue
+            return _missed(record)  # the budget is spent, or the CPU is wanted elsewhere
+        except OSError as exc:
+            raise read_failed(exc) from exc
+        reply = fed(got, buffer, reader)
+        if reply is not NOT_ENOUGH:
+            record.misses = 0
+            return reply

@@ -14,8 +14,7 @@ from collections.abc import Callable
 from typing import Any
 
 from .._clients.errors import is_noscript
-from .reading import buffered, received
-from .resp import NOT_ENOUGH
+from .resp import NOT_ENOUGH, buffered, received
 
 MAX_STALE = 4
 
