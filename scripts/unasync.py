@@ -40,10 +40,8 @@ PACKAGE = ROOT / "src" / "redlease"
 
 # (asyncio source, blocking twin), relative to the package
 FILES = [
-    ("_async/hub.py", "_sync/hub.py"),
     ("_async/conn.py", "_sync/conn.py"),
     ("_async/io.py", "_sync/io.py"),
-    ("_async/lease.py", "_sync/lease.py"),
     ("_async/front.py", "_sync/front.py"),
     ("_async/lock.py", "_sync/lock.py"),
     ("_async/semaphore.py", "_sync/semaphore.py"),

@@ -16,8 +16,8 @@ if TYPE_CHECKING:  # (the names as the type checkers see them; loaded on first u
     from . import metrics as metrics  # (a module: redlease.metrics.configure)
     from ._async.election import AsyncElection, AsyncObservation
     from ._async.fenced import AsyncFencedRedis
+    from ._async.front import AsyncLease
     from ._async.inspect import aread_info
-    from ._async.lease import AsyncLease
     from ._async.lock import AsyncLock
     from ._async.multilock import AsyncMultiLease, AsyncMultiLock
     from ._async.once import AsyncOnce, AsyncRun
@@ -42,8 +42,8 @@ if TYPE_CHECKING:  # (the names as the type checkers see them; loaded on first u
     from ._rules.once import Skipped
     from ._sync.election import Election, Observation
     from ._sync.fenced import FencedRedis
+    from ._sync.front import Lease
     from ._sync.inspect import read_info
-    from ._sync.lease import Lease
     from ._sync.lock import Lock
     from ._sync.multilock import MultiLease, MultiLock
     from ._sync.once import Once, Run

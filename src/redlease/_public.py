@@ -6,8 +6,8 @@ first use of any of them (see ``redlease.__getattr__``)."""
 from . import metrics as metrics  # (a module: redlease.metrics.configure)
 from ._async.election import AsyncElection, AsyncObservation
 from ._async.fenced import AsyncFencedRedis
+from ._async.front import AsyncLease
 from ._async.inspect import aread_info
-from ._async.lease import AsyncLease
 from ._async.lock import AsyncLock
 from ._async.multilock import AsyncMultiLease, AsyncMultiLock
 from ._async.once import AsyncOnce, AsyncRun
@@ -32,8 +32,8 @@ from ._rules.inspect import Holder, LockInfo, Waiter
 from ._rules.once import Skipped
 from ._sync.election import Election, Observation
 from ._sync.fenced import FencedRedis
+from ._sync.front import Lease
 from ._sync.inspect import read_info
-from ._sync.lease import Lease
 from ._sync.lock import Lock
 from ._sync.multilock import MultiLease, MultiLock
 from ._sync.once import Once, Run

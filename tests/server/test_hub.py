@@ -22,7 +22,7 @@ import redis.asyncio as aredis
 
 import families
 import redlease
-from redlease._sync import hub as _hub_sync
+from redlease._sync import conn as _hub_sync
 from redlease.tools import servers
 from waiting_helpers import Waiters, lock_key, queued, wait_until
 

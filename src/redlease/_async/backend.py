@@ -408,7 +408,7 @@ class ClassConnection:
             await self.conn.disconnect(nowait=True)
 
 
-# The hub (see ``_async.hub``) ------------------------------------------------------------
+# The hub (see ``_async.conn``) -----------------------------------------------------------
 
 
 def hub_locks() -> tuple[asyncio.Lock, Guard]:

@@ -28,8 +28,7 @@ from .._rules.flows import ELECTION, LockSpec, new_token
 from .._rules.fronts import FrontCore
 from .._rules.ops import Mailbox
 from .backend import ASYNC, Cancelled, Flag, shielded
-from .front import AsyncFront, release_by_force
-from .lease import AsyncLease, give_back_in_haste
+from .front import AsyncFront, AsyncLease, give_back_in_haste, release_by_force
 from .lock import served
 
 

@@ -41,8 +41,7 @@ from .._wire.endpoint import (
 )
 from .._wire.errors import backend_error
 from .backend import ASYNC, bounded, client_slot, meet_cluster, sleep
-from .conn import Connection, Pool, node_pool, pool_for
-from .hub import Box, Hub
+from .conn import Box, Connection, Hub, Pool, node_pool, pool_for
 
 T = TypeVar("T")
 

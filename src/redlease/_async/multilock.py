@@ -31,8 +31,17 @@ from .._rules.fronts import (
 )
 from .._rules.multilock import MultiLeaseState, checked_names, try_all
 from .backend import ASYNC, Cancelled, shielded
-from .front import AsyncFront, caller, end_block, handed_out, opened
-from .lease import AsyncLease, finish_in_haste, give_back_in_haste, unhanded
+from .front import (
+    AsyncFront,
+    AsyncLease,
+    caller,
+    end_block,
+    finish_in_haste,
+    give_back_in_haste,
+    handed_out,
+    opened,
+    unhanded,
+)
 from .lock import served
 
 

@@ -26,8 +26,7 @@ from .._rules.once import (
     skip_message,
 )
 from .backend import ASYNC
-from .front import AsyncFront, caller, end_block, opened
-from .lease import AsyncLease
+from .front import AsyncFront, AsyncLease, caller, end_block, opened
 from .lock import served
 
 log = logging.getLogger(__name__)

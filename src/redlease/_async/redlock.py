@@ -50,9 +50,8 @@ from .._rules.redlock import (
 )
 from . import io as _io_async
 from .backend import ASYNC, sleep
-from .front import AsyncFront
+from .front import AsyncFront, AsyncLease
 from .io import CHECKED, AsyncIO
-from .lease import AsyncLease
 
 T = TypeVar("T")
 

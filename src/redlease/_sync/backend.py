@@ -261,7 +261,7 @@ class ClassConnection:
             self.conn.disconnect()
 
 
-# The hub (see ``_sync.hub``) -------------------------------------------------------------
+# The hub (see ``_sync.conn``) ------------------------------------------------------------
 
 
 def hub_locks() -> tuple[threading.Lock, threading.Lock]:

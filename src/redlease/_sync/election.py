@@ -29,8 +29,7 @@ from .._rules.flows import ELECTION, LockSpec, new_token
 from .._rules.fronts import FrontCore
 from .._rules.ops import Mailbox
 from .backend import ASYNC, Cancelled, Flag, shielded
-from .front import SyncFront, release_by_force
-from .lease import Lease, give_back_in_haste
+from .front import Lease, SyncFront, give_back_in_haste, release_by_force
 from .lock import served
 
 

@@ -32,8 +32,17 @@ from .._rules.fronts import (
 )
 from .._rules.multilock import MultiLeaseState, checked_names, try_all
 from .backend import ASYNC, Cancelled, shielded
-from .front import SyncFront, caller, end_block, handed_out, opened
-from .lease import Lease, finish_in_haste, give_back_in_haste, unhanded
+from .front import (
+    Lease,
+    SyncFront,
+    caller,
+    end_block,
+    finish_in_haste,
+    give_back_in_haste,
+    handed_out,
+    opened,
+    unhanded,
+)
 from .lock import served
 
 

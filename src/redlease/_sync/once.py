@@ -28,8 +28,7 @@ from .._rules.once import (
     skip_message,
 )
 from .backend import ASYNC
-from .front import SyncFront, caller, end_block, opened
-from .lease import Lease
+from .front import Lease, SyncFront, caller, end_block, opened
 from .lock import served
 
 log = logging.getLogger(__name__)

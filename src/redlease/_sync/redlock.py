@@ -52,9 +52,8 @@ from .._rules.redlock import (
 )
 from . import io as _io_sync
 from .backend import ASYNC, sleep
-from .front import SyncFront
+from .front import Lease, SyncFront
 from .io import CHECKED, SyncIO
-from .lease import Lease
 
 T = TypeVar("T")
 

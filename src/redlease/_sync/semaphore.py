@@ -2,8 +2,8 @@
 # `python scripts/unasync.py` (the tests run it with --check).
 """``Semaphore``: at most ``limit`` holders of a name at once, each with a permit that
 is a lease of its own (token, ttl, fence, extend, release, renewal). Over ``Lock``'s core:
-the same flows, waiting and leases (``_rules.flows``, ``_async.front``, ``_async.lease``) run the
-semaphore's scripts (``_rules.scripts``), which keep the holders in a sorted set by when their
+the same flows, waiting and leases (``_rules.flows``, ``_async.front``) run the semaphore's
+scripts (``_rules.scripts``), which keep the holders in a sorted set by when their
 permits run out, so a crashed holder's permit expires on its own. Written once, as asyncio
 code; ``scripts/unasync.py`` generates the blocking twin (``Semaphore``).
 """
