@@ -22,7 +22,11 @@ faulthandler.dump_traceback_later(float(sys.argv[3]), exit=True)  # a hang: trac
 r = redis.Redis(port=int(sys.argv[1]))
 name = sys.argv[2]
 
+fired = False
+
 def interrupt(*_):
+    global fired
+    fired = True
     raise KeyboardInterrupt
 
 signal.signal(signal.SIGALRM, interrupt)
@@ -35,7 +39,8 @@ for i in range(int(sys.argv[4])):
     lock = redlease.Lock(r, f"{name}:lock:{i}", ttl=30, auto_renew=True)
     job = redlease.once(r, f"{name}:job:{i}", at_most=30, ttl=1)
     body = job(lambda: None)
-    try:  # the timer fires once, within this block: at the latest in the sleep
+    fired = False
+    try:  # the timer fires once, within this block: at the latest in the wait at its end
         signal.setitimer(signal.ITIMER_REAL, rng.uniform(1e-5, 8e-4))
         try:
             if i % 2:
@@ -45,7 +50,8 @@ for i in range(int(sys.argv[4])):
                 body()
         except redlease.LockError:
             pass
-        time.sleep(0.001)
+        while not fired:  # (a sleep alone: a process scheduled late took it after the try)
+            time.sleep(0.0005)
     except KeyboardInterrupt:
         interrupted += 1
 print("done", interrupted, flush=True)
@@ -75,7 +81,11 @@ faulthandler.dump_traceback_later(float(sys.argv[3]), exit=True)
 r = redis.Redis(port=int(sys.argv[1]))
 prefix, blocks = sys.argv[2], int(sys.argv[4])
 
+fired = False
+
 def interrupt(*_):
+    global fired
+    fired = True
     raise KeyboardInterrupt
 
 def make(kind, name):
