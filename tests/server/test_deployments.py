@@ -20,7 +20,7 @@ from conftest import SLOTS
 from families import ClientFamily
 from redlease._rules.keys import LockKeys
 from redlease._sync.io import SyncIO
-from redlease._wire.endpoint import Kind
+from redlease._wire.endpoint import Route
 from redlease.tools import servers
 from waiting_helpers import lock_key
 
@@ -261,7 +261,7 @@ def test_lock_over_a_unix_socket(server_kind: str, name: str) -> None:
                 fences.append(lease.fence)
         pool = SyncIO(client).pool
         assert pool is not None
-        assert pool.endpoint.kind is Kind.SOCKET
+        assert pool.endpoint.route is Route.SOCKET
         assert pool.endpoint.path == path
 
         async def from_asyncio() -> int:

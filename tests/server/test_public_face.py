@@ -48,6 +48,7 @@ def _asyncio(a: aredis.Redis, port: int, name: str) -> Iterator[tuple[str, Any]]
     yield "AsyncSemaphore", redlease.AsyncSemaphore(a, name + ":s", limit=2)
     yield "AsyncReadWriteSide", redlease.AsyncReadWriteLock(a, name + ":rw").read
     yield "AsyncMultiLock", redlease.AsyncMultiLock(a, [name + ":a", name + ":b"])
+    yield "AsyncOnce", redlease.AsyncOnce(a, name + ":job", at_most=5.0)
     nodes = [families.aclient(port=port, db=db) for db in (1, 2, 3)]
     yield "AsyncRedlock", redlease.AsyncRedlock(nodes, name + ":q")
 

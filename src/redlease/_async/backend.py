@@ -430,7 +430,7 @@ def _set_if_pending(future: asyncio.Future[Any], value: Any) -> None:
         future.set_result(value)
 
 
-class Mailbox:
+class RingQueue:
     """What a hub's reader puts (a ring, or None), taken by one waiting task at a time."""
 
     __slots__ = ("_items", "_waiter")

@@ -32,7 +32,7 @@ from .._rules.quorum import MIN_READ_WAIT, UNREAD, Unsent, said_yes
 from .._wire import resp as _resp
 from .._wire import stale as _stale
 from .._wire.endpoint import (
-    Kind,
+    Route,
     caught,
     endpoint_of,
     node_of,
@@ -78,12 +78,12 @@ class AsyncIO:
     def __init__(self, client: Any) -> None:
         self.client = client
         self.endpoint = endpoint_of(client, asyncio=ASYNC)
-        self._pools = self.endpoint.kind is not Kind.CLIENT
+        self._pools = self.endpoint.route is not Route.CLIENT
         self._pool: Pool | None = None  # found at first use (asyncio: the running loop's)
         self._checked = False  # this driver has looked (see check_server_once)
         self.late: list[Any] = []  # a fan-out's call given up on (see ``bounded``)
         # A Cluster client: waiters listen through the hub of the node serving their lock
-        self.cluster = self.endpoint.kind is Kind.CLIENT and hasattr(client, "get_node_from_key")
+        self.cluster = self.endpoint.route is Route.CLIENT and hasattr(client, "get_node_from_key")
 
     @property
     def direct(self) -> bool:

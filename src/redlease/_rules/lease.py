@@ -2,7 +2,7 @@
 never to a thread or task, so a lease may be handed to another thread and released there.
 
 ``LeaseState`` holds everything that needs no I/O: validity, the lost flag and the
-one-time ``on_lost`` notification; the lease of ``_async.lease`` (and its generated
+one-time ``on_lost`` notification; the lease of ``_async.front`` (and its generated
 twin) holds one and adds ``extend``, ``release`` and ``with``. Also here: the tables of
 leases by holder (``Holders``, ``Acquired``), which hold states.
 """
@@ -45,7 +45,7 @@ _TRANSITIONS = _fork.thread_lock()
 class LeaseState:
     """What a holder's lease knows without asking the server: its token, fence and
     validity, its holds, whether it is held, released or lost, and the one-time
-    ``on_lost`` notification. The lease a caller holds (``_async.lease``) holds one, as
+    ``on_lost`` notification. The lease a caller holds (``_async.front``) holds one, as
     its rules; the library's fronts, renewers and tables work on this object. Its
     subclasses are a Redlock lease's (``_rules.redlock``) and a scheduled run's
     (``_rules.once``): other extend and release flows."""

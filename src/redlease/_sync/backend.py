@@ -278,7 +278,7 @@ def start(reader: Callable[..., None], *args: Any, name: str) -> threading.Threa
     return thread
 
 
-class Mailbox:
+class RingQueue:
     """What a hub's reader puts (a ring, or None), taken by a waiting thread."""
 
     __slots__ = ("_items",)

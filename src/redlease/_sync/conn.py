@@ -77,7 +77,7 @@ from .._clients.errors import ReplyError
 from .._rules.classify import starts_over
 from .._wire import resp as _resp
 from .._wire import stale as _stale
-from .._wire.endpoint import ConnectionFailed, Endpoint, Kind, ReplyTimedOut, node_endpoint
+from .._wire.endpoint import ConnectionFailed, Endpoint, ReplyTimedOut, Route, node_endpoint
 from .._wire.resp import buffered
 from . import backend as _backend_sync
 from .backend import ClassConnection
@@ -131,7 +131,7 @@ class Box:
 
     def __init__(self, owner: Hub, channel: str, token: str) -> None:
         self.owner = owner
-        self._rings = _backend_sync.Mailbox()
+        self._rings = _backend_sync.RingQueue()
         self.channel = channel
         self.token = token
 
@@ -540,7 +540,9 @@ class Pool:
         self.endpoint = endpoint
         self.owner = _backend_sync.pool_owner()
         self.hub_verbs = hub_verbs  # sharded pub/sub for a Cluster node
-        self._open = SocketConnection.open if endpoint.kind is Kind.SOCKET else ClassConnection.open
+        self._open = (
+            SocketConnection.open if endpoint.route is Route.SOCKET else ClassConnection.open
+        )
         self.wire = _resp.Wire()  # each op as bytes for this server
         self.spin = _resp.Record()  # whether reads from this server poll before sleeping
         self._guard = _backend_sync.Guard()
@@ -573,7 +575,7 @@ class Pool:
     def hub(self) -> Hub | None:
         """The owner's shared wait connection to this server (see the hub, above), for
         sockets of our own (a connection class's methods are not for two threads)."""
-        if self._hub is None and self.endpoint.kind is Kind.SOCKET:
+        if self._hub is None and self.endpoint.route is Route.SOCKET:
             with self._guard:
                 if self._hub is None:
                     self._hub = Hub(self, self.hub_verbs)
@@ -789,7 +791,7 @@ def node_pool(client: Any, node: Any) -> Pool | None:
         pool = nodes.get(node.name)
         if pool is None:
             endpoint = node_endpoint(client, node, asyncio=_backend_sync.ASYNC)
-            if endpoint.kind is not Kind.SOCKET:
+            if endpoint.route is not Route.SOCKET:
                 return None
             pool = nodes[node.name] = Pool(endpoint, SHARDED)
         return pool

@@ -1,9 +1,9 @@
 # Generated from _async/redlock.py by scripts/unasync.py: edit that file, then run
 # `python scripts/unasync.py` (the tests run it with --check).
-"""``Redlock``: one lock name over N independent masters (the nodes' checks, a lease's
-quorum flows and the options are in ``_rules.redlock``; the rules in ``_rules.quorum``), and its
-driver over the nodes. Written once, as asyncio code; ``scripts/unasync.py`` generates
-the blocking twin (``Redlock``, ``RedlockLease``).
+"""``Redlock``: one lock name over N independent masters (a lease's quorum flows and
+the options are in ``_rules.redlock``, the rules in ``_rules.quorum``, the nodes' checks in
+``_clients.checks``), and its driver over the nodes. Written once, as asyncio code;
+``scripts/unasync.py`` generates the blocking twin (``Redlock``, ``RedlockLease``).
 
 Fan-out. The driver writes the command on one connection per node, then reads the
 replies in turn, each due ``node_timeout`` after its own send, so a round costs about one

@@ -1,7 +1,7 @@
 """How redlease reaches the server behind a client the user passed in, read through the
 public API of the client's family (``_clients``: redis-py, valkey-py) only.
 
-A client is served one of three ways, chosen once per client:
+A client is served one of three ways (its ``Route``), chosen once per client:
 
 ``SOCKET``
     A standalone client of a known family (``redis.Redis``, ``valkey.Valkey``, their
@@ -19,7 +19,7 @@ A client is served one of three ways, chosen once per client:
     Anything else (Cluster clients, wrappers): the client's public command methods,
     with its own routing, timeouts and retries.
 
-Connections of the first two kinds are redlease's own, never the pool's: waiting on the
+Connections of the first two routes are redlease's own, never the pool's: waiting on the
 server never takes a slot from the application, whatever its pool's limit.
 """
 
@@ -42,8 +42,8 @@ if TYPE_CHECKING:
 __all__ = [
     "ConnectionFailed",
     "Endpoint",
-    "Kind",
     "ReplyTimedOut",
+    "Route",
     "bounded",
     "caught",
     "endpoint_of",
@@ -52,14 +52,17 @@ __all__ = [
 ]
 
 
-class Kind(enum.Enum):
+class Route(enum.Enum):
+    """How redlease reaches a client's server: a socket of its own (SOCKET), the
+    client's own connection class (CLASS), or the client's public methods (CLIENT)."""
+
     SOCKET = "socket"
     CLASS = "class"
     CLIENT = "client"
 
 
 # Calls redlease makes at once through one client it serves through the client's own
-# methods (the CLIENT kind: a Cluster's): each takes a connection of the application's
+# methods (the CLIENT route: a Cluster's): each takes a connection of the application's
 # pool for its round trip, so thousands of callers must not make thousands at once.
 CLIENT_CALLS = 8
 
@@ -84,7 +87,7 @@ def retries_of(retry: Any) -> int:
 class Endpoint:
     """One server as a client reaches it."""
 
-    kind: Kind
+    route: Route
     label: str  # for messages: host:port, a socket path, or the client's type
     host: str = "localhost"
     port: int = 6379
@@ -127,11 +130,11 @@ def endpoint_of(client: Any, *, asyncio: bool) -> Endpoint:
         client, family.async_clients if asyncio else family.clients
     )
     if family is None or not standalone:
-        return Endpoint(Kind.CLIENT, type(client).__name__)
+        return Endpoint(Route.CLIENT, type(client).__name__)
     get_retry = getattr(client, "get_retry", None)  # (a family without Retry: none)
     retry = get_retry() if callable(get_retry) else None
     reached = _reached(family, getattr(client, "connection_pool", None), retry, asyncio)
-    return reached or Endpoint(Kind.CLIENT, type(client).__name__)
+    return reached or Endpoint(Route.CLIENT, type(client).__name__)
 
 
 def node_of(client: Any, key: str) -> Any:
@@ -152,14 +155,14 @@ def node_endpoint(client: Any, node: Any, *, asyncio: bool) -> Endpoint:
     (asyncio) or on the standalone client the node keeps (sync)."""
     family = family_of(client)
     if family is None:
-        return Endpoint(Kind.CLIENT, str(getattr(node, "name", "node")))
+        return Endpoint(Route.CLIENT, str(getattr(node, "name", "node")))
     if asyncio:
         source = node
     else:
         standalone = getattr(node, family.node_client, None) if family.node_client else None
         source = getattr(standalone, "connection_pool", None)
     reached = _reached(family, source, None, asyncio)
-    return reached or Endpoint(Kind.CLIENT, str(getattr(node, "name", "node")))
+    return reached or Endpoint(Route.CLIENT, str(getattr(node, "name", "node")))
 
 
 def _reached(family: Family, source: Any, retry: Any, asyncio: bool) -> Endpoint | None:
@@ -175,7 +178,7 @@ def _reached(family: Family, source: Any, retry: Any, asyncio: bool) -> Endpoint
         path = settings.get("path")
         host, port = settings.get("host", "localhost"), int(settings.get("port", 6379))
         return Endpoint(
-            Kind.SOCKET,
+            Route.SOCKET,
             str(path) if path else f"{host}:{port}",
             host=host,
             port=port,
@@ -199,7 +202,7 @@ def _reached(family: Family, source: Any, retry: Any, asyncio: bool) -> Endpoint
     if "service_name" in settings:
         label = f"sentinel master {settings['service_name']!r}"
     return Endpoint(
-        Kind.CLASS,
+        Route.CLASS,
         label,
         socket_timeout=timeout,
         connection_class=cls,
