@@ -4,8 +4,8 @@ Light on purpose: ``import redlease`` loads nothing until a public name is used,
 command handles SIGINT and SIGTERM from the first line of ``main``, before the library
 and its clients are imported (about a quarter of a second): one line and the shell's
 code for the signal, 130 or 143, never a traceback nor a silent death; a signal that
-comes in the middle of an import is taken once the import is done
-(``_cli.signals``). A subcommand that must do more with a signal (``run`` passes it on to
+comes in the middle of an import is taken once the import is done, or as the command
+ends (``_cli.signals``). A subcommand that must do more with a signal (``run`` passes it on to
 its command) sets its own handling and gives this back afterwards.
 """
 
@@ -13,10 +13,9 @@ from __future__ import annotations
 
 import signal
 import sys
-import threading
 from collections.abc import Sequence
 
-from ._cli.signals import raising_safely
+from ._cli.signals import handled
 
 __all__ = ["main"]
 
@@ -31,25 +30,17 @@ def _unwind(signum: int) -> None:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the ``redlease`` command with ``argv`` (default: the process arguments)."""
-    ours = threading.current_thread() is threading.main_thread()
-    handler = raising_safely(_unwind)
-    previous = (
-        {s: signal.signal(s, handler) for s in (signal.SIGINT, signal.SIGTERM)} if ours else {}
-    )
     try:
-        from ._cli.command import main as command
+        with handled((signal.SIGINT, signal.SIGTERM), _unwind):
+            from ._cli.command import main as command
 
-        return command(argv)
+            return command(argv)
     except KeyboardInterrupt:
         print("redlease: interrupted", file=sys.stderr)
         return 128 + signal.SIGINT
     except _Terminated:
         print("redlease: terminated", file=sys.stderr)
         return 128 + signal.SIGTERM
-    finally:
-        for signum, old in previous.items():
-            if old is not None:  # (None: a handler not set from Python)
-                signal.signal(signum, old)
 
 
 if __name__ == "__main__":

@@ -249,31 +249,33 @@ while time.monotonic() < end:
 print("slow part done", flush=True)
 """
 
-# A process that takes one signal through ``raising_safely`` while it runs a second and a
-# half of code in an import or in code compiled from a string, then blocks on a socket
-# that never answers: the signal must end that wait (sent again once the slow part is
-# done), not the slow part, and be taken once.
-_SLOW_THEN_BLOCKED = """
+# A process that takes one signal through ``handled`` while it runs a second and a half
+# of code in an import or in code compiled from a string, then either blocks on a socket
+# that never answers or ends the handled block at once: the signal must end that wait
+# (sent again once the slow part is done) or be taken as the block ends, not cut the slow
+# part short, and be taken once.
+_SLOW_THEN = """
 import signal, socket, sys, time
-from redlease._cli.signals import raising_safely
+from redlease._cli.signals import handled
 
 def interrupt(signum):
     raise KeyboardInterrupt
-signal.signal(signal.SIGINT, raising_safely(interrupt))
 SLOW = open(sys.argv[2] + "/slow_module.py").read()
 print("started", flush=True)
 try:
-    if sys.argv[1] == "import":
-        sys.path.insert(0, sys.argv[2])
-        import slow_module
-    elif sys.argv[1] == "exec":
-        exec(SLOW, {})
-    else:
-        end = time.monotonic() + 1.5
-        while time.monotonic() < end:
-            pass
-    ours, theirs = socket.socketpair()
-    ours.recv(1)
+    with handled((signal.SIGINT,), interrupt):
+        if sys.argv[1] == "import":
+            sys.path.insert(0, sys.argv[2])
+            import slow_module
+        elif sys.argv[1] == "exec":
+            exec(SLOW, {})
+        else:
+            end = time.monotonic() + 1.5
+            while time.monotonic() < end:
+                pass
+        if sys.argv[3] == "blocked":
+            ours, theirs = socket.socketpair()
+            ours.recv(1)
 except KeyboardInterrupt:
     print("interrupted", flush=True)
 try:
@@ -283,20 +285,23 @@ except KeyboardInterrupt:
 """
 
 
+@pytest.mark.parametrize("then", ["blocked", "done"])
 @pytest.mark.parametrize("where", ["import", "exec", "python -c"])
 def test_a_signal_in_an_import_or_compiled_code_is_taken_after_it(
-    where: str, tmp_path: Path
+    where: str, then: str, tmp_path: Path
 ) -> None:
     """In an import, an exception raised by a handler can be dropped by the import
     system's lock callback; in code compiled from a string, as a dataclass's methods
     are, a KeyboardInterrupt marks the interpreter to end by SIGINT whatever the command
-    returns. Both lost the command's exit code or hung it until a timeout. A program
-    that is itself a string (``python -c``) is interrupted in its own code at once."""
-    (tmp_path / "program.py").write_text(_SLOW_THEN_BLOCKED)
+    returns. Both lost the command's exit code or hung it until a timeout. Put off
+    until after the command's work was done, it was dropped (an `inspect` finished as if
+    never signalled). A program that is itself a string (``python -c``) is interrupted
+    in its own code at once."""
+    (tmp_path / "program.py").write_text(_SLOW_THEN)
     (tmp_path / "slow_module.py").write_text(_SLOW)
-    program = ["-c", _SLOW_THEN_BLOCKED] if where == "python -c" else [str(tmp_path / "program.py")]
+    program = ["-c", _SLOW_THEN] if where == "python -c" else [str(tmp_path / "program.py")]
     proc = subprocess.Popen(
-        [sys.executable, *program, where, str(tmp_path)],
+        [sys.executable, *program, where, str(tmp_path), then],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,

@@ -28,7 +28,7 @@ from typing import Any, TextIO
 from .._base.errors import LockError
 from .._rules.keys import DEFAULT_PREFIX
 from .common import EXIT_CONFLICT, EXIT_LOST, EXIT_USAGE, CliError, make_client
-from .signals import raising_safely
+from .signals import handled
 
 DEFAULT_URL = "redis://127.0.0.1:6379/0"
 _UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
@@ -441,7 +441,8 @@ def _main(argv: Sequence[str] | None) -> int:
     except LockError as exc:  # said in a lock's terms (a key of another type...)
         return _complain(args, f"{exc} (on {_where(_urls(args))})", EXIT_USAGE)
     except KeyboardInterrupt:
-        print("\nredlease: interrupted", file=sys.stderr)
+        after_echo = "\n" if sys.stderr.isatty() else ""  # (a terminal's ^C: a line of its own)
+        print(f"{after_echo}redlease: interrupted", file=sys.stderr)
         return 130
     parser.print_help()
     return EXIT_USAGE
@@ -494,9 +495,9 @@ def _demo(args: argparse.Namespace) -> int:
         demo.validate(config)
     except ValueError as exc:
         raise CliError(f"demo: {exc}") from None
-    previous = _exit_on_sigterm()
     try:
-        report = demo.run_demo(config, out=io.StringIO() if args.json else None)
+        with handled((signal.SIGTERM,), _stop):  # (servers and workers stopped on the way out)
+            report = demo.run_demo(config, out=io.StringIO() if args.json else None)
     except FileNotFoundError as exc:
         raise CliError(
             "no Redis or Valkey server binary found to start a private one: "
@@ -505,9 +506,6 @@ def _demo(args: argparse.Namespace) -> int:
         ) from None
     except _connection_errors() as exc:
         raise CliError(_failure(exc)) from None
-    finally:
-        if previous is not None:
-            signal.signal(signal.SIGTERM, previous)
     if args.json:
         print(json.dumps(dataclasses.asdict(report)))
     # The broken locks may fail as they like; redlease's own rows must not.
@@ -531,15 +529,9 @@ def _complain(args: argparse.Namespace, text: str, code: int) -> int:
     return code
 
 
-def _exit_on_sigterm() -> Any:
-    """Make SIGTERM unwind like Ctrl-C, so servers and workers are stopped on the way out."""
-    if threading.current_thread() is not threading.main_thread():
-        return None
-
-    def stop(signum: int) -> None:
-        raise KeyboardInterrupt
-
-    return signal.signal(signal.SIGTERM, raising_safely(stop))
+def _stop(signum: int) -> None:
+    """SIGTERM unwinds the demo as Ctrl-C does."""
+    raise KeyboardInterrupt
 
 
 def _failure(exc: BaseException) -> str:

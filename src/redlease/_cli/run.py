@@ -31,11 +31,11 @@ import signal
 import subprocess
 import sys
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from .signals import raising_safely
+from .signals import handled
 
 PASSED_ON = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
 # After a signal, the release that follows the command's end is given this long; a server
@@ -154,23 +154,6 @@ class Supervisor:
         return code if code >= 0 else 128 - code  # killed by a signal: the shell's way
 
 
-@contextlib.contextmanager
-def signals_handled(handler: Callable[[int], None]) -> Iterator[None]:
-    """Route SIGTERM, SIGINT and SIGHUP to ``handler`` (main thread only; elsewhere, as
-    in an embedding application's worker thread, signals are left alone)."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-
-    route = raising_safely(handler)  # (it raises Interrupted while the lease is taken)
-    previous = {s: signal.signal(s, route) for s in PASSED_ON}
-    try:
-        yield
-    finally:
-        for s, old in previous.items():
-            signal.signal(s, old)
-
-
 def run_under(
     hold: Callable[[Callable[[str], None]], tuple[Callable[[float | None], Any], Any]],
     cmd: list[str],
@@ -202,16 +185,18 @@ def run_under(
             supervisor.stop(options.grace)
 
     def on_signal(signum: int) -> None:
-        state["signalled"] = True
+        first, state["signalled"] = not state["signalled"], True
         if state["phase"] == "taking":
-            raise Interrupted(signum)
+            if first:  # (a second signal while the first unwinds the wait: it says enough)
+                raise Interrupted(signum)
+            return
         if supervisor.child is None:
             state["signal"] = signum  # between the grant and the start: do not start
         elif not (supervisor.interactive and signum == signal.SIGINT):
             supervisor.send(signum)  # (on a terminal, Ctrl-C reached the command itself)
 
     take, give_back = hold(on_lost)
-    with signals_handled(on_signal):
+    with handled(PASSED_ON, on_signal):  # (it raises Interrupted while the lease is taken)
         try:
             lease = take(options.timeout)
             state["phase"] = "running"
@@ -328,4 +313,6 @@ def _run_command(
         why = f"cannot run {cmd[0]!r}: {exc.strerror or exc}"
         report.say("error", why, message=why)
         return 127 if isinstance(exc, FileNotFoundError) else 126
+    if state["signal"] is not None:  # it came while the command was being started
+        supervisor.send(int(state["signal"]))
     return supervisor.wait()

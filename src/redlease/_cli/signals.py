@@ -7,7 +7,9 @@ its timeouts), and code compiled from a string, as the methods a dataclass makes
 import, from which an escaping KeyboardInterrupt marks the interpreter to end by SIGINT
 at exit whatever code the command returns. The command imports the library on first
 use, so a Ctrl-C in its first half second lands in one or the other: there the handler
-sends the signal again a moment later instead, to be handled once the import is done.
+sends the signal again a moment later instead, to be handled once the import is done, and
+a signal still put off when the handling ends (the command was done by then) is taken as
+it ends.
 
 Light on purpose, as ``redlease.__main__`` is: it imports nothing of the library.
 """
@@ -20,7 +22,11 @@ import time
 from collections.abc import Callable
 from types import FrameType
 
-__all__ = ["raising_safely"]
+TYPE_CHECKING = False  # (typing.TYPE_CHECKING without importing typing: start-up)
+if TYPE_CHECKING:
+    from typing import Any
+
+__all__ = ["handled"]
 
 # Frames of the import system and of code compiled from a string, by their file names.
 _UNSAFE = ("<frozen importlib.", "<string>")
@@ -43,31 +49,29 @@ def _unsafe_frames(frame: FrameType | None) -> int:
     return count
 
 
-def _callers_frame() -> FrameType | None:
-    """The frame that called ``raising_safely`` (read off a traceback: public ground)."""
+def _frame_above(levels: int) -> FrameType | None:
+    """The frame ``levels`` calls above this function's caller (read off a traceback:
+    public ground)."""
     try:
         raise RuntimeError
     except RuntimeError as here:
         traceback = here.__traceback__
     frame = traceback.tb_frame if traceback is not None else None  # (this function's)
-    for _ in range(3):  # _Deferring.__init__, raising_safely, its caller
+    for _ in range(levels + 1):
         frame = frame.f_back if frame is not None else None
     return frame
 
 
 class _Deferring:
-    """The handler ``raising_safely`` makes; main-thread state, as every handler runs
-    there (the sender thread only reads ``owed``)."""
+    """The handler ``handled`` installs; main-thread state, as every handler runs there
+    (the sender thread only reads ``owed``)."""
 
-    def __init__(self, handler: Callable[[int], None]) -> None:
+    def __init__(self, handler: Callable[[int], None], under: int) -> None:
         self.handler = handler
+        self.under = under
         self.owed: set[int] = set()
         self.quiet_until: dict[int, float] = {}
         self.deferred = 0
-        # Those already under the code that makes the handler do not count: a command
-        # started from code that is itself a string (``python -c``) is at a safe point
-        # in its own code.
-        self.under = _unsafe_frames(_callers_frame())
 
     def __call__(self, signum: int, frame: FrameType | None) -> None:
         now = time.monotonic()
@@ -85,6 +89,13 @@ class _Deferring:
             self.quiet_until[signum] = now + _QUIET
         self.handler(signum)
 
+    def settle(self) -> None:
+        """Take a signal still put off (its block ends at a safe point)."""
+        if self.owed:
+            signum = min(self.owed)
+            self.owed.clear()
+            self.handler(signum)
+
     def _send_again(self, signum: int) -> None:
         # To the main thread: sent to the process, it may land in this thread, and a main
         # thread blocked on a socket would not wake for it.
@@ -92,11 +103,41 @@ class _Deferring:
         assert main is not None
         while signum in self.owed:
             time.sleep(_AGAIN_EVERY)
-            if signum in self.owed:
+            if signum not in self.owed:
+                return
+            if signal.getsignal(signum) is not self:
+                # Handled otherwise now (a subcommand's handling, or the block's end):
+                # the new handler gets it, once.
+                self.owed.discard(signum)
                 signal.pthread_kill(main, signum)
+                return
+            signal.pthread_kill(main, signum)
 
 
-def raising_safely(handler: Callable[[int], None]) -> Callable[[int, FrameType | None], None]:
-    """A ``signal.signal`` handler that calls ``handler(signum)`` where an exception it
-    raises unwinds the command as it should, and defers the signal anywhere else."""
-    return _Deferring(handler)
+class handled:
+    """``with handled(signums, handler):`` routes each of ``signums`` to
+    ``handler(signum)`` while the block runs, where an exception it raises unwinds the
+    command as it should; a signal that comes at an unsafe point is sent again until it
+    is taken, and one still put off when the block ends is taken there. Main thread only:
+    elsewhere (an embedding application's worker thread) signals are left alone."""
+
+    def __init__(self, signums: tuple[int, ...], handler: Callable[[int], None]) -> None:
+        self._signums, self._handler = signums, handler
+        self._deferring: _Deferring | None = None
+        self._previous: dict[int, Any] = {}
+
+    def __enter__(self) -> None:
+        if threading.current_thread() is not threading.main_thread():
+            return
+        # Unsafe frames already under the block do not count: a command started from code
+        # that is itself a string (``python -c``) is at a safe point in its own code.
+        deferring = _Deferring(self._handler, _unsafe_frames(_frame_above(1)))
+        self._deferring = deferring
+        self._previous = {s: signal.signal(s, deferring) for s in self._signums}
+
+    def __exit__(self, *exc: object) -> None:
+        for signum, old in self._previous.items():
+            if old is not None:  # (None: a handler not set from Python)
+                signal.signal(signum, old)
+        if self._deferring is not None:
+            self._deferring.settle()
