@@ -294,7 +294,7 @@ async def give_back_in_haste(lease: AsyncLease) -> None:
 async def finish_in_haste(held: object) -> None:
     """A lease's release, or each of a multi-lease's, finished in haste (see
     ``AsyncLease._finish_in_haste``); anything else holds nothing. ``held``: a lease,
-    its state, or a multi-lease."""
+    its state, or a multi-lease's state."""
     if isinstance(held, LeaseState):
         held = held.lease
     if isinstance(held, AsyncLease):
@@ -395,11 +395,11 @@ def caller() -> FrameType | None:
 
 
 def _released_by_block(noted: object) -> Any:
-    """What a block's end releases of what it noted: a lease (noted as its state), a
-    multi-lease; None for a job's Skipped, which holds nothing."""
-    if isinstance(noted, LeaseState):
+    """What a block's end releases of what it noted: a lease or a multi-lease (each noted
+    as its state); None for a job's Skipped, which holds nothing."""
+    if isinstance(noted, (LeaseState, MultiLeaseState)):
         return noted.lease
-    return noted if isinstance(noted, MultiLeaseState) else None
+    return None
 
 
 class AsyncFront(AsyncOnly):

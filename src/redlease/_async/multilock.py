@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
-from collections.abc import Awaitable, Callable, Coroutine, Sequence
+from collections.abc import Awaitable, Callable, Coroutine, Iterator, Sequence
 from typing import Any
 
 from .._base import metrics as _metrics
@@ -45,12 +45,53 @@ from .front import (
 from .lock import served
 
 
-class AsyncMultiLease(MultiLeaseState, AsyncOnly):
-    """The leases of a multi-lock, one per name: extend and release all of them."""
+class AsyncMultiLease(AsyncOnly):
+    """The leases of a multi-lock, one per name: extend and release all of them.
+
+    Its rules (validity, the lost and released flags) are the ``MultiLeaseState`` it
+    holds (``_rules.multilock``)."""
+
+    def __init__(self, state: MultiLeaseState) -> None:
+        self._state = state
+        state.lease = self
+
+    @property
+    def leases(self) -> dict[str, AsyncLease]:
+        """The lease of each name, in the order the names were given."""
+        return self._state.leases
+
+    @property
+    def fences(self) -> dict[str, int]:
+        """Each name's fencing token."""
+        return self._state.fences
+
+    @property
+    def lost(self) -> bool:
+        """True once any of the leases is lost."""
+        return self._state.lost
+
+    @property
+    def released(self) -> bool:
+        """True once every lease is released."""
+        return self._state.released
+
+    def remaining(self) -> float:
+        """Seconds of validity left: the least of the leases'."""
+        return self._state.remaining()
+
+    def check(self) -> None:
+        """Raise LockLost unless every lease is still held and valid."""
+        self._state.check()
+
+    def __iter__(self) -> Iterator[AsyncLease]:
+        return iter(self._state)
+
+    def __repr__(self) -> str:
+        return self._state.described(type(self).__name__)
 
     async def extend(self, ttl: float | None = None) -> None:
         """Extend every lease (see ``Lease.extend``); LockLost if any is no longer ours."""
-        for lease in self._leases.values():
+        for lease in self._state:
             await lease.extend(ttl)
 
     async def release(self) -> None:
@@ -64,12 +105,12 @@ class AsyncMultiLease(MultiLeaseState, AsyncOnly):
         except LockError:
             raise
         except BaseException:
-            await finish_in_haste(self)
+            await finish_in_haste(self._state)
             raise
 
     async def _release_all(self) -> None:
         failures: list[BaseException] = []
-        for lease in self._leases.values():
+        for lease in self._state:
             try:
                 await lease.release()
             except Exception as exc:
@@ -173,7 +214,7 @@ class AsyncMultiLock(AsyncOnly):
         try:
             multi = await self._taken(deadline, taken, wait=wait)
             if multi is not None and entering is not None:
-                entry = entered(self, multi, entering)
+                entry = entered(self, multi._state, entering)
                 push_entered(entry)
             return multi
         except BaseException as exc:
@@ -205,7 +246,7 @@ class AsyncMultiLock(AsyncOnly):
     def _leased(self, taken: list[AsyncLease]) -> AsyncMultiLease:
         """The multi-lease of the leases taken (one per name, in the global order)."""
         by_name = {lock.name: lease for lock, lease in zip(self._locks, taken, strict=True)}
-        return AsyncMultiLease(self._names, by_name)
+        return AsyncMultiLease(MultiLeaseState(self._names, by_name))
 
     async def _in_order(self, deadline: Deadline, taken: list[AsyncLease], *, wait: bool) -> bool:
         """Each name in the global order, waiting for each (or one try each), into

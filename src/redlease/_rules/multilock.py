@@ -58,7 +58,11 @@ def try_all(specs: list[LockSpec], token: str) -> Flow[list[int] | None]:
 
 
 class MultiLeaseState:
-    """What both multi-leases share: a lease per name, in the names' order."""
+    """A multi-lease's rules, held by the multi-lease a caller holds (``MultiLease``,
+    ``AsyncMultiLease``): a lease per name, in the names' order."""
+
+    # The multi-lease that holds this state (what a `with` block that noted it releases).
+    lease: Any = None
 
     def __init__(self, names: list[str], leases: dict[str, Any]) -> None:
         # (Lease or AsyncLease: typed Any so that each twin calls its own methods)
@@ -96,5 +100,9 @@ class MultiLeaseState:
     def __iter__(self) -> Iterator[Any]:
         return iter(self.leases.values())
 
+    def described(self, kind: str) -> str:
+        """What the multi-lease of ``kind`` (its class's name) shows of itself."""
+        return f"<{kind} {self._names!r} remaining={self.remaining():.3f}s>"
+
     def __repr__(self) -> str:
-        return f"<{type(self).__name__} {self._names!r} remaining={self.remaining():.3f}s>"
+        return self.described(type(self).__name__)
