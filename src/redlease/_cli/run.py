@@ -197,6 +197,7 @@ def run_under(
 
     take, give_back = hold(on_lost)
     with handled(PASSED_ON, on_signal):  # (it raises Interrupted while the lease is taken)
+        lease = None
         try:
             lease = take(options.timeout)
             state["phase"] = "running"
@@ -217,8 +218,11 @@ def run_under(
             )
             return options.conflict_exit_code
         except Interrupted as exc:
-            report.say("interrupted", f"{exc} while waiting for {what} {options.name!r}")
-            return 128 + exc.signum
+            if lease is None:
+                report.say("interrupted", f"{exc} while waiting for {what} {options.name!r}")
+                return 128 + exc.signum
+            # It came as the lease was handed over: not started, given back below.
+            state["phase"], state["signal"] = "running", exc.signum
         try:
             code = _run_command(supervisor, cmd, lease, options, what, report, state)
         finally:

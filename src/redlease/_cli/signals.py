@@ -16,7 +16,9 @@ Light on purpose, as ``redlease.__main__`` is: it imports nothing of the library
 
 from __future__ import annotations
 
+import os
 import signal
+import sys
 import threading
 import time
 from collections.abc import Callable
@@ -26,7 +28,7 @@ TYPE_CHECKING = False  # (typing.TYPE_CHECKING without importing typing: start-u
 if TYPE_CHECKING:
     from typing import Any
 
-__all__ = ["handled"]
+__all__ = ["as_program", "chosen", "handled"]
 
 # Frames of the import system and of code compiled from a string, by their file names.
 _UNSAFE = ("<frozen importlib.", "<string>")
@@ -39,6 +41,56 @@ _DEFER_AT_MOST = 200
 # After a deferred signal is taken, the same signal is dropped for this long: it is the
 # copy that was on its way (two real ones so close are one key pressed twice).
 _QUIET = 0.1
+
+
+class _Program:
+    """Whether this process is the command itself (``main`` run as the program, not
+    called in-process), and the exit code it is due once a signal has stopped it or it
+    has chosen its code."""
+
+    on = False
+    due: int | None = None
+
+
+_PROGRAM = _Program()
+
+
+def as_program() -> None:
+    """This process is the command: from now to its end, a SIGINT or SIGTERM outside a
+    ``handled`` block, or one that comes after a signal stopped the command, ends the
+    process at once, its output flushed, with the code it is due (a second Ctrl-C, or a
+    signal during the interpreter's shutdown, killed it silently, or printed an error
+    Python ignored). Main thread only."""
+    if threading.current_thread() is not threading.main_thread():
+        return
+    _PROGRAM.on, _PROGRAM.due = True, None
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(signum, _end_now)
+
+
+def chosen(code: int) -> None:
+    """The command chose its exit code: the process ends with it, whatever signal comes
+    now. As the program, it ignores SIGINT and SIGTERM from here: the interpreter's
+    shutdown (a tenth of a second once a client was used) puts a Python handler back to
+    the default, death by the signal, and leaves an ignored one ignored."""
+    _PROGRAM.due = code
+    if _PROGRAM.on:
+        for signum in (signal.SIGINT, signal.SIGTERM):
+            signal.signal(signum, signal.SIG_IGN)
+
+
+def _end_now(signum: int, frame: FrameType | None) -> None:
+    code = _PROGRAM.due
+    if code is None:  # (between two handled blocks, before any other signal)
+        code = 128 + signum
+        name = "interrupted" if signum == signal.SIGINT else "terminated"
+        os.write(2, f"redlease: {name}\n".encode())
+    for stream in (sys.stdout, sys.stderr):
+        try:  # noqa: SIM105 (contextlib is not loaded this early)
+            stream.flush()
+        except Exception:  # (a write it interrupted may refuse: end all the same)
+            pass
+    os._exit(code)
 
 
 def _unsafe_frames(frame: FrameType | None) -> int:
@@ -77,6 +129,8 @@ class _Deferring:
         now = time.monotonic()
         if signum not in self.owed and now < self.quiet_until.get(signum, 0.0):
             return
+        if _PROGRAM.on and _PROGRAM.due is not None:  # (the command is already ending)
+            _end_now(signum, frame)
         if self.deferred < _DEFER_AT_MOST and _unsafe_frames(frame) > self.under:
             self.deferred += 1
             if signum not in self.owed:
@@ -87,14 +141,22 @@ class _Deferring:
         if signum in self.owed:
             self.owed.discard(signum)
             self.quiet_until[signum] = now + _QUIET
-        self.handler(signum)
+        self._take(signum)
+
+    def _take(self, signum: int) -> None:
+        try:
+            self.handler(signum)
+        except BaseException:
+            if _PROGRAM.due is None:  # it stops the command: the code the shell expects
+                _PROGRAM.due = 128 + signum
+            raise
 
     def settle(self) -> None:
         """Take a signal still put off (its block ends at a safe point)."""
         if self.owed:
             signum = min(self.owed)
             self.owed.clear()
-            self.handler(signum)
+            self._take(signum)
 
     def _send_again(self, signum: int) -> None:
         # To the main thread: sent to the process, it may land in this thread, and a main
