@@ -198,8 +198,17 @@ def test_no_command_prints_help(capsys: pytest.CaptureFixture[str]) -> None:
 def test_run_kills_the_command_when_the_lease_is_lost(
     server: servers.ServerProcess, r: redis.Redis, name: str, capfd: pytest.CaptureFixture[str]
 ) -> None:
-    # Someone deletes the lock key behind our back (as an operator or a failover would).
-    timer = threading.Timer(0.5, r.delete, args=[lock_key(name)])
+    # Someone deletes the lock key behind our back (as an operator or a failover would),
+    # once it is held: a delete at a fixed 0.5 s came before the grant on a loaded
+    # machine, and the command then ran its 20 s under a lock nobody took from it.
+    def delete_once_held() -> None:
+        deadline = time.monotonic() + 30
+        while not r.exists(lock_key(name)) and time.monotonic() < deadline:
+            time.sleep(0.01)
+        time.sleep(0.3)
+        r.delete(lock_key(name))
+
+    timer = threading.Thread(target=delete_once_held)
     timer.start()
     started = time.monotonic()
     argv = ["run", name, "--redis", server.url, "--ttl", "0.6", "--"]
