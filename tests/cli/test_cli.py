@@ -10,6 +10,7 @@ import textwrap
 import threading
 import time
 import types
+from collections.abc import Callable
 
 import pytest
 import redis
@@ -195,21 +196,28 @@ def test_no_command_prints_help(capsys: pytest.CaptureFixture[str]) -> None:
     assert "demo" in capsys.readouterr().out
 
 
+def _once_held(r: redis.Redis, key: str, then: Callable[[], object]) -> threading.Thread:
+    """A thread that does ``then()`` 0.3 s after ``key`` exists (a lease taken away while
+    the command runs): at a fixed time from the start, it came before the grant once on
+    a loaded machine, and the command then ran its course under a lock nobody took."""
+
+    def run() -> None:
+        deadline = time.monotonic() + 30
+        while not r.exists(key) and time.monotonic() < deadline:
+            time.sleep(0.01)
+        time.sleep(0.3)
+        then()
+
+    thread = threading.Thread(target=run)
+    thread.start()
+    return thread
+
+
 def test_run_kills_the_command_when_the_lease_is_lost(
     server: servers.ServerProcess, r: redis.Redis, name: str, capfd: pytest.CaptureFixture[str]
 ) -> None:
-    # Someone deletes the lock key behind our back (as an operator or a failover would),
-    # once it is held: a delete at a fixed 0.5 s came before the grant on a loaded
-    # machine, and the command then ran its 20 s under a lock nobody took from it.
-    def delete_once_held() -> None:
-        deadline = time.monotonic() + 30
-        while not r.exists(lock_key(name)) and time.monotonic() < deadline:
-            time.sleep(0.01)
-        time.sleep(0.3)
-        r.delete(lock_key(name))
-
-    timer = threading.Thread(target=delete_once_held)
-    timer.start()
+    # Someone deletes the lock key behind our back (as an operator or a failover would).
+    timer = _once_held(r, lock_key(name), lambda: r.delete(lock_key(name)))
     started = time.monotonic()
     argv = ["run", name, "--redis", server.url, "--ttl", "0.6", "--"]
     code = main([*argv, *_py("import time; time.sleep(20)")])
@@ -244,8 +252,7 @@ def test_run_elect_runs_while_leading_and_stops_when_it_loses(
     assert "leading" in capfd.readouterr().err
     # leadership taken away while the command runs: it is stopped, and the exit says so
     keys = LockKeys.for_election(name)
-    thief = threading.Timer(0.5, lambda: r.set(keys.lock, "someone-else", px=30_000))
-    thief.start()
+    thief = _once_held(r, keys.lock, lambda: r.set(keys.lock, "someone-else", px=30_000))
     started = time.monotonic()
     sleeper = _py("import time; time.sleep(60)")
     code = main(["run", name, "--redis", server.url, "--elect", "--ttl", "0.6", "--", *sleeper])
