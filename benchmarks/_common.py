@@ -187,10 +187,12 @@ def os_threads() -> int:
     return threading.active_count()
 
 
-def sleep_until(when: float) -> None:
+def sleep_until(when: float) -> bool:
+    """Sleep until ``when``; whether it was still ahead (False: the caller is late)."""
     delay = when - time.monotonic()
     if delay > 0:
         time.sleep(delay)
+    return delay > 0
 
 
 # -- the crew: worker processes ---------------------------------------------------------
@@ -251,6 +253,28 @@ class Crew:
 
     def __exit__(self, exc_type: object, *rest: object) -> None:
         self.close(wait=exc_type is None)
+
+
+def together(
+    crew: Crew,
+    fn: Callable[..., dict[str, Any]],
+    calls: Callable[[float], Sequence[tuple[Any, ...]]],
+    margin: float,
+    seconds: float,
+) -> tuple[float, list[dict[str, Any]]]:
+    """The common start and results of ``fn`` over ``calls(start)``, one per process.
+
+    Each call reports ``on_time``: whether it was set up before the start. One that was
+    not (a loaded machine) worked for less than its share of the time, so the round runs
+    again with twice the margin. ``calls`` is asked anew each time: reset state there.
+    """
+    for _ in range(4):
+        start = time.monotonic() + margin
+        results = crew.map_all(fn, calls(start), timeout=margin + seconds + 120)
+        if all(res["on_time"] for res in results):
+            return start, results
+        margin *= 2
+    raise RuntimeError(f"workers not set up {margin / 2:g} s after their work was handed out")
 
 
 def run_alone(fn: Callable[..., Any], *args: Any, timeout: float = 300.0) -> Any:

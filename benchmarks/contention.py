@@ -31,6 +31,7 @@ from ._common import (
     percentile,
     server_cpu,
     sleep_until,
+    together,
 )
 from ._locks import CONTENTION, KINDS, client, make_lock
 from ._report import NA, Row, ms, rate, times, verdict
@@ -46,7 +47,7 @@ def worker(
     r.ping()
     lock = make_lock(kind, r, name, TTL)
     waits: list[float] = []
-    sleep_until(start)
+    on_time = sleep_until(start)
     while True:
         asked = time.monotonic()
         if asked >= end:
@@ -56,7 +57,14 @@ def worker(
         value = int(r.get(counter) or 0)
         r.set(counter, value + 1)
         lock.release(held)
-    return {"pid": os.getpid(), "sections": len(waits), "waits": waits, "done": time.monotonic()}
+    done = time.monotonic()
+    return {
+        "pid": os.getpid(),
+        "sections": len(waits),
+        "waits": waits,
+        "done": done,
+        "on_time": on_time,
+    }
 
 
 @dataclass
@@ -79,19 +87,19 @@ def one_round(
 ) -> dict[str, Any]:
     r = client(port)
     name, counter = f"bench:c:{tag}", f"bench:c:{tag}:counter"
-    r.delete(counter)
-    before = command_calls(r)
-    cpu_before = server_cpu(r)
-    start = time.monotonic() + margin
-    end = start + seconds
-    results = crew.map_all(
-        worker, [(kind, port, name, counter, start, end)] * processes, timeout=seconds + 120
-    )
+    before: dict[str, Any] = {}
+
+    def calls(start: float) -> list[tuple[Any, ...]]:
+        r.delete(counter)
+        before.update(calls=command_calls(r), cpu=server_cpu(r))
+        return [(kind, port, name, counter, start, start + seconds)] * processes
+
+    start, results = together(crew, worker, calls, margin, seconds)
     sections = [res["sections"] for res in results]
     total = sum(sections)
     final = int(r.get(counter) or 0)
-    cpu = server_cpu(r) - cpu_before
-    spent = calls_between(before, command_calls(r), handshakes=False)
+    cpu = server_cpu(r) - before["cpu"]
+    spent = calls_between(before["calls"], command_calls(r), handshakes=False)
     commands = sum(v for k, v in spent.items() if not k.endswith(FAILED)) - 1  # the GET above
     finished = max(res["done"] for res in results)
     return {

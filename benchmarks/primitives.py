@@ -28,7 +28,7 @@ import redis
 
 import redlease
 
-from ._common import Crew, Settings, describe_error, median, percentile, sleep_until
+from ._common import Crew, Settings, describe_error, median, percentile, sleep_until, together
 from ._report import Row, ms, rate, times, verdict
 
 TTL = 10.0
@@ -54,7 +54,7 @@ def worker(kind: str, port: int, name: str, start: float, end: float, seed: int)
     lock = redlease.Lock(r, name, ttl=TTL)
     waits: list[float] = []
     reads = 0
-    sleep_until(start)
+    on_time = sleep_until(start)
     while True:
         asked = time.monotonic()
         if asked >= end:
@@ -71,14 +71,26 @@ def worker(kind: str, port: int, name: str, start: float, end: float, seed: int)
         held.release()
         reads += not writing
     r.close()
-    return {"sections": len(waits), "reads": reads, "waits": waits, "done": time.monotonic()}
+    done = time.monotonic()
+    return {
+        "sections": len(waits),
+        "reads": reads,
+        "waits": waits,
+        "done": done,
+        "on_time": on_time,
+    }
 
 
 def _round(crew: Crew, kind: str, port: int, settings: Settings, tag: str) -> dict[str, Any]:
-    start = time.monotonic() + settings.start_margin
-    end = start + settings.contention_seconds
-    args = [(kind, port, f"bench:p:{tag}", start, end, i) for i in range(settings.processes)]
-    results = crew.map_all(worker, args, timeout=settings.contention_seconds + 120)
+    seconds = settings.contention_seconds
+
+    def calls(start: float) -> list[tuple[Any, ...]]:
+        return [
+            (kind, port, f"bench:p:{tag}", start, start + seconds, i)
+            for i in range(settings.processes)
+        ]
+
+    start, results = together(crew, worker, calls, settings.start_margin, seconds)
     finished = max(res["done"] for res in results)
     sections = [res["sections"] for res in results]
     return {
