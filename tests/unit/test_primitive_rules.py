@@ -23,9 +23,10 @@ from redlease._base.timing import (
     drift,
 )
 from redlease._clients.errors import ReplyError
+from redlease._rules import decorate as _decorate
 from redlease._rules import election as _election
 from redlease._rules import flows as _flows
-from redlease._rules import fronts as _fronts
+from redlease._rules import front as _front
 from redlease._rules import inspect as _inspect
 from redlease._rules import keys as _keys
 from redlease._rules import lease as _lease
@@ -68,7 +69,7 @@ class Holder:
     """A thread or task as the holder tables know it (weakly referenced)."""
 
 
-class Front(_fronts.FrontCore):
+class Front(_front.FrontCore):
     """A lock's rules (which here also stand for the lock in its blocks' notes): a
     Lock's, or a reentrant one's."""
 
@@ -83,19 +84,19 @@ class Front(_fronts.FrontCore):
 def _no_block_noted() -> Iterator[None]:
     """Each test starts with no `with` block noted (the notes live in a context variable,
     which would otherwise carry over from one test to the next)."""
-    token = _fronts._entered.set(())
+    token = _front._entered.set(())
     yield
-    _fronts._entered.reset(token)
+    _front._entered.reset(token)
 
 
-def noted() -> tuple[_fronts._Entry, ...]:
-    return _fronts._entered.get()
+def noted() -> tuple[_front._Entry, ...]:
+    return _front._entered.get()
 
 
-def note(front: object, lease: Any, holder: object) -> _fronts._Entry:
+def note(front: object, lease: Any, holder: object) -> _front._Entry:
     """A block of ``front`` opened otherwise than by a `with` statement, noted."""
-    entry = _fronts.entered(front, lease, _fronts.Opening(holder, None, -1))
-    _fronts.push_entered(entry)
+    entry = _front.entered(front, lease, _front.Opening(holder, None, -1))
+    _front.push_entered(entry)
     return entry
 
 
@@ -106,13 +107,13 @@ def test_a_nested_block_of_a_lock_its_holder_holds_is_refused_at_once() -> None:
     clock, front, holder = FakeClock(), Front(), Holder()
     note(front, new_lease(clock), holder)
     with pytest.raises(redlease.LockError) as refused:
-        _fronts.refuse_nested(front, front, holder)
+        _front.refuse_nested(front, front, holder)
     message = str(refused.value)
     assert "lock 'orders:42' is held already by an enclosing `with` block" in message
     assert "reentrant=True" in message
     # another holder, or another object of the same name, waits as any other caller
-    _fronts.refuse_nested(front, front, Holder())
-    _fronts.refuse_nested(Front(), Front(), holder)
+    _front.refuse_nested(front, front, Holder())
+    _front.refuse_nested(Front(), Front(), holder)
 
 
 @pytest.mark.parametrize("outer", ["released", "lost", "ending"])
@@ -127,8 +128,8 @@ def test_a_nested_block_is_let_through_once_the_outer_lease_is_no_longer_held(
     elif outer == "lost":
         clock.advance(10.0)  # past its validity
     else:
-        _fronts.close_entered(front)  # the outer block's end has begun
-    _fronts.refuse_nested(front, front, holder)
+        _front.close_entered(front)  # the outer block's end has begun
+    _front.refuse_nested(front, front, holder)
 
 
 def test_a_blocks_end_closes_the_innermost_open_block_of_its_own_lock() -> None:
@@ -137,19 +138,19 @@ def test_a_blocks_end_closes_the_innermost_open_block_of_its_own_lock() -> None:
     note(front, outer, holder)
     note(other, theirs, holder)
     note(front, inner, holder)
-    ending = _fronts.close_entered(front)
-    assert _fronts.entered_lease(ending) is inner
+    ending = _front.close_entered(front)
+    assert _front.entered_lease(ending) is inner
     assert len(noted()) == 3  # closed, but dropped only last (tidy_entered)
     with pytest.raises(redlease.LockError):
-        _fronts.refuse_nested(front, front, holder)  # the outer block is still open
-    _fronts.tidy_entered()
-    assert [_fronts.entered_lease(e) for e in noted()] == [outer, theirs]
-    assert _fronts.entered_lease(_fronts.close_entered(front)) is outer
-    _fronts.tidy_entered()
+        _front.refuse_nested(front, front, holder)  # the outer block is still open
+    _front.tidy_entered()
+    assert [_front.entered_lease(e) for e in noted()] == [outer, theirs]
+    assert _front.entered_lease(_front.close_entered(front)) is outer
+    _front.tidy_entered()
     with pytest.raises(RuntimeError, match="did not enter it"):
-        _fronts.close_entered(front)
-    assert _fronts.close_entered(front, missing_ok=True) is None  # an interrupted clean-up
-    assert [_fronts.entered_lease(e) for e in noted()] == [theirs]
+        _front.close_entered(front)
+    assert _front.close_entered(front, missing_ok=True) is None  # an interrupted clean-up
+    assert [_front.entered_lease(e) for e in noted()] == [theirs]
 
 
 def test_a_release_is_told_begun_only_if_it_began_after_the_blocks_end_did() -> None:
@@ -157,11 +158,11 @@ def test_a_release_is_told_begun_only_if_it_began_after_the_blocks_end_did() -> 
     lease = new_lease(clock)
     lease.release_calls = 1  # a release called inside the block, before its end
     note(front, lease, Holder())
-    ending = _fronts.close_entered(front)
+    ending = _front.close_entered(front)
     assert ending is not None
-    assert not _fronts.release_begun(ending)
+    assert not _front.release_begun(ending)
     lease.release_calls += 1  # what release() counts first
-    assert _fronts.release_begun(ending)
+    assert _front.release_begun(ending)
 
 
 def test_an_inner_reentrant_block_whose_hold_was_released_inside_it_releases_nothing() -> None:
@@ -170,23 +171,23 @@ def test_an_inner_reentrant_block_whose_hold_was_released_inside_it_releases_not
     outer = note(front, lease, holder)
     lease.hold_again()
     inner = note(front, lease, holder)
-    assert _fronts.entered_lease(inner) is lease  # its own hold: released as it ends
+    assert _front.entered_lease(inner) is lease  # its own hold: released as it ends
     lease.drop_hold()  # the inner block released its hold itself
-    assert _fronts.entered_lease(inner) is None  # a release now would take the outer's
-    assert _fronts.entered_lease(outer) is lease
-    assert _fronts.entered_lease(None) is None
+    assert _front.entered_lease(inner) is None  # a release now would take the outer's
+    assert _front.entered_lease(outer) is lease
+    assert _front.entered_lease(None) is None
     multi = _multilock.MultiLeaseState(["a"], {"a": lease})
-    assert _fronts.entered_lease(note(front, multi, holder)) is multi  # (a multi-lease)
+    assert _front.entered_lease(note(front, multi, holder)) is multi  # (a multi-lease)
 
 
 def test_forgetting_a_block_that_never_began_drops_its_note_only() -> None:
     clock, front, holder = FakeClock(), Front(), Holder()
     kept = note(front, new_lease(clock), holder)
     dropped = note(front, new_lease(clock), holder)
-    _fronts.forget_entered(dropped)
+    _front.forget_entered(dropped)
     assert noted() == (kept,)
-    never_noted = _fronts.entered(front, new_lease(clock), _fronts.Opening(holder, None, -1))
-    _fronts.forget_entered(never_noted)  # interrupted before it was noted: nothing to drop
+    never_noted = _front.entered(front, new_lease(clock), _front.Opening(holder, None, -1))
+    _front.forget_entered(never_noted)  # interrupted before it was noted: nothing to drop
     assert noted() == (kept,)
 
 
@@ -194,17 +195,17 @@ class Probe:
     """A block whose ``__enter__`` reads where it is opened, as the fronts do."""
 
     def __init__(self) -> None:
-        self.at: _fronts.Opening | None = None
+        self.at: _front.Opening | None = None
 
     def __enter__(self) -> Probe:
-        self.at = _fronts.opening("holder", sys._getframe(1))
+        self.at = _front.opening("holder", sys._getframe(1))
         return self
 
     def __exit__(self, *exc: object) -> None:
         return None
 
     async def __aenter__(self) -> Probe:
-        self.at = _fronts.opening("holder", sys._getframe(1))
+        self.at = _front.opening("holder", sys._getframe(1))
         return self
 
     async def __aexit__(self, *exc: object) -> None:
@@ -219,10 +220,10 @@ def test_only_a_with_statement_says_where_its_block_was_opened() -> None:
     assert probe.at.lasti >= 0
     called = Probe()
     called.__enter__()
-    assert called.at == _fronts.Opening("holder", None, -1)
+    assert called.at == _front.Opening("holder", None, -1)
     with contextlib.ExitStack() as stack:
         stacked = stack.enter_context(Probe())
-    assert stacked.at == _fronts.Opening("holder", None, -1)
+    assert stacked.at == _front.Opening("holder", None, -1)
 
     async def asynchronous() -> tuple[Probe, Probe, Any]:
         async with Probe() as probe:
@@ -234,7 +235,7 @@ def test_only_a_with_statement_says_where_its_block_was_opened() -> None:
     in_block, awaited, frame = run(asynchronous())
     assert in_block.at is not None
     assert in_block.at.frame is frame
-    assert awaited.at == _fronts.Opening("holder", None, -1)
+    assert awaited.at == _front.Opening("holder", None, -1)
 
 
 class Interrupted:
@@ -244,14 +245,14 @@ class Interrupted:
     def __init__(self, front: Front, holder: object, clock: FakeClock) -> None:
         self.front, self.holder, self.clock = front, holder, clock
         self.leases: list[_lease.LeaseState] = []
-        self.found: list[list[_fronts._Entry]] = []  # the stale notes each opening found
+        self.found: list[list[_front._Entry]] = []  # the stale notes each opening found
 
     def __enter__(self) -> Interrupted:
-        at = _fronts.opening(self.holder, sys._getframe(1))
-        self.found.append(_fronts.stale_entered(at))
+        at = _front.opening(self.holder, sys._getframe(1))
+        self.found.append(_front.stale_entered(at))
         lease = new_lease(self.clock)
         self.leases.append(lease)
-        _fronts.push_entered(_fronts.entered(self.front, lease, at))
+        _front.push_entered(_front.entered(self.front, lease, at))
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -266,13 +267,13 @@ def test_a_block_whose_end_was_cut_short_is_stale_once_its_with_statement_runs_a
             pass
     first, second = block.found
     assert first == []
-    assert [_fronts.entered_lease(e) for e in second] == [block.leases[0]]
+    assert [_front.entered_lease(e) for e in second] == [block.leases[0]]
     with block:  # another `with` statement of the same frame: not the same block
         pass
     assert block.found[2] == []
     for stale in second:
-        _fronts.close_stale(stale)
-    assert [_fronts.entered_lease(e) for e in noted()] == block.leases[1:]
+        _front.close_stale(stale)
+    assert [_front.entered_lease(e) for e in noted()] == block.leases[1:]
 
 
 def test_another_holder_or_a_block_not_opened_by_a_with_statement_is_never_stale() -> None:
@@ -440,7 +441,7 @@ async def async_generator_function() -> AsyncIterator[int]:
 def test_only_a_function_whose_work_is_done_within_its_call_is_decorated(
     fn: Any, want_async: bool, refusal: str
 ) -> None:
-    decorator: Any = _fronts.decorate_async if want_async else _fronts.decorate
+    decorator: Any = _decorate.decorate_async if want_async else _decorate.decorate
     with pytest.raises(redlease.InvalidArgument, match=refusal):
         decorator(Guard(), fn)  # at once, before any call
 
@@ -453,7 +454,7 @@ def test_a_decorated_call_runs_inside_a_block_of_the_lock_and_keeps_its_face() -
         guard.steps.append("work")
         return x + y
 
-    locked = _fronts.decorate(guard, work)
+    locked = _decorate.decorate(guard, work)
     assert locked(1, y=2) == 3
     assert guard.steps == ["enter", "work", "exit"]
     assert (locked.__name__, locked.__doc__) == ("work", "Adds.")
@@ -464,7 +465,7 @@ def test_a_decorated_call_runs_inside_a_block_of_the_lock_and_keeps_its_face() -
         return x * 2
 
     guard.steps.clear()
-    assert run(_fronts.decorate_async(guard, awaited)(4)) == 8
+    assert run(_decorate.decorate_async(guard, awaited)(4)) == 8
     assert guard.steps == ["enter", "awaited", "exit"]
 
 
@@ -480,7 +481,7 @@ def test_a_callable_that_hands_back_a_coroutine_is_refused_inside_the_block() ->
             return self.made[-1]
 
     guard, handler = Guard(), Handler()
-    locked = _fronts.decorate(guard, handler)  # nothing tells beforehand
+    locked = _decorate.decorate(guard, handler)  # nothing tells beforehand
     with pytest.raises(redlease.InvalidArgument, match="it returned a coroutine"):
         _ = locked()
     assert inspect.getcoroutinestate(handler.made[0]) == "CORO_CLOSED"  # never left to run

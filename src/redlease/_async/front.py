@@ -2,11 +2,11 @@
 
 The front: ``acquire``, ``try_acquire``, ``with`` and the decorator, once for every kind
 (``Lock``, ``Semaphore``, a read/write lock's sides, ``Redlock``). A lock class gives it
-its rules (a ``_rules.fronts.FrontCore``: the spec, the options, the attempt it makes)
+its rules (a ``_rules.front.FrontCore``: the spec, the options, the attempt it makes)
 and its driver, and makes its own lease if it is not a one-server one (``_new_lease``);
 the front does the rest: checking the server once, cleaning up after an interrupted
 attempt, starting renewal. What needs no I/O (the `with` stack, reentrant holds,
-metrics) is in ``_rules.fronts``.
+metrics) is in ``_rules.front``, the decorator in ``_rules.decorate``.
 
 The lease: its I/O (``extend``, ``release``, ``with lease:``) over the state in
 ``_rules.lease``, and the driver protocol its lock's flows run through.
@@ -33,20 +33,17 @@ from .._base.misuse import AsyncOnly  # unasync: async only
 from .._base.types import Seconds
 from .._rules import arguments as args
 from .._rules import flows as _flows
+from .._rules.decorate import P, R, decorate_async, named
 from .._rules.flows import Grant
-from .._rules.fronts import (
+from .._rules.front import (
     Attempt,
     FrontCore,
     Opening,
-    P,
-    R,
     close_entered,
     close_stale,
-    decorate_async,
     entered,
     entered_lease,
     forget_entered,
-    named,
     opening,
     push_entered,
     refuse_nested,
@@ -404,7 +401,7 @@ def _released_by_block(noted: object) -> Any:
 
 class AsyncFront(AsyncOnly):
     """``acquire``, ``try_acquire``, ``with`` and ``@lock``, once for every kind of lock:
-    over the lock's rules (``_core``, see ``_rules.fronts.FrontCore``) and the driver that
+    over the lock's rules (``_core``, see ``_rules.front.FrontCore``) and the driver that
     runs its flows (``_io``)."""
 
     # The class of the leases it hands out (each holds the state its core makes).

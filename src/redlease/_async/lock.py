@@ -1,7 +1,7 @@
 """``AsyncLock``: a lock name on one Redis/Valkey deployment (standalone, Sentinel-managed
 or Cluster), and the driver every one-server lock is served by (``served``). Written
 once, as asyncio code; ``scripts/unasync.py`` generates the blocking twin (``Lock``).
-The protocol is in ``_rules.flows``, the lock's rules in ``_rules.fronts``, the I/O in
+The protocol is in ``_rules.flows``, the lock's rules in ``_rules.front``, the I/O in
 ``_async.io``, what a caller sees in ``_async.front``.
 
 A lock object holds no ownership state: each acquisition returns its own lease, so one
@@ -15,7 +15,7 @@ from typing import Any
 from .._base.types import Clock, OnLost, Seconds
 from .._clients.checks import check_client
 from .._rules.flows import LockSpec
-from .._rules.fronts import FrontCore, check_replicas
+from .._rules.front import FrontCore, check_replicas
 from .backend import ASYNC
 from .front import AsyncFront
 from .io import AsyncIO
@@ -98,7 +98,7 @@ class AsyncLock(AsyncFront):
             clock,
             reentrant=reentrant,
             cancel_on_lost=cancel_on_lost,  # unasync: async only
-            refuses_nesting=True,  # (see _rules.fronts.refuse_nested)
+            refuses_nesting=True,  # (see _rules.front.refuse_nested)
         )
         super().__init__(core, served(client, spec))
 

@@ -8,7 +8,7 @@ without an SDK its instruments are OpenTelemetry's no-op ones.
 
 Where each event is recorded, once for both twins:
 
-* an acquire that returned (a lease, or None): ``_rules.fronts`` (``FrontCore.opened`` and
+* an acquire that returned (a lease, or None): ``_rules.front`` (``FrontCore.opened`` and
   ``FrontCore.not_granted``), wait duration, acquisitions and timeouts;
 * the end of a hold (released, or found lost by anyone): ``LeaseState.mark_released``
   and ``mark_lost`` in ``_rules.lease``, hold duration and lost leases;

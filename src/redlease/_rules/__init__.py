@@ -4,8 +4,8 @@ Keys, the Lua scripts, the operations a flow yields (``ops``), argument checks, 
 rule, the classification of every server and client error (``classify``), the
 single-server flows and the Redlock rules (``flows``, ``quorum``), lease state and the
 renewal schedule, and what each primitive decides without talking to a server
-(``fronts``, ``rwlock``, ``election``, ``multilock``, ``redlock``, ``once``, ``fenced``,
-``inspect``).
+(``front``, ``decorate``, ``rwlock``, ``election``, ``multilock``, ``redlock``, ``once``,
+``fenced``, ``inspect``).
 
 What does not belong here: sockets, threads, tasks, sleeping, anything that waits (a test
 checks that no module here imports ``socket``, ``threading`` or ``asyncio``). The rules

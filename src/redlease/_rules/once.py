@@ -30,7 +30,7 @@ from .._base.timing import valid_until
 from .._base.types import OnLost
 from . import arguments as args
 from .flows import ONE_FENCE, Acquisition, Flow, Grant, LockSpec, as_int, release
-from .fronts import FrontCore
+from .front import FrontCore
 from .lease import LeaseState
 from .scripts import ONCE_ACQUIRE, ONCE_EXTEND, ONCE_LEAVE, ONCE_RELEASE
 
@@ -231,7 +231,7 @@ class RunState(LeaseState):
 
 
 class OnceCore(FrontCore):
-    """The rules of a job's lock (see ``_rules.fronts.FrontCore``): renewed while its
+    """The rules of a job's lock (see ``_rules.front.FrontCore``): renewed while its
     job runs, never past ``at_most``, its leases runs (``RunState``)."""
 
     def __init__(self, spec: LockSpec, rule: OnceRule, on_lost: OnLost | None) -> None:

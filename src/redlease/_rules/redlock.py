@@ -17,7 +17,7 @@ from .._base.types import OnLost
 from . import flows as _flows
 from . import quorum as _quorum
 from .flows import Grant, LockSpec
-from .fronts import FrontCore
+from .front import FrontCore
 from .lease import LeaseState
 from .quorum import QuorumAcquisition, QuorumGrant, QuorumSpec
 
@@ -67,7 +67,7 @@ MIN_TOLERANT_NODES = 3
 
 
 class QuorumCore(FrontCore):
-    """A Redlock's rules (see ``_rules.fronts.FrontCore``): its quorum spec, whose
+    """A Redlock's rules (see ``_rules.front.FrontCore``): its quorum spec, whose
     ``lock`` is the spec its name and ttl come from, and the quorum attempt."""
 
     def __init__(self, spec: LockSpec, *, quorum: QuorumSpec, **options: Any) -> None:

@@ -28,7 +28,7 @@ from typing import Any
 
 from .._base.errors import LockError
 from .flows import Acquisition, LockSpec
-from .fronts import FrontCore
+from .front import FrontCore
 from .lease import Holders, LeaseState
 
 READ, WRITE = "r", "w"
@@ -47,7 +47,7 @@ class SideCore(FrontCore):
         super().__init__(spec, kind="rwlock", mode=SIDES[mode], **options)
         self.side = mode
         self.noun = f"{SIDES[mode]} side of read/write lock"
-        self.holding = tables[mode]  # the same mode again: one hold more (_rules.fronts)
+        self.holding = tables[mode]  # the same mode again: one hold more (_rules.front)
         self._other = tables[WRITE if mode == READ else READ]
 
     def _other_lease(self, holder: object) -> LeaseState | None:

@@ -26,7 +26,7 @@ from .._rules.election import (
     rung,
 )
 from .._rules.flows import ELECTION, LockSpec, new_token
-from .._rules.fronts import FrontCore
+from .._rules.front import FrontCore
 from .._rules.ops import Mailbox
 from .backend import ASYNC, Cancelled, Flag, shielded
 from .front import Lease, SyncFront, give_back_in_haste, release_by_force

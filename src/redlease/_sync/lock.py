@@ -3,7 +3,7 @@
 """``Lock``: a lock name on one Redis/Valkey deployment (standalone, Sentinel-managed
 or Cluster), and the driver every one-server lock is served by (``served``). Written
 once, as asyncio code; ``scripts/unasync.py`` generates the blocking twin (``Lock``).
-The protocol is in ``_rules.flows``, the lock's rules in ``_rules.fronts``, the I/O in
+The protocol is in ``_rules.flows``, the lock's rules in ``_rules.front``, the I/O in
 ``_async.io``, what a caller sees in ``_async.front``.
 
 A lock object holds no ownership state: each acquisition returns its own lease, so one
@@ -17,7 +17,7 @@ from typing import Any
 from .._base.types import Clock, OnLost, Seconds
 from .._clients.checks import check_client
 from .._rules.flows import LockSpec
-from .._rules.fronts import FrontCore, check_replicas
+from .._rules.front import FrontCore, check_replicas
 from .backend import ASYNC
 from .front import SyncFront
 from .io import SyncIO
@@ -91,7 +91,7 @@ class Lock(SyncFront):
             on_lost,
             clock,
             reentrant=reentrant,
-            refuses_nesting=True,  # (see _rules.fronts.refuse_nested)
+            refuses_nesting=True,  # (see _rules.front.refuse_nested)
         )
         super().__init__(core, served(client, spec))
 

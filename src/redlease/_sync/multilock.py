@@ -19,17 +19,9 @@ from .._base.types import Clock, OnLost, Seconds
 from .._clients.checks import check_client
 from .._rules import arguments as args
 from .._rules import flows as _flows
+from .._rules.decorate import P, R, decorate
 from .._rules.flows import Grant, LockSpec, new_token
-from .._rules.fronts import (
-    FrontCore,
-    Opening,
-    P,
-    R,
-    decorate,
-    entered,
-    forget_entered,
-    push_entered,
-)
+from .._rules.front import FrontCore, Opening, entered, forget_entered, push_entered
 from .._rules.multilock import MultiLeaseState, checked_names, try_all
 from .backend import ASYNC, Cancelled, shielded
 from .front import (

@@ -16,8 +16,9 @@ from .._base import metrics as _metrics
 from .._base.types import OnLost, Seconds
 from .._clients.checks import check_client
 from .._rules import arguments as args
+from .._rules.decorate import P, R, refuse_undecorable
 from .._rules.flows import LockSpec
-from .._rules.fronts import Opening, P, R, entered, push_entered, refuse_undecorable
+from .._rules.front import Opening, entered, push_entered
 from .._rules.once import (
     JobCall,
     OnceAttempt,

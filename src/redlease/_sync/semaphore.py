@@ -17,7 +17,7 @@ from .._base.types import Clock, OnLost, Seconds
 from .._clients.checks import check_client
 from .._rules import arguments as args
 from .._rules.flows import SEMAPHORE, LockSpec
-from .._rules.fronts import FrontCore
+from .._rules.front import FrontCore
 from .backend import ASYNC
 from .front import SyncFront
 from .lock import served

@@ -1,7 +1,8 @@
-"""What every lock's front shares that needs no I/O: the `with` blocks open in this
-context, refusing a nested block that would wait for itself, reentrant holds, metrics, the
-decorators, and each lock's rules (``FrontCore``). The fronts themselves (``acquire``,
-``try_acquire``, ``with``) are in ``_async.front`` (and its generated twin).
+"""A lock's front without its I/O: each lock object's rules (``FrontCore``: its spec and
+options, reentrant holds, metrics, the attempt it makes) and the `with` blocks open in
+this context, with the refusal of a nested block that would wait for itself. The front
+itself (``acquire``, ``try_acquire``, ``with``) is ``_async.front`` (and its generated
+twin); its decorators are ``_rules.decorate``.
 
 ``with lock as lease`` remembers the lease it opened in a context variable (per thread,
 per task), so nested and concurrent blocks each release their own.
@@ -18,12 +19,10 @@ from __future__ import annotations
 
 import dis
 import functools
-import inspect
-from collections.abc import Awaitable, Callable, Coroutine, Generator
-from contextlib import AbstractAsyncContextManager, AbstractContextManager
+from collections.abc import Callable, Generator
 from contextvars import ContextVar
 from types import CodeType, FrameType
-from typing import Any, NamedTuple, ParamSpec, Protocol, TypeVar
+from typing import Any, NamedTuple, Protocol, TypeVar
 
 from .._base import metrics as _metrics
 from .._base.errors import InvalidArgument, LockError, LockLost
@@ -214,74 +213,6 @@ def check_replicas(spec: LockSpec, direct: bool) -> None:
             "replicas needs a standalone client (redis.Redis, valkey.Valkey; or Sentinel's): "
             "WAIT must run on the connection that made the write"
         )
-
-
-P = ParamSpec("P")
-R = TypeVar("R")
-
-
-def named(fn: object) -> str:
-    return str(getattr(fn, "__qualname__", None) or repr(fn))
-
-
-def refuse_undecorable(lock: object, fn: object, *, want_async: bool) -> None:
-    """A lock guards a call only if the function's work is done within the call (sync)
-    or within awaiting it (asyncio): otherwise the work would run after the lock is
-    given back, unguarded, and nothing would say so."""
-    what = type(lock).__name__
-    if not callable(fn):
-        raise InvalidArgument(f"{what} decorates a function, not {type(fn).__name__}")
-    if inspect.isasyncgenfunction(fn) or inspect.isgeneratorfunction(fn):
-        raise InvalidArgument(
-            f"{what} cannot decorate the generator function {named(fn)}: its body "
-            "runs as it is iterated, after the call has returned; use `with` inside it"
-        )
-    if want_async and not inspect.iscoroutinefunction(fn):
-        raise InvalidArgument(
-            f"{what} decorates an `async def` function, not {named(fn)}"
-            "; decorate a plain function with the sync twin"
-        )
-    if not want_async and inspect.iscoroutinefunction(fn):
-        raise InvalidArgument(
-            f"{what} cannot decorate the coroutine function {named(fn)}: its body "
-            "runs when it is awaited, after the lock is given back; use the asyncio twin"
-        )
-
-
-def decorate(lock: AbstractContextManager[Any], fn: Callable[P, R]) -> Callable[P, R]:
-    """``fn`` run under ``with lock`` at each call (refused at once if it cannot be,
-    see ``refuse_undecorable``). The lease is not passed: ``fn`` keeps its signature,
-    and a caller that needs the lease (its fence) writes ``with lock as lease``."""
-    refuse_undecorable(lock, fn, want_async=False)
-
-    @functools.wraps(fn)
-    def locked_call(*args: P.args, **kwargs: P.kwargs) -> R:
-        with lock:
-            result = fn(*args, **kwargs)
-            if inspect.iscoroutine(result):  # (a callable object whose __call__ is async)
-                result.close()
-                raise InvalidArgument(
-                    f"{type(lock).__name__} cannot guard {fn!r}: it returned a coroutine, "
-                    "whose work would run after the lock is given back"
-                )
-            return result
-
-    return locked_call
-
-
-def decorate_async(
-    lock: AbstractAsyncContextManager[Any], fn: Callable[P, Awaitable[R]]
-) -> Callable[P, Coroutine[Any, Any, R]]:
-    """The asyncio twin of ``decorate``: ``fn`` (an ``async def``) awaited under
-    ``async with lock`` at each call."""
-    refuse_undecorable(lock, fn, want_async=True)
-
-    @functools.wraps(fn)
-    async def locked_call(*args: P.args, **kwargs: P.kwargs) -> R:
-        async with lock:
-            return await fn(*args, **kwargs)
-
-    return locked_call
 
 
 CoreT = TypeVar("CoreT", bound="FrontCore")
