@@ -16,6 +16,7 @@ from redlease._rules import ops as _ops
 from redlease._rules import scripts as _scripts
 from redlease._rules.keys import LockKeys, hash_tag
 from redlease._rules.lease import LeaseState
+from redlease._rules.settings import SETTINGS_WAIT
 from redlease.testing import FakeClock
 
 
@@ -292,15 +293,6 @@ def test_keys_share_one_hash_tag() -> None:
     assert all(k.startswith("redlease:" + tag) for k in odd.script_keys)
 
 
-def test_settings_warning_only_for_policies_that_evict() -> None:
-    assert _flows.settings_warning([b"maxmemory-policy", b"noeviction"]) is None
-    assert _flows.settings_warning({"maxmemory-policy": "noeviction"}) is None
-    message = _flows.settings_warning([b"maxmemory-policy", b"allkeys-lru"])
-    assert message is not None
-    assert "allkeys-lru" in message
-    assert _flows.settings_warning([b"maxmemory-policy", b"volatile-ttl"]) is not None
-
-
 def test_deadline_and_backoff() -> None:
     clock = FakeClock()
     deadline = Deadline.after(clock, 2.0)
@@ -479,7 +471,7 @@ def test_a_wait_against_a_hung_server_ends_within_its_deadline_and_two_late_ops(
     attempt = _flows.Acquisition(spec(clock, ttl=30.0), timeout, wait=True)
     started = clock()
     assert attempt.look_within() == pytest.approx(timeout)
-    clock.advance(min(timeout, _flows.SETTINGS_WAIT))  # the look, given up on
+    clock.advance(min(timeout, SETTINGS_WAIT))  # the look, given up on
     flow = attempt.run()
     op = first_op(flow)
     assert isinstance(op, _ops.Call)

@@ -5,9 +5,7 @@ arithmetic at its edges, and what a Redlock lease runs to extend and release."""
 from __future__ import annotations
 
 import random
-import warnings
 from collections.abc import Generator
-from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -567,32 +565,3 @@ def test_a_redlocks_rules_are_its_quorum_specs_and_its_attempt_the_quorums() -> 
     attempt = core.new_attempt(1.0, wait=False, holder=lambda: None)
     assert isinstance(attempt, _quorum.QuorumAcquisition)
     assert attempt.spec is spec
-
-
-def test_an_evicting_node_is_named_once_and_a_failed_look_says_nothing() -> None:
-    # names of this run's own: the warning is given once per process for each
-    tag = _flows.new_token()[:8]
-    lock = _flows.LockSpec.create("orders:42", 10.0, clock=FakeClock())
-    names = [f"{tag}-a:6379", f"{tag}-b:6379", f"{tag}-c:6379"]
-    spec = _quorum.QuorumSpec.create(lock, names, None)
-    replies: list[Any] = [
-        silent(names[0]),
-        [b"maxmemory-policy", b"allkeys-lru"],
-        [b"maxmemory-policy", b"noeviction"],
-    ]
-    with pytest.warns(redlease.RedleaseWarning) as seen:
-        _redlock.warn_evicting(spec, [0, 1, 2], replies)
-    assert len(seen) == 1
-    said = str(seen[0].message)
-    assert said.startswith(f"{names[1]}: ")  # which of the nodes
-    assert "maxmemory-policy is 'allkeys-lru'" in said
-    with warnings.catch_warnings(record=True) as again:
-        warnings.simplefilter("always")
-        _redlock.warn_evicting(spec, [1], replies[1:2])
-    assert again == []
-
-
-def test_a_server_is_checked_once_per_pool_or_else_per_client() -> None:
-    pool, client = object(), object()
-    assert _redlock.pool_of(SimpleNamespace(pool=pool, client=client)) is pool
-    assert _redlock.pool_of(SimpleNamespace(pool=None, client=client)) is client

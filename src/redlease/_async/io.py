@@ -14,18 +14,15 @@ is safe (a command that never left, or a script that says why a second run is ha
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 import time
-import weakref
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, TypeVar
 
-from .._base.errors import warn
 from .._base.timing import CONNECT_RETRY_BASE, CONNECT_RETRY_CAP, backoff
 from .._clients import NotRedis
 from .._clients.errors import backend_failures, is_noscript, is_unblocked, reply_errors
-from .._rules import flows as _flows
+from .._rules import settings as _settings
 from .._rules.flows import Flow
 from .._rules.ops import LATE_WAKE, Call, Command, Listen, Op, Replicas, Sleep, Wait
 from .._rules.quorum import MIN_READ_WAIT, UNREAD, Unsent, said_yes
@@ -48,9 +45,6 @@ T = TypeVar("T")
 # A connection whose CLIENT ID the server refused (an ACL user without +client|id): a wait
 # on it that is given up on is not ended by CLIENT UNBLOCK; its reply is waited for.
 NO_CLIENT_ID = -1
-
-# Clients (of the CLIENT kind) and pools already checked for a key-evicting policy.
-CHECKED: weakref.WeakSet[Any] = weakref.WeakSet()
 
 
 async def _reply(conn: Connection, op: Call | Command, timeout: float) -> Any:
@@ -132,34 +126,27 @@ class AsyncIO:
         return await self._command(op)
 
     async def check_server_once(self, within: float | None = None) -> None:
-        """Warn (once per server) if the server may evict lock keys; never fails. It
-        looks for at most SETTINGS_WAIT, or ``within`` if shorter (not at all with no
-        time left: a later call looks)."""
+        """Warn (once per server) if the server may evict lock keys; never fails (see
+        ``_rules.settings``). It looks for ``within`` at most, if given."""
         if self._checked:
             return
-        wait = _flows.SETTINGS_WAIT if within is None else min(_flows.SETTINGS_WAIT, within)
-        if wait < _flows.MIN_LOOK:
+        wait = _settings.look_wait(within, _settings.SETTINGS_WAIT)
+        if wait is None:
             return
         self._checked = True
         pool = self.pool
-        target = pool if pool is not None else self.client
-        if target in CHECKED:
+        if not _settings.first_look(pool, self.client):
             return
-        CHECKED.add(target)
+        reply: Any
         try:
             if pool is None:
                 async with client_slot(self.client, wait):
                     reply = await self.client.config_get("maxmemory-policy")
             else:
-                reply = await self._command(
-                    dataclasses.replace(_flows.EVICTION_POLICY, timeout=wait)
-                )
-        except Exception:
-            return  # CONFIG may be renamed, denied by ACL, or not routable: nothing to learn
-        message = _flows.settings_warning(reply)
-        if message:
-            said = f"{self.describe()}: {message}"
-            warn(said, once=said)
+                reply = await self._command(_settings.eviction_policy(wait))
+        except Exception as failed:
+            reply = failed
+        _settings.warn_if_weak(self.describe(), reply)
 
     async def execute_many(self, ops: Sequence[Call]) -> list[Any]:
         """The renewer's seam: ``ops`` pipelined on one connection, one round trip for

@@ -29,7 +29,6 @@ holder's majority keeps at least one node with its data (see ``_rules.quorum``).
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Sequence
 from typing import Any, TypeVar
 
@@ -37,21 +36,15 @@ from .._base.errors import warn
 from .._base.types import Clock, OnLost, Seconds
 from .._clients.checks import check_nodes, node_name
 from .._rules import arguments as args
-from .._rules import flows as _flows
+from .._rules import settings as _settings
 from .._rules.flows import LockSpec
 from .._rules.ops import Call, Command, Sleep
 from .._rules.quorum import SAFE, Fanout, QuorumFlow, QuorumSpec, Rules
-from .._rules.redlock import (
-    CHECK_WAIT,
-    MIN_TOLERANT_NODES,
-    QuorumCore,
-    pool_of,
-    warn_evicting,
-)
+from .._rules.redlock import MIN_TOLERANT_NODES, QuorumCore
 from . import io as _io_async
 from .backend import ASYNC, sleep
 from .front import AsyncFront, AsyncLease
-from .io import CHECKED, AsyncIO
+from .io import AsyncIO
 
 T = TypeVar("T")
 
@@ -98,19 +91,15 @@ class _AsyncNodes:
         for ``within`` at most, if given (not at all with no time left)."""
         if self._checked:
             return
-        wait = max(self.spec.node_timeout, CHECK_WAIT)
-        if within is not None:
-            if within < _flows.MIN_LOOK:
-                return
-            wait = min(wait, within)
+        wait = _settings.look_wait(within, max(self.spec.node_timeout, _settings.NODE_WAIT))
+        if wait is None:
+            return
         self._checked = True
-        fresh = [i for i, io in enumerate(self.ios) if pool_of(io) not in CHECKED]
-        for i in fresh:
-            CHECKED.add(pool_of(self.ios[i]))
+        fresh = [i for i, io in enumerate(self.ios) if _settings.first_look(io.pool, io.client)]
         if fresh:
-            check = dataclasses.replace(_flows.NODE_SETTINGS, timeout=wait)
-            replies = await self.fan_out(check, fresh, wait, "check")
-            warn_evicting(self.spec, fresh, replies)
+            replies = await self.fan_out(_settings.node_settings(wait), fresh, wait, "check")
+            for i, reply in zip(fresh, replies, strict=True):
+                _settings.warn_if_weak(str(self.spec.nodes[i]), reply)
 
 
 class AsyncRedlockLease(AsyncLease):

@@ -44,6 +44,7 @@ from .scripts import (
     SHARED_RELEASE,
     Script,
 )
+from .settings import SETTINGS_WAIT
 
 T = TypeVar("T")
 
@@ -58,10 +59,6 @@ EXPIRY_NUDGE = 0.001
 # last try, and the clean-up after a failed one (a slow link's grant given back). So a
 # server that is down or hung stretches ``acquire(timeout=)`` by twice this at most.
 PAST_DEADLINE = 0.5
-# The one-time look at a server's settings (its eviction policy) before a lock's first
-# acquire: a server that cannot answer within this is not looked at (nothing is learnt).
-SETTINGS_WAIT = 0.25
-MIN_LOOK = 0.01  # less time than this left: the look waits for a later acquire
 # A try (``try_acquire``) never waits for the lock, and against a server that is down or
 # hung it gives up within TRY_BOUND seconds, whatever the client's retry policy would do:
 # the settings look, its own ops, and the clean-up after a failed one (PAST_DEADLINE).
@@ -624,46 +621,3 @@ def foreign_key(spec: LockSpec, more: tuple[tuple[str, str], ...] = ()) -> Flow[
         f"{noun} {spec.name!r}: a key under {spec.keys.lock!r} holds the wrong type of value: "
         f"something else writes under its prefix"
     )
-
-
-# The one-time check of a server a Lock (a Semaphore...) uses.
-EVICTION_POLICY = Command(("CONFIG", "GET", "maxmemory-policy"), SETTINGS_WAIT, patient=False)
-# The one-time check of each Redlock node: its eviction policy and its persistence. One
-# pattern, as Redis 6.2's CONFIG GET takes one: it matches maxmemory-policy, appendonly
-# and save, and a few other settings (max..., append...) that go unread.
-NODE_SETTINGS = Command(("CONFIG", "GET", "[mas][apa][xpv]*"), MIN_REPLY_WAIT)
-
-
-def _settings(reply: Any) -> dict[str, str]:
-    """CONFIG GET's reply (a map in RESP3, a flat list of pairs in RESP2) as a dict."""
-    if isinstance(reply, dict):
-        pairs = list(reply.items())
-    else:
-        items = list(reply or [])
-        pairs = list(zip(items[::2], items[1::2], strict=False))
-    return {as_text(k): as_text(v) for k, v in pairs}
-
-
-def settings_warning(reply: Any) -> str | None:
-    """A warning if the server's settings in ``reply`` (CONFIG GET's) weaken the locks:
-    it may evict lock keys to make room (only noeviction is safe); and, if the reply
-    tells (NODE_SETTINGS asks), it keeps nothing on disk: neither an append-only file
-    nor snapshots, so a restart forgets every fence counter."""
-    settings = _settings(reply)
-    found = []
-    policy = settings.get("maxmemory-policy", "noeviction")
-    if policy != "noeviction":
-        found.append(
-            f"the server's maxmemory-policy is {policy!r}: under memory pressure it may "
-            "evict lock keys, which silently frees locks; set it to 'noeviction'"
-        )
-    if settings.get("appendonly") == "no" and settings.get("save", "x").strip() == "":
-        # RDB snapshots count: they keep fence counters no older than the last one, and
-        # the clock rule covers the gap (docs/redlock.md); so does an AOF fsynced each
-        # second. Only "appendfsync always" depends on no clock: that is the docs' advice.
-        found.append(
-            "the server keeps nothing on disk (appendonly no, no save points): a restart "
-            "forgets its fence counters, and the fences of a Redlock then rely on the "
-            "clock rule alone; set appendonly yes (appendfsync always to depend on no clock)"
-        )
-    return "; ".join(found) or None

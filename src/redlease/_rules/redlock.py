@@ -1,45 +1,23 @@
 """What ``Redlock`` and ``AsyncRedlock`` (``_async.redlock`` and its generated twin) share
 without I/O: one lock name over N independent masters, held while a majority of them
 agree. The quorum rules (validity, fencing, retries) live in ``_rules.quorum``, the nodes'
-checks and names in ``_clients.checks``; here, the eviction warning, a Redlock lease's
-flows and options.
+checks and names in ``_clients.checks``, the look at their settings in
+``_rules.settings``; here, a Redlock lease's flows and options.
 
 How a round goes, and what Redlock assumes: ``_async.redlock``'s docstring.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from typing import Any
 
-from .._base.errors import warn
 from .._base.types import OnLost
-from . import flows as _flows
 from . import quorum as _quorum
 from .flows import Grant, LockSpec
 from .front import FrontCore
 from .lease import LeaseState
 from .quorum import QuorumAcquisition, QuorumGrant, QuorumSpec
-
-# The one-time eviction-policy check waits at least this long per node (it is only a
-# warning, but a node that is merely slow should not skip it).
-CHECK_WAIT = 0.05
-
-
-def pool_of(io: Any) -> Any:
-    """What a server is checked once per: redlease's pool for it, or the client."""
-    return io.pool or io.client
-
-
-def warn_evicting(spec: QuorumSpec, nodes: Sequence[int], replies: Sequence[Any]) -> None:
-    for i, reply in zip(nodes, replies, strict=True):
-        if isinstance(reply, BaseException):
-            continue  # CONFIG may be renamed or denied, or the node is down: nothing to learn
-        message = _flows.settings_warning(reply)
-        if message:
-            said = f"{spec.nodes[i]}: {message}"
-            warn(said, once=said)
-
 
 # -- leases -------------------------------------------------------------------------------
 
