@@ -20,6 +20,9 @@ SIGHUP are passed on, to the command's own process.
 A redlease killed with -9 can do none of this: its lease then runs out after the ttl
 while the command may still run. Fencing (``REDLEASE_FENCE``) is what protects a
 resource from that.
+
+What it holds (a lock, a Redlock over several ``--redis``, a semaphore's permit,
+leadership, a scheduled job's run) is chosen from its arguments by ``run_from_args``.
 """
 
 from __future__ import annotations
@@ -33,15 +36,28 @@ import sys
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+from .._base.errors import LockError
+from .common import CliError, make_client
 from .signals import handled
+
+if TYPE_CHECKING:
+    import argparse
 
 PASSED_ON = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
 # After a signal, the release that follows the command's end is given this long; a server
 # that has not answered by then is left to let the lease run out (its ttl), so that a
 # hung server cannot keep a stopped `redlease run` alive.
 SIGNALLED_RELEASE = 1.0
+
+DEFAULT_RUN_TTL = 30.0  # `run`'s lease, renewed while the command runs
+# `run` on one server, waiting without -w, first asks it for a PONG, within
+# ANSWER_WITHIN seconds: one that accepts connections and never answers (hung, or
+# another service that waits for more) is given up on then (a wait with no bound of its
+# own would wait out twice the ttl), and said to be waited for after SAY_WAITING.
+ANSWER_WITHIN = 5.0
+SAY_WAITING = 2.0
 
 
 @dataclass(frozen=True)
@@ -320,3 +336,151 @@ def _run_command(
     if state["signal"] is not None:  # it came while the command was being started
         supervisor.send(int(state["signal"]))
     return supervisor.wait()
+
+
+# --------------------------------------------------------------------------- setup
+
+
+def run_from_args(args: argparse.Namespace, urls: list[str], cmd: list[str]) -> int:
+    """``redlease run``, as its arguments say (``urls``: its servers): the options
+    checked, the clients made, the primitive chosen, ``cmd`` run under it."""
+    from .. import Election, InvalidArgument, Lock, Once, Redlock, Semaphore
+
+    if len(urls) > 1 and (args.semaphore is not None or args.elect):
+        raise CliError("run: --semaphore and --elect take one server (one --redis)")
+    if args.elect and args.on_lost == "warn":
+        raise CliError("run: --elect always stops CMD when leadership is lost")
+    scheduled = args.at_least is not None or args.every is not None
+    if scheduled:
+        if len(urls) > 1 or args.semaphore is not None or args.elect:
+            raise CliError("run: --at-least and --every take one server, and a lock")
+        if args.timeout is not None:
+            raise CliError("run: a scheduled job (--at-least, --every) never waits: drop -w")
+        if args.ttl is None:
+            raise CliError(
+                "run: a scheduled job (--at-least, --every) needs --ttl: the most a run may "
+                "hold the name (a command still running then is stopped)"
+            )
+        if args.at_least is not None and args.at_least > args.ttl:
+            raise CliError("run: --at-least must not exceed --ttl (the most a run holds it)")
+    ttl = DEFAULT_RUN_TTL if args.ttl is None else args.ttl
+    clients = [make_client(url) for url in urls]
+    options = RunOptions(
+        name=args.name,
+        ttl=ttl,
+        timeout=0.0 if args.nonblock or scheduled else args.timeout,
+        conflict_exit_code=args.conflict_exit_code,
+        lost_exit_code=args.lost_exit_code,
+        on_lost="stop" if args.elect else args.on_lost,
+        grace=args.grace,
+        as_json=args.json,
+    )
+    what = "lock"
+    if scheduled:
+        what = "scheduled job"
+    elif args.elect:
+        what = "election"
+    elif args.semaphore is not None:
+        what = f"a permit of the semaphore (limit {args.semaphore})"
+    elif len(clients) > 1:
+        what = f"the Redlock over {len(clients)} servers"
+
+    def hold(on_lost: Any) -> tuple[Any, Any]:
+        def lost(lease: Any) -> None:
+            on_lost(lease.lost_reason or "it was found lost")
+
+        common: dict[str, Any] = {"ttl": ttl, "prefix": args.prefix, "on_lost": lost}
+        if args.elect:
+            election = Election(clients[0], args.name, **common)
+
+            def resign(lease: Any) -> None:
+                election.resign()  # hands over at once, and tells the observers
+
+            return election.campaign, resign
+        if scheduled:
+            job = Once(
+                clients[0],
+                args.name,
+                at_most=ttl,
+                at_least=args.at_least or 0,
+                every=args.every,
+                on_lost=lost,
+                prefix=args.prefix,
+            )
+            return _scheduled(job), _release
+        if args.semaphore is not None:
+            sem = Semaphore(clients[0], args.name, args.semaphore, auto_renew=True, **common)
+            return sem.acquire, _release
+        if len(clients) > 1:
+            return Redlock(clients, args.name, auto_renew=True, **common).acquire, _release
+        return Lock(clients[0], args.name, auto_renew=True, **common).acquire, _release
+
+    def answered_first(on_lost: Any) -> tuple[Any, Any]:
+        take, give_back = hold(on_lost)
+        if len(clients) > 1 or options.timeout is not None:
+            # (a Redlock's quorum rides out a silent node; -n and -w bound the wait)
+            return take, give_back
+
+        def take_answered(timeout: float | None) -> Any:
+            _answers(clients[0], args.name, as_json=args.json)
+            return take(timeout)
+
+        return take_answered, give_back
+
+    try:
+        return run_under(answered_first, cmd, options, what)
+    except InvalidArgument as exc:
+        raise CliError(f"run: {exc}") from None
+    finally:
+        for client in clients:
+            client.close()
+
+
+def _release(lease: Any) -> None:
+    lease.release()
+
+
+def _answers(client: Any, name: str, *, as_json: bool) -> None:
+    """Return once the server has answered a PING; BackendError if it has not within
+    ANSWER_WITHIN seconds. Past SAY_WAITING, says what it waits for."""
+    from .._rules.classify import error_code
+    from .._rules.ops import Command
+    from .._sync.io import SyncIO
+
+    io = SyncIO(client)
+
+    def ping() -> Any:
+        return (yield Command(("PING",), ANSWER_WITHIN, patient=False))
+
+    def say() -> None:
+        Reporter(name, as_json).say(
+            "waiting",
+            f"waiting for {io.describe()} to answer (nothing yet in {SAY_WAITING:g} s; "
+            f"giving up at {ANSWER_WITHIN:g} s)",
+            server=io.describe(),
+        )
+
+    timer = threading.Timer(SAY_WAITING, say)
+    timer.daemon = True
+    timer.start()
+    try:
+        io.run(ping(), f"reach the server for {name!r}")
+    except LockError as refused:
+        if not error_code(refused):  # (a refusal, NOPERM say, is an answer: it is there)
+            raise
+    finally:
+        timer.cancel()
+
+
+def _scheduled(job: Any) -> Any:
+    """A scheduled job's take: its one try; a skip raises SkippedRun (the conflict code,
+    with the skip's words)."""
+    from .. import Skipped
+
+    def take(timeout: float | None) -> Any:
+        run = job.begin()
+        if isinstance(run, Skipped):
+            raise SkippedRun(run)
+        return run
+
+    return take
