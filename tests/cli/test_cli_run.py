@@ -102,13 +102,14 @@ def test_a_signal_is_passed_on_and_the_lock_kept_until_the_command_ends(
 ) -> None:
     """Under `timeout 2 redlease run ...` the wrapper used to die at once and leave the
     command running unlocked: a second copy then overlapped the first."""
-    said = tmp_path / "said"
+    said, go = tmp_path / "said", tmp_path / "go"
     job = f"""
         import signal, sys, time, pathlib
-        said = pathlib.Path({str(said)!r})
+        said, go = pathlib.Path({str(said)!r}), pathlib.Path({str(go)!r})
         def stop(signum, frame):
             said.write_text("got " + str(signum))
-            time.sleep(1.5)  # winding down, still under the lock
+            while not go.exists():  # winding down, still under the lock, till told
+                time.sleep(0.01)
             said.write_text("done")
             sys.exit(3)
         signal.signal({int(signum)}, stop)
@@ -122,6 +123,7 @@ def test_a_signal_is_passed_on_and_the_lock_kept_until_the_command_ends(
     assert said.read_text() == f"got {int(signum)}"
     # the command is winding down: the lock is still held, nobody else gets it
     assert redlease.Lock(r, name, ttl=5.0).try_acquire() is None
+    go.touch()
     code, _, err = _finish(proc)
     assert said.read_text() == "done"
     assert code == 3, err  # the command's own exit code
