@@ -255,7 +255,7 @@ def test_in_a_forks_child_a_lease_reads_as_lost_untold_and_refuses_to_be_sent(
     lease = held(FakeClock(), told=told)
     unwatched: list[int] = []
     lease.watched(lambda: unwatched.append(1))
-    holders, acquired, me = _lease.Holders(), _lease.Acquired(), Holder()
+    holders, acquired, me = _lease.Holders(), _lease.HandedOut(), Holder()
     holders.hold(me, lease)
     acquired.note(me, lease)
     lease.not_forked()  # the process that acquired it may release it
@@ -479,7 +479,7 @@ def test_a_holders_table_keeps_no_holder_alive() -> None:
 
 def test_acquired_tokens_are_a_holders_leases_it_still_holds() -> None:
     clock = FakeClock()
-    acquired, me, you = _lease.Acquired(), Holder(), Holder()
+    acquired, me, you = _lease.HandedOut(), Holder(), Holder()
     kept, released, lost = held(clock), held(clock), held(clock)
     short = held(clock, ttl=0.5)
     for lease in (kept, released, lost, short):

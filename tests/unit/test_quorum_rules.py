@@ -35,7 +35,7 @@ def qspec(
     clock: FakeClock | None = None,
     ttl: float = 10.0,
     node_timeout: float | None = None,
-    rules: _quorum.Rules = _quorum.SAFE,
+    rules: _quorum.QuorumRules = _quorum.SAFE,
 ) -> _quorum.QuorumSpec:
     lock = _flows.LockSpec.create("orders:42", ttl, clock=clock or FakeClock())
     return _quorum.QuorumSpec.create(lock, [f"n{i}" for i in range(n)], node_timeout, rules)

@@ -241,7 +241,7 @@ def _cancel_due() -> bool:
 
 
 async def poll(
-    recv: Callable[[], int], buffer: bytearray, reader: Any, record: _resp.Record
+    recv: Callable[[], int], buffer: bytearray, reader: Any, record: _resp.SpinRecord
 ) -> Any:
     """``_wire.resp.poll`` on a non-blocking socket, where a pending cancellation lands first:
     every _wire.resp.TURN of polling the event loop takes a turn, so other tasks wait on it no
@@ -289,7 +289,7 @@ class SocketWait:
         self.handle: asyncio.TimerHandle | None = None
 
     async def read(
-        self, buffer: bytearray, reader: Any, record: _resp.Record, timeout: float
+        self, buffer: bytearray, reader: Any, record: _resp.SpinRecord, timeout: float
     ) -> Any:
         """The next reply into ``reader``, within ``timeout`` (else ReplyTimedOut)."""
         if _cancel_due():

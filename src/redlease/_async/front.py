@@ -278,6 +278,12 @@ class AsyncLease(AsyncOnly):
         return self._state.described(type(self).__name__)
 
 
+# ------------------------------------------------------------- a lease, for its kin
+# What the front below, the multi-lock and the election do to a lease beyond its public
+# surface: module functions, so that the lease's public class shows none of them, and
+# nothing outside this module reads its private state.
+
+
 async def give_back_in_haste(lease: AsyncLease) -> None:
     """Give back a one-server lease as the process goes away: its renewal stopped, its
     release bounded to half a second with no retry (``_rules.flows.release``'s
@@ -693,6 +699,11 @@ async def _run_holding(lease: AsyncLease, fn: Callable[..., Any], args: Any) -> 
 
 
 # unasync: end
+
+
+# ------------------------------------------------------------- a front, for its kin
+# What the multi-lock, the election and the CLI's `release --force` do through a front
+# beyond its public surface (as for the lease above).
 
 
 async def release_by_force(front: AsyncFront, token: str) -> None:

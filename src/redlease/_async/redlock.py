@@ -39,7 +39,7 @@ from .._rules import arguments as args
 from .._rules import settings as _settings
 from .._rules.flows import LockSpec
 from .._rules.ops import Call, Command, Sleep
-from .._rules.quorum import SAFE, Fanout, QuorumFlow, QuorumSpec, Rules
+from .._rules.quorum import SAFE, Fanout, QuorumFlow, QuorumRules, QuorumSpec
 from .._rules.redlock import MIN_TOLERANT_NODES, QuorumCore
 from . import io as _io_async
 from .backend import ASYNC, sleep
@@ -125,7 +125,7 @@ class AsyncRedlock(AsyncFront):
 
     # The quorum rules. Only the fault harness's deliberately broken Redlocks (a subclass
     # each: redlease.tools.chaos.unsafe) change them; no argument does.
-    _rules: Rules = SAFE
+    _rules: QuorumRules = SAFE
     _core: QuorumCore
     _io: _AsyncNodes
     _lease_type = AsyncRedlockLease

@@ -18,7 +18,6 @@ change; a consumer slower than the changes sees the latest one.
 
 from __future__ import annotations
 
-import logging
 import math
 import os
 import platform
@@ -31,8 +30,6 @@ from .classify import passing
 from .flows import EXPIRY_NUDGE, MIN_WAIT, Flow, LockSpec, as_int, as_text
 from .ops import Listen, Mailbox, Wait
 from .scripts import ELECTION_ANNOUNCE, ELECTION_WATCH
-
-log = logging.getLogger(__name__)
 
 TOKEN_HEX = 32  # new_token()'s length; the identity's hex follows
 

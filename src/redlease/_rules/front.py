@@ -31,7 +31,7 @@ from . import arguments as args
 from . import inspect as _inspect
 from .flows import Acquisition, Flow, Grant, LockSpec
 from .inspect import LockInfo
-from .lease import Acquired, Holders, LeaseState, release_calls
+from .lease import HandedOut, Holders, LeaseState, release_calls
 
 
 class Attempt(Protocol):
@@ -225,7 +225,7 @@ class FrontCore:
     ``locked()``, ``owned()`` and ``waiting()``. A read/write lock's side and a Redlock
     hold a core of their own kind (``_rules.rwlock``, ``_rules.redlock``)."""
 
-    _acquired: Acquired | None = None  # (made at the first acquire: see acquirers)
+    _acquired: HandedOut | None = None  # (made at the first acquire: see acquirers)
 
     def __init__(
         self,
@@ -319,11 +319,11 @@ class FrontCore:
         if self.holding is not None:
             self.holding.hold(holder, lease)
 
-    def acquirers(self) -> Acquired:
+    def acquirers(self) -> HandedOut:
         """Every lease handed out, by the holder that acquired it (``owned()``)."""
         acquired = self._acquired
         if acquired is None:  # (setdefault: two threads' first acquires keep one table)
-            acquired = self.__dict__.setdefault("_acquired", Acquired())
+            acquired = self.__dict__.setdefault("_acquired", HandedOut())
         return acquired
 
     def look(self) -> Flow[LockInfo]:

@@ -4,7 +4,7 @@ never to a thread or task, so a lease may be handed to another thread and releas
 ``LeaseState`` holds everything that needs no I/O: validity, the lost flag and the
 one-time ``on_lost`` notification; the lease of ``_async.front`` (and its generated
 twin) holds one and adds ``extend``, ``release`` and ``with``. Also here: the tables of
-leases by holder (``Holders``, ``Acquired``), which hold states.
+leases by holder (``Holders``, ``HandedOut``), which hold states.
 """
 
 from __future__ import annotations
@@ -310,7 +310,7 @@ class Holders:
             del self._table[holder]
 
 
-class Acquired:
+class HandedOut:
     """Every lease a lock object handed out, by the holder (thread, or asyncio task) that
     acquired it: what ``owned()`` asks the server about. Weak both ways: neither a
     holder nor a lease is kept alive by being here. Each holder adds to its own set only,

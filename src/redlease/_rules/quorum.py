@@ -73,7 +73,7 @@ RETRY_CAP = 0.05
 MIN_RETRY = 0.001
 
 
-class Rules:
+class QuorumRules:
     """Where Redlock's safety is decided: the size of a majority, when validity starts,
     and where a failed round and a release are undone. The harness's deliberately wrong
     variants (``redlease.tools.chaos.unsafe``) override these to show that its checker catches
@@ -96,7 +96,7 @@ class Rules:
         return None
 
 
-SAFE = Rules()
+SAFE = QuorumRules()
 
 
 class Unsent(BackendError):
@@ -197,7 +197,7 @@ class QuorumSpec:
     lock: LockSpec
     nodes: tuple[str, ...]  # how each node is named in errors
     node_timeout: float
-    rules: Rules = SAFE
+    rules: QuorumRules = SAFE
     quorum: int = field(init=False)  # how many nodes make a majority
     everywhere: tuple[int, ...] = field(init=False)  # every node's index
     high: HighWater = field(init=False, compare=False)
@@ -210,7 +210,11 @@ class QuorumSpec:
 
     @classmethod
     def create(
-        cls, lock: LockSpec, nodes: Sequence[str], node_timeout: float | None, rules: Rules = SAFE
+        cls,
+        lock: LockSpec,
+        nodes: Sequence[str],
+        node_timeout: float | None,
+        rules: QuorumRules = SAFE,
     ) -> QuorumSpec:
         if node_timeout is None:
             node_timeout = max(

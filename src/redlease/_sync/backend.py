@@ -197,7 +197,7 @@ class SocketWait:
         self.sock = sock
         self.bound = -1.0  # the receive bound currently set on the socket
 
-    def read(self, buffer: bytearray, reader: Any, record: _resp.Record, timeout: float) -> Any:
+    def read(self, buffer: bytearray, reader: Any, record: _resp.SpinRecord, timeout: float) -> Any:
         """The next reply into ``reader``, within ``timeout`` (else ReplyTimedOut)."""
         # Whole milliseconds, rounded up: the reads of one fan-out then share a bound and
         # the socket option is rarely set again.

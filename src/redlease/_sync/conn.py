@@ -544,7 +544,7 @@ class Pool:
             SocketConnection.open if endpoint.route is Route.SOCKET else ClassConnection.open
         )
         self.wire = _resp.Wire()  # each op as bytes for this server
-        self.spin = _resp.Record()  # whether reads from this server poll before sleeping
+        self.spin = _resp.SpinRecord()  # whether reads from this server poll before sleeping
         self._guard = _backend_sync.Guard()
         self._freed = _backend_sync.Freed(self._guard)
         self._idle: list[Connection] = []

@@ -8,6 +8,7 @@ as asyncio code; ``scripts/unasync.py`` generates the blocking twin (``Election`
 from __future__ import annotations
 
 import contextlib
+import logging
 from typing import Any
 
 from .._base.errors import BackendError, LockLost
@@ -18,7 +19,6 @@ from .._rules.election import (
     Leader,
     announce_change,
     default_identity,
-    log,
     look,
     observers_of,
     read_leader,
@@ -31,6 +31,8 @@ from .._rules.ops import Mailbox
 from .backend import ASYNC, Cancelled, Flag, shielded
 from .front import Lease, SyncFront, give_back_in_haste, release_by_force
 from .lock import served
+
+log = logging.getLogger(__name__)
 
 
 class _Candidacy(SyncFront):

@@ -260,6 +260,12 @@ class Lease:
         return self._state.described(type(self).__name__)
 
 
+# ------------------------------------------------------------- a lease, for its kin
+# What the front below, the multi-lock and the election do to a lease beyond its public
+# surface: module functions, so that the lease's public class shows none of them, and
+# nothing outside this module reads its private state.
+
+
 def give_back_in_haste(lease: Lease) -> None:
     """Give back a one-server lease as the process goes away: its renewal stopped, its
     release bounded to half a second with no retry (``_rules.flows.release``'s
@@ -544,6 +550,11 @@ class SyncFront:
         lock is given back (a generator function; for a blocking lock, a coroutine
         function) is refused (InvalidArgument)."""
         return decorate(self, fn)
+
+
+# ------------------------------------------------------------- a front, for its kin
+# What the multi-lock, the election and the CLI's `release --force` do through a front
+# beyond its public surface (as for the lease above).
 
 
 def release_by_force(front: SyncFront, token: str) -> None:

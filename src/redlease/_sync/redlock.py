@@ -41,7 +41,7 @@ from .._rules import arguments as args
 from .._rules import settings as _settings
 from .._rules.flows import LockSpec
 from .._rules.ops import Call, Command, Sleep
-from .._rules.quorum import SAFE, Fanout, QuorumFlow, QuorumSpec, Rules
+from .._rules.quorum import SAFE, Fanout, QuorumFlow, QuorumRules, QuorumSpec
 from .._rules.redlock import MIN_TOLERANT_NODES, QuorumCore
 from . import io as _io_sync
 from .backend import ASYNC, sleep
@@ -126,7 +126,7 @@ class Redlock(SyncFront):
 
     # The quorum rules. Only the fault harness's deliberately broken Redlocks (a subclass
     # each: redlease.tools.chaos.unsafe) change them; no argument does.
-    _rules: Rules = SAFE
+    _rules: QuorumRules = SAFE
     _core: QuorumCore
     _io: _Nodes
     _lease_type = RedlockLease

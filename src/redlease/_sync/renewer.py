@@ -16,7 +16,7 @@ from .._base.types import Clock
 from .._rules.lease import LeaseState
 from .._rules.renewal import Batch, Renewal, Schedule, failed, tell
 
-log = logging.getLogger("redlease._rules.renewal")
+log = logging.getLogger(__name__)
 
 
 class Renewer:

@@ -259,7 +259,7 @@ def budget_from(setting: str | None) -> float:
 BUDGET = budget_from(os.environ.get("REDLEASE_SPIN_US"))
 
 
-class Record:
+class SpinRecord:
     """One server's spin record, shared by its connections (races only blur a count)."""
 
     __slots__ = ("misses", "rest", "turned")
@@ -270,7 +270,7 @@ class Record:
         self.turned = 0.0  # asyncio: when a read from this server last let the loop run
 
 
-def _missed(record: Record) -> Any:
+def _missed(record: SpinRecord) -> Any:
     """A poll ended without the reply: after MISSES in a row, rest."""
     record.misses += 1
     if record.misses >= MISSES:
@@ -278,7 +278,7 @@ def _missed(record: Record) -> Any:
     return NOT_ENOUGH
 
 
-def resting(record: Record) -> bool:
+def resting(record: SpinRecord) -> bool:
     """Whether this read skips polling (the server's polls have missed of late)."""
     if record.rest:
         record.rest -= 1
@@ -286,7 +286,7 @@ def resting(record: Record) -> bool:
     return False
 
 
-def poll(recv: Callable[[], int], buffer: bytearray, reader: Any, record: Record) -> Any:
+def poll(recv: Callable[[], int], buffer: bytearray, reader: Any, record: SpinRecord) -> Any:
     """The next reply from ``reader``, polling for up to BUDGET with ``recv`` (see
     ``received``); NOT_ENOUGH when the reader should sleep in the kernel after all."""
     if resting(record):
@@ -302,7 +302,12 @@ TURN_DUE: Any = _TurnDue()
 
 
 def polled(
-    recv: Callable[[], int], buffer: bytearray, reader: Any, record: Record, end: float, turn: float
+    recv: Callable[[], int],
+    buffer: bytearray,
+    reader: Any,
+    record: SpinRecord,
+    end: float,
+    turn: float,
 ) -> Any:
     """Poll until the reply is in (returned), until ``end`` or the CPU is wanted elsewhere
     (a miss: NOT_ENOUGH), or until ``turn`` (TURN_DUE: an asyncio poll lets its loop take a

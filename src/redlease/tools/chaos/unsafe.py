@@ -13,13 +13,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TypeVar
 
-from ..._rules.quorum import Rules, Tally
+from ..._rules.quorum import QuorumRules, Tally
 
 RedlockT = TypeVar("RedlockT", bound=type)
 
 
 @dataclass(frozen=True)
-class Unsafe(Rules):
+class Unsafe(QuorumRules):
     ignore_elapsed: bool = False
     half_quorum: bool = False
     release_believed_only: bool = False
