@@ -7,6 +7,7 @@ real server behind a proxy that goes silent (a blackhole) once the lock is held.
 from __future__ import annotations
 
 import contextlib
+import os
 import select
 import shlex
 import signal
@@ -21,6 +22,7 @@ from pathlib import Path
 import pytest
 import redis
 
+import redlease
 from cli_helpers import finish, start
 from redlease.tools import servers
 from redlease.tools.chaos.proxy import FaultProxy
@@ -359,3 +361,71 @@ def test_a_signal_in_an_import_or_compiled_code_is_taken_after_it(
     assert took < 1.5 + PROMPT, took
     done = "" if where == "python -c" else "slow part done\n"  # (-c: in the slow part)
     assert out == f"{done}interrupted\n", (out, err)
+
+
+# --- the run's other threads take no signal -------------------------------------------------
+# A signal sent to a process goes to any one of its threads that does not block it, and
+# Python runs its handler in the main thread only, when that thread next runs Python code.
+# The full suite met it: a SIGTERM taken by the renewer's thread waited, with the main
+# thread blocked on the command's exit, until the command ended by itself. So every
+# thread of redlease's blocks the signals, and the main thread takes them all.
+
+PASSED_ON = {signal.SIGTERM, signal.SIGINT, signal.SIGHUP}
+
+
+def _blocked_by_thread(pid: int) -> dict[int, set[int]]:
+    """The signals each of ``pid``'s threads blocks (``SigBlk`` in /proc)."""
+    found = {}
+    for tid in os.listdir(f"/proc/{pid}/task"):
+        status = Path(f"/proc/{pid}/task/{tid}/status").read_text()
+        mask = int(next(x for x in status.splitlines() if x.startswith("SigBlk:")).split()[1], 16)
+        found[int(tid)] = {n for n in range(1, 65) if mask >> (n - 1) & 1}
+    return found
+
+
+def _only_the_main_thread_takes_signals(pid: int) -> None:
+    blocked = _blocked_by_thread(pid)
+    assert len(blocked) > 1, "the run has no thread but its main one"
+    assert not blocked[pid] & PASSED_ON  # the main thread takes them
+    for tid, signums in blocked.items():
+        if tid != pid:
+            assert signums >= PASSED_ON, f"thread {tid} may take a signal for the process"
+            assert signal.SIGSEGV not in signums  # (a fault stays its own thread's)
+
+
+def test_only_the_main_thread_takes_signals_while_the_command_runs(
+    server: servers.ServerProcess, name: str, tmp_path: Path
+) -> None:
+    ready = tmp_path / "ready"
+    job = f"import pathlib, time; pathlib.Path({str(ready)!r}).touch(); time.sleep(30)"
+    proc = start(["run", name, "--redis", server.url, "--", sys.executable, "-c", job])
+    try:
+        deadline = time.monotonic() + 30
+        while not ready.exists():  # running: its renewer's threads run
+            assert time.monotonic() < deadline, "the command never started"
+            time.sleep(0.01)
+        _only_the_main_thread_takes_signals(proc.pid)
+        _, code, err = _ended_within(proc, signal.SIGTERM)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert code == 128 + signal.SIGTERM, err  # (the command's, passed on)
+
+
+def test_only_the_main_thread_takes_signals_while_the_run_waits(
+    server: servers.ServerProcess, r: redis.Redis, name: str
+) -> None:
+    with redlease.Lock(r, name, ttl=60.0):
+        proc = start(["run", name, "--redis", server.url, "--", "true"])
+        try:
+            deadline = time.monotonic() + 30
+            while r.llen(lock_key(name) + ":queue") != 1:  # queued: its hub's thread runs
+                assert time.monotonic() < deadline, "the run never queued"
+                time.sleep(0.01)
+            _only_the_main_thread_takes_signals(proc.pid)
+            elapsed, code, err = _ended_within(proc, signal.SIGTERM)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+    assert code == 128 + signal.SIGTERM, err
+    assert elapsed < PROMPT, err

@@ -39,6 +39,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from . import fork as _fork
+from . import threads as _threads
 from .errors import InvalidArgument
 from .version import __version__
 
@@ -148,9 +149,7 @@ class Deferred:
             if self._closed:  # at exit, after the flush: no thread to hand over to
                 self.drain()
                 return
-            thread = threading.Thread(target=self._run, name="redlease-metrics", daemon=True)
-            thread.start()
-            self._thread = thread
+            self._thread = _threads.daemon(self._run, name="redlease-metrics")
             self.drain_at_exit()
 
     def drain_at_exit(self) -> None:

@@ -38,6 +38,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from .._base import threads as _threads
 from .._base.errors import LockError
 from .common import CliError, make_client
 from .signals import handled
@@ -158,7 +159,7 @@ class Supervisor:
                 return
             self._stopping = threading.Timer(grace, self.send, args=(signal.SIGKILL,))
             self._stopping.daemon = True
-            self._stopping.start()
+            _threads.start(self._stopping)
         self.send(signal.SIGTERM)
 
     def wait(self) -> int:
@@ -299,8 +300,7 @@ def _release_within(
         else:
             outcome.append(None)
 
-    thread = threading.Thread(target=release, name="redlease-release", daemon=True)
-    thread.start()
+    thread = _threads.daemon(release, name="redlease-release")
     thread.join(bound)
     if not outcome:
         report.say(
@@ -462,7 +462,7 @@ def _answers(client: Any, name: str, *, as_json: bool) -> None:
 
     timer = threading.Timer(SAY_WAITING, say)
     timer.daemon = True
-    timer.start()
+    _threads.start(timer)
     try:
         io.run(ping(), f"reach the server for {name!r}")
     except LockError as refused:

@@ -15,6 +15,7 @@ from collections.abc import Callable, Iterator
 from typing import Any, TypeVar
 
 from .._base import fork as _fork
+from .._base import threads as _threads
 from .._wire import resp as _resp
 from .._wire.endpoint import CLIENT_CALLS, Endpoint, ReplyTimedOut
 from .._wire.endpoint import bounded as settings_within
@@ -83,8 +84,7 @@ def bounded(call: Callable[[], T], timeout: float, late: list[Any] | None = None
         except BaseException as exc:  # handed to the caller below
             outcome.append((False, exc))
 
-    thread = threading.Thread(target=run, name="redlease-bounded-call", daemon=True)
-    thread.start()
+    thread = _threads.daemon(run, name="redlease-bounded-call")
     thread.join(timeout)
     if not outcome:
         late.append(thread)
@@ -272,10 +272,8 @@ def hub_locks() -> tuple[threading.Lock, threading.Lock]:
 
 
 def start(reader: Callable[..., None], *args: Any, name: str) -> threading.Thread:
-    """``reader(*args)`` running beside the caller: a daemon thread."""
-    thread = threading.Thread(target=reader, args=args, name=name, daemon=True)
-    thread.start()
-    return thread
+    """``reader(*args)`` running beside the caller: a daemon thread (``_base.threads``)."""
+    return _threads.daemon(reader, *args, name=name)
 
 
 class RingQueue:

@@ -11,6 +11,7 @@ from collections.abc import Callable
 from typing import Any
 
 from .._base import fork as _fork
+from .._base import threads as _threads
 from .._base.timing import MONOTONIC
 from .._base.types import Clock
 from .._rules.lease import LeaseState
@@ -138,7 +139,7 @@ def _thread(target: Callable[[], None], name: str) -> threading.Thread:
 
 def _daemon(target: Callable[[], None], name: str) -> threading.Thread:
     thread = _thread(target, name)
-    thread.start()
+    _threads.start(thread)
     return thread
 
 
@@ -149,7 +150,7 @@ def _start(thread: threading.Thread) -> None:
     in place of the interruption, with the thread running (its ``ident`` set). The
     interruption is what goes on."""
     try:
-        thread.start()
+        _threads.start(thread)
     except RuntimeError as error:
         cause = error.__context__
         if cause is not None and not isinstance(cause, Exception):

@@ -1,0 +1,48 @@
+"""redlease's threads block the process's signals (``_base.threads``): a signal sent to
+the process is the main thread's, and interrupts what it waits for at once."""
+
+from __future__ import annotations
+
+import signal
+import threading
+
+import pytest
+
+from redlease._base import threads as _threads
+
+pytestmark = pytest.mark.skipif(
+    not hasattr(signal, "pthread_sigmask"), reason="no per-thread signal masks here"
+)
+
+
+def _mask_in(start: object) -> set[int]:
+    seen: list[set[int]] = []
+
+    def look() -> None:
+        seen.append(set(signal.pthread_sigmask(signal.SIG_BLOCK, [])))
+
+    if start is _threads.daemon:
+        _threads.daemon(look, name="look").join(5)
+    else:
+        thread = threading.Thread(target=look)
+        _threads.start(thread)
+        thread.join(5)
+    return seen[0]
+
+
+@pytest.mark.parametrize("start", [_threads.daemon, _threads.start])
+def test_a_thread_of_ours_blocks_the_signals_but_its_own_faults(start: object) -> None:
+    before = signal.pthread_sigmask(signal.SIG_BLOCK, [])
+    blocked = _mask_in(start)
+    assert {signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGCHLD} <= blocked
+    assert not {signal.SIGSEGV, signal.SIGBUS, signal.SIGFPE, signal.SIGILL} & blocked
+    assert signal.pthread_sigmask(signal.SIG_BLOCK, []) == before  # the caller's, as it was
+
+
+def test_a_daemon_runs_its_target_with_its_arguments() -> None:
+    got: list[object] = []
+    thread = _threads.daemon(lambda *a: got.extend(a), 1, "two", name="redlease-test")
+    thread.join(5)
+    assert got == [1, "two"]
+    assert thread.daemon
+    assert thread.name == "redlease-test"
