@@ -470,7 +470,7 @@ def test_a_wait_against_a_hung_server_ends_within_its_deadline_and_two_late_ops(
     clock = FakeClock()
     attempt = _flows.Acquisition(spec(clock, ttl=30.0), timeout, wait=True)
     started = clock()
-    assert attempt.look_within() == pytest.approx(timeout)
+    assert attempt.settings_within() == pytest.approx(timeout)
     clock.advance(min(timeout, SETTINGS_WAIT))  # the look, given up on
     flow = attempt.run()
     op = first_op(flow)
@@ -487,5 +487,5 @@ def test_a_wait_against_a_hung_server_ends_within_its_deadline_and_two_late_ops(
 
 def test_a_try_and_a_wait_without_deadline_look_for_as_long_as_the_look_takes() -> None:
     clock = FakeClock()
-    assert _flows.Acquisition(spec(clock), None, wait=False).look_within() is None
-    assert _flows.Acquisition(spec(clock), None, wait=True).look_within() is None
+    assert _flows.Acquisition(spec(clock), None, wait=False).settings_within() is None
+    assert _flows.Acquisition(spec(clock), None, wait=True).settings_within() is None

@@ -950,6 +950,23 @@ def test_each_kind_word_names_its_primitive_and_its_keys() -> None:
     assert _inspect.checked("n", "rwlock", "app:")[0].lock == "app:{n}:rw"
 
 
+def test_the_key_that_holds_a_names_holders_says_its_kind() -> None:
+    for word, kind in _inspect.KINDS.items():
+        keys = kind.layout("a{b}", "app:")
+        assert _inspect.held_at(keys.lock, "app:") == (word, "a{b}")
+        assert _inspect.held_at(keys.fence, "app:") is None  # (not where holders are)
+        assert _inspect.held_at(keys.queue, "app:") is None
+    assert _inspect.held_at("app:{n}:sem", "other:") is None
+    assert _inspect.held_at("app:{n}:nothing", "app:") is None
+    assert _inspect.held_at("cache:orders", "app:") is None
+
+
+def test_the_commands_kinds_are_the_libraries() -> None:
+    from redlease._cli.command import KINDS
+
+    assert tuple(_inspect.KINDS) == KINDS
+
+
 @pytest.mark.parametrize(
     ("name", "kind", "prefix", "refusal"),
     [

@@ -415,9 +415,9 @@ def test_the_one_time_look_comes_out_of_a_waits_deadline_only() -> None:
     spec = qspec(3, clock=clock)
     waiting = _quorum.QuorumAcquisition(spec, 2.0, wait=True)
     clock.advance(0.5)
-    assert waiting.look_within() == pytest.approx(1.5)
-    assert _quorum.QuorumAcquisition(spec, 2.0, wait=False).look_within() is None
-    assert _quorum.QuorumAcquisition(spec, None, wait=True).look_within() is None
+    assert waiting.settings_within() == pytest.approx(1.5)
+    assert _quorum.QuorumAcquisition(spec, 2.0, wait=False).settings_within() is None
+    assert _quorum.QuorumAcquisition(spec, None, wait=True).settings_within() is None
 
 
 # -- extend and release ---------------------------------------------------------------------

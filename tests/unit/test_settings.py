@@ -38,11 +38,16 @@ def test_keeping_nothing_on_disk_is_a_weakness_only_when_the_reply_tells() -> No
 
 
 def test_the_look_takes_what_the_acquire_has_left_or_waits_for_a_later_one() -> None:
-    assert _settings.look_wait(None, 0.25) == 0.25
-    assert _settings.look_wait(0.1, 0.25) == 0.1
-    assert _settings.look_wait(3.0, 0.25) == 0.25
-    assert _settings.look_wait(_settings.MIN_LOOK / 2, 0.25) is None
-    assert _settings.look_wait(0.0, 0.25) is None
+    assert _settings.Look(0.25).due(None) == 0.25
+    assert _settings.Look(0.25).due(0.1) == 0.1
+    assert _settings.Look(0.25).due(3.0) == 0.25
+    look = _settings.Look(0.25)
+    assert look.due(_settings.MIN_LOOK / 2) is None  # too little time: a later one looks
+    assert look.due(0.0) is None
+    assert not look.done
+    assert look.due(1.0) == 0.25
+    assert look.done
+    assert look.due(1.0) is None  # once
 
 
 def test_the_looks_fit_in_a_try() -> None:

@@ -44,6 +44,13 @@ current_holder = asyncio.current_task  # what a lease is acquired by (None outsi
 Cancelled = asyncio.CancelledError
 
 
+def going_away(exc: BaseException) -> bool:
+    """Whether ``exc`` ends the process (Ctrl-C, exit, an error a signal handler raised:
+    not an Exception, nor a task's cancellation): what it interrupted is cleaned up in
+    haste."""
+    return not isinstance(exc, (Exception, Cancelled))
+
+
 async def shielded(work: Callable[[], Awaitable[T]]) -> T:
     """Await ``work()`` to its end even if the caller is cancelled meanwhile (the
     cancellation is re-raised once it has finished): a release or a clean-up must never be

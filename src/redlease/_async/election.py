@@ -27,7 +27,7 @@ from .._rules.election import (
 from .._rules.flows import ELECTION, LockSpec, new_token
 from .._rules.front import FrontCore
 from .._rules.ops import Mailbox
-from .backend import ASYNC, Cancelled, Flag, shielded
+from .backend import ASYNC, Flag, going_away, shielded
 from .front import AsyncFront, AsyncLease, give_back_in_haste, release_by_force
 from .lock import served
 
@@ -121,10 +121,10 @@ class AsyncElection:
         try:
             await self._tell("elected")
         except BaseException as exc:  # interrupted before the caller had the lease
-            if isinstance(exc, (Exception, Cancelled)):
-                await shielded(self.resign)  # hand it on, and say so
-            else:  # the process is going away: in haste (see _rules.flows.release)
+            if going_away(exc):  # in haste (see _rules.flows.release)
                 await shielded(self._resign_in_haste)
+            else:
+                await shielded(self.resign)  # hand it on, and say so
             raise
         return lease
 

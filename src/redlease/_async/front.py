@@ -55,7 +55,7 @@ from .._rules.inspect import LockInfo
 from .._rules.lease import HELD, RELEASED, LeaseState, lost_at_block_end
 from .._rules.multilock import MultiLeaseState
 from . import renewer as _renewer_async
-from .backend import Cancelled, Flag, current_holder, shielded
+from .backend import Cancelled, Flag, current_holder, going_away, shielded
 
 T = TypeVar("T")
 
@@ -538,7 +538,7 @@ class AsyncFront(AsyncOnly):
         lease: LeaseState | None = None
         entry = None
         try:
-            await self._io.check_server_once(attempt.look_within())
+            await self._io.check_server_once(attempt.settings_within())
             grant = await self._io.run(attempt.run(), f"acquire {self.name!r}")
             if grant is None:
                 return None
@@ -555,9 +555,7 @@ class AsyncFront(AsyncOnly):
             if lease is not None:
                 lease.mark_released()  # (it never reached its caller)
             if attempt.outstanding:
-                # An interruption that ends the process (Ctrl-C, exit, a signal's error:
-                # not an Exception, nor asyncio's cancellation) is cleaned up in haste.
-                await self._abandon(attempt, hurried=not isinstance(exc, (Exception, Cancelled)))
+                await self._abandon(attempt, hurried=going_away(exc))
             raise
 
     def _watched(self, grant: Grant, started: float) -> LeaseState:

@@ -26,23 +26,42 @@ _BLOCKED: set[signal.Signals] = (
 )
 
 
+def made(target: Callable[..., Any], *args: Any, name: str) -> threading.Thread:
+    """A thread of redlease's for ``target(*args)``, not started yet (see ``start``). A
+    daemon: a lease left held must never keep the interpreter from exiting."""
+    return threading.Thread(target=target, args=args, name=name, daemon=True)
+
+
 def start(thread: threading.Thread) -> None:
     """``thread.start()``, the new thread blocking the process's signals from its first
     instruction on (it inherits the mask of the thread that starts it: blocked for the
-    moment it takes to start, and put back; a signal meanwhile waits that long)."""
-    if not _BLOCKED:
-        thread.start()
-        return
-    before = signal.pthread_sigmask(signal.SIG_BLOCK, _BLOCKED)
+    moment it takes to start, and put back; a signal meanwhile waits that long).
+
+    An error a signal handler raises while start() waits for the thread (a Ctrl-C the
+    application catches) can leave its Condition half-released: CPython then raises a
+    RuntimeError ("release unlocked lock") of its own in its place, with the thread
+    running (its ``ident`` set). The interruption is what goes on."""
     try:
-        thread.start()
-    finally:
-        signal.pthread_sigmask(signal.SIG_SETMASK, before)
+        if not _BLOCKED:
+            thread.start()
+            return
+        # Read first, blocked inside the try: a handler's error raised as a call returns
+        # (CPython runs pending handlers there) must not leave this thread's mask changed.
+        before = signal.pthread_sigmask(signal.SIG_BLOCK, ())
+        try:
+            signal.pthread_sigmask(signal.SIG_BLOCK, _BLOCKED)
+            thread.start()
+        finally:
+            signal.pthread_sigmask(signal.SIG_SETMASK, before)
+    except RuntimeError as error:
+        cause = error.__context__
+        if cause is not None and not isinstance(cause, Exception):
+            raise cause from None
+        raise
 
 
 def daemon(target: Callable[..., Any], *args: Any, name: str) -> threading.Thread:
-    """``target(*args)`` in a daemon thread of redlease's, started (see ``start``). A
-    daemon: a lease left held must never keep the interpreter from exiting."""
-    thread = threading.Thread(target=target, args=args, name=name, daemon=True)
+    """``target(*args)`` in a thread of redlease's (``made``), started (``start``)."""
+    thread = made(target, *args, name=name)
     start(thread)
     return thread

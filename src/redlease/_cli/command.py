@@ -26,7 +26,7 @@ from typing import Any, TextIO
 
 from .._base.errors import LockError
 from .._rules.keys import DEFAULT_PREFIX
-from .common import EXIT_CONFLICT, EXIT_LOST, EXIT_USAGE, CliError
+from .common import EXIT_CONFLICT, EXIT_LOST, EXIT_USAGE, CliError, Reporter
 from .signals import handled
 
 DEFAULT_URL = "redis://127.0.0.1:6379/0"
@@ -336,6 +336,8 @@ def _add_prefix(parser: argparse.ArgumentParser) -> None:
     )
 
 
+# What --kind takes: _rules.inspect.KINDS's words (the parser loads none of the library,
+# for a prompt start; a unit test holds the two the same).
 KINDS = ("lock", "semaphore", "rwlock", "election")
 
 
@@ -381,9 +383,7 @@ def _warn(
 
 
 def _warn_as_events(name: str) -> Any:
-    """``run --json``'s warnings: one of its JSON events each (``run.Reporter``)."""
-    from .run import Reporter
-
+    """``run --json``'s warnings: one of its JSON events each (``common.Reporter``)."""
     report = Reporter(name, as_json=True)
 
     def warn(message: Warning | str, *_: object, **__: object) -> None:
@@ -509,11 +509,9 @@ def _demo(args: argparse.Namespace) -> int:
 
 def _complain(args: argparse.Namespace, text: str, code: int) -> int:
     """Say why the command failed, on stderr, in a line of text; with ``--json`` as a
-    JSON event, as ``run`` says its other messages (``run.Reporter``: a job run by cron,
+    JSON event, as ``run`` says its other messages (``common.Reporter``: a job run by cron,
     or a program reading ``inspect --json``, gets one kind of line). Returns ``code``."""
     if getattr(args, "json", False) and args.command != "demo":
-        from .run import Reporter
-
         name = getattr(args, "name", None) or getattr(args, "pattern", None) or ""
         Reporter(name, as_json=True).say("error", text, message=text, code=code)
     else:

@@ -1,8 +1,10 @@
 """What the command's modules share (``_cli.command``, ``_cli.run``, ``_cli.operate``): the exit
-codes, the one-line failure, and the client a URL names."""
+codes, the one-line failure, redlease's own messages, and the client a URL names."""
 
 from __future__ import annotations
 
+import json
+import sys
 from typing import Any
 
 EXIT_CONFLICT = 1  # flock's default for a lock that stayed busy
@@ -29,3 +31,23 @@ def make_client(url: str) -> Any:
         return from_url(url)
     except ValueError as exc:
         raise CliError(f"--redis: {exc}") from None
+
+
+class Reporter:
+    """redlease's own words while a command runs: lines on stderr (the command owns
+    stdout), or one JSON object a line with ``--json``."""
+
+    def __init__(self, name: str, as_json: bool) -> None:
+        self.name = name
+        self.as_json = as_json
+
+    def say(self, event: str, text: str | None, **fields: Any) -> None:
+        """Report ``event``; a text of None is for ``--json`` only (a job run by cron
+        that ended as it should then prints one line, not two)."""
+        if self.as_json:
+            line = json.dumps({"event": event, "name": self.name, **fields})
+        elif text is not None:
+            line = f"redlease: {text}"
+        else:
+            return
+        print(line, file=sys.stderr, flush=True)

@@ -14,14 +14,12 @@ import sys
 from dataclasses import dataclass
 from typing import Any, TextIO
 
-from .._rules.inspect import Holder, LockInfo, Waiter
-from .._rules.keys import LockKeys, read_back
+from .._rules.inspect import KINDS, Holder, LockInfo, Waiter, held_at
+from .._rules.keys import LockKeys
 from .._rules.lease import SHOWN
 from .._rules.lease import short_token as short  # (the library's logs show tokens so too)
 from .._sync.inspect import read_info
-from .common import EXIT_FREE, EXIT_USAGE, CliError, make_client
-
-KIND_SUFFIX = {"": "lock", ":sem": "semaphore", ":rw": "rwlock", ":elect": "election"}
+from .common import EXIT_FREE, EXIT_USAGE, CliError, Reporter, make_client
 
 
 def _seconds(value: float | None) -> str:
@@ -171,22 +169,15 @@ def held_names(
     found = set()
     for key in client.scan_iter(match=_scan_pattern(prefix), count=1000):
         text = key.decode() if isinstance(key, bytes) else str(key)
-        parts = read_back(text, prefix)
-        if parts is None:
-            continue
-        name, suffix = parts
-        kind = KIND_SUFFIX.get(suffix)
-        if kind in kinds and fnmatch.fnmatchcase(name, pattern):
-            found.add((kind, name))
+        held = held_at(text, prefix)
+        if held is not None and held[0] in kinds and fnmatch.fnmatchcase(held[1], pattern):
+            found.add(held)
     return sorted(found, key=lambda kn: (kn[1], kn[0]))
 
 
 def _warn(args: argparse.Namespace, text: str) -> None:
     """A warning of the listing's, on stderr: a line, or a JSON event with ``--json``."""
-    if args.json:
-        print(json.dumps({"event": "warning", "message": text}), file=sys.stderr)
-    else:
-        print(f"redlease: warning: {text}", file=sys.stderr)
+    Reporter(args.pattern, args.json).say("warning", f"warning: {text}", message=text)
 
 
 def listing(args: argparse.Namespace, urls: list[str], out: TextIO) -> int:
@@ -201,7 +192,7 @@ def listing(args: argparse.Namespace, urls: list[str], out: TextIO) -> int:
         key_prefix(args.prefix)
     except InvalidArgument as exc:
         raise CliError(f"list: {exc}") from None
-    kinds = tuple(KIND_SUFFIX.values()) if args.kind == "all" else (args.kind,)
+    kinds = tuple(KINDS) if args.kind == "all" else (args.kind,)
     rows: list[tuple[str, LockInfo]] = []
     for url in urls:
         client = make_client(url)

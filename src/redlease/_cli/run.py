@@ -28,7 +28,6 @@ leadership, a scheduled job's run) is chosen from its arguments by ``run_from_ar
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import signal
 import subprocess
@@ -40,7 +39,7 @@ from typing import TYPE_CHECKING, Any
 
 from .._base import threads as _threads
 from .._base.errors import LockError
-from .common import CliError, make_client
+from .common import CliError, Reporter, make_client
 from .signals import handled
 
 if TYPE_CHECKING:
@@ -71,26 +70,6 @@ class RunOptions:
     on_lost: str  # "stop" or "warn"
     grace: float
     as_json: bool
-
-
-class Reporter:
-    """redlease's own words while a command runs: lines on stderr (the command owns
-    stdout), or one JSON object a line with ``--json``."""
-
-    def __init__(self, name: str, as_json: bool) -> None:
-        self.name = name
-        self.as_json = as_json
-
-    def say(self, event: str, text: str | None, **fields: Any) -> None:
-        """Report ``event``; a text of None is for ``--json`` only (a job run by cron
-        that ended as it should then prints one line, not two)."""
-        if self.as_json:
-            line = json.dumps({"event": event, "name": self.name, **fields})
-        elif text is not None:
-            line = f"redlease: {text}"
-        else:
-            return
-        print(line, file=sys.stderr, flush=True)
 
 
 class SkippedRun(Exception):

@@ -160,7 +160,10 @@ class _Deferring:
 
     def _send_again(self, signum: int) -> None:
         # To the main thread: sent to the process, it may land in this thread, and a main
-        # thread blocked on a socket would not wake for it.
+        # thread blocked on a socket would not wake for it. This thread takes none (as
+        # the library's threads, _base.threads: this module imports none of it).
+        if hasattr(signal, "pthread_sigmask"):
+            signal.pthread_sigmask(signal.SIG_BLOCK, (signal.SIGINT, signal.SIGTERM, signal.SIGHUP))
         main = threading.main_thread().ident
         assert main is not None
         while signum in self.owed:

@@ -437,7 +437,7 @@ class Acquisition:
         delay = backoff(self.failures, PASSING_RETRY_BASE, PASSING_RETRY_CAP)
         yield Sleep(min(delay, left))
 
-    def look_within(self) -> float | None:
+    def settings_within(self) -> float | None:
         """How long the one-time look at the server's settings may take before this
         attempt (None: its own bound): a wait's deadline counts it; a try's TRY_BOUND
         has room for it."""

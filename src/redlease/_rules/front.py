@@ -41,7 +41,7 @@ class Attempt(Protocol):
     def outstanding(self) -> bool:
         """Whether ``abandon()`` is needed if the attempt is interrupted."""
 
-    def look_within(self) -> float | None:
+    def settings_within(self) -> float | None:
         """How long the look at the server's settings may take first (None: its own)."""
 
     def run(self) -> Generator[Any, Any, Grant | None]: ...

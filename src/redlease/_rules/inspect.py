@@ -21,7 +21,7 @@ from typing import Any
 
 from . import arguments as args
 from .flows import ELECTION, LOCK, READ_WRITE, SEMAPHORE, Flow, Kind, as_int, as_text
-from .keys import LockKeys
+from .keys import LockKeys, read_back
 from .ops import Call
 from .scripts import INSPECT
 
@@ -32,6 +32,22 @@ KINDS: dict[str, Kind] = {
     "rwlock": READ_WRITE,
     "election": ELECTION,
 }
+
+
+def held_at(key: str, prefix: str) -> tuple[str, str] | None:
+    """The (kind, name) whose holders are kept at ``key`` under ``prefix`` (a lock's key,
+    a semaphore's holders...), or None for any other key (a fence, a queue; another
+    program's): each kind's own layout says."""
+    parts = read_back(key, prefix)
+    if parts is None:
+        return None
+    name = parts[0]
+    for word, kind in KINDS.items():
+        if kind.layout(name, prefix).lock == key:
+            return word, name
+    return None
+
+
 # How long ``read_info`` waits for the reply: a read is harmless to wait for, and a busy
 # server (or a slow shared machine) should not turn a look into an error.
 READ_TIMEOUT = 5.0

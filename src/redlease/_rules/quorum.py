@@ -326,7 +326,7 @@ class QuorumAcquisition:
         self.outstanding = False
         self._rng = rng
 
-    def look_within(self) -> float | None:
+    def settings_within(self) -> float | None:
         """How long the one-time look at the nodes' settings may take before this
         attempt: a wait's deadline counts it (None: the look's own bound)."""
         return self.deadline.left() if self.wait else None

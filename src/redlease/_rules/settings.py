@@ -22,15 +22,33 @@ SETTINGS_WAIT = 0.25
 NODE_WAIT = 0.05
 MIN_LOOK = 0.01  # less time than this left: the look waits for a later acquire
 
+POLICY = "maxmemory-policy"
+
 # The servers looked at in this process: redlease's pool for each, or else its client.
 _LOOKED: weakref.WeakSet[Any] = weakref.WeakSet()
 
 
-def look_wait(within: float | None, longest: float) -> float | None:
-    """How long a look may take: ``longest``, or ``within`` (the time the acquire has
-    left) if shorter; None if that is too short to look now (a later acquire looks)."""
-    wait = longest if within is None else min(longest, within)
-    return None if wait < MIN_LOOK else wait
+class Look:
+    """One driver's look at its server(s): made once (``done``), by its first acquire
+    with time enough left for it."""
+
+    __slots__ = ("done", "longest")
+
+    def __init__(self, longest: float) -> None:
+        self.done = False
+        self.longest = longest  # the most it may take
+
+    def due(self, within: float | None) -> float | None:
+        """How long the look may take now: ``longest``, or ``within`` (the time the
+        acquire has left) if shorter; it is then done. None if it was made already, or if
+        that is too short to look now (a later acquire looks)."""
+        if self.done:
+            return None
+        wait = self.longest if within is None else min(self.longest, within)
+        if wait < MIN_LOOK:
+            return None
+        self.done = True
+        return wait
 
 
 def first_look(pool: object, client: object) -> bool:
@@ -45,7 +63,7 @@ def first_look(pool: object, client: object) -> bool:
 
 def eviction_policy(wait: float) -> Command:
     """A one-server lock's look: the eviction policy alone."""
-    return Command(("CONFIG", "GET", "maxmemory-policy"), wait, patient=False)
+    return Command(("CONFIG", "GET", POLICY), wait, patient=False)
 
 
 def node_settings(wait: float) -> Command:
@@ -76,7 +94,7 @@ def weakness(reply: Any) -> str | None:
     restart forgets every fence counter. None if nothing does."""
     settings = _as_dict(reply)
     found = []
-    policy = settings.get("maxmemory-policy", "noeviction")
+    policy = settings.get(POLICY, "noeviction")
     if policy != "noeviction":
         found.append(
             f"the server's maxmemory-policy is {policy!r}: under memory pressure it may "

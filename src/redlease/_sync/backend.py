@@ -34,6 +34,12 @@ class Cancelled(BaseException):
     """Never raised: a blocking call is not cancelled (a thread cannot be)."""
 
 
+def going_away(exc: BaseException) -> bool:
+    """Whether ``exc`` ends the process (Ctrl-C, exit, an error a signal handler raised:
+    not an Exception): what it interrupted is cleaned up in haste."""
+    return not isinstance(exc, Exception)
+
+
 def shielded(work: Callable[[], T]) -> T:
     """``work()``: a blocking call cannot be cut in half by a cancellation."""
     return work()

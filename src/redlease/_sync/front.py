@@ -52,7 +52,7 @@ from .._rules.inspect import LockInfo
 from .._rules.lease import HELD, RELEASED, LeaseState, lost_at_block_end
 from .._rules.multilock import MultiLeaseState
 from . import renewer as _renewer_sync
-from .backend import Cancelled, Flag, current_holder, shielded
+from .backend import Cancelled, Flag, current_holder, going_away, shielded
 
 T = TypeVar("T")
 
@@ -485,7 +485,7 @@ class SyncFront:
         lease: LeaseState | None = None
         entry = None
         try:
-            self._io.check_server_once(attempt.look_within())
+            self._io.check_server_once(attempt.settings_within())
             grant = self._io.run(attempt.run(), f"acquire {self.name!r}")
             if grant is None:
                 return None
@@ -502,9 +502,7 @@ class SyncFront:
             if lease is not None:
                 lease.mark_released()  # (it never reached its caller)
             if attempt.outstanding:
-                # An interruption that ends the process (Ctrl-C, exit, a signal's error:
-                # not an Exception, nor asyncio's cancellation) is cleaned up in haste.
-                self._abandon(attempt, hurried=not isinstance(exc, (Exception, Cancelled)))
+                self._abandon(attempt, hurried=going_away(exc))
             raise
 
     def _watched(self, grant: Grant, started: float) -> LeaseState:

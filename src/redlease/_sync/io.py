@@ -76,7 +76,7 @@ class SyncIO:
         self.endpoint = endpoint_of(client, asyncio=ASYNC)
         self._pools = self.endpoint.route is not Route.CLIENT
         self._pool: Pool | None = None  # found at first use (asyncio: the running loop's)
-        self._checked = False  # this driver has looked (see check_server_once)
+        self._look = _settings.Look(_settings.SETTINGS_WAIT)  # (see check_server_once)
         self.late: list[Any] = []  # a fan-out's call given up on (see ``bounded``)
         # A Cluster client: waiters listen through the hub of the node serving their lock
         self.cluster = self.endpoint.route is Route.CLIENT and hasattr(client, "get_node_from_key")
@@ -130,12 +130,11 @@ class SyncIO:
     def check_server_once(self, within: float | None = None) -> None:
         """Warn (once per server) if the server may evict lock keys; never fails (see
         ``_rules.settings``). It looks for ``within`` at most, if given."""
-        if self._checked:
+        if self._look.done:  # (every acquire asks: no call once it has looked)
             return
-        wait = _settings.look_wait(within, _settings.SETTINGS_WAIT)
+        wait = self._look.due(within)
         if wait is None:
             return
-        self._checked = True
         pool = self.pool
         if not _settings.first_look(pool, self.client):
             return
@@ -143,7 +142,7 @@ class SyncIO:
         try:
             if pool is None:
                 with client_slot(self.client, wait):
-                    reply = self.client.config_get("maxmemory-policy")
+                    reply = self.client.config_get(_settings.POLICY)
             else:
                 reply = self._command(_settings.eviction_policy(wait))
         except Exception as failed:

@@ -23,7 +23,7 @@ from .._rules.decorate import P, R, decorate
 from .._rules.flows import Grant, LockSpec, new_token
 from .._rules.front import FrontCore, Opening, entered, forget_entered, push_entered
 from .._rules.multilock import MultiLeaseState, checked_names, try_all
-from .backend import ASYNC, Cancelled, shielded
+from .backend import ASYNC, going_away, shielded
 from .front import (
     Lease,
     SyncFront,
@@ -209,7 +209,7 @@ class MultiLock:
         except BaseException as exc:
             if entry is not None:
                 forget_entered(entry)
-            hurried = _going_away(exc)
+            hurried = going_away(exc)
             shielded(functools.partial(self._give_all_back, taken, hurried=hurried))
             raise
 
@@ -269,7 +269,7 @@ class MultiLock:
         except BaseException as exc:  # (it may have landed; its leases never left here)
             for lease in made:
                 unhanded(lease)
-            hurried = _going_away(exc)
+            hurried = going_away(exc)
             shielded(functools.partial(self._give_back_token, token, hurried=hurried))
             raise
         taken.extend(made)
@@ -319,9 +319,3 @@ class MultiLock:
         """``@multi``: each call of ``fn`` runs holding every name, as a lock's
         decorator runs it."""
         return decorate(self, fn)
-
-
-def _going_away(exc: BaseException) -> bool:
-    """An interruption that ends the process (Ctrl-C, exit, a signal's error: not an
-    Exception, nor asyncio's cancellation): its clean-up is made in haste."""
-    return not isinstance(exc, (Exception, Cancelled))

@@ -57,7 +57,7 @@ class _Nodes:
     def __init__(self, clients: Sequence[Any], spec: QuorumSpec) -> None:
         self.ios = [SyncIO(c) for c in clients]
         self.spec = spec
-        self._checked = False
+        self._look = _settings.Look(max(spec.node_timeout, _settings.NODE_WAIT))
 
     def run(self, flow: QuorumFlow[T], action: str) -> T:
         reply: Any = None
@@ -91,12 +91,11 @@ class _Nodes:
     def check_server_once(self, within: float | None = None) -> None:
         """Warn (once per server) if a node may evict lock keys; never fails. It looks
         for ``within`` at most, if given (not at all with no time left)."""
-        if self._checked:
+        if self._look.done:
             return
-        wait = _settings.look_wait(within, max(self.spec.node_timeout, _settings.NODE_WAIT))
+        wait = self._look.due(within)
         if wait is None:
             return
-        self._checked = True
         fresh = [i for i, io in enumerate(self.ios) if _settings.first_look(io.pool, io.client)]
         if fresh:
             replies = self.fan_out(_settings.node_settings(wait), fresh, wait, "check")

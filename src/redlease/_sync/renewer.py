@@ -7,7 +7,6 @@ from __future__ import annotations
 import logging
 import math
 import threading
-from collections.abc import Callable
 from typing import Any
 
 from .._base import fork as _fork
@@ -45,11 +44,11 @@ class Renewer:
             renewal = self._schedule.add(lease, io, self._clock(), max_hold)
             lease.watched(lambda: self._forget(renewal))
             if self._thread is None:
-                thread = self._thread = _thread(self._run, "redlease-renewer")
+                thread = self._thread = _threads.made(self._run, name="redlease-renewer")
                 try:
-                    _start(thread)
+                    _threads.start(thread)
                 except BaseException:
-                    if thread.ident is None:  # (started or not: see _start)
+                    if thread.ident is None:  # (started or not: see _threads.start)
                         self._thread = None
                     raise
             elif renewal.next_event() < self._wake_at:
@@ -82,7 +81,7 @@ class Renewer:
                 self._job = self._schedule.take_due(now) or None
                 if self._job is not None:
                     if self._sender is None:
-                        self._sender = _daemon(self._send, "redlease-renewer-io")
+                        self._sender = _threads.daemon(self._send, name="redlease-renewer-io")
                     self._cond.notify_all()
             if self._thread is not None and not losses:
                 # While the sender is busy only deadlines matter here.
@@ -130,32 +129,6 @@ class Renewer:
         self._thread = self._sender = self._job = None
         self._wake_at = math.inf
         return self._schedule.clear()
-
-
-def _thread(target: Callable[[], None], name: str) -> threading.Thread:
-    # Daemon: a lease left held must never keep the interpreter from exiting.
-    return threading.Thread(target=target, name=name, daemon=True)
-
-
-def _daemon(target: Callable[[], None], name: str) -> threading.Thread:
-    thread = _thread(target, name)
-    _threads.start(thread)
-    return thread
-
-
-def _start(thread: threading.Thread) -> None:
-    """``thread.start()`` in the thread a signal handler's error may reach (the main
-    one). start() waits for the thread on a Condition, which such an error can leave
-    half-released: CPython then raises RuntimeError ("release unlocked lock") of its own
-    in place of the interruption, with the thread running (its ``ident`` set). The
-    interruption is what goes on."""
-    try:
-        _threads.start(thread)
-    except RuntimeError as error:
-        cause = error.__context__
-        if cause is not None and not isinstance(cause, Exception):
-            raise cause from None
-        raise
 
 
 RENEWER = Renewer()
