@@ -177,18 +177,36 @@ class Guard:
 
 
 class Freed:
-    """Wakes the tasks waiting for a pool's connection to be given back."""
+    """The tasks waiting for a pool's connection, woken one per ``notify``, first come
+    first woken (as a thread's ``threading.Condition``, the blocking twin's)."""
 
     def __init__(self, guard: Guard) -> None:
-        self._event = asyncio.Event()
+        self._waiters: collections.deque[asyncio.Future[None]] = collections.deque()
 
-    async def wait(self, timeout: float) -> None:
-        self._event.clear()
-        with contextlib.suppress(asyncio.TimeoutError):
-            await asyncio.wait_for(self._event.wait(), timeout)
+    async def wait(self, timeout: float) -> bool:
+        """Whether woken by a ``notify`` (False: ``timeout`` passed first)."""
+        waiter = asyncio.get_running_loop().create_future()
+        self._waiters.append(waiter)
+        try:
+            async with _deadline(timeout):
+                await waiter
+        except asyncio.TimeoutError:
+            return waiter.done() and not waiter.cancelled()  # (woken as it timed out)
+        finally:
+            if not waiter.done():  # timed out, or cancelled: out of the line
+                waiter.cancel()
+                with contextlib.suppress(ValueError):
+                    self._waiters.remove(waiter)
+        return True
 
     def notify(self) -> None:
-        self._event.set()
+        """Wake the first task still waiting, if any."""
+        waiters = self._waiters
+        while waiters:
+            waiter = waiters.popleft()
+            if not waiter.done():
+                waiter.set_result(None)
+                return
 
 
 async def connect(endpoint: Endpoint, bound: float) -> socket.socket:

@@ -366,6 +366,11 @@ MAX_IDLE = 8
 # A connection owing the reply of a wait that was given up on (the server answers a
 # BLPOP's timeout late when idle) is set aside until that reply comes, at most this long.
 OWED_REPLY_LIMIT = 1.0
+# A caller waiting for a connection is woken by the give-back that frees one, first come
+# first woken. Two frees come with no give-back to tell it: an owed reply that arrives;
+# and a slot freed while the first in line is a blocking wait at its limit, which cannot
+# take it (the wake is its). While either may be, waiting callers look again this often.
+RECHECK = 0.01
 
 NOT_ENOUGH = _resp.NOT_ENOUGH
 _MIN_WAIT = 0.001
@@ -554,6 +559,7 @@ class Pool:
         self._open_ones: weakref.WeakSet[object] = weakref.WeakSet()
         self._waits: weakref.WeakSet[object] = weakref.WeakSet()
         self._waiting = 0  # callers waiting for a connection to be freed
+        self._at_limit = 0  # of them, blocking waits at their limit (see RECHECK)
         self._generation = _fork.generation
         self._hub: Hub | None = None
         weakref.finalize(self, _close_all, self._idle, self._owing)
@@ -564,7 +570,7 @@ class Pool:
         # the child's start (forgetting the parent's sockets) waits for its first take.
         self._guard = _backend_sync.Guard()
         self._freed = _backend_sync.Freed(self._guard)
-        self._waiting = 0  # (the parent's waiters are not here)
+        self._waiting = self._at_limit = 0  # (the parent's waiters are not here)
 
     def current(self) -> bool:
         """Whether this pool is the caller's (a blocking one always is: after a fork it
@@ -604,31 +610,42 @@ class Pool:
             if self._generation != _fork.generation:
                 self._forget_parents()
             end = time.monotonic() + timeout
-            while True:
-                found = self._idle_one()
-                if found is not None:
-                    if blocking:
-                        self._waits.add(found)
-                    return found
-                count = len(self._open_ones)
-                limit = MAX_CONNECTIONS - RESERVED if blocking else MAX_CONNECTIONS
-                in_use = len(self._waits) if blocking else count
-                if in_use < limit and count < MAX_CONNECTIONS:
-                    break
-                left = end - time.monotonic()
-                if left <= 0:
-                    if blocking:
-                        return None
-                    raise ReplyTimedOut(
-                        f"all {MAX_CONNECTIONS} of redlease's connections to "
-                        f"{self.endpoint.label} stayed busy for {timeout:.3f}s"
-                    )
-                # (a give on the hot path does not notify: look again now and then)
-                self._waiting += 1
-                try:
-                    self._freed.wait(min(left, 0.01))
-                finally:
-                    self._waiting -= 1
+            # Counted before each look, as a give on the hot path reads it after it puts
+            # its connection back: one of the two sees the other.
+            self._waiting += 1
+            try:
+                while True:
+                    found = self._idle_one()
+                    if found is not None:
+                        if blocking:
+                            self._waits.add(found)
+                        return found
+                    count = len(self._open_ones)
+                    limit = MAX_CONNECTIONS - RESERVED if blocking else MAX_CONNECTIONS
+                    in_use = len(self._waits) if blocking else count
+                    if in_use < limit and count < MAX_CONNECTIONS:
+                        break
+                    left = end - time.monotonic()
+                    if left <= 0:
+                        self._pass_turn()
+                        if blocking:
+                            return None
+                        raise ReplyTimedOut(
+                            f"all {MAX_CONNECTIONS} of redlease's connections to "
+                            f"{self.endpoint.label} stayed busy for {timeout:.3f}s"
+                        )
+                    at_limit = blocking and count < MAX_CONNECTIONS
+                    self._at_limit += at_limit
+                    try:
+                        unseen = self._owing or self._at_limit
+                        self._freed.wait(min(left, RECHECK) if unseen else left)
+                    finally:
+                        self._at_limit -= at_limit
+            except BaseException:
+                self._pass_turn()  # (interrupted: a wake it was given goes on)
+                raise
+            finally:
+                self._waiting -= 1
             slot = _Opening()  # counts while this caller opens (and holds it)
             self._open_ones.add(slot)
             if blocking:
@@ -675,11 +692,21 @@ class Pool:
                 conn.close()
                 self._open_ones.discard(conn)
 
+    def _pass_turn(self) -> None:
+        """A caller leaves without a connection: a wake it may have been given as it
+        left goes to the next one (who looks, and waits again if there is nothing).
+        Guard held."""
+        if self._waiting > 1:
+            self._freed.notify()
+
     def give(self, conn: Connection, *, blocking: bool = False) -> None:
-        """Take back ``conn``, its replies read in full (or owed: see ``owe``)."""
-        hot = not (blocking or self._waiting) and self._generation == _fork.generation
-        if hot and len(self._idle) < MAX_IDLE:
+        """Take back ``conn``, its replies read in full (or owed: see ``owe``), and wake
+        the first caller waiting for one."""
+        if not blocking and self._generation == _fork.generation and len(self._idle) < MAX_IDLE:
             self._idle.append(conn)  # the hot path: list.append is atomic
+            if self._waiting:  # (read after the append: see take)
+                with self._guard:
+                    self._freed.notify()
             return
         with self._guard:
             if blocking:
