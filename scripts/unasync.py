@@ -70,7 +70,6 @@ SUBSTITUTIONS = [
     ("__anext__", "__next__"),
     ("__aiter__", "__iter__"),
     ("_async.backend", "_sync.backend"),
-    ("decorate_async", "decorate"),
     ("aread_info", "read_info"),
     ("afence_gate", "fence_gate"),
     ("afenced_update", "fenced_update"),

@@ -162,8 +162,6 @@ _HAND_WRITTEN = {
     "_async/backend.py": {"*"},
     # the renewers, whose designs differ (two threads; one task per loop)
     "_async/renewer.py": {"*"},
-    # one call each, whose blocking twin differs in what it checks or runs
-    "_rules/decorate.py": {"decorate_async", "decorate_async.locked_call"},
     # the misuse guard of every asyncio object
     "_base/misuse.py": {"AsyncOnly"},
 }

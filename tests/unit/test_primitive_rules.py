@@ -14,6 +14,7 @@ from typing import Any, TypeVar
 import pytest
 
 import redlease
+from redlease._async import backend as _async_backend
 from redlease._base import metrics as _metrics
 from redlease._base.timing import (
     PASSING_RETRY_BASE,
@@ -23,7 +24,6 @@ from redlease._base.timing import (
     drift,
 )
 from redlease._clients.errors import ReplyError
-from redlease._rules import decorate as _decorate
 from redlease._rules import election as _election
 from redlease._rules import flows as _flows
 from redlease._rules import front as _front
@@ -34,6 +34,7 @@ from redlease._rules import multilock as _multilock
 from redlease._rules import ops as _ops
 from redlease._rules import rwlock as _rwlock
 from redlease._rules import scripts as _scripts
+from redlease._sync import backend as _sync_backend
 from redlease._wire.errors import backend_error
 from redlease.testing import FakeClock
 
@@ -441,7 +442,7 @@ async def async_generator_function() -> AsyncIterator[int]:
 def test_only_a_function_whose_work_is_done_within_its_call_is_decorated(
     fn: Any, want_async: bool, refusal: str
 ) -> None:
-    decorator: Any = _decorate.decorate_async if want_async else _decorate.decorate
+    decorator: Any = _async_backend.guarded if want_async else _sync_backend.guarded
     with pytest.raises(redlease.InvalidArgument, match=refusal):
         decorator(Guard(), fn)  # at once, before any call
 
@@ -454,7 +455,7 @@ def test_a_decorated_call_runs_inside_a_block_of_the_lock_and_keeps_its_face() -
         guard.steps.append("work")
         return x + y
 
-    locked = _decorate.decorate(guard, work)
+    locked = _sync_backend.guarded(guard, work)
     assert locked(1, y=2) == 3
     assert guard.steps == ["enter", "work", "exit"]
     assert (locked.__name__, locked.__doc__) == ("work", "Adds.")
@@ -465,7 +466,7 @@ def test_a_decorated_call_runs_inside_a_block_of_the_lock_and_keeps_its_face() -
         return x * 2
 
     guard.steps.clear()
-    assert run(_decorate.decorate_async(guard, awaited)(4)) == 8
+    assert run(_async_backend.guarded(guard, awaited)(4)) == 8
     assert guard.steps == ["enter", "awaited", "exit"]
 
 
@@ -481,7 +482,7 @@ def test_a_callable_that_hands_back_a_coroutine_is_refused_inside_the_block() ->
             return self.made[-1]
 
     guard, handler = Guard(), Handler()
-    locked = _decorate.decorate(guard, handler)  # nothing tells beforehand
+    locked = _sync_backend.guarded(guard, handler)  # nothing tells beforehand
     with pytest.raises(redlease.InvalidArgument, match="it returned a coroutine"):
         _ = locked()
     assert inspect.getcoroutinestate(handler.made[0]) == "CORO_CLOSED"  # never left to run

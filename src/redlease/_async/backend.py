@@ -13,14 +13,17 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
+import functools
 import socket
 import sys
 import time
 import weakref
 from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
-from typing import Any, TypeVar
+from contextlib import AbstractAsyncContextManager
+from typing import Any, ParamSpec, TypeVar
 
 from .._base import fork as _fork
+from .._rules.decorate import refuse_undecorable
 from .._wire import resp as _resp
 from .._wire.endpoint import CLIENT_CALLS, Endpoint, ReplyTimedOut
 from .._wire.endpoint import bounded as settings_within
@@ -34,6 +37,7 @@ else:  # a dependency of redis-py on these versions
 _deadline = _timeout  # ``async with _deadline(seconds)``: TimeoutError once they have passed
 
 T = TypeVar("T")
+P = ParamSpec("P")
 
 ASYNC = True  # the flavour: what a client family is asked for
 
@@ -49,6 +53,23 @@ def going_away(exc: BaseException) -> bool:
     not an Exception, nor a task's cancellation): what it interrupted is cleaned up in
     haste."""
     return not isinstance(exc, (Exception, Cancelled))
+
+
+def guarded(
+    lock: AbstractAsyncContextManager[Any], fn: Callable[P, Awaitable[T]]
+) -> Callable[P, Coroutine[Any, Any, T]]:
+    """``@lock``: ``fn`` (an ``async def``) awaited under ``async with lock`` at each call;
+    refused at once if its work would run after the lock is given back
+    (``refuse_undecorable``). The lease is not passed: ``fn`` keeps its signature, and a
+    caller that needs the lease (its fence) writes ``async with lock as lease``."""
+    refuse_undecorable(lock, fn, want_async=True)
+
+    @functools.wraps(fn)
+    async def locked_call(*args: P.args, **kwargs: P.kwargs) -> T:
+        async with lock:
+            return await fn(*args, **kwargs)
+
+    return locked_call
 
 
 async def shielded(work: Callable[[], Awaitable[T]]) -> T:

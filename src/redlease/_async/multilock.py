@@ -18,11 +18,11 @@ from .._base.types import Clock, OnLost, Seconds
 from .._clients.checks import check_client
 from .._rules import arguments as args
 from .._rules import flows as _flows
-from .._rules.decorate import P, R, decorate_async
+from .._rules.decorate import P, R
 from .._rules.flows import Grant, LockSpec, new_token
 from .._rules.front import FrontCore, Opening, entered, forget_entered, push_entered
 from .._rules.multilock import MultiLeaseState, checked_names, try_all
-from .backend import ASYNC, going_away, shielded
+from .backend import ASYNC, going_away, guarded, shielded
 from .front import (
     AsyncFront,
     AsyncLease,
@@ -323,4 +323,4 @@ class AsyncMultiLock(AsyncOnly):
     def __call__(self, fn: Callable[P, Awaitable[R]]) -> Callable[P, Coroutine[Any, Any, R]]:
         """``@multi``: each call of ``fn`` runs holding every name, as a lock's
         decorator runs it."""
-        return decorate_async(self, fn)
+        return guarded(self, fn)

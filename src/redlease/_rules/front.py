@@ -2,7 +2,8 @@
 options, reentrant holds, metrics, the attempt it makes) and the `with` blocks open in
 this context, with the refusal of a nested block that would wait for itself. The front
 itself (``acquire``, ``try_acquire``, ``with``) is ``_async.front`` (and its generated
-twin); its decorators are ``_rules.decorate``.
+twin); its decorators are each backend's ``guarded``, refusing what
+``_rules.decorate`` refuses.
 
 ``with lock as lease`` remembers the lease it opened in a context variable (per thread,
 per task), so nested and concurrent blocks each release their own.

@@ -4,6 +4,8 @@ whose docstring says what belongs here)."""
 from __future__ import annotations
 
 import contextlib
+import functools
+import inspect
 import math
 import queue
 import socket
@@ -12,16 +14,20 @@ import threading
 import time
 import weakref
 from collections.abc import Callable, Iterator
-from typing import Any, TypeVar
+from contextlib import AbstractContextManager
+from typing import Any, ParamSpec, TypeVar
 
 from .._base import fork as _fork
 from .._base import threads as _threads
+from .._base.errors import InvalidArgument
+from .._rules.decorate import refuse_undecorable
 from .._wire import resp as _resp
 from .._wire.endpoint import CLIENT_CALLS, Endpoint, ReplyTimedOut
 from .._wire.endpoint import bounded as settings_within
 from .._wire.resp import NOT_ENOUGH, fed, read_failed
 
 T = TypeVar("T")
+P = ParamSpec("P")
 
 ASYNC = False  # the flavour: what a client family is asked for
 
@@ -38,6 +44,27 @@ def going_away(exc: BaseException) -> bool:
     """Whether ``exc`` ends the process (Ctrl-C, exit, an error a signal handler raised:
     not an Exception): what it interrupted is cleaned up in haste."""
     return not isinstance(exc, Exception)
+
+
+def guarded(lock: AbstractContextManager[Any], fn: Callable[P, T]) -> Callable[P, T]:
+    """``@lock``: ``fn`` run under ``with lock`` at each call; refused at once if its work
+    would run after the lock is given back (``refuse_undecorable``), or when a call returns
+    a coroutine (a callable object whose ``__call__`` is async), which is closed unrun."""
+    refuse_undecorable(lock, fn, want_async=False)
+
+    @functools.wraps(fn)
+    def locked_call(*args: P.args, **kwargs: P.kwargs) -> T:
+        with lock:
+            result = fn(*args, **kwargs)
+            if inspect.iscoroutine(result):
+                result.close()
+                raise InvalidArgument(
+                    f"{type(lock).__name__} cannot guard {fn!r}: it returned a coroutine, "
+                    "whose work would run after the lock is given back"
+                )
+            return result
+
+    return locked_call
 
 
 def shielded(work: Callable[[], T]) -> T:

@@ -8,7 +8,7 @@ its rules (a ``_rules.front.FrontCore``: the spec, the options, the attempt it m
 and its driver, and makes its own lease if it is not a one-server one (``_new_lease``);
 the front does the rest: checking the server once, cleaning up after an interrupted
 attempt, starting renewal. What needs no I/O (the `with` stack, reentrant holds,
-metrics) is in ``_rules.front``, the decorator in ``_rules.decorate``.
+metrics) is in ``_rules.front``, the decorator's refusals in ``_rules.decorate``.
 
 The lease: its I/O (``extend``, ``release``, ``with lease:``) over the state in
 ``_rules.lease``, and the driver protocol its lock's flows run through.
@@ -30,7 +30,7 @@ from .._base.errors import AcquireTimeout, LockError, LockLost
 from .._base.types import Seconds
 from .._rules import arguments as args
 from .._rules import flows as _flows
-from .._rules.decorate import P, R, decorate
+from .._rules.decorate import P, R
 from .._rules.flows import Grant
 from .._rules.front import (
     Attempt,
@@ -52,7 +52,7 @@ from .._rules.inspect import LockInfo
 from .._rules.lease import HELD, RELEASED, LeaseState, lost_at_block_end
 from .._rules.multilock import MultiLeaseState
 from . import renewer as _renewer_sync
-from .backend import Cancelled, Flag, current_holder, going_away, shielded
+from .backend import Cancelled, Flag, current_holder, going_away, guarded, shielded
 
 T = TypeVar("T")
 
@@ -547,7 +547,7 @@ class SyncFront:
         lock, and raises what that raises. A function whose work would run after the
         lock is given back (a generator function; for a blocking lock, a coroutine
         function) is refused (InvalidArgument)."""
-        return decorate(self, fn)
+        return guarded(self, fn)
 
 
 # ------------------------------------------------------------- a front, for its kin
