@@ -243,6 +243,34 @@ def test_release_force_of_the_other_primitives(
             lease.release()
 
 
+def test_release_force_of_a_leader_tells_the_observers_at_once(
+    server: servers.ServerProcess, r: redis.Redis, name: str
+) -> None:
+    """An election's observers hear of a forced release when it happens, not when the
+    leader's lease (30 s here) would have run out."""
+    election = redlease.Election(r, name, ttl=30.0, identity="old-leader")
+    election.campaign()
+    seen: list[object] = []
+
+    def observe() -> None:
+        with redlease.Election(r, name, ttl=30.0).observe() as observation:
+            for leader in observation:
+                seen.append(leader)
+                if leader is None:
+                    return
+
+    watcher = threading.Thread(target=observe, daemon=True)
+    watcher.start()
+    wait_until(lambda: len(seen) == 1, timeout=10.0)
+    assert seen[0] is not None
+    code, out, _ = cli("release", name, "--kind", "election", "--force", "--yes", url=server.url)
+    assert code == 0, out
+    watcher.join(timeout=10.0)  # a third of the lease: only the announcement wakes it
+    assert not watcher.is_alive()
+    assert seen[-1] is None
+    election.resign()
+
+
 def test_operator_commands_refuse_bad_input(server: servers.ServerProcess) -> None:
     assert cli("inspect", "", url=server.url)[0] == 2
     code, _, err = cli("inspect", "x", "--prefix", "a{b", url=server.url)

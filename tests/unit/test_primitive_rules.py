@@ -984,6 +984,35 @@ def test_what_to_inspect_is_checked_naming_the_argument(
         _inspect.checked(name, kind, prefix)
 
 
+@pytest.mark.parametrize("kind", ["lock", "semaphore", "rwlock", "election"])
+def test_a_forced_release_runs_the_kinds_release_leaving_no_mark(kind: str) -> None:
+    """As the holder's own release, but marked for a millisecond: the holder's later
+    release must learn its lease was taken, not take the mark for its own retried one."""
+    flow = _inspect.forced_release("n", kind, "redlease:", "holder-token")
+    op: Any = next(flow)
+    release = _flows.LOCK.release if kind in ("lock", "election") else _flows.SEMAPHORE.release
+    assert op.script is release
+    assert op.keys == _inspect.KINDS[kind].layout("n", "redlease:").script_keys
+    assert op.args[0] == "holder-token"
+    assert op.args[3] == "1"  # the release mark's ms
+    if kind != "election":
+        assert step(flow, 1) == ("done", None)
+        return
+    announce = step(flow, 1)
+    assert announce.script is _scripts.ELECTION_ANNOUNCE
+    # the observers not told is a warning, not a failure of a release that was done
+    gone = backend_error(ConnectionRefusedError("refused"), "announce 'n'")
+    with pytest.raises(StopIteration):
+        flow.throw(gone)
+
+
+def test_a_forced_release_of_an_ended_hold_is_lock_lost() -> None:
+    flow = _inspect.forced_release("n", "semaphore", "redlease:", "holder-token")
+    next(flow)
+    with pytest.raises(redlease.LockLost):
+        flow.send(0)
+
+
 # --- keys -------------------------------------------------------------------------------
 
 

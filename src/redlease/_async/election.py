@@ -28,7 +28,7 @@ from .._rules.flows import ELECTION, LockSpec, new_token
 from .._rules.front import FrontCore
 from .._rules.ops import Mailbox
 from .backend import ASYNC, Flag, going_away, shielded
-from .front import AsyncFront, AsyncLease, give_back_in_haste, release_by_force
+from .front import AsyncFront, AsyncLease, give_back_in_haste
 from .lock import served
 
 log = logging.getLogger(__name__)
@@ -169,13 +169,6 @@ class AsyncElection:
             log.warning(
                 "election %r: %s, but observers were not told: %s", self.name, what, failure
             )
-
-
-async def resign_by_force(election: AsyncElection, token: str) -> None:
-    """End the leadership ``token`` holds, as an operator does (``release --force``),
-    and tell the observers; LockLost if it had ended."""
-    await release_by_force(election._candidacy, token)
-    await election._tell("released by force")  # the observers hear of it at once
 
 
 class AsyncObservation(AsyncOnly):

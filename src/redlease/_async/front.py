@@ -32,7 +32,6 @@ from .._base.errors import AcquireTimeout, InvalidArgument, LockError, LockLost,
 from .._base.misuse import AsyncOnly  # unasync: async only
 from .._base.types import Seconds
 from .._rules import arguments as args
-from .._rules import flows as _flows
 from .._rules.decorate import P, R, named
 from .._rules.flows import Grant
 from .._rules.front import (
@@ -700,16 +699,8 @@ async def _run_holding(lease: AsyncLease, fn: Callable[..., Any], args: Any) -> 
 
 
 # ------------------------------------------------------------- a front, for its kin
-# What the multi-lock, the election and the CLI's `release --force` do through a front
-# beyond its public surface (as for the lease above).
-
-
-async def release_by_force(front: AsyncFront, token: str) -> None:
-    """Release the hold ``token`` of ``front``'s name as its holder would, as an operator
-    does (``redlease release --force``): the next waiter is served at once, the fence
-    counter is untouched. LockLost if that hold had ended."""
-    flow = _flows.release(front._core.spec, token, forced=True)
-    await front._io.run(flow, f"release {front.name!r}")
+# What the multi-lock does through a front beyond its public surface (as for the lease
+# above).
 
 
 def handed_out(front: AsyncFront, grant: Grant, started: float) -> AsyncLease:

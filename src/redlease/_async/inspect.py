@@ -1,5 +1,6 @@
-"""``aread_info``: one read of what a name holds and who waits for it (the rules, and
-what the reply means, are in ``_rules.inspect``). Written once, as asyncio code;
+"""What an operator does to a name given by its parts: ``aread_info``, one read of what
+it holds and who waits for it, and ``release_by_force``, which ends one hold (the rules,
+and what the replies mean, are in ``_rules.inspect``). Written once, as asyncio code;
 ``scripts/unasync.py`` generates the blocking twin (``_sync.inspect``)."""
 
 from __future__ import annotations
@@ -7,7 +8,7 @@ from __future__ import annotations
 from typing import Any
 
 from .._clients.checks import check_client
-from .._rules.inspect import READ_TIMEOUT, TWINS, LockInfo, checked, inspect
+from .._rules.inspect import READ_TIMEOUT, TWINS, LockInfo, checked, forced_release, inspect
 from .backend import ASYNC
 from .io import AsyncIO
 
@@ -23,3 +24,15 @@ async def aread_info(
     keys, name, kind = checked(name, kind, prefix)
     flow = inspect(keys, name, kind, READ_TIMEOUT)
     return await AsyncIO(client).run(flow, f"inspect {name!r}")
+
+
+async def release_by_force(
+    client: Any, name: str, token: str, *, kind: str = "lock", prefix: str = "redlease:"
+) -> None:
+    """End the hold ``token`` of the ``kind`` named ``name`` as its holder would, as an
+    operator does (``redlease release --force``): the next waiter is served at once, the
+    fence counter is untouched, an election's observers are told. LockLost if that hold
+    had ended; InvalidArgument and BackendError as ``aread_info``."""
+    check_client(client, want_async=ASYNC, **TWINS)
+    flow = forced_release(name, kind, prefix, token)
+    await AsyncIO(client).run(flow, f"release {name!r}")

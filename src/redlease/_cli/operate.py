@@ -293,27 +293,15 @@ def _release_one(url: str, args: argparse.Namespace, token: str) -> bool:
     """Release the hold ``token`` as its holder would (the next waiter is served at once;
     the fence counter is untouched, so later fences stay greater); False if it ended
     meanwhile."""
-    from .. import Election, Lock, ReadWriteLock, Semaphore
     from .._base.errors import LockLost
-    from .._sync.election import resign_by_force
-    from .._sync.front import release_by_force
+    from .._sync.inspect import release_by_force
 
     client = make_client(url)
     try:
-        try:
-            if args.kind == "election":
-                resign_by_force(Election(client, args.name, prefix=args.prefix), token)
-                return True
-            lock: Any
-            if args.kind == "semaphore":
-                lock = Semaphore(client, args.name, 1, prefix=args.prefix)
-            elif args.kind == "rwlock":
-                lock = ReadWriteLock(client, args.name, prefix=args.prefix).write
-            else:
-                lock = Lock(client, args.name, prefix=args.prefix)
-            release_by_force(lock, token)
-        except LockLost:
-            return False
+        release_by_force(client, args.name, token, kind=args.kind, prefix=args.prefix)
+    except LockLost:
+        return False
+    else:
         return True
     finally:
         client.close()

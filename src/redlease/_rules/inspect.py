@@ -1,7 +1,8 @@
-"""Reading what a name holds and who waits for it, without I/O: the INSPECT flow and
-what its reply means, for ``read_info`` and ``aread_info`` (``_async.inspect`` and its
-generated twin; for tools such as ``redlease inspect``) and the lock objects'
-``locked()``, ``owned()`` and ``waiting()``.
+"""What an operator does to a name given by its parts (name, kind, prefix), without
+I/O: the INSPECT flow and what its reply means, for ``read_info`` and ``aread_info``
+(``_async.inspect`` and its generated twin; for tools such as ``redlease inspect``) and
+the lock objects' ``locked()``, ``owned()`` and ``waiting()``; and the forced release
+(``redlease release --force``), which ends one hold as its holder would.
 
 Everything comes from one run of the read-only ``INSPECT`` script, so the holders, their
 time left, the fence counter and which queue entries are live are one snapshot, judged
@@ -16,14 +17,30 @@ take a lock on it ("it looked free") is a race: take the lock instead.
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 from typing import Any
 
+from .._base.errors import BackendError
 from . import arguments as args
-from .flows import ELECTION, LOCK, READ_WRITE, SEMAPHORE, Flow, Kind, as_int, as_text
+from .election import announce_change, observers_of
+from .flows import (
+    ELECTION,
+    LOCK,
+    READ_WRITE,
+    SEMAPHORE,
+    Flow,
+    Kind,
+    LockSpec,
+    as_int,
+    as_text,
+    release,
+)
 from .keys import LockKeys, read_back
 from .ops import Call
 from .scripts import INSPECT
+
+log = logging.getLogger(__name__)
 
 # What ``kind=`` names, and the primitive whose keys it reads.
 KINDS: dict[str, Kind] = {
@@ -155,3 +172,30 @@ def checked(name: object, kind: object, prefix: object) -> tuple[LockKeys, str, 
     checked_kind = args.one_of(kind, "kind", tuple(KINDS))
     keys = KINDS[checked_kind].layout(checked_name, args.key_prefix(prefix))
     return keys, checked_name, checked_kind
+
+
+def forced_release(name: object, kind: object, prefix: object, token: str) -> Flow[None]:
+    """End the hold ``token`` of the ``kind`` named ``name`` as its holder would, as an
+    operator does: the next waiter is served at once, the fence counter is untouched (so
+    later fences stay greater), an election's observers are told. LockLost if that hold
+    had ended."""
+    _, checked_name, checked_kind = checked(name, kind, prefix)
+    spec = LockSpec.create(
+        checked_name,
+        READ_TIMEOUT,  # (only the reply's bound: a forced release leaves no mark to last)
+        prefix=prefix,
+        kind=KINDS[checked_kind],
+        # (a limit and a mode, which the shared release reads neither of: a permit, a
+        # read hold and a write hold are dropped alike)
+        extra=("1", "w") if checked_kind in ("semaphore", "rwlock") else (),
+    )
+    yield from release(spec, token, forced=True)
+    if checked_kind == "election":
+        try:  # the observers hear of it at once, not when they next look
+            yield from announce_change(spec, observers_of(spec))
+        except BackendError as failure:
+            log.warning(
+                "election %r: released by force, but observers were not told: %s",
+                checked_name,
+                failure,
+            )

@@ -29,7 +29,6 @@ from .._base import metrics as _metrics
 from .._base.errors import AcquireTimeout, LockError, LockLost
 from .._base.types import Seconds
 from .._rules import arguments as args
-from .._rules import flows as _flows
 from .._rules.decorate import P, R
 from .._rules.flows import Grant
 from .._rules.front import (
@@ -551,16 +550,8 @@ class SyncFront:
 
 
 # ------------------------------------------------------------- a front, for its kin
-# What the multi-lock, the election and the CLI's `release --force` do through a front
-# beyond its public surface (as for the lease above).
-
-
-def release_by_force(front: SyncFront, token: str) -> None:
-    """Release the hold ``token`` of ``front``'s name as its holder would, as an operator
-    does (``redlease release --force``): the next waiter is served at once, the fence
-    counter is untouched. LockLost if that hold had ended."""
-    flow = _flows.release(front._core.spec, token, forced=True)
-    front._io.run(flow, f"release {front.name!r}")
+# What the multi-lock does through a front beyond its public surface (as for the lease
+# above).
 
 
 def handed_out(front: SyncFront, grant: Grant, started: float) -> Lease:
