@@ -13,12 +13,14 @@ import pytest
 
 import redlease
 from redlease._base.timing import drift
+from redlease._clients.errors import ReplyError
 from redlease._rules import fenced as _fenced
 from redlease._rules import flows as _flows
 from redlease._rules import once as _once
 from redlease._rules import ops as _ops
 from redlease._rules import scripts as _scripts
 from redlease._rules.keys import gate_key
+from redlease._wire.errors import backend_error
 from redlease.testing import FakeClock
 
 NAME = "reports:nightly"
@@ -519,3 +521,37 @@ def test_the_recorded_fence_is_none_only_when_no_record_lives() -> None:
         flow = _fenced.recorded(RECORD, 5.0)
         next(flow)
         assert step(flow, reply) == ("done", read)
+
+
+# --- the period record, as an operator reads it -----------------------------------------
+
+
+def test_the_period_record_is_read_as_the_grant_wrote_it() -> None:
+    flow = _once.last_period("job", "redlease:", 5.0)
+    get: Any = next(flow)
+    assert get.args == ("GET", "redlease:{job}:once")
+    pttl: Any = step(flow, b"417:run-token")
+    assert pttl.args == ("PTTL", "redlease:{job}:once")
+    assert step(flow, 1500) == ("done", _once.Period(run="run-token", next_in=1.5))
+
+
+@pytest.mark.parametrize(("record", "left"), [(None, -2), (b"1:t", -1), (b"1:t", -2)])
+def test_no_record_or_one_without_a_ttl_is_no_period(record: Any, left: int) -> None:
+    flow = _once.last_period("job", "redlease:", 5.0)
+    next(flow)
+    step(flow, record)
+    assert step(flow, left) == ("done", None)
+
+
+def test_a_key_of_another_type_is_no_period_and_other_failures_are_raised() -> None:
+    wrong = backend_error(ReplyError("WRONGTYPE Operation against a key"), "inspect 'job'")
+    flow = _once.last_period("job", "redlease:", 5.0)
+    next(flow)
+    with pytest.raises(StopIteration) as ended:
+        flow.throw(wrong)
+    assert ended.value.value is None
+    refused = backend_error(ConnectionRefusedError("refused"), "inspect 'job'")
+    flow = _once.last_period("job", "redlease:", 5.0)
+    next(flow)
+    with pytest.raises(redlease.BackendError):
+        flow.throw(refused)

@@ -1,6 +1,7 @@
 """What an operator does to a name given by its parts: ``aread_info``, one read of what
-it holds and who waits for it, and ``release_by_force``, which ends one hold (the rules,
-and what the replies mean, are in ``_rules.inspect``). Written once, as asyncio code;
+it holds and who waits for it; ``release_by_force``, which ends one hold (the rules,
+and what the replies mean, are in ``_rules.inspect``); ``last_period``, a scheduled job's
+record of its period's run (``_rules.once``). Written once, as asyncio code;
 ``scripts/unasync.py`` generates the blocking twin (``_sync.inspect``)."""
 
 from __future__ import annotations
@@ -9,6 +10,7 @@ from typing import Any
 
 from .._clients.checks import check_client
 from .._rules.inspect import READ_TIMEOUT, TWINS, LockInfo, checked, forced_release, inspect
+from .._rules.once import Period, last_period
 from .backend import ASYNC
 from .io import AsyncIO
 
@@ -36,3 +38,12 @@ async def release_by_force(
     check_client(client, want_async=ASYNC, **TWINS)
     flow = forced_release(name, kind, prefix, token)
     await AsyncIO(client).run(flow, f"release {name!r}")
+
+
+async def read_period(client: Any, name: str, *, prefix: str = "redlease:") -> Period | None:
+    """The record a scheduled job of ``name`` keeps of its period's run (``every=``),
+    if any: the run that made it, and when the next period begins. InvalidArgument and
+    BackendError as ``aread_info``."""
+    check_client(client, want_async=ASYNC, **TWINS)
+    flow = last_period(name, prefix, READ_TIMEOUT)
+    return await AsyncIO(client).run(flow, f"inspect {name!r}")

@@ -11,14 +11,13 @@ import argparse
 import fnmatch
 import json
 import sys
-from dataclasses import dataclass
 from typing import Any, TextIO
 
 from .._rules.inspect import KINDS, Holder, LockInfo, Waiter, held_at
-from .._rules.keys import LockKeys
 from .._rules.lease import SHOWN
 from .._rules.lease import short_token as short  # (the library's logs show tokens so too)
-from .._sync.inspect import read_info
+from .._rules.once import Period
+from .._sync.inspect import read_info, read_period
 from .common import EXIT_FREE, EXIT_USAGE, CliError, Reporter, make_client
 
 
@@ -48,31 +47,6 @@ def info_json(info: LockInfo, url: str) -> dict[str, Any]:
         "live_waiters": info.live_waiters,
         "waiters": [_waiter_json(w) for w in info.waiters],
     }
-
-
-@dataclass(frozen=True)
-class Period:
-    """A scheduled job's record of its period's run (``redlease run --every``,
-    ``redlease.once(every=)``): the run that made it, and when the next period begins."""
-
-    run: str  # the token of the run
-    next_in: float  # seconds until the next period begins (the record's TTL)
-
-
-def _period(client: Any, name: str, prefix: str) -> Period | None:
-    """The period record a scheduled job of ``name`` keeps, if any (read with the
-    client's own GET and PTTL: a plain string key)."""
-    from .._clients.errors import reply_errors
-
-    key = LockKeys.for_name(name, prefix).once
-    try:
-        record, left = client.get(key), client.pttl(key)
-    except reply_errors():  # (a key of another type there: no job's record)
-        return None
-    if record is None or left is None or int(left) < 0:
-        return None
-    text = record.decode() if isinstance(record, bytes) else str(record)
-    return Period(run=text.partition(":")[2], next_in=int(left) / 1000.0)
 
 
 def _write_info(info: LockInfo, out: TextIO, period: Period | None = None) -> None:
@@ -105,7 +79,7 @@ def _read(url: str, name: str, kind: str, prefix: str) -> tuple[LockInfo, Period
     client = make_client(url)
     try:
         info = read_info(client, name, kind=kind, prefix=prefix)
-        return info, (_period(client, name, prefix) if kind == "lock" else None)
+        return info, (read_period(client, name, prefix=prefix) if kind == "lock" else None)
     finally:
         client.close()
 

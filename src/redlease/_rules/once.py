@@ -29,9 +29,12 @@ from .._base.errors import BackendError, InvalidArgument, LockLost
 from .._base.timing import valid_until
 from .._base.types import OnLost
 from . import arguments as args
-from .flows import ONE_FENCE, Acquisition, Flow, Grant, LockSpec, as_int, release
+from .classify import error_code
+from .flows import ONE_FENCE, Acquisition, Flow, Grant, LockSpec, as_int, as_text, release
 from .front import FrontCore
+from .keys import LockKeys
 from .lease import LeaseState
+from .ops import Command
 from .scripts import ONCE_ACQUIRE, ONCE_EXTEND, ONCE_LEAVE, ONCE_RELEASE
 
 # Why a call was skipped (``Skipped.reason``).
@@ -318,3 +321,29 @@ def skip_message(skipped: Skipped) -> str:
     """The log line of a skipped call."""
     later = "" if skipped.retry_in is None else f"; it may run in {skipped.retry_in:.3f} s"
     return f"scheduled job {skipped.name!r} skipped: {skipped.reason}{later}"
+
+
+@dataclass(frozen=True)
+class Period:
+    """A scheduled job's record of its period's run (``every=``; ``redlease inspect``
+    shows it): the run that made it, and when the next period begins."""
+
+    run: str  # the token of the run
+    next_in: float  # seconds until the next period begins (the record's TTL)
+
+
+def last_period(name: object, prefix: object, wait: float) -> Flow[Period | None]:
+    """The period record a scheduled job of ``name`` keeps, if any: ONCE_ACQUIRE writes
+    ``{period number}:{run token}`` at ``P{N}:once``, to expire as the next period
+    begins. Two plain reads (the record and its time left), each bounded by ``wait``."""
+    key = LockKeys.for_name(args.lock_name(name), args.key_prefix(prefix)).once
+    try:
+        record = yield Command(("GET", key), wait)
+        left = yield Command(("PTTL", key), wait)
+    except BackendError as failure:
+        if error_code(failure) == "WRONGTYPE":  # another program's key there: no record
+            return None
+        raise
+    if record is None or left is None or as_int(left) < 0:
+        return None
+    return Period(run=as_text(record).partition(":")[2], next_in=as_int(left) / 1000.0)

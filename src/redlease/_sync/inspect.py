@@ -1,8 +1,9 @@
 # Generated from _async/inspect.py by scripts/unasync.py: edit that file, then run
 # `python scripts/unasync.py` (the tests run it with --check).
 """What an operator does to a name given by its parts: ``read_info``, one read of what
-it holds and who waits for it, and ``release_by_force``, which ends one hold (the rules,
-and what the replies mean, are in ``_rules.inspect``). Written once, as asyncio code;
+it holds and who waits for it; ``release_by_force``, which ends one hold (the rules,
+and what the replies mean, are in ``_rules.inspect``); ``last_period``, a scheduled job's
+record of its period's run (``_rules.once``). Written once, as asyncio code;
 ``scripts/unasync.py`` generates the blocking twin (``_sync.inspect``)."""
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ from typing import Any
 
 from .._clients.checks import check_client
 from .._rules.inspect import READ_TIMEOUT, TWINS, LockInfo, checked, forced_release, inspect
+from .._rules.once import Period, last_period
 from .backend import ASYNC
 from .io import SyncIO
 
@@ -36,3 +38,12 @@ def release_by_force(
     check_client(client, want_async=ASYNC, **TWINS)
     flow = forced_release(name, kind, prefix, token)
     SyncIO(client).run(flow, f"release {name!r}")
+
+
+def read_period(client: Any, name: str, *, prefix: str = "redlease:") -> Period | None:
+    """The record a scheduled job of ``name`` keeps of its period's run (``every=``),
+    if any: the run that made it, and when the next period begins. InvalidArgument and
+    BackendError as ``read_info``."""
+    check_client(client, want_async=ASYNC, **TWINS)
+    flow = last_period(name, prefix, READ_TIMEOUT)
+    return SyncIO(client).run(flow, f"inspect {name!r}")
