@@ -51,7 +51,7 @@ def test_import_loads_no_client_library() -> None:
 _LATE_FAMILY = """
 import socket, sys
 import redlease
-from redlease._wire.endpoint import ConnectionFailed
+from redlease._clients import ConnectionFailed
 import valkey, valkey.exceptions
 
 def free_port():

@@ -23,9 +23,10 @@ from contextlib import AbstractAsyncContextManager
 from typing import Any, ParamSpec, TypeVar
 
 from .._base import fork as _fork
+from .._clients import ReplyTimedOut
 from .._rules.decorate import refuse_undecorable
 from .._wire import resp as _resp
-from .._wire.endpoint import CLIENT_CALLS, Endpoint, ReplyTimedOut
+from .._wire.endpoint import CLIENT_CALLS, Endpoint
 from .._wire.endpoint import bounded as settings_within
 from .._wire.resp import NOT_ENOUGH, fed, read_failed
 

@@ -20,7 +20,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, TypeVar
 
 from .._base.timing import CONNECT_RETRY_BASE, CONNECT_RETRY_CAP, backoff
-from .._clients import NotRedis
+from .._clients import NotRedis, caught
 from .._clients.errors import backend_failures, is_noscript, is_unblocked, reply_errors
 from .._rules import settings as _settings
 from .._rules.flows import Flow
@@ -28,14 +28,7 @@ from .._rules.ops import LATE_WAKE, Call, Command, Listen, Op, Replicas, Sleep, 
 from .._rules.quorum import MIN_READ_WAIT, UNREAD, Unsent, said_yes
 from .._wire import resp as _resp
 from .._wire import stale as _stale
-from .._wire.endpoint import (
-    Route,
-    caught,
-    endpoint_of,
-    node_of,
-    reloading,
-    retries_of,
-)
+from .._wire.endpoint import Route, endpoint_of, node_of, retries_of
 from .._wire.errors import backend_error
 from .backend import ASYNC, bounded, client_slot, meet_cluster, sleep
 from .conn import Box, Connection, Hub, Pool, node_pool, pool_for
@@ -179,7 +172,7 @@ class AsyncIO:
             missing = [i for i, result in enumerate(results) if result is None]
             if missing:
                 # The server lost its scripts: one more pipeline, which loads them again
-                await conn.send(reloading([ops[i] for i in missing]))
+                await conn.send(_resp.reloading([ops[i] for i in missing]))
                 for i in missing:
                     try:
                         results[i] = await conn.read(timeout)

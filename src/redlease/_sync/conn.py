@@ -73,11 +73,12 @@ from dataclasses import dataclass
 from typing import Any
 
 from .._base import fork as _fork
+from .._clients import ConnectionFailed, ReplyTimedOut
 from .._clients.errors import ReplyError
 from .._rules.classify import starts_over
 from .._wire import resp as _resp
 from .._wire import stale as _stale
-from .._wire.endpoint import ConnectionFailed, Endpoint, ReplyTimedOut, Route, node_endpoint
+from .._wire.endpoint import Endpoint, Route, node_endpoint
 from .._wire.resp import buffered
 from . import backend as _backend_sync
 from .backend import ClassConnection

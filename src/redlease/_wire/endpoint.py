@@ -28,24 +28,16 @@ from __future__ import annotations
 import enum
 import math
 import sys
-from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from .._clients import ConnectionFailed, ReplyTimedOut, caught, family_of
+from .._clients import family_of
 from .._clients.family import Family
-from . import resp as _resp
-
-if TYPE_CHECKING:
-    from .._rules.ops import Call
 
 __all__ = [
-    "ConnectionFailed",
     "Endpoint",
-    "ReplyTimedOut",
     "Route",
     "bounded",
-    "caught",
     "endpoint_of",
     "node_endpoint",
     "node_of",
@@ -245,16 +237,3 @@ def bounded(settings: dict[str, Any], timeout: float) -> dict[str, Any]:
         configured = kwargs.get(key)
         kwargs[key] = timeout if configured is None else min(configured, timeout)
     return kwargs
-
-
-def reloading(ops: Sequence[Call]) -> bytes:
-    """``ops``, whose scripts the server has lost, as one pipeline that loads them again:
-    the first op of each script by its source (EVAL caches it), the rest by SHA1. One
-    round trip, and no SCRIPT LOAD, which a least-privilege user may not run."""
-    sent: set[str] = set()
-    wire = []
-    for op in ops:
-        sha = op.script.sha
-        wire.append(_resp.evalsha(op) if sha in sent else _resp.eval_source(op))
-        sent.add(sha)
-    return b"".join(wire)

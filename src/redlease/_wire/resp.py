@@ -22,7 +22,7 @@ import math
 import os
 import time
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from .._base.errors import RedleaseWarning
@@ -64,6 +64,19 @@ def eval_source(op: Call) -> bytes:
 
 def command(args: tuple[str, ...]) -> bytes:
     return pack(args)
+
+
+def reloading(ops: Sequence[Call]) -> bytes:
+    """``ops``, whose scripts the server has lost, as one pipeline that loads them again:
+    the first op of each script by its source (EVAL caches it), the rest by SHA1. One
+    round trip, and no SCRIPT LOAD, which a least-privilege user may not run."""
+    sent: set[str] = set()
+    wire = []
+    for op in ops:
+        sha = op.script.sha
+        wire.append(evalsha(op) if sha in sent else eval_source(op))
+        sent.add(sha)
+    return b"".join(wire)
 
 
 _COMMAND, _EVALSHA, _EVAL = 0, 1, 2
