@@ -122,8 +122,9 @@ def optional_positive(value: object, name: str) -> float | None:
     return secs
 
 
-def _encodable(value: str, name: str) -> str:
-    """``value``, which goes into keys and scripts as UTF-8: a lone surrogate cannot."""
+def utf8(value: str, name: str) -> str:
+    """``value``, which goes to the server (keys, scripts, SQL parameters) as UTF-8: a
+    lone surrogate cannot. InvalidArgument naming ``name`` otherwise."""
     try:
         value.encode()
     except UnicodeEncodeError as exc:
@@ -140,7 +141,7 @@ def lock_name(value: object) -> str:
         raise InvalidArgument(f"name must be a str, not {type(value).__name__}")
     if not value:
         raise InvalidArgument("name must not be empty")
-    return _encodable(value, "name")
+    return utf8(value, "name")
 
 
 # An election candidate's identity rides in its tokens (hex), so it is kept short.
@@ -153,7 +154,7 @@ def identity(value: object) -> str:
         raise InvalidArgument(f"identity must be a str, not {type(value).__name__}")
     if not value:
         raise InvalidArgument("identity must not be empty")
-    checked = _encodable(value, "identity")
+    checked = utf8(value, "identity")
     if len(checked.encode()) > MAX_IDENTITY_BYTES:
         raise InvalidArgument(
             f"identity must be at most {MAX_IDENTITY_BYTES} bytes in UTF-8, got {shown(value)}"
@@ -168,7 +169,7 @@ def key_prefix(value: object) -> str:
         raise InvalidArgument(f"prefix must be a str, not {type(value).__name__}")
     if "{" in value or "}" in value:
         raise InvalidArgument(f"prefix must not contain '{{' or '}}', got {shown(value)}")
-    return _encodable(value, "prefix")
+    return utf8(value, "prefix")
 
 
 def count(value: object, name: str, maximum: int) -> int:

@@ -15,7 +15,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from .._base.errors import BackendError, InvalidArgument, StaleFence
-from .arguments import milliseconds, shown
+from .arguments import milliseconds, shown, utf8
 from .flows import Flow, as_int, as_text
 from .keys import FENCE_LIMIT, hash_slot
 from .ops import Call
@@ -164,17 +164,7 @@ def resource(value: object) -> str:
             f"resource must be a non-empty str (the name of what the fence guards), "
             f"got {shown(value)}"
         )
-    if not _encodable(value):
-        raise InvalidArgument(f"resource must be encodable as UTF-8, got {shown(value)}")
-    return value
-
-
-def _encodable(text: str) -> bool:
-    try:
-        text.encode()
-    except UnicodeEncodeError:  # a lone surrogate
-        return False
-    return True
+    return utf8(value, "resource")
 
 
 def fence(value: object) -> int:
@@ -190,9 +180,9 @@ def keep_ms(value: object) -> int:
 
 
 def _word(value: object, where: str) -> Word:
-    if isinstance(value, str) and not _encodable(value):
-        raise InvalidArgument(f"{where} must be encodable as UTF-8, got {shown(value)}")
-    if isinstance(value, (str, bytes)):
+    if isinstance(value, str):
+        return utf8(value, where)
+    if isinstance(value, bytes):
         return value
     if isinstance(value, (int, float)) and not isinstance(value, bool):
         return repr(value)

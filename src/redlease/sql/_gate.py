@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from .._base.errors import InvalidArgument, StaleFence
-from .._rules.arguments import shown
+from .._rules.arguments import shown, utf8
 
 DEFAULT_TABLE = "redlease_fences"
 MAX_FENCE = 2**63 - 1  # a BIGINT column's greatest value
@@ -329,10 +329,7 @@ def resource(value: object) -> str:
             f"resource must be a non-empty str of at most {MAX_RESOURCE} characters "
             f"(the name of what the fence guards), got {shown(value)}"
         )
-    try:
-        value.encode()
-    except UnicodeEncodeError:  # a lone surrogate
-        raise InvalidArgument(f"resource must be encodable as UTF-8, got {shown(value)}") from None
+    utf8(value, "resource")
     if "\x00" in value:
         raise InvalidArgument(f"resource must be free of NUL characters, got {shown(value)}")
     return value
