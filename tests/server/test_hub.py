@@ -420,8 +420,8 @@ def test_a_hub_redirected_by_its_node_starts_over_instead_of_giving_up(
     """A node answers the hub's SSUBSCRIBE with MOVED (its topology was stale): the hub
     drops its connection (the waiter looks again) and does not take that for a refusal,
     which would send every later waiter of that node to bells."""
-    from redlease._sync import conn as _conn_sync
     from redlease._clients import ConnectionFailed
+    from redlease._sync import conn as _conn_sync
 
     client = family.cluster(cluster[0].port)
     try:

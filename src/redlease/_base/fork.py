@@ -8,9 +8,10 @@ callbacks registered with ``in_child`` (the lease and renewer bookkeeping).
 Locks: a fork copies every lock as it is, and one that another thread of the parent held
 at that moment stays held in the child for good (that thread does not exist there). So a
 lock that outlives one call is never taken in a child before it is made anew or freed: a
-module-level one through ``in_child``, an object's through ``renew_in_child``, whose
-``_after_fork`` runs in the child right after the fork, where the forking thread is the
-only one and nothing can be inside a critical section (``thread_lock``'s are freed there).
+module-level one through ``in_child``, an object's through ``renew_in_child`` (the method
+the object gives, while it lives); both run in the child right after the fork, where the
+forking thread is the only one and nothing can be inside a critical section
+(``thread_lock``'s are freed there).
 Checking ``generation`` after taking such a lock is too late.
 """
 
@@ -21,7 +22,6 @@ import os
 import threading
 import weakref
 from collections.abc import Callable
-from typing import Protocol
 
 log = logging.getLogger(__name__)
 
@@ -30,13 +30,9 @@ generation = 0  # how many forks lie between the first process and this one
 _CALLBACKS: list[Callable[[], None]] = []
 
 
-class LockOwner(Protocol):
-    def _after_fork(self) -> None:
-        """In a forked child, before anything else runs there: make its locks anew."""
-
-
-# Weak: an owner registered here lives no longer for it.
-_OWNERS: weakref.WeakSet[LockOwner] = weakref.WeakSet()
+# Weak: an object whose method is registered here lives no longer for it, and its entry
+# goes with it.
+_METHODS: set[weakref.WeakMethod[Callable[[], None]]] = set()
 
 
 def in_child(callback: Callable[[], None]) -> None:
@@ -44,9 +40,10 @@ def in_child(callback: Callable[[], None]) -> None:
     _CALLBACKS.append(callback)
 
 
-def renew_in_child(owner: LockOwner) -> None:
-    """Call ``owner._after_fork()`` in every child right after a fork, while it lives."""
-    _OWNERS.add(owner)
+def renew_in_child(method: Callable[[], None]) -> None:
+    """Call the bound ``method`` (which makes its object's locks anew) in every child
+    right after a fork, while its object lives."""
+    _METHODS.add(weakref.WeakMethod(method, _METHODS.discard))
 
 
 def _after_fork_in_child() -> None:
@@ -56,7 +53,9 @@ def _after_fork_in_child() -> None:
     for lock in list(_LOCKS):
         if lock.locked():
             lock.release()
-    for fresh in [owner._after_fork for owner in list(_OWNERS)] + _CALLBACKS:
+    for fresh in [ref() for ref in list(_METHODS)] + _CALLBACKS:
+        if fresh is None:  # (its object went meanwhile)
+            continue
         try:
             fresh()
         except Exception:  # one that fails must not leave the others' locks held

@@ -232,7 +232,7 @@ class Counts:
     def __init__(self) -> None:
         self.lock = threading.Lock()  # guards the cells
         self.cells: dict[tuple[tuple[str, str], ...], Cell] = {}
-        _fork.renew_in_child(self)
+        _fork.renew_in_child(self._after_fork)
 
     def _after_fork(self) -> None:
         # A thread of the parent may have been counting at the fork. (Here, not on each

@@ -78,7 +78,7 @@ class Flag:
 
     def __init__(self) -> None:
         self._event = threading.Event()
-        _fork.renew_in_child(self)
+        _fork.renew_in_child(self._after_fork)
 
     def _after_fork(self) -> None:
         # The event's lock may have been held by a thread of the parent (setting it, or

@@ -169,7 +169,7 @@ class Hub:
         self._conn: Any = None
         self._reader: Any = None  # kept: a loop holds its tasks weakly
         self._start()
-        _fork.renew_in_child(self)
+        _fork.renew_in_child(self._after_fork)
 
     def _after_fork(self) -> None:
         # The parent's reader may have held a lock at the fork (listen starts the child's
@@ -564,7 +564,7 @@ class Pool:
         self._generation = _fork.generation
         self._hub: Hub | None = None
         weakref.finalize(self, _close_all, self._idle, self._owing)
-        _fork.renew_in_child(self)
+        _fork.renew_in_child(self._after_fork)
 
     def _after_fork(self) -> None:
         # Another thread of the parent may have held the guard at the fork; the rest of
