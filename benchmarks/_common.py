@@ -55,6 +55,12 @@ class Settings:
     # CPU per gated transaction (section 13): chunks per side, transactions per chunk
     cpu_chunks: int = 4
     cpu_cycles: int = 3000
+    # the server's share (section 15): rounds (a fresh server each), seconds per figure,
+    # uncontended processes (a name each), contending processes (one name)
+    share_rounds: int = 6
+    share_seconds: float = 1.0
+    share_processes: int = 2
+    share_contenders: int = 4
 
 
 FULL = Settings()
@@ -73,6 +79,8 @@ QUICK = Settings(
     memory_names=100_000,
     cpu_chunks=2,
     cpu_cycles=1500,
+    share_rounds=3,
+    share_seconds=0.6,
 )
 # For the smoke test: every code path, no meaningful figures.
 TINY = Settings(
@@ -101,6 +109,9 @@ TINY = Settings(
     memory_grace=1.0,
     cpu_chunks=1,
     cpu_cycles=20,
+    share_rounds=1,
+    share_seconds=0.2,
+    share_contenders=2,
 )
 
 
@@ -200,6 +211,7 @@ def sleep_until(when: float) -> bool:
 
 def _warm_up() -> None:
     # Import what the workers use before any figure is timed.
+    import pottery  # noqa: F401
     import redis_lock  # noqa: F401
 
     import redlease

@@ -19,6 +19,7 @@ KINDS = {
     "redis-py": "redis-py Lock (defaults: polls every 0.1 s)",
     "python-redis-lock": "python-redis-lock (BLPOP signal)",
     "ticket": "FIFO ticket baton (reference: no TTL, not a usable lock)",
+    "pottery": "pottery Redlock, 1 master (retries after a random sleep)",
 }
 # compared in every multi-process figure; contention also shows redlease without fairness
 PEERS = ("redlease", "redis-py", "python-redis-lock")
@@ -89,6 +90,21 @@ class _PythonRedisLock:
         handle.release()
 
 
+class _Pottery:
+    def __init__(self, client: redis.Redis, name: str, ttl: float) -> None:
+        from pottery import Redlock
+
+        self._lock = Redlock(key=name, masters={client}, auto_release_time=ttl)
+
+    def acquire(self, timeout: float | None = None) -> Any:
+        if not self._lock.acquire(timeout=-1 if timeout is None else timeout):
+            raise TimeoutError("pottery Redlock: not acquired in time")
+        return self._lock
+
+    def release(self, handle: Any) -> None:
+        handle.release()
+
+
 class _Ticket:
     """A ticket lock: take a number (INCR), wait for it to be pushed (BLPOP); release
     pushes the next number. FIFO with one wake-up per hand-over and nothing else (no TTL,
@@ -118,6 +134,8 @@ def make_lock(kind: str, client: redis.Redis, name: str, ttl: float) -> SyncLock
         return _PythonRedisLock(client, name, ttl)
     if kind == "ticket":
         return _Ticket(client, name, ttl)
+    if kind == "pottery":
+        return _Pottery(client, name, ttl)
     raise ValueError(f"unknown lock kind {kind!r}")
 
 

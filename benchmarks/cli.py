@@ -29,6 +29,7 @@ from . import (
     primitives,
     renewal,
     scheduled,
+    share,
     uncontended,
     waiters,
 )
@@ -48,6 +49,7 @@ SECTIONS = (
     "primitives",
     "gates",
     "scheduled",
+    "share",
 )
 SECTION_HELP = {
     "single": "1. uncontended cycles on one server, sync and asyncio",
@@ -62,6 +64,7 @@ SECTION_HELP = {
     "primitives": "10-12. semaphore and read/write lock under N processes; election failover",
     "gates": "13. fence gates: a write with and without the gate (SQLite, PostgreSQL, Redis)",
     "scheduled": "14. scheduled jobs: a skipped call and a run of redlease.once",
+    "share": "15. the server's share: its CPU and commands per cycle and per section",
 }
 
 
@@ -147,7 +150,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     count = 5 if "redlock" in wanted else 1
-    multi = [s for s in wanted if s in ("contention", "handoff", "idle", "primitives")]
+    multi = [s for s in wanted if s in ("contention", "handoff", "idle", "primitives", "share")]
     progress = Progress(len(wanted) + (1 if multi else 0))
     started = time.monotonic()
     with servers.running(count, kind=binary.kind) as procs:
@@ -167,7 +170,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 if name in wanted:
                     progress.step(SECTION_HELP[name])
         if multi:
-            size = max(settings.processes, settings.idle_waiters, 2)
+            size = max(settings.processes, settings.idle_waiters, settings.share_contenders, 2)
             with Crew(size) as crew:
                 progress.step(f"started {size} worker processes")
                 for name in multi:
@@ -177,6 +180,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                         report.add_all(handoff.run(crew, port, settings))
                     elif name == "primitives":
                         report.add_all(primitives.run(crew, port, settings))
+                    elif name == "share":
+                        report.add_all(share.run(crew, binary.kind, settings))
                     else:
                         report.add_all(idle.run(crew, port, settings))
                     progress.step(SECTION_HELP[name])
@@ -268,6 +273,8 @@ def notes(settings: Settings, wanted: Sequence[str], elapsed: float) -> list[str
         out.append(gates.note(settings))
     if "scheduled" in wanted:
         out.append(scheduled.note(settings))
+    if "share" in wanted:
+        out.append(share.note(settings))
     out.append(f"whole run: {elapsed:.0f} s.")
     return out
 

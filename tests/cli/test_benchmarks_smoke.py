@@ -29,6 +29,7 @@ from benchmarks import (  # noqa: E402
     primitives,
     renewal,
     scheduled,
+    share,
     uncontended,
     waiters,
 )
@@ -98,6 +99,23 @@ def test_contention_loses_no_update(server: servers.ServerProcess, crew: Crew) -
     rows = contention.rows(tallies, TINY.processes)
     assert len([r for r in rows if r.figure.startswith("sections/s of 1 process alone")]) == 2
     assert [r.verdict for r in rows if r.figure == "lost updates"].count(FAIL) == 0
+
+
+def test_the_servers_share_is_counted_for_every_lock(
+    server: servers.ServerProcess, crew: Crew
+) -> None:
+    tallies = share.measure(crew, server.binary.kind, TINY)
+    for tally in tallies:
+        assert tally.problem is None, tally.problem
+        assert tally.cycle_cpu[0] > 0
+        assert tally.section_cpu[0] > 0
+        # a cycle reaches the server: at least an acquire and a release
+        assert tally.cycle_commands[0] >= 2
+        assert tally.section_commands[0] >= 4  # (and the counter's GET and SET)
+    rows = share.rows(tallies, TINY)
+    assert_no_errors(rows)
+    assert {r.contender for r in rows} == {contention.KINDS[k] for k in share.SHARE}
+    assert len([r for r in rows if r.verdict]) == 2 * len(share.BARS)
 
 
 def test_handoff_latencies(server: servers.ServerProcess, crew: Crew) -> None:
