@@ -34,6 +34,7 @@ from benchmarks import (  # noqa: E402
     waiters,
 )
 from benchmarks._common import TINY, Crew  # noqa: E402
+from benchmarks._locks import KINDS  # noqa: E402
 from benchmarks._pairs import Pair, alternated, rows  # noqa: E402
 from benchmarks._report import FAIL, NA, Report, Row  # noqa: E402
 
@@ -114,7 +115,7 @@ def test_the_servers_share_is_counted_for_every_lock(
         assert tally.section_commands[0] >= 4  # (and the counter's GET and SET)
     rows = share.rows(tallies, TINY)
     assert_no_errors(rows)
-    assert {r.contender for r in rows} == {contention.KINDS[k] for k in share.SHARE}
+    assert {r.contender for r in rows} == {KINDS[k] for k in share.SHARE}
     assert len([r for r in rows if r.verdict]) == 2 * len(share.BARS)
 
 
