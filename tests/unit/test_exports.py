@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import inspect
+import re
 import types
 
 import redlease
+from redlease import metrics, sql
 
 
 def test_all_is_sorted_and_complete() -> None:
@@ -60,3 +63,35 @@ def test_the_lazy_names_and_the_type_checkers_names_are_the_same() -> None:
     public = imports(ast.parse((home / "_public.py").read_text()))
     assert imports(ast.Module(body=checking.body, type_ignores=[])) == public
     assert {name.split(":")[1] for name in public} - {"metrics"} == set(redlease.__all__)
+
+
+_PRIVATE = re.compile(r"\b(?:redlease\.)?_(?:rules|async|sync|base|wire|clients|cli|once|public)\b")
+
+
+def _public_docstrings() -> dict[str, str]:
+    found: dict[str, str] = {}
+    for name in redlease.__all__:
+        obj = getattr(redlease, name)
+        if inspect.ismodule(obj) or not (inspect.isclass(obj) or callable(obj)):
+            continue
+        found[name] = inspect.getdoc(obj) or ""
+        if inspect.isclass(obj):
+            for attr, member in vars(obj).items():
+                if attr.startswith("_") and attr != "__init__":
+                    continue
+                doc = getattr(member, "__doc__", None)
+                if isinstance(member, property):
+                    doc = member.__doc__
+                if isinstance(doc, str):
+                    found[f"{name}.{attr}"] = doc
+    for module in (sql, metrics):
+        for name in module.__all__:
+            found[f"{module.__name__}.{name}"] = inspect.getdoc(getattr(module, name)) or ""
+    return found
+
+
+def test_the_public_docstrings_name_no_private_module() -> None:
+    """The reference is made from these: a reader cannot follow ``_rules.lease``."""
+    docs = _public_docstrings()
+    assert len(docs) > 100
+    assert {name: _PRIVATE.findall(doc) for name, doc in docs.items() if _PRIVATE.search(doc)} == {}

@@ -80,11 +80,7 @@ class AsyncDriver(Protocol):
 
 
 class AsyncLease(AsyncOnly):
-    """A held lock. Use it as a context manager to release it when the block ends.
-
-    Its rules (validity, holds, the lost flag, ``on_lost``) are the ``LeaseState`` it
-    holds (``_rules.lease``); it adds ``extend``, ``release`` and ``with``, run by its
-    driver."""
+    """A held lock. Use it as a context manager to release it when the block ends."""
 
     # unasync: async only
     _holder: asyncio.Task[Any] | None = None  # cancelled when it is lost (cancel_on_lost)

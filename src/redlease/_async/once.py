@@ -37,7 +37,7 @@ log = logging.getLogger(__name__)
 class AsyncRun(AsyncLease):
     """A scheduled job's run: the lease it holds (``fence``, ``check()``, ``lost``...).
     Its release (the end of the job's block) keeps the name held until ``at_least`` has
-    passed since the run started, by the server's clock (``_rules.once.RunState``)."""
+    passed since the run started, by the server's clock."""
 
     _state: RunState
 

@@ -102,8 +102,8 @@ class _AsyncNodes:
 
 
 class AsyncRedlockLease(AsyncLease):
-    """A held Redlock: the same surface as ``Lease``, over a Redlock lease's rules
-    (``_rules.redlock.QuorumLeaseState``)."""
+    """A held Redlock: the same surface as ``Lease``. Its validity is what the majority's
+    grants leave: the lease's time less the time taken to get them and the clocks' drift."""
 
 
 class AsyncRedlock(AsyncFront):

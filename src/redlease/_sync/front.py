@@ -77,11 +77,7 @@ class SyncDriver(Protocol):
 
 
 class Lease:
-    """A held lock. Use it as a context manager to release it when the block ends.
-
-    Its rules (validity, holds, the lost flag, ``on_lost``) are the ``LeaseState`` it
-    holds (``_rules.lease``); it adds ``extend``, ``release`` and ``with``, run by its
-    driver."""
+    """A held lock. Use it as a context manager to release it when the block ends."""
 
     # A release of it on its way, and what a second caller's release waits on meanwhile.
     _sending = False

@@ -2,7 +2,7 @@
 # `python scripts/unasync.py` (the tests run it with --check).
 """What an operator does to a name given by its parts: ``read_info``, one read of what
 it holds and who waits for it; ``release_by_force``, which ends one hold (the rules,
-and what the replies mean, are in ``_rules.inspect``); ``last_period``, a scheduled job's
+and what the replies mean, are in ``_rules.inspect``); ``read_period``, a scheduled job's
 record of its period's run (``_rules.once``). Written once, as asyncio code;
 ``scripts/unasync.py`` generates the blocking twin (``_sync.inspect``)."""
 
@@ -35,7 +35,7 @@ def release_by_force(
     operator does (``redlease release --force``): the next waiter is served at once, the
     fence counter is untouched, an election's observers are told. LockLost if that hold
     had ended; InvalidArgument and BackendError as ``read_info``."""
-    check_client(client, want_async=ASYNC, **TWINS)
+    check_client(client, want_async=ASYNC, **_twins("release_by_force"))
     flow = forced_release(name, kind, prefix, token)
     SyncIO(client).run(flow, f"release {name!r}")
 
@@ -44,6 +44,12 @@ def read_period(client: Any, name: str, *, prefix: str = "redlease:") -> Period 
     """The record a scheduled job of ``name`` keeps of its period's run (``every=``),
     if any: the run that made it, and when the next period begins. InvalidArgument and
     BackendError as ``read_info``."""
-    check_client(client, want_async=ASYNC, **TWINS)
+    check_client(client, want_async=ASYNC, **_twins("read_period"))
     flow = last_period(name, prefix, READ_TIMEOUT)
     return SyncIO(client).run(flow, f"inspect {name!r}")
+
+
+def _twins(name: str) -> dict[str, str]:
+    """The flavours of an operator's function, for the error that names a client of the
+    other flavour (both twins have the one name)."""
+    return {"sync_twin": f"the blocking {name}", "async_twin": f"the asyncio {name}"}

@@ -39,10 +39,7 @@ from .lock import served
 
 
 class MultiLease:
-    """The leases of a multi-lock, one per name: extend and release all of them.
-
-    Its rules (validity, the lost and released flags) are the ``MultiLeaseState`` it
-    holds (``_rules.multilock``)."""
+    """The leases of a multi-lock, one per name: extend and release all of them."""
 
     def __init__(self, state: MultiLeaseState) -> None:
         self._state = state

@@ -38,7 +38,7 @@ log = logging.getLogger(__name__)
 class Run(Lease):
     """A scheduled job's run: the lease it holds (``fence``, ``check()``, ``lost``...).
     Its release (the end of the job's block) keeps the name held until ``at_least`` has
-    passed since the run started, by the server's clock (``_rules.once.RunState``)."""
+    passed since the run started, by the server's clock."""
 
     _state: RunState
 
