@@ -59,11 +59,7 @@ FILES = [
 SUBSTITUTIONS = [
     ("async def", "def"),
     ("async with", "with"),
-    ("async for", "for"),
     ("await ", ""),
-    ("asynccontextmanager", "contextmanager"),
-    ("AsyncIterator", "Iterator"),
-    ("AsyncGenerator", "Generator"),
     ("StopAsyncIteration", "StopIteration"),
     ("__aenter__", "__enter__"),
     ("__aexit__", "__exit__"),
@@ -75,16 +71,8 @@ SUBSTITUTIONS = [
     ("afenced_update", "fenced_update"),
     ("acreate_table", "create_table"),
     ("agated_execute", "gated_execute"),
-    (", AsyncOnly", ""),
-    ("(AsyncOnly)", ""),
-    ("AsyncIO", "SyncIO"),
-    ("AsyncDriver", "SyncDriver"),
-    ("AsyncLeaseBlock", "SyncLeaseBlock"),
-    ("AsyncFront", "SyncFront"),
 ]
-# Then: a module ``_x_async`` is ``_x_sync``; any other ``AsyncX`` is ``X`` (``_AsyncX``,
-# ``_X``).
-_MODULE = re.compile(r"\b(_\w+)_async\b")
+# Then: any other ``AsyncX`` is ``X`` (``_AsyncX``, ``_X``).
 _CLASS = re.compile(r"(?<![^\W_])(_?)Async([A-Z]\w*)")
 
 ASYNC_ONLY = "# unasync: async only"
@@ -116,7 +104,6 @@ def header(source: str) -> str:
 def unasync_line(line: str) -> str:
     for pattern, new in _PATTERNS:
         line = pattern.sub(new, line)
-    line = _MODULE.sub(r"\1_sync", line)
     line = _CLASS.sub(r"\1\2", line)
     line = _AWAITABLE.sub(r"\1", line)
     if line.startswith(("from collections.abc import", "from typing import")):

@@ -174,14 +174,14 @@ def test_junk_after_a_reply_is_not_redis_on_the_next_read() -> None:
     connection, which finds them in its reader, says so too (it raised the parser's own
     error, a traceback in the CLI)."""
     from redlease._rules.ops import Command
-    from redlease._sync.io import SyncIO
+    from redlease._sync.io import IO
 
     listener, port = _answering(b"+PONG\r\n?garbage\r\n")
 
     def ping() -> Any:
         return (yield Command(("PING",), 2.0))
 
-    io = SyncIO(families.client(port=port))
+    io = IO(families.client(port=port))
     try:
         assert io.run(ping(), "ping") == b"PONG"
         with pytest.raises(redlease.BackendError, match="does not speak Redis"):

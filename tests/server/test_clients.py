@@ -323,12 +323,12 @@ def test_a_subclass_of_a_family_client_takes_the_same_path(
 ) -> None:
     """An application's own subclass of ``redis.Redis`` / ``valkey.Valkey`` is of the family:
     redlease's own connections (so waits leave its pool alone), and ``replicas=``."""
-    from redlease._sync.io import SyncIO
+    from redlease._sync.io import IO
 
     own_type = type("AppClient", (type(family.client(port=1)),), {})
     client = own_type(port=server.port)
     try:
-        assert SyncIO(client).pool is not None
+        assert IO(client).pool is not None
         redlease.Lock(client, name, replicas=1)  # accepted: WAIT can follow on our connection
         with redlease.Lock(client, name) as lease:
             assert lease.fence >= 1

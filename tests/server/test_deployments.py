@@ -19,7 +19,7 @@ import redlease
 from conftest import SLOTS
 from families import ClientFamily
 from redlease._rules.keys import LockKeys
-from redlease._sync.io import SyncIO
+from redlease._sync.io import IO
 from redlease._wire.endpoint import Route
 from redlease.tools import servers
 from waiting_helpers import lock_key
@@ -259,7 +259,7 @@ def test_lock_over_a_unix_socket(server_kind: str, name: str) -> None:
         for _ in range(20):
             with lock as lease:
                 fences.append(lease.fence)
-        pool = SyncIO(client).pool
+        pool = IO(client).pool
         assert pool is not None
         assert pool.endpoint.route is Route.SOCKET
         assert pool.endpoint.path == path

@@ -195,9 +195,9 @@ def _left_held(r: redis.Redis, name: str, kind: str) -> list[str]:
 
 # (window, the function whose start is interrupted, which call of it, the primitives)
 _ENTERING = [
-    ("grant-to-lease", "SyncFront._watched", 1, ("lock", "semaphore", "write")),
+    ("grant-to-lease", "Front._watched", 1, ("lock", "semaphore", "write")),
     ("noted-for-the-block", "push_entered", 1, ("lock", "semaphore", "write", "multi")),
-    ("multi-second-lease", "SyncFront._watched", 2, ("multi",)),
+    ("multi-second-lease", "Front._watched", 2, ("multi",)),
     ("multi-leased", "MultiLock._leased", 1, ("multi",)),
 ]
 _ENDING = [

@@ -27,9 +27,9 @@ from waiting_helpers import lock_key
 def spin_record(client: redis.Redis | aredis.Redis) -> Any:
     from redlease._async.io import AsyncIO
     from redlease._clients.checks import is_async_client
-    from redlease._sync.io import SyncIO
+    from redlease._sync.io import IO
 
-    io = AsyncIO(client) if is_async_client(client) else SyncIO(client)
+    io = AsyncIO(client) if is_async_client(client) else IO(client)
     assert io.pool is not None
     return io.pool.spin
 

@@ -27,7 +27,7 @@ from redlease._rules.ops import Sleep
 from redlease._rules.quorum import SAFE, UNREAD, Fanout, QuorumAcquisition, QuorumSpec
 from redlease._rules.quorum import extend as quorum_extend
 from redlease._rules.quorum import release as quorum_release
-from redlease._sync.io import SyncIO
+from redlease._sync.io import IO
 from redlease._wire import stale as _stale
 from redlease.testing import FakeClock
 from redlease.tools import servers
@@ -400,7 +400,7 @@ def test_two_of_five_paused_still_acquires_promptly(
 
 def _idle(client: Any) -> list[Any]:
     """The sync driver's idle connections to this client's server."""
-    pool = SyncIO(client).pool
+    pool = IO(client).pool
     assert pool is not None
     return pool.idle_connections()
 

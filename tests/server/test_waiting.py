@@ -17,12 +17,12 @@ import families
 import redlease
 from redlease._rules import flows as _flows
 from redlease._rules import ops as _ops
-from redlease._sync.io import SyncIO
+from redlease._sync.io import IO
 from redlease.tools import servers
 from waiting_helpers import lock_key, queued, wait_until
 
 
-def drive(flow: Any, reply: Any, io: SyncIO) -> Any:
+def drive(flow: Any, reply: Any, io: IO) -> Any:
     """Run a flow to its end from a given reply on."""
     try:
         op = flow.send(reply)
@@ -39,7 +39,7 @@ def test_no_lost_wake_up_when_release_lands_before_the_wait(
     lock = redlease.Lock(r, name, ttl=30.0, fair=fair)
     holder = lock.acquire()
     attempt = _flows.Acquisition(lock._core.spec, 20.0, wait=True)
-    io = SyncIO(r)
+    io = IO(r)
     flow = attempt.run()
     wait_op = next(flow)
     while not isinstance(wait_op, _ops.Wait):  # the failed try: queued, ~30 s left

@@ -14,6 +14,7 @@ import asyncio
 import collections
 import contextlib
 import functools
+import inspect
 import socket
 import sys
 import time
@@ -23,6 +24,7 @@ from contextlib import AbstractAsyncContextManager
 from typing import Any, ParamSpec, TypeVar
 
 from .._base import fork as _fork
+from .._base.misuse import AsyncOnly
 from .._clients import ReplyTimedOut
 from .._rules.decorate import refuse_undecorable
 from .._wire import resp as _resp
@@ -48,12 +50,22 @@ current_holder = asyncio.current_task  # what a lease is acquired by (None outsi
 
 Cancelled = asyncio.CancelledError
 
+# What every object used in a block derives from: asyncio's says that ``async with`` is
+# meant when ``with`` is tried (the blocking objects need nothing).
+BlockBase = AsyncOnly
+
 
 def going_away(exc: BaseException) -> bool:
     """Whether ``exc`` ends the process (Ctrl-C, exit, an error a signal handler raised:
     not an Exception, nor a task's cancellation): what it interrupted is cleaned up in
     haste."""
     return not isinstance(exc, (Exception, Cancelled))
+
+
+async def settled(value: Any) -> Any:
+    """``value``, awaited if it is awaitable: what an asyncio database driver's cursor
+    returns may be either (psycopg's awaits, SQLAlchemy's result is already there)."""
+    return await value if inspect.isawaitable(value) else value
 
 
 def guarded(

@@ -79,7 +79,7 @@ from .._wire import resp as _resp
 from .._wire import stale as _stale
 from .._wire.endpoint import Endpoint, Route, node_endpoint
 from .._wire.resp import buffered
-from . import backend as _backend_async
+from . import backend as _backend
 from .backend import ClassConnection
 
 # --------------------------------------------------------------------------- the hub
@@ -131,7 +131,7 @@ class Box:
 
     def __init__(self, owner: Hub, channel: str, token: str) -> None:
         self.owner = owner
-        self._rings = _backend_async.RingQueue()
+        self._rings = _backend.RingQueue()
         self.channel = channel
         self.token = token
 
@@ -163,7 +163,7 @@ class Hub:
     def __init__(self, pool: Any, verbs: Verbs = PLAIN) -> None:
         self._pool = pool  # its endpoint and connections' settings
         self.verbs = verbs
-        self._lock, self._guard = _backend_async.hub_locks()
+        self._lock, self._guard = _backend.hub_locks()
         self._generation = -1
         self._conn: Any = None
         self._reader: Any = None  # kept: a loop holds its tasks weakly
@@ -173,7 +173,7 @@ class Hub:
     def _after_fork(self) -> None:
         # The parent's reader may have held a lock at the fork (listen starts the child's
         # hub anew); a task of the parent's loop, awaiting what only its threads finish.
-        self._lock, self._guard = _backend_async.hub_locks()
+        self._lock, self._guard = _backend.hub_locks()
 
     def _start(self) -> None:
         """A new hub id and no connection: at creation, and in a forked child (whose
@@ -184,7 +184,7 @@ class Hub:
         self.subscribed: set[str] = set()
         self.refused = False  # the server refused SUBSCRIBE: waiters use bells
         self._conn = None
-        self._asked: dict[str, _backend_async.Flag] = {}  # SUBSCRIBEs sent, not yet confirmed
+        self._asked: dict[str, _backend.Flag] = {}  # SUBSCRIBEs sent, not yet confirmed
         self._boxes: weakref.WeakValueDictionary[str, Box] = weakref.WeakValueDictionary()
         self._used: dict[str, float] = {}  # channel -> when a box for it was last made
         self._generation = _fork.generation
@@ -220,14 +220,14 @@ class Hub:
             raise ConnectionFailed("the shared wait connection was lost")
         return box
 
-    async def _ask(self, channel: str, timeout: float) -> _backend_async.Flag:
+    async def _ask(self, channel: str, timeout: float) -> _backend.Flag:
         """SUBSCRIBE to ``channel`` (unless already asked): set once confirmed."""
         async with self._lock:
             asked = self._asked.get(channel)
             if asked is None:
                 if self._conn is None:
                     await self._connect(timeout)
-                asked = self._asked[channel] = _backend_async.Flag()
+                asked = self._asked[channel] = _backend.Flag()
                 try:
                     await self._conn.send(_resp.command((self.verbs.subscribe, channel)))
                 except BaseException:
@@ -239,7 +239,7 @@ class Hub:
         """Open the hub's connection and start its reader. Lock held."""
         conn = await self._pool.open_connection(timeout)
         self._conn = conn
-        self._reader = _backend_async.start(_read, weakref.ref(self), conn, name="redlease-hub")
+        self._reader = _backend.start(_read, weakref.ref(self), conn, name="redlease-hub")
 
     def _heard(self, conn: Any, message: Any) -> None:
         """One message from the server on ``conn``."""
@@ -344,7 +344,7 @@ async def _read(ref: weakref.ReferenceType[Hub], conn: Any) -> None:
             del hub
             continue
         # unasync: async only
-        except _backend_async.Cancelled:
+        except _backend.Cancelled:
             conn.close()
             raise
         # unasync: end
@@ -406,9 +406,9 @@ class SocketConnection:
         self.sock = sock
         self.buffer = bytearray(65536)
         self.reader = _resp.new_reader()
-        self.recv = functools.partial(sock.recv_into, self.buffer, 0, _backend_async.RECV_FLAGS)
-        self.sendall = _backend_async.sender(sock)
-        self.waits = _backend_async.SocketWait(sock)
+        self.recv = functools.partial(sock.recv_into, self.buffer, 0, _backend.RECV_FLAGS)
+        self.sendall = _backend.sender(sock)
+        self.waits = _backend.SocketWait(sock)
         self.spin, self.wire = pool.spin, pool.wire
         self.stale = 0
         self.client_id: int | None = None  # the server's id for it, once asked (CLIENT ID)
@@ -420,8 +420,8 @@ class SocketConnection:
         limit = endpoint.connect_timeout
         bound = timeout if limit is None else min(limit, timeout)
         try:
-            sock = await _backend_async.connect(endpoint, bound)
-        except _backend_async.TimedOut as exc:
+            sock = await _backend.connect(endpoint, bound)
+        except _backend.TimedOut as exc:
             raise ReplyTimedOut(f"no connection to {endpoint.label} within {bound:.3f}s") from exc
         except OSError as exc:
             raise ConnectionFailed(f"cannot connect to {endpoint.label}: {exc}") from exc
@@ -514,7 +514,7 @@ class SocketConnection:
         if reply is NOT_ENOUGH:
             if spin and _resp.BUDGET > 0:
                 started = time.perf_counter()
-                reply = await _backend_async.poll(self.recv, self.buffer, reader, self.spin)
+                reply = await _backend.poll(self.recv, self.buffer, reader, self.spin)
                 if reply is not NOT_ENOUGH:
                     return reply
                 # what the spin took counts against the bound
@@ -555,15 +555,15 @@ class Pool:
 
     def __init__(self, endpoint: Endpoint, hub_verbs: Verbs = PLAIN) -> None:
         self.endpoint = endpoint
-        self.owner = _backend_async.pool_owner()
+        self.owner = _backend.pool_owner()
         self.hub_verbs = hub_verbs  # sharded pub/sub for a Cluster node
         self._open = (
             SocketConnection.open if endpoint.route is Route.SOCKET else ClassConnection.open
         )
         self.wire = _resp.Wire()  # each op as bytes for this server
         self.spin = _resp.SpinRecord()  # whether reads from this server poll before sleeping
-        self._guard = _backend_async.Guard()
-        self._freed = _backend_async.Freed(self._guard)
+        self._guard = _backend.Guard()
+        self._freed = _backend.Freed(self._guard)
         self._idle: list[Connection] = []
         self._owing: list[tuple[Connection, float]] = []  # (conn, give up on it at)
         # Connections open (idle, owing or in use) and slots of ones being opened; of
@@ -581,8 +581,8 @@ class Pool:
     def _after_fork(self) -> None:
         # Another thread of the parent may have held the guard at the fork; the rest of
         # the child's start (forgetting the parent's sockets) waits for its first take.
-        self._guard = _backend_async.Guard()
-        self._freed = _backend_async.Freed(self._guard)
+        self._guard = _backend.Guard()
+        self._freed = _backend.Freed(self._guard)
         self._waiting = self._at_limit = 0  # (the parent's waiters are not here)
 
     # unasync: async only
@@ -604,7 +604,7 @@ class Pool:
     def current(self) -> bool:
         """Whether this pool is the caller's (a blocking one always is: after a fork it
         starts over by itself; each event loop has pools of its own)."""
-        return self.owner is _backend_async.pool_owner()
+        return self.owner is _backend.pool_owner()
 
     @property
     def hub(self) -> Hub | None:
@@ -811,13 +811,13 @@ _POOLS: weakref.WeakKeyDictionary[Any, weakref.WeakKeyDictionary[Any, Pool]] = (
 _NODE_POOLS: weakref.WeakKeyDictionary[Any, weakref.WeakKeyDictionary[Any, dict[str, Pool]]] = (
     weakref.WeakKeyDictionary()
 )
-_POOLS_GUARD = _backend_async.Guard()
+_POOLS_GUARD = _backend.Guard()
 
 
 def _new_pools_guard() -> None:
     # Another thread of the parent may have held it at the fork.
     global _POOLS_GUARD
-    _POOLS_GUARD = _backend_async.Guard()
+    _POOLS_GUARD = _backend.Guard()
 
 
 _fork.in_child(_new_pools_guard)
@@ -826,7 +826,7 @@ _fork.in_child(_new_pools_guard)
 def pool_for(client: Any, endpoint: Endpoint) -> Pool:
     """The caller's pool of redlease's connections to ``client``'s server, shared by
     every lock on that client: it lives as long as the client's own connection pool."""
-    owner = _backend_async.pool_owner()
+    owner = _backend.pool_owner()
     with _POOLS_GUARD:
         per_owner = _POOLS.get(client.connection_pool)
         if per_owner is None:
@@ -841,7 +841,7 @@ def node_pool(client: Any, node: Any) -> Pool | None:
     """The caller's pool (for its hub, sharded) of ``node``, a node of the Cluster
     ``client``; None while redlease cannot open sockets of its own to it (TLS, or its
     settings not known yet: asked again next time)."""
-    owner = _backend_async.pool_owner()
+    owner = _backend.pool_owner()
     with _POOLS_GUARD:
         per_owner = _NODE_POOLS.get(client)
         if per_owner is None:
@@ -851,7 +851,7 @@ def node_pool(client: Any, node: Any) -> Pool | None:
             nodes = per_owner[owner] = {}
         pool = nodes.get(node.name)
         if pool is None:
-            endpoint = node_endpoint(client, node, asyncio=_backend_async.ASYNC)
+            endpoint = node_endpoint(client, node, asyncio=_backend.ASYNC)
             if endpoint.route is not Route.SOCKET:
                 return None
             pool = nodes[node.name] = Pool(endpoint, SHARDED)

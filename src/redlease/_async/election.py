@@ -10,7 +10,6 @@ import logging
 from typing import Any
 
 from .._base.errors import BackendError, LockLost
-from .._base.misuse import AsyncOnly  # unasync: async only
 from .._base.types import OnLost, Seconds
 from .._clients.checks import check_client
 from .._rules import arguments as args
@@ -27,7 +26,7 @@ from .._rules.election import (
 from .._rules.flows import ELECTION, LockSpec, new_token
 from .._rules.front import FrontCore
 from .._rules.ops import Mailbox
-from .backend import ASYNC, Flag, going_away, shielded
+from .backend import ASYNC, BlockBase, Flag, going_away, shielded
 from .front import AsyncFront, AsyncLease, give_back_in_haste
 from .lock import served
 
@@ -171,7 +170,7 @@ class AsyncElection:
             )
 
 
-class AsyncObservation(AsyncOnly):
+class AsyncObservation(BlockBase):
     """What ``observe()`` returns: iterate it for the leader after each change.
     ``close()`` (from any thread; asyncio: from its loop, as ``aclose`` is), or leaving
     its ``with`` block, ends the iteration: at once while it waits through the process's

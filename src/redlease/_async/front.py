@@ -29,7 +29,6 @@ from typing import Any, Protocol, TypeVar, cast
 from .._base import fork as _fork
 from .._base import metrics as _metrics
 from .._base.errors import AcquireTimeout, InvalidArgument, LockError, LockLost, QuorumError
-from .._base.misuse import AsyncOnly  # unasync: async only
 from .._base.types import Seconds
 from .._rules import arguments as args
 from .._rules.decorate import P, R, named
@@ -53,8 +52,8 @@ from .._rules.front import (
 from .._rules.inspect import LockInfo
 from .._rules.lease import HELD, RELEASED, LeaseState, lost_at_block_end
 from .._rules.multilock import MultiLeaseState
-from . import renewer as _renewer_async
-from .backend import Cancelled, Flag, current_holder, going_away, guarded, shielded
+from . import renewer as _renewer
+from .backend import BlockBase, Cancelled, Flag, current_holder, going_away, guarded, shielded
 
 T = TypeVar("T")
 
@@ -79,7 +78,7 @@ class AsyncDriver(Protocol):
         """The first steps of several leases' extend flows, at once (the renewer's)."""
 
 
-class AsyncLease(AsyncOnly):
+class AsyncLease(BlockBase):
     """A held lock. Use it as a context manager to release it when the block ends."""
 
     # unasync: async only
@@ -400,7 +399,7 @@ def _released_by_block(noted: object) -> Any:
     return None
 
 
-class AsyncFront(AsyncOnly):
+class AsyncFront(BlockBase):
     """``acquire``, ``try_acquire``, ``with`` and ``@lock``, once for every kind of lock:
     over the lock's rules (``_core``, see ``_rules.front.FrontCore``) and the driver that
     runs its flows (``_io``)."""
@@ -567,12 +566,12 @@ class AsyncFront(AsyncOnly):
                 set_holder(state.lease, current_holder())
             # unasync: end
             if core.auto_renew:
-                _renewer_async.watch(state, self._io, core.max_hold)
+                _renewer.watch(state, self._io, core.max_hold)
             elif core.watches:
-                _renewer_async.watch(state, self._io, 0.0)  # watch its validity, never renew
+                _renewer.watch(state, self._io, 0.0)  # watch its validity, never renew
             # unasync: async only
             elif core.cancel_on_lost:
-                _renewer_async.watch(state, self._io, 0.0)
+                _renewer.watch(state, self._io, 0.0)
             # unasync: end
         except BaseException:
             state.mark_released()
@@ -635,7 +634,7 @@ class AsyncFront(AsyncOnly):
         if not self._core.auto_renew and state.hold_count() == 1:
             # a lease that is not renewed, or only watched for cancel_on_lost: renewed now
             state.stop_watching()
-            _renewer_async.watch(state, self._io, self._core.max_hold)
+            _renewer.watch(state, self._io, self._core.max_hold)
         try:
             result = await _run_holding(lease, fn, args)
         except LockLost:

@@ -12,7 +12,6 @@ from typing import Any
 
 from .._base import metrics as _metrics
 from .._base.errors import AcquireTimeout, LockError, LockLost
-from .._base.misuse import AsyncOnly  # unasync: async only
 from .._base.timing import Deadline, valid_until
 from .._base.types import Clock, OnLost, Seconds
 from .._clients.checks import check_client
@@ -22,7 +21,7 @@ from .._rules.decorate import P, R
 from .._rules.flows import Grant, LockSpec, new_token
 from .._rules.front import FrontCore, Opening, entered, forget_entered, push_entered
 from .._rules.multilock import MultiLeaseState, checked_names, try_all
-from .backend import ASYNC, going_away, guarded, shielded
+from .backend import ASYNC, BlockBase, going_away, guarded, shielded
 from .front import (
     AsyncFront,
     AsyncLease,
@@ -37,7 +36,7 @@ from .front import (
 from .lock import served
 
 
-class AsyncMultiLease(AsyncOnly):
+class AsyncMultiLease(BlockBase):
     """The leases of a multi-lock, one per name: extend and release all of them."""
 
     def __init__(self, state: MultiLeaseState) -> None:
@@ -120,7 +119,7 @@ class AsyncMultiLease(AsyncOnly):
                 raise
 
 
-class AsyncMultiLock(AsyncOnly):
+class AsyncMultiLock(BlockBase):
     """Several lock names held together, all or none, on one deployment.
 
     ``acquire(timeout=None)``, ``try_acquire()`` and ``with mlock as leases`` work as for

@@ -11,7 +11,6 @@ from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any, cast
 
 from .._base import metrics as _metrics
-from .._base.misuse import AsyncOnly  # unasync: async only
 from .._base.types import OnLost, Seconds
 from .._clients.checks import check_client
 from .._rules import arguments as args
@@ -27,7 +26,7 @@ from .._rules.once import (
     Skipped,
     skip_message,
 )
-from .backend import ASYNC
+from .backend import ASYNC, BlockBase
 from .front import AsyncFront, AsyncLease, caller, end_block, opened
 from .lock import served
 
@@ -80,7 +79,7 @@ class _AsyncJobLock(AsyncFront):
         return skipped
 
 
-class AsyncOnce(AsyncOnly):
+class AsyncOnce(BlockBase):
     """A job that runs once across every process that calls it, whichever calls first:
     a call made while another run holds the job's name is skipped at once, never queued.
 

@@ -41,10 +41,9 @@ from .._rules.flows import LockSpec
 from .._rules.ops import Call, Command, Sleep
 from .._rules.quorum import SAFE, Fanout, QuorumFlow, QuorumRules, QuorumSpec
 from .._rules.redlock import MIN_TOLERANT_NODES, QuorumCore
-from . import io as _io_async
 from .backend import ASYNC, sleep
 from .front import AsyncFront, AsyncLease
-from .io import AsyncIO
+from .io import AsyncIO, fan_out
 
 T = TypeVar("T")
 
@@ -74,7 +73,7 @@ class _AsyncNodes:
         self, op: Call | Command, nodes: Sequence[int], timeout: float, action: str
     ) -> list[Any]:
         """``op`` on each of ``nodes``: the replies, or the errors that stand for none."""
-        return await _io_async.fan_out(self.ios, op, nodes, timeout, action)
+        return await fan_out(self.ios, op, nodes, timeout, action)
 
     async def execute_many(self, fans: Sequence[Fanout]) -> list[Any]:
         """The renewer's seam: the first step of each lease's extend flow, one fan-out
@@ -82,7 +81,7 @@ class _AsyncNodes:
         return [await self._carry(fan, "renew") for fan in fans]
 
     async def _carry(self, fan: Fanout, action: str) -> list[Any]:
-        return await _io_async.fan_out(
+        return await fan_out(
             self.ios, fan.call, fan.nodes, fan.timeout, action, fan.enough, fan.yes
         )
 

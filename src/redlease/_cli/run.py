@@ -424,9 +424,9 @@ def _answers(client: Any, name: str, *, as_json: bool) -> None:
     ANSWER_WITHIN seconds. Past SAY_WAITING, says what it waits for."""
     from .._rules.classify import error_code
     from .._rules.ops import Command
-    from .._sync.io import SyncIO
+    from .._sync.io import IO
 
-    io = SyncIO(client)
+    io = IO(client)
 
     def ping() -> Any:
         return (yield Command(("PING",), ANSWER_WITHIN, patient=False))

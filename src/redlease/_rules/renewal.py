@@ -71,7 +71,7 @@ class Renewal:
     """One watched lease and what the renewer knows about it."""
 
     lease: LeaseState
-    io: Any  # the driver that carries its renewals (SyncIO or AsyncIO)
+    io: Any  # the driver that carries its renewals (IO or AsyncIO)
     hold_until: float | None  # renewal stops here (max_hold); None: no cap
     retry_at: float | None = None  # set after a failed renewal
 
@@ -152,7 +152,7 @@ class Schedule:
             if renewal.due - early <= now:
                 # Each lock has its own driver, but drivers of one client share its
                 # connections: one batch per client (and per kind: a replicas=
-                # lease's EXTEND cannot share a pipeline, see SyncIO.execute_many).
+                # lease's EXTEND cannot share a pipeline, see IO.execute_many).
                 client = id(getattr(renewal.io, "client", renewal.io))
                 key = (client, renewal.lease.spec.replicas is not None)
                 batch = batches.get(key)

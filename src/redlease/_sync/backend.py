@@ -36,6 +36,8 @@ sleep = time.sleep
 
 current_holder = threading.current_thread  # what a lease is acquired by
 
+BlockBase = object  # (asyncio's objects say that ``async with`` is meant: see its twin)
+
 
 class Cancelled(BaseException):
     """Never raised: a blocking call is not cancelled (a thread cannot be)."""
@@ -45,6 +47,11 @@ def going_away(exc: BaseException) -> bool:
     """Whether ``exc`` ends the process (Ctrl-C, exit, an error a signal handler raised:
     not an Exception): what it interrupted is cleaned up in haste."""
     return not isinstance(exc, Exception)
+
+
+def settled(value: T) -> T:
+    """``value``: a blocking driver's result is already there."""
+    return value
 
 
 def guarded(lock: AbstractContextManager[Any], fn: Callable[P, T]) -> Callable[P, T]:

@@ -28,14 +28,14 @@ from .._rules.election import (
 from .._rules.flows import ELECTION, LockSpec, new_token
 from .._rules.front import FrontCore
 from .._rules.ops import Mailbox
-from .backend import ASYNC, Flag, going_away, shielded
-from .front import Lease, SyncFront, give_back_in_haste
+from .backend import ASYNC, BlockBase, Flag, going_away, shielded
+from .front import Front, Lease, give_back_in_haste
 from .lock import served
 
 log = logging.getLogger(__name__)
 
 
-class _Candidacy(SyncFront):
+class _Candidacy(Front):
     """The lock a candidate waits for (always renewed)."""
 
 
@@ -167,7 +167,7 @@ class Election:
             )
 
 
-class Observation:
+class Observation(BlockBase):
     """What ``observe()`` returns: iterate it for the leader after each change.
     ``close()`` (from any thread), or leaving its ``with`` block, ends the iteration: at
     once while it waits through the process's hub, else within a ttl."""

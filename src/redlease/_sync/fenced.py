@@ -16,7 +16,7 @@ from .._rules import arguments as args
 from .._rules import fenced as _fenced
 from .._rules.keys import gate_key, hash_tag
 from .backend import ASYNC
-from .io import SyncIO
+from .io import IO
 
 
 class FencedRedis:
@@ -46,7 +46,7 @@ class FencedRedis:
         self._resource = _fenced.resource(resource)
         self._keep = _fenced.keep_ms(keep)
         self._record = gate_key(self._resource, args.key_prefix(prefix))
-        self._io = SyncIO(client)
+        self._io = IO(client)
 
     @property
     def resource(self) -> str:

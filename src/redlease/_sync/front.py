@@ -50,8 +50,8 @@ from .._rules.front import (
 from .._rules.inspect import LockInfo
 from .._rules.lease import HELD, RELEASED, LeaseState, lost_at_block_end
 from .._rules.multilock import MultiLeaseState
-from . import renewer as _renewer_sync
-from .backend import Cancelled, Flag, current_holder, going_away, guarded, shielded
+from . import renewer as _renewer
+from .backend import BlockBase, Cancelled, Flag, current_holder, going_away, guarded, shielded
 
 T = TypeVar("T")
 
@@ -64,8 +64,8 @@ _SECOND_RELEASE_WAIT = 2.0
 _Lease = TypeVar("_Lease", bound="Lease")
 
 
-class SyncDriver(Protocol):
-    """Runs a lock's flows on its server(s) (``SyncIO``, or a Redlock's nodes): what a
+class Driver(Protocol):
+    """Runs a lock's flows on its server(s) (``IO``, or a Redlock's nodes): what a
     lease, its lock's front and the renewer need."""
 
     def run(self, flow: Generator[Any, Any, T], action: str) -> T: ...
@@ -76,14 +76,14 @@ class SyncDriver(Protocol):
         """The first steps of several leases' extend flows, at once (the renewer's)."""
 
 
-class Lease:
+class Lease(BlockBase):
     """A held lock. Use it as a context manager to release it when the block ends."""
 
     # A release of it on its way, and what a second caller's release waits on meanwhile.
     _sending = False
     _sent: Flag | None = None
 
-    def __init__(self, state: LeaseState, io: SyncDriver) -> None:
+    def __init__(self, state: LeaseState, io: Driver) -> None:
         self._state, self._io = state, io
         state.lease = self
 
@@ -348,7 +348,7 @@ def _released_by_block(noted: object) -> Any:
     return None
 
 
-class SyncFront:
+class Front(BlockBase):
     """``acquire``, ``try_acquire``, ``with`` and ``@lock``, once for every kind of lock:
     over the lock's rules (``_core``, see ``_rules.front.FrontCore``) and the driver that
     runs its flows (``_io``)."""
@@ -356,7 +356,7 @@ class SyncFront:
     # The class of the leases it hands out (each holds the state its core makes).
     _lease_type: type[Lease] = Lease
 
-    def __init__(self, core: FrontCore, io: SyncDriver) -> None:
+    def __init__(self, core: FrontCore, io: Driver) -> None:
         self._core, self._io = core, io
 
     @property
@@ -510,9 +510,9 @@ class SyncFront:
             core.acquirers().note(current_holder(), state)
             core.opened(state, started)
             if core.auto_renew:
-                _renewer_sync.watch(state, self._io, core.max_hold)
+                _renewer.watch(state, self._io, core.max_hold)
             elif core.watches:
-                _renewer_sync.watch(state, self._io, 0.0)  # watch its validity, never renew
+                _renewer.watch(state, self._io, 0.0)  # watch its validity, never renew
         except BaseException:
             state.mark_released()
             raise
@@ -550,7 +550,7 @@ class SyncFront:
 # above).
 
 
-def handed_out(front: SyncFront, grant: Grant, started: float) -> Lease:
+def handed_out(front: Front, grant: Grant, started: float) -> Lease:
     """The lease of a grant that ``front``'s lock got in another way (a multi-lock's one
     script): watched, renewed and metered as its own acquire's would be."""
     return cast(Lease, front._watched(grant, started).lease)

@@ -14,7 +14,7 @@ from .._clients.checks import check_client
 from .._rules.inspect import READ_TIMEOUT, TWINS, LockInfo, checked, forced_release, inspect
 from .._rules.once import Period, last_period
 from .backend import ASYNC
-from .io import SyncIO
+from .io import IO
 
 
 def read_info(client: Any, name: str, *, kind: str = "lock", prefix: str = "redlease:") -> LockInfo:
@@ -25,7 +25,7 @@ def read_info(client: Any, name: str, *, kind: str = "lock", prefix: str = "redl
     check_client(client, want_async=ASYNC, **TWINS)
     keys, name, kind = checked(name, kind, prefix)
     flow = inspect(keys, name, kind, READ_TIMEOUT)
-    return SyncIO(client).run(flow, f"inspect {name!r}")
+    return IO(client).run(flow, f"inspect {name!r}")
 
 
 def release_by_force(
@@ -37,7 +37,7 @@ def release_by_force(
     had ended; InvalidArgument and BackendError as ``read_info``."""
     check_client(client, want_async=ASYNC, **_twins("release_by_force"))
     flow = forced_release(name, kind, prefix, token)
-    SyncIO(client).run(flow, f"release {name!r}")
+    IO(client).run(flow, f"release {name!r}")
 
 
 def read_period(client: Any, name: str, *, prefix: str = "redlease:") -> Period | None:
@@ -46,7 +46,7 @@ def read_period(client: Any, name: str, *, prefix: str = "redlease:") -> Period 
     BackendError as ``read_info``."""
     check_client(client, want_async=ASYNC, **_twins("read_period"))
     flow = last_period(name, prefix, READ_TIMEOUT)
-    return SyncIO(client).run(flow, f"inspect {name!r}")
+    return IO(client).run(flow, f"inspect {name!r}")
 
 
 def _twins(name: str) -> dict[str, str]:

@@ -61,7 +61,7 @@ def _replicas_acked(conn: Connection, replicas: Replicas, timeout: float) -> int
     return int(conn.read(replicas.timeout_ms / 1000.0 + timeout, spin=False))
 
 
-class SyncIO:
+class IO:
     """Runs flows against one client."""
 
     def __init__(self, client: Any) -> None:
@@ -459,7 +459,7 @@ def _again(error: BaseException, written: bool, safe: bool, end: float) -> bool:
 
 
 def fan_out(
-    ios: Sequence[SyncIO],
+    ios: Sequence[IO],
     op: Call | Command,
     nodes: Sequence[int],
     timeout: float,

@@ -19,11 +19,11 @@ from .._clients.checks import check_client
 from .._rules.flows import LockSpec
 from .._rules.front import FrontCore, check_replicas
 from .backend import ASYNC
-from .front import SyncFront
-from .io import SyncIO
+from .front import Front
+from .io import IO
 
 
-class Lock(SyncFront):
+class Lock(Front):
     """A distributed lock on one Redis/Valkey deployment.
 
     ``ttl`` is the lease length; ``fair`` serves waiters in arrival order (no barging);
@@ -115,8 +115,8 @@ class Lock(SyncFront):
         return (self._look()).live_waiters
 
 
-def served(client: Any, spec: LockSpec) -> SyncIO:
+def served(client: Any, spec: LockSpec) -> IO:
     """The driver of a one-server lock over ``client`` (``replicas=`` checked against it)."""
-    io = SyncIO(client)
+    io = IO(client)
     check_replicas(spec, io.direct)
     return io

@@ -23,10 +23,10 @@ from .._rules.decorate import P, R
 from .._rules.flows import Grant, LockSpec, new_token
 from .._rules.front import FrontCore, Opening, entered, forget_entered, push_entered
 from .._rules.multilock import MultiLeaseState, checked_names, try_all
-from .backend import ASYNC, going_away, guarded, shielded
+from .backend import ASYNC, BlockBase, going_away, guarded, shielded
 from .front import (
+    Front,
     Lease,
-    SyncFront,
     caller,
     end_block,
     finish_in_haste,
@@ -38,7 +38,7 @@ from .front import (
 from .lock import served
 
 
-class MultiLease:
+class MultiLease(BlockBase):
     """The leases of a multi-lock, one per name: extend and release all of them."""
 
     def __init__(self, state: MultiLeaseState) -> None:
@@ -120,7 +120,7 @@ class MultiLease:
                 raise
 
 
-class MultiLock:
+class MultiLock(BlockBase):
     """Several lock names held together, all or none, on one deployment.
 
     ``acquire(timeout=None)``, ``try_acquire()`` and ``with mlock as leases`` work as
@@ -150,7 +150,7 @@ class MultiLock:
         self._io = served(client, specs[0])
         # a lock per name (its metrics say whose it is), over the one driver
         self._locks = [
-            SyncFront(
+            Front(
                 FrontCore.checked(
                     spec,
                     auto_renew,

@@ -28,8 +28,8 @@ from .._rules.once import (
     Skipped,
     skip_message,
 )
-from .backend import ASYNC
-from .front import Lease, SyncFront, caller, end_block, opened
+from .backend import ASYNC, BlockBase
+from .front import Front, Lease, caller, end_block, opened
 from .lock import served
 
 log = logging.getLogger(__name__)
@@ -54,7 +54,7 @@ class Run(Lease):
             self._io.run(state.abandon_flow(), "abandon")
 
 
-class _JobLock(SyncFront):
+class _JobLock(Front):
     """The lock of a job's name, taken by the job's one try (``begin``)."""
 
     _core: OnceCore
@@ -81,7 +81,7 @@ class _JobLock(SyncFront):
         return skipped
 
 
-class Once:
+class Once(BlockBase):
     """A job that runs once across every process that calls it, whichever calls first:
     a call made while another run holds the job's name is skipped at once, never queued.
 

@@ -43,10 +43,9 @@ from .._rules.flows import LockSpec
 from .._rules.ops import Call, Command, Sleep
 from .._rules.quorum import SAFE, Fanout, QuorumFlow, QuorumRules, QuorumSpec
 from .._rules.redlock import MIN_TOLERANT_NODES, QuorumCore
-from . import io as _io_sync
 from .backend import ASYNC, sleep
-from .front import Lease, SyncFront
-from .io import SyncIO
+from .front import Front, Lease
+from .io import IO, fan_out
 
 T = TypeVar("T")
 
@@ -55,7 +54,7 @@ class _Nodes:
     """Carries quorum flows to N clients: write to all, then read all."""
 
     def __init__(self, clients: Sequence[Any], spec: QuorumSpec) -> None:
-        self.ios = [SyncIO(c) for c in clients]
+        self.ios = [IO(c) for c in clients]
         self.spec = spec
         self._look = _settings.Look(max(spec.node_timeout, _settings.NODE_WAIT))
 
@@ -76,7 +75,7 @@ class _Nodes:
         self, op: Call | Command, nodes: Sequence[int], timeout: float, action: str
     ) -> list[Any]:
         """``op`` on each of ``nodes``: the replies, or the errors that stand for none."""
-        return _io_sync.fan_out(self.ios, op, nodes, timeout, action)
+        return fan_out(self.ios, op, nodes, timeout, action)
 
     def execute_many(self, fans: Sequence[Fanout]) -> list[Any]:
         """The renewer's seam: the first step of each lease's extend flow, one fan-out
@@ -84,9 +83,7 @@ class _Nodes:
         return [self._carry(fan, "renew") for fan in fans]
 
     def _carry(self, fan: Fanout, action: str) -> list[Any]:
-        return _io_sync.fan_out(
-            self.ios, fan.call, fan.nodes, fan.timeout, action, fan.enough, fan.yes
-        )
+        return fan_out(self.ios, fan.call, fan.nodes, fan.timeout, action, fan.enough, fan.yes)
 
     def check_server_once(self, within: float | None = None) -> None:
         """Warn (once per server) if a node may evict lock keys; never fails. It looks
@@ -108,7 +105,7 @@ class RedlockLease(Lease):
     grants leave: the lease's time less the time taken to get them and the clocks' drift."""
 
 
-class Redlock(SyncFront):
+class Redlock(Front):
     """A lock held on a majority of independent Redis/Valkey masters.
 
     ``nodes`` are one client per independent server (standalone masters without

@@ -15,19 +15,19 @@ from .._rules.flows import READ_WRITE, LockSpec
 from .._rules.lease import Holders
 from .._rules.rwlock import READ, READERS, SIDES, WRITE, SideCore
 from .backend import ASYNC
-from .front import SyncFront
-from .io import SyncIO
+from .front import Front
+from .io import IO
 from .lock import served
 
 
-class ReadWriteSide(SyncFront):
+class ReadWriteSide(Front):
     """One side of a read/write lock, ``rw.read`` or ``rw.write``: a lock of its own to
     its caller, with the surface of ``Lock`` (``acquire``, ``try_acquire``, ``with``,
     ``locked``, ``owned``, ``waiting``, a decorator), handing out ``Lease`` objects."""
 
     _core: SideCore
 
-    def __init__(self, rw: ReadWriteLock, core: SideCore, io: SyncIO) -> None:
+    def __init__(self, rw: ReadWriteLock, core: SideCore, io: IO) -> None:
         super().__init__(core, io)
         self._rw = rw
 

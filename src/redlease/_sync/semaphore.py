@@ -19,14 +19,14 @@ from .._rules import arguments as args
 from .._rules.flows import SEMAPHORE, LockSpec
 from .._rules.front import FrontCore
 from .backend import ASYNC
-from .front import SyncFront
+from .front import Front
 from .lock import served
 
 # More permits than a semaphore is of use with: each acquire counts its holders.
 MAX_LIMIT = 100_000
 
 
-class Semaphore(SyncFront):
+class Semaphore(Front):
     """At most ``limit`` holders of ``name`` at once, on one Redis/Valkey deployment.
 
     ``acquire(timeout=)``, ``try_acquire()`` and ``with sem as permit`` work as for

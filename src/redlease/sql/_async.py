@@ -5,11 +5,10 @@ Written once, as asyncio code; ``scripts/unasync.py`` generates the blocking twi
 
 from __future__ import annotations
 
-import inspect  # unasync: async only
 from collections.abc import Mapping
 from typing import Any
 
-from .._async.backend import ASYNC
+from .._async.backend import ASYNC, settled
 from . import _gate
 
 
@@ -69,9 +68,7 @@ async def afenced_update(
         _gate.column(fence_column, "fence_column"),
     )
     result = await _run(conn, calling, statement)
-    rows = result.fetchall()
-    if inspect.isawaitable(rows):  # unasync: async only
-        rows = await rows  # unasync: async only
+    rows = await settled(result.fetchall())
     return len(rows) > 0
 
 
@@ -146,7 +143,5 @@ async def _run(conn: Any, calling: _gate.Calling, statement: tuple[Any, Any]) ->
 async def _first(conn: Any, calling: _gate.Calling, statement: tuple[Any, Any]) -> object:
     """The first column of the first row a query returns (None: no row)."""
     result = await _run(conn, calling, statement)
-    row = result.fetchone()
-    if inspect.isawaitable(row):  # unasync: async only
-        row = await row  # unasync: async only
+    row = await settled(result.fetchone())
     return _gate.first_value(row)

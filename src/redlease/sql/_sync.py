@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from .._sync.backend import ASYNC
+from .._sync.backend import ASYNC, settled
 from . import _gate
 
 
@@ -67,7 +67,7 @@ def fenced_update(
         _gate.column(fence_column, "fence_column"),
     )
     result = _run(conn, calling, statement)
-    rows = result.fetchall()
+    rows = settled(result.fetchall())
     return len(rows) > 0
 
 
@@ -142,5 +142,5 @@ def _run(conn: Any, calling: _gate.Calling, statement: tuple[Any, Any]) -> Any:
 def _first(conn: Any, calling: _gate.Calling, statement: tuple[Any, Any]) -> object:
     """The first column of the first row a query returns (None: no row)."""
     result = _run(conn, calling, statement)
-    row = result.fetchone()
+    row = settled(result.fetchone())
     return _gate.first_value(row)
