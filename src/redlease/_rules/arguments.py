@@ -240,3 +240,28 @@ def one_of(value: object, name: str, choices: tuple[str, ...]) -> str:
             f"{name} must be one of {', '.join(map(repr, choices))}, got {shown(value)}"
         )
     return value
+
+
+def resource(value: object, *, longest: int | None = None, nul_free: bool = False) -> str:
+    """The name of what a fence gate guards: a non-empty str, encodable as UTF-8; at most
+    ``longest`` characters and free of NUL where a database column keeps it."""
+    if not isinstance(value, str) or not value or (longest is not None and len(value) > longest):
+        most = "" if longest is None else f" of at most {longest} characters"
+        raise InvalidArgument(
+            f"resource must be a non-empty str{most} (the name of what the fence guards), "
+            f"got {shown(value)}"
+        )
+    utf8(value, "resource")
+    if nul_free and "\x00" in value:
+        raise InvalidArgument(f"resource must be free of NUL characters, got {shown(value)}")
+    return value
+
+
+def fence(value: object, greatest: int, said: str) -> int:
+    """A lease's fence, given to a fence gate: an int from 0 to ``greatest`` (what the
+    gate's store holds exactly; ``said``: that number as the error writes it)."""
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= greatest:
+        raise InvalidArgument(
+            f"fence must be an int from 0 to {said} (a lease's fence), got {shown(value)}"
+        )
+    return value

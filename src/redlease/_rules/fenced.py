@@ -15,6 +15,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from .._base.errors import BackendError, InvalidArgument, StaleFence
+from . import arguments as args
 from .arguments import milliseconds, shown, utf8
 from .flows import Flow, as_int, as_text
 from .keys import FENCE_LIMIT, hash_slot
@@ -159,20 +160,11 @@ Word = str | bytes
 
 
 def resource(value: object) -> str:
-    if not isinstance(value, str) or not value:
-        raise InvalidArgument(
-            f"resource must be a non-empty str (the name of what the fence guards), "
-            f"got {shown(value)}"
-        )
-    return utf8(value, "resource")
+    return args.resource(value)
 
 
 def fence(value: object) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value < FENCE_LIMIT:
-        raise InvalidArgument(
-            f"fence must be an int from 0 to 2**53 - 1 (a lease's fence), got {shown(value)}"
-        )
-    return value
+    return args.fence(value, FENCE_LIMIT - 1, "2**53 - 1")
 
 
 def keep_ms(value: object) -> int:

@@ -11,7 +11,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from .._sync.backend import ASYNC, settled
-from . import _gate
+from . import _drivers, _gate
 
 
 def fence_gate(conn: Any, resource: str, fence: int, *, table: str = "redlease_fences") -> None:
@@ -31,13 +31,13 @@ def fence_gate(conn: Any, resource: str, fence: int, *, table: str = "redlease_f
     nothing). ``table``: the gate's table (``create_table`` makes it). On ``StaleFence``
     roll the transaction back.
     """
-    conn, calling = _gate.connection(conn, want_async=ASYNC)
+    conn, calling = _drivers.connection(conn, want_async=ASYNC)
     name, value, where = _gate.resource(resource), _gate.fence(fence), _gate.gate_table(table)
-    if _gate.autocommitting(conn, calling):
-        raise _gate.outside_a_transaction(sent=False)
+    if _drivers.autocommitting(conn, calling):
+        raise _drivers.outside_a_transaction(sent=False)
     passed = _first(conn, calling, _gate.passing(calling, where, name, value))
-    if not _gate.in_transaction(_gate.driver_connection(conn, calling)):
-        raise _gate.outside_a_transaction()
+    if not _drivers.in_transaction(_drivers.driver_connection(conn, calling)):
+        raise _drivers.outside_a_transaction()
     if passed is None:  # a greater fence is recorded: the upsert left it as it was
         recorded = _first(conn, calling, _gate.recorded(calling, where, name))
         raise _gate.stale(name, value, recorded)
@@ -57,7 +57,7 @@ def fenced_update(
     than ``fence``: the check and the write in one statement, for a fence kept on the
     row itself. True if a row was updated; False if none was: a newer holder wrote it
     (the lease of this fence was lost), or no row matches. Nothing is committed."""
-    conn, calling = _gate.connection(conn, want_async=ASYNC)
+    conn, calling = _drivers.connection(conn, want_async=ASYNC)
     statement = _gate.update(
         calling,
         _gate.table(table),
@@ -99,23 +99,23 @@ def gated_execute(
     other, as ``fence_gate`` and then ``execute``.
     On ``StaleFence`` roll the transaction back.
     """
-    conn, calling = _gate.connection(conn, want_async=ASYNC)
+    conn, calling = _drivers.connection(conn, want_async=ASYNC)
     name, value, where = _gate.resource(resource), _gate.fence(fence), _gate.gate_table(table)
-    trip = _gate.one_trip(conn, calling, where, name, value, statement, params)
+    trip = _drivers.one_trip(conn, calling, where, name, value, statement, params)
     if trip is None:
         fence_gate(conn, name, value, table=where)
         return conn.execute(*_gate.as_given(calling, statement, params))
-    if _gate.autocommitting(conn, calling):
-        raise _gate.outside_a_transaction(sent=False)
-    cursor = _gate.one_trip_cursor(conn, calling, want_async=ASYNC)
+    if _drivers.autocommitting(conn, calling):
+        raise _drivers.outside_a_transaction(sent=False)
+    cursor = _drivers.one_trip_cursor(conn, calling, want_async=ASYNC)
     try:
         cursor.execute(*trip)
     except Exception as exc:
-        refused = _gate.refusal(exc, where, name, value)
+        refused = _drivers.refusal(exc, where, name, value)
         if refused is None:
             raise
         raise refused from exc
-    return _gate.on_statement(cursor, calling)
+    return _drivers.on_statement(cursor, calling)
 
 
 def create_table(conn: Any, *, table: str = "redlease_fences") -> None:
@@ -123,16 +123,16 @@ def create_table(conn: Any, *, table: str = "redlease_fences") -> None:
     (``gated_execute``'s) if it is missing, in the caller's transaction: commit it.
     Concurrent calls wait for one another; running it again changes nothing. Their DDL,
     for a migration of your own, is in the fencing guide."""
-    conn, calling = _gate.connection(conn, want_async=ASYNC)
+    conn, calling = _drivers.connection(conn, want_async=ASYNC)
     for statement in _gate.create(calling, _gate.gate_table(table)):
         _run(conn, calling, statement)
 
 
 def _run(conn: Any, calling: _gate.Calling, statement: tuple[Any, Any]) -> Any:
-    """Run one of the gate's own statements, on a cursor of its own (``_gate.own_cursor``);
+    """Run one of the gate's own statements, on a cursor of its own (``_drivers.own_cursor``);
     its cursor or result."""
     sql, params = statement
-    cursor = _gate.own_cursor(conn, calling, want_async=ASYNC)
+    cursor = _drivers.own_cursor(conn, calling, want_async=ASYNC)
     if cursor is None:
         return conn.execute(sql, params)
     cursor.execute(sql, params)
@@ -143,4 +143,4 @@ def _first(conn: Any, calling: _gate.Calling, statement: tuple[Any, Any]) -> obj
     """The first column of the first row a query returns (None: no row)."""
     result = _run(conn, calling, statement)
     row = settled(result.fetchone())
-    return _gate.first_value(row)
+    return _drivers.first_value(row)
