@@ -83,3 +83,27 @@ def test_a_backend_error_keeps_what_it_carries_through_pickling() -> None:
     again = pickle.loads(pickle.dumps(error))
     assert (again.code, again.transient, again.reason) == ("LOADING", True, error.reason)
     assert str(again) == str(error)
+
+
+@pytest.mark.parametrize(
+    ("text", "code"),
+    [
+        ("NOSCRIPT No matching script", "NOSCRIPT"),
+        ("WRONGTYPE Operation against a key holding the wrong kind of value", "WRONGTYPE"),
+        ("", ""),
+        # Redis 6.2 wraps what a script met: the inner code counts, with or without its "-"
+        (
+            f"ERR Error running script (call to f_{'a' * 40}): @user_script:42: "
+            "@user_script: 42: -READONLY You can't write against a read only replica.",
+            "READONLY",
+        ),
+        (
+            f"ERR Error running script (call to f_{'b' * 40}): @user_script:102: "
+            "WRONGTYPE Operation against a key holding the wrong kind of value",
+            "WRONGTYPE",
+        ),
+        ("ERR Error running script somehow else", "ERR"),
+    ],
+)
+def test_a_replys_code_is_its_first_word_or_the_one_a_script_met(text: str, code: str) -> None:
+    assert classify.reply_code(text) == code

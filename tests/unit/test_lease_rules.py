@@ -15,7 +15,7 @@ import redis
 
 import redlease
 from redlease._base import fork as _fork
-from redlease._base.timing import drift
+from redlease._base.timing import SHORTEST_WAIT, drift
 from redlease._rules import flows as _flows
 from redlease._rules import lease as _lease
 from redlease._rules import ops as _ops
@@ -569,7 +569,7 @@ def test_a_reply_is_awaited_a_third_of_the_ttl_and_never_past_another_leases_not
     [op], _ = schedule.start(batch_b, a.due)
     assert op.replicas == _ops.Replicas(1, 15)  # their wait is cut to it too (from 50 ms)
     _, wait = schedule.start(batch_a, b.notice_at + 0.1)
-    assert wait == _renewal.REPLY_WAIT_FLOOR  # never 0 (or forever) for the driver
+    assert wait == SHORTEST_WAIT  # never 0 (or forever) for the driver
 
 
 def test_a_lease_released_meanwhile_is_neither_renewed_nor_revived() -> None:

@@ -20,6 +20,7 @@ from redlease._base.timing import (
     PASSING_RETRY_BASE,
     PASSING_RETRY_CAP,
     QUEUE_ENTRY_SLACK,
+    SHORTEST_WAIT,
     UNKNOWN_HOLDER_RECHECK,
     drift,
 )
@@ -617,7 +618,7 @@ def test_a_hub_refused_leaves_the_observer_on_its_bell() -> None:
         (-2, 10.0),  # nobody leads: a leader elected and gone without a word is seen then
         (-1, 10.0),  # a lock key without TTL: a ttl at most
         (60_000, 10.0),  # more time left than a ttl: a ttl at most
-        (0, _flows.MIN_WAIT),  # never 0, which a blocking pop takes as "forever"
+        (0, SHORTEST_WAIT),  # never 0, which a blocking pop takes as "forever"
     ],
 )
 def test_an_observer_waits_a_ttl_at_most_and_never_zero(pttl: int, wait: float) -> None:
@@ -1014,6 +1015,12 @@ def test_a_forced_release_of_an_ended_hold_is_lock_lost() -> None:
 
 
 # --- keys -------------------------------------------------------------------------------
+
+
+def test_a_prefix_is_a_literal_in_a_glob_pattern() -> None:
+    assert _keys.glob_escaped("a*b?[c]\\d") == "a\\*b\\?\\[c\\]\\\\d"
+    assert _keys.every_lock("jobs[1]:") == "jobs\\[1\\]:{*"
+    assert _keys.every_lock() == "redlease:{*"
 
 
 def test_each_kind_keeps_its_keys_apart_and_all_in_the_names_slot() -> None:

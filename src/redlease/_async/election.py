@@ -28,7 +28,7 @@ from .._rules.front import FrontCore
 from .._rules.ops import Mailbox
 from .backend import ASYNC, BlockBase, Flag, going_away, shielded
 from .front import AsyncFront, AsyncLease, give_back_in_haste
-from .lock import served
+from .io import served
 
 log = logging.getLogger(__name__)
 

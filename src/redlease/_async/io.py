@@ -9,7 +9,8 @@ A client redlease knows (``_wire.endpoint``) is served on redlease's own connect
 each script to the node owning the lock's hash slot. A connection failure is tried
 again as many times as the client's own retry policy says, but only where sending again
 is safe (a command that never left, or a script that says why a second run is harmless:
-``Script.retry``) and never past the operation's bound.
+``Script.retry``) and never past the operation's bound. ``served`` makes the driver of
+every one-server lock.
 """
 
 from __future__ import annotations
@@ -19,13 +20,14 @@ import time
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, TypeVar
 
-from .._base.timing import CONNECT_RETRY_BASE, CONNECT_RETRY_CAP, backoff
+from .._base.errors import InvalidArgument
+from .._base.timing import CONNECT_RETRY_BASE, CONNECT_RETRY_CAP, SHORTEST_WAIT, backoff
 from .._clients import NotRedis, caught
 from .._clients.errors import backend_failures, is_noscript, is_unblocked, reply_errors
 from .._rules import settings as _settings
-from .._rules.flows import Flow
+from .._rules.flows import Flow, LockSpec
 from .._rules.ops import LATE_WAKE, Call, Command, Listen, Op, Replicas, Sleep, Wait
-from .._rules.quorum import MIN_READ_WAIT, UNREAD, Unsent, said_yes
+from .._rules.quorum import UNREAD, Unsent, said_yes
 from .._wire import resp as _resp
 from .._wire import stale as _stale
 from .._wire.endpoint import Route, endpoint_of, node_of, retries_of
@@ -522,7 +524,7 @@ async def fan_out(
             wait = due - clock()
             try:
                 results[at] = await _reply(
-                    conn, op, wait if wait > MIN_READ_WAIT else MIN_READ_WAIT
+                    conn, op, wait if wait > SHORTEST_WAIT else SHORTEST_WAIT
                 )
             except reply_errors() as exc:
                 results[at] = backend_error(exc, action)
@@ -554,3 +556,14 @@ def _leave_unread(sent: list[tuple[int, Connection, Pool, float]], results: list
             sent.remove(entry)
             pool.give(conn)
             results[at] = UNREAD
+
+
+def served(client: Any, spec: LockSpec) -> AsyncIO:
+    """The driver of a one-server lock over ``client`` (``replicas=`` checked against it)."""
+    io = AsyncIO(client)
+    if spec.replicas is not None and not io.direct:
+        raise InvalidArgument(
+            "replicas needs a standalone client (redis.Redis, valkey.Valkey; or Sentinel's): "
+            "WAIT must run on the connection that made the write"
+        )
+    return io

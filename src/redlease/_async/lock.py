@@ -1,8 +1,7 @@
 """``AsyncLock``: a lock name on one Redis/Valkey deployment (standalone, Sentinel-managed
-or Cluster), and the driver every one-server lock is served by (``served``). Written
-once, as asyncio code; ``scripts/unasync.py`` generates the blocking twin (``Lock``).
-The protocol is in ``_rules.flows``, the lock's rules in ``_rules.front``, the I/O in
-``_async.io``, what a caller sees in ``_async.front``.
+or Cluster). Written once, as asyncio code; ``scripts/unasync.py`` generates the blocking
+twin (``Lock``). The protocol is in ``_rules.flows``, the lock's rules in
+``_rules.front``, the I/O in ``_async.io``, what a caller sees in ``_async.front``.
 
 A lock object holds no ownership state: each acquisition returns its own lease, so one
 lock may be shared by many threads (or tasks).
@@ -15,10 +14,10 @@ from typing import Any
 from .._base.types import Clock, OnLost, Seconds
 from .._clients.checks import check_client
 from .._rules.flows import LockSpec
-from .._rules.front import FrontCore, check_replicas
+from .._rules.front import FrontCore
 from .backend import ASYNC
 from .front import AsyncFront
-from .io import AsyncIO
+from .io import served
 
 
 class AsyncLock(AsyncFront):
@@ -121,10 +120,3 @@ class AsyncLock(AsyncFront):
         server's clock); waiters that gave up or died are not counted. Raises
         BackendError if the server cannot answer."""
         return (await self._look()).live_waiters
-
-
-def served(client: Any, spec: LockSpec) -> AsyncIO:
-    """The driver of a one-server lock over ``client`` (``replicas=`` checked against it)."""
-    io = AsyncIO(client)
-    check_replicas(spec, io.direct)
-    return io

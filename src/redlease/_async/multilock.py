@@ -33,7 +33,7 @@ from .front import (
     opened,
     unhanded,
 )
-from .lock import served
+from .io import served
 
 
 class AsyncMultiLease(BlockBase):

@@ -14,8 +14,7 @@ from .._rules.lease import Holders
 from .._rules.rwlock import READ, READERS, SIDES, WRITE, SideCore
 from .backend import ASYNC
 from .front import AsyncFront
-from .io import AsyncIO
-from .lock import served
+from .io import AsyncIO, served
 
 
 class AsyncReadWriteSide(AsyncFront):

@@ -18,7 +18,7 @@ from .._rules.flows import SEMAPHORE, LockSpec
 from .._rules.front import FrontCore
 from .backend import ASYNC
 from .front import AsyncFront
-from .lock import served
+from .io import served
 
 # More permits than a semaphore is of use with: each acquire counts its holders.
 MAX_LIMIT = 100_000

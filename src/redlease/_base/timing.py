@@ -15,6 +15,11 @@ from .types import Clock
 
 MONOTONIC: Clock = time.monotonic
 
+# The shortest wait a driver is asked for: never 0 s, which a blocking pop (BLPOP) takes
+# as "forever" and a read as "do not wait" (a reply already there is still taken), and
+# BLPOP's own resolution (milliseconds).
+SHORTEST_WAIT = 0.001
+
 # Redlock's allowance for server clocks running at slightly different rates, applied to
 # every lease: validity = ttl - elapsed - drift (antirez, "Distributed locks with Redis").
 DRIFT_FACTOR = 0.01

@@ -14,6 +14,7 @@ import sys
 from typing import Any, TextIO
 
 from .._rules.inspect import KINDS, Holder, LockInfo, Waiter, held_at
+from .._rules.keys import every_lock
 from .._rules.lease import SHOWN
 from .._rules.lease import short_token as short  # (the library's logs show tokens so too)
 from .._rules.once import Period
@@ -128,20 +129,13 @@ def _period_json(period: Period | None) -> dict[str, Any] | None:
 # --------------------------------------------------------------------------- list
 
 
-def _scan_pattern(prefix: str) -> str:
-    """A SCAN MATCH pattern for every key under ``prefix`` (its glob characters escaped);
-    the names are matched here, after the keys are read back (names escape braces)."""
-    escaped = "".join("\\" + c if c in "*?[]\\" else c for c in prefix)
-    return escaped + "{*"
-
-
 def held_names(
     client: Any, prefix: str, pattern: str, kinds: tuple[str, ...]
 ) -> list[tuple[str, str]]:
     """(kind, name) of each lock key under ``prefix`` whose name matches the glob, sorted.
     Uses SCAN (never KEYS, which would stall the server on a large keyspace)."""
     found = set()
-    for key in client.scan_iter(match=_scan_pattern(prefix), count=1000):
+    for key in client.scan_iter(match=every_lock(prefix), count=1000):
         text = key.decode() if isinstance(key, bytes) else str(key)
         held = held_at(text, prefix)
         if held is not None and held[0] in kinds and fnmatch.fnmatchcase(held[1], pattern):

@@ -10,24 +10,9 @@ loaded by then is among them.
 
 from __future__ import annotations
 
-import re
-
 from .._base.errors import Traits
+from .._rules.classify import reply_code
 from . import NotRedis, caught
-
-# Redis before 7.0 wraps an error raised inside a script: "ERR Error running script (call
-# to f_<sha>): @user_script:42: @user_script: 42: -READONLY You can't write..." or
-# "...: @user_script:102: WRONGTYPE Operation...". The code that counts is the inner one.
-_IN_SCRIPT = re.compile(r"^ERR Error running script .*@user_script: ?\d+: -?([A-Z]+)\b")
-
-
-def reply_code(text: str) -> str:
-    """The code of an error reply's text: its first word (NOSCRIPT, READONLY...), or for
-    an error a script met on Redis 6.2, the code inside."""
-    inner = _IN_SCRIPT.match(text)
-    if inner is not None:
-        return inner.group(1)
-    return text.split(" ", 1)[0] if text else ""
 
 
 class ReplyError(Exception):

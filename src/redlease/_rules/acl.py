@@ -13,7 +13,7 @@ import re
 from dataclasses import dataclass
 
 from . import scripts as _scripts
-from .keys import DEFAULT_PREFIX
+from .keys import DEFAULT_PREFIX, glob_escaped
 
 
 @dataclass(frozen=True)
@@ -113,26 +113,21 @@ PARTS = (
 )
 
 
-def _glob_escaped(prefix: str) -> str:
-    """The prefix as a literal in an ACL glob pattern."""
-    return re.sub(r"([*?\[\]\\])", r"\\\1", prefix)
-
-
 def acl_rule(prefix: str = DEFAULT_PREFIX) -> str:
     """The ACL rule (for ``ACL SETUSER name on >password <rule>``) that lets a user do
     everything redlease does with keys under ``prefix``, and nothing more."""
-    escaped = _glob_escaped(prefix)
+    escaped = glob_escaped(prefix)
     return " ".join(g.format(prefix=escaped) for part in PARTS for g in part.grants)
 
 
 def key_pattern(prefix: str = DEFAULT_PREFIX) -> str:
     """The rule's key pattern: every key of every lock under ``prefix``."""
-    return "~" + _glob_escaped(prefix) + "*"
+    return "~" + glob_escaped(prefix) + "*"
 
 
 def channel_pattern(prefix: str = DEFAULT_PREFIX) -> str:
     """The rule's channel pattern: the channels the hubs are rung on."""
-    return "&" + _glob_escaped(prefix) + "*"
+    return "&" + glob_escaped(prefix) + "*"
 
 
 def script_commands() -> set[str]:

@@ -156,12 +156,27 @@ def error_code(error: BaseException) -> str:
     return error.code if isinstance(error, BackendError) else ""
 
 
+# Redis before 7.0 wraps an error raised inside a script: "ERR Error running script (call
+# to f_<sha>): @user_script:42: @user_script: 42: -READONLY You can't write..." or "...:
+# @user_script:102: WRONGTYPE Operation...". The code that counts is the inner one.
+_WRAPPED = r"ERR Error running script \(call to f_[0-9a-f]{40}\): (?:@user_script: ?\d+: )+-?"
+_IN_SCRIPT = re.compile("^" + _WRAPPED + r"([A-Z]+)\b")
+
+
+def reply_code(text: str) -> str:
+    """The code of an error reply's text: its first word (NOSCRIPT, READONLY...), or for
+    an error a script met on Redis 6.2, the code inside."""
+    inner = _IN_SCRIPT.match(text)
+    if inner is not None:
+        return inner.group(1)
+    return text.split(" ", 1)[0] if text else ""
+
+
 # Where in a script an error came from, as the server appends it (Redis 7 and Valkey:
-# "... script: <sha>, on @user_script:225."; 6.2: "ERR Error running script (call to
-# f_<sha>): @user_script:42: "): lines of redlease's own scripts, of no use to a reader.
+# "... script: <sha>, on @user_script:225."; 6.2: the wrapper above): lines of redlease's
+# own scripts, of no use to a reader.
 _SCRIPT_PLACE = re.compile(
-    r"(?: script: [0-9a-f]{40}, on @user_script:\d+\.?)"
-    r"|(?:ERR Error running script \(call to f_[0-9a-f]{40}\): (?:@user_script: ?\d+: )+-?)"
+    r"(?: script: [0-9a-f]{40}, on @user_script:\d+\.?)|(?:" + _WRAPPED + ")"
 )
 
 

@@ -25,9 +25,15 @@ from dataclasses import dataclass
 from typing import Any
 
 from .._base.errors import BackendError
-from .._base.timing import PASSING_RETRY_BASE, PASSING_RETRY_CAP, QUEUE_ENTRY_SLACK, backoff
+from .._base.timing import (
+    PASSING_RETRY_BASE,
+    PASSING_RETRY_CAP,
+    QUEUE_ENTRY_SLACK,
+    SHORTEST_WAIT,
+    backoff,
+)
 from .classify import passing
-from .flows import EXPIRY_NUDGE, MIN_WAIT, Flow, LockSpec, as_int, as_text
+from .flows import EXPIRY_NUDGE, Flow, LockSpec, as_int, as_text
 from .ops import Listen, Mailbox, Wait
 from .scripts import ELECTION_ANNOUNCE, ELECTION_WATCH
 
@@ -92,14 +98,14 @@ def look(
         box = yield Listen(spec.keys.bell_prefix, token, spec.reply_timeout)
     if box is not None and not box.ready:
         box = yield Listen(spec.keys.bell_prefix, token, spec.reply_timeout, box)
-    horizon = max(spec.ttl, MIN_WAIT)
+    horizon = max(spec.ttl, SHORTEST_WAIT)
     life = math.ceil((horizon + QUEUE_ENTRY_SLACK) * 1000)
     hub = "" if box is None else box.hub
     reply = yield spec.call(ELECTION_WATCH, token, str(life), hub, keys=keys_of(spec, observers))
     leader, pttl = leader_of(reply)
     if pttl >= 0:
         horizon = min(horizon, pttl / 1000 + EXPIRY_NUDGE)
-    return leader, max(horizon, MIN_WAIT), box
+    return leader, max(horizon, SHORTEST_WAIT), box
 
 
 def retry_after(failure: BackendError, failures: int) -> float:

@@ -21,6 +21,7 @@ from .._base.timing import (
     PASSING_RETRY_BASE,
     PASSING_RETRY_CAP,
     QUEUE_ENTRY_SLACK,
+    SHORTEST_WAIT,
     UNFAIR_WOKEN,
     UNKNOWN_HOLDER_RECHECK,
     Deadline,
@@ -50,8 +51,6 @@ T = TypeVar("T")
 
 # A reply that took longer than this (or the lease's ttl, if longer) is treated as lost.
 MIN_REPLY_WAIT = 1.0
-# BLPOP takes its timeout in seconds with millisecond resolution; 0 would mean "forever".
-MIN_WAIT = 0.001
 # A wake-up after the holder's PTTL is a safety net against holders that died; waking a
 # hair after expiry avoids finding the key still there.
 EXPIRY_NUDGE = 0.001
@@ -384,7 +383,7 @@ class Acquisition:
             if self.woken:  # lost the race it was woken for: try again once, a bit later
                 wait_for, self.woken = min(wait_for, UNFAIR_WOKEN), False
             if wait_for > 0:
-                wait_for = max(wait_for, MIN_WAIT)
+                wait_for = max(wait_for, SHORTEST_WAIT)
                 replicas = self._replicas()
                 rung, acked = spec.unpack(
                     (

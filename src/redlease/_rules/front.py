@@ -26,7 +26,7 @@ from types import CodeType, FrameType
 from typing import Any, NamedTuple, Protocol, TypeVar
 
 from .._base import metrics as _metrics
-from .._base.errors import InvalidArgument, LockError, LockLost
+from .._base.errors import LockError, LockLost
 from .._base.types import OnLost
 from . import arguments as args
 from . import inspect as _inspect
@@ -205,15 +205,6 @@ def tidy_entered() -> None:
     kept = tuple(entry for entry in stack if entry[_OPEN])
     if len(kept) != len(stack):
         _entered.set(kept)
-
-
-def check_replicas(spec: LockSpec, direct: bool) -> None:
-    """``replicas=`` is for a client that talks to its server directly (see ``_async.io``)."""
-    if spec.replicas is not None and not direct:
-        raise InvalidArgument(
-            "replicas needs a standalone client (redis.Redis, valkey.Valkey; or Sentinel's): "
-            "WAIT must run on the connection that made the write"
-        )
 
 
 CoreT = TypeVar("CoreT", bound="FrontCore")

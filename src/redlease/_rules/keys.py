@@ -112,6 +112,18 @@ def hash_slot(key: str | bytes) -> int:
     return _crc16(data) % 16384
 
 
+def glob_escaped(prefix: str) -> str:
+    """``prefix`` as a literal in a Redis glob pattern (SCAN MATCH, an ACL key pattern)."""
+    return "".join("\\" + c if c in "*?[]\\" else c for c in prefix)
+
+
+def every_lock(prefix: str = DEFAULT_PREFIX) -> str:
+    """A glob pattern for every key of every lock under ``prefix`` (each one's name in a
+    hash tag right after the prefix; the names are read back apart, as they escape
+    braces)."""
+    return glob_escaped(prefix) + "{*"
+
+
 def read_back(key: str, prefix: str = DEFAULT_PREFIX) -> tuple[str, str] | None:
     """The (name, suffix) a key under ``prefix`` belongs to (``P{N}:fence`` gives
     ``(name, ":fence")``), or None if it is not one of this layout's keys."""

@@ -104,10 +104,6 @@ class Unsent(BackendError):
     cannot have applied it, so there is nothing to release there."""
 
 
-# A fan-out's read is never asked to wait 0 s: a reply already received is still taken.
-MIN_READ_WAIT = 0.001
-
-
 def said_yes(reply: Any) -> bool:
     """A node's reply to a release or an extend: it was ours there and it is done (a
     reply of another shape than the script's is no yes)."""

@@ -41,6 +41,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .._base.errors import BackendError, LockLost
+from .._base.timing import SHORTEST_WAIT
 from .lease import LeaseState
 
 log = logging.getLogger(__name__)
@@ -50,7 +51,6 @@ RIDE_ALONG = 1 / 6  # of the ttl: how early a lease may join a batch sent anyway
 REPLY_WAIT = 1 / 3  # of the ttl: the longest wait for a renewal's reply
 RETRY_AFTER = 1 / 4  # of the validity left, after a failed renewal
 RETRY_FLOOR = 0.01  # a failed renewal is tried again no sooner
-REPLY_WAIT_FLOOR = 0.002  # a driver must never be asked to wait 0 s (or forever)
 # The holder is told this much before validity ends (at most 2% of the ttl), so that a
 # late wake-up of the renewer still tells it in time: on a loaded machine a thread that
 # wakes may wait for the GIL a switch interval (5 ms) or more.
@@ -177,7 +177,7 @@ class Schedule:
             min((r.ttl * REPLY_WAIT for r in batch.renewals), default=math.inf),
             min(notices, default=math.inf) - now,
         )
-        wait = max(wait, REPLY_WAIT_FLOOR)
+        wait = max(wait, SHORTEST_WAIT)
         batch.flows, steps = [], []
         for renewal in batch.renewals:
             lease = renewal.lease

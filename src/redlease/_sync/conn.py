@@ -73,6 +73,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from .._base import fork as _fork
+from .._base.timing import SHORTEST_WAIT
 from .._clients import ConnectionFailed, ReplyTimedOut
 from .._clients.errors import ReplyError
 from .._rules.classify import starts_over
@@ -374,7 +375,6 @@ OWED_REPLY_LIMIT = 1.0
 RECHECK = 0.01
 
 NOT_ENOUGH = _resp.NOT_ENOUGH
-_MIN_WAIT = 0.001
 
 
 class SocketConnection:
@@ -487,10 +487,10 @@ class SocketConnection:
         clock = time.perf_counter
         end = clock() + timeout
         while self.stale:
-            reply = self._next(max(end - clock(), _MIN_WAIT), True)
+            reply = self._next(max(end - clock(), SHORTEST_WAIT), True)
             _stale.dropped(reply, self.wire.forget)
             self.stale -= 1
-        return max(end - clock(), _MIN_WAIT)
+        return max(end - clock(), SHORTEST_WAIT)
 
     def drop_arrived(self) -> Exception | None:
         """Drop the stale replies already received, without waiting; the error if the
@@ -514,7 +514,7 @@ class SocketConnection:
                 if reply is not NOT_ENOUGH:
                     return reply
                 # what the spin took counts against the bound
-                timeout = max(timeout - (time.perf_counter() - started), _MIN_WAIT)
+                timeout = max(timeout - (time.perf_counter() - started), SHORTEST_WAIT)
             reply = self.waits.read(self.buffer, reader, self.spin, timeout)
         return reply
 

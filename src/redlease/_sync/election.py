@@ -30,7 +30,7 @@ from .._rules.front import FrontCore
 from .._rules.ops import Mailbox
 from .backend import ASYNC, BlockBase, Flag, going_away, shielded
 from .front import Front, Lease, give_back_in_haste
-from .lock import served
+from .io import served
 
 log = logging.getLogger(__name__)
 

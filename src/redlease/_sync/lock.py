@@ -1,10 +1,9 @@
 # Generated from _async/lock.py by scripts/unasync.py: edit that file, then run
 # `python scripts/unasync.py` (the tests run it with --check).
 """``Lock``: a lock name on one Redis/Valkey deployment (standalone, Sentinel-managed
-or Cluster), and the driver every one-server lock is served by (``served``). Written
-once, as asyncio code; ``scripts/unasync.py`` generates the blocking twin (``Lock``).
-The protocol is in ``_rules.flows``, the lock's rules in ``_rules.front``, the I/O in
-``_async.io``, what a caller sees in ``_async.front``.
+or Cluster). Written once, as asyncio code; ``scripts/unasync.py`` generates the blocking
+twin (``Lock``). The protocol is in ``_rules.flows``, the lock's rules in
+``_rules.front``, the I/O in ``_async.io``, what a caller sees in ``_async.front``.
 
 A lock object holds no ownership state: each acquisition returns its own lease, so one
 lock may be shared by many threads (or tasks).
@@ -17,10 +16,10 @@ from typing import Any
 from .._base.types import Clock, OnLost, Seconds
 from .._clients.checks import check_client
 from .._rules.flows import LockSpec
-from .._rules.front import FrontCore, check_replicas
+from .._rules.front import FrontCore
 from .backend import ASYNC
 from .front import Front
-from .io import IO
+from .io import served
 
 
 class Lock(Front):
@@ -113,10 +112,3 @@ class Lock(Front):
         server's clock); waiters that gave up or died are not counted. Raises
         BackendError if the server cannot answer."""
         return (self._look()).live_waiters
-
-
-def served(client: Any, spec: LockSpec) -> IO:
-    """The driver of a one-server lock over ``client`` (``replicas=`` checked against it)."""
-    io = IO(client)
-    check_replicas(spec, io.direct)
-    return io

@@ -35,7 +35,7 @@ from .front import (
     opened,
     unhanded,
 )
-from .lock import served
+from .io import served
 
 
 class MultiLease(BlockBase):

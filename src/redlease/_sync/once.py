@@ -30,7 +30,7 @@ from .._rules.once import (
 )
 from .backend import ASYNC, BlockBase
 from .front import Front, Lease, caller, end_block, opened
-from .lock import served
+from .io import served
 
 log = logging.getLogger(__name__)
 

@@ -16,8 +16,7 @@ from .._rules.lease import Holders
 from .._rules.rwlock import READ, READERS, SIDES, WRITE, SideCore
 from .backend import ASYNC
 from .front import Front
-from .io import IO
-from .lock import served
+from .io import IO, served
 
 
 class ReadWriteSide(Front):
