@@ -166,7 +166,7 @@ SITES: dict[str, Site] = {
     ),
     # the client families' loading (a client made from a URL, as the CLI does)
     "client families": (
-        lambda r, lock: _clients._loading,
+        lambda r, lock: _clients.registry._loading,
         lambda r, lock: _clients.from_url(f"redis://127.0.0.1:{_port(r)}").close(),
     ),
 }

@@ -10,7 +10,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from .._base.errors import InvalidArgument
-from . import family_of, refusal
+from .registry import family_of, refusal
 
 
 def is_async_client(client: object) -> bool:

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from .._base.errors import Traits
 from .._rules.classify import reply_code
-from . import NotRedis, caught
+from .registry import NotRedis, caught
 
 
 class ReplyError(Exception):
