@@ -86,19 +86,19 @@ class Front(_front.FrontCore):
 def _no_block_noted() -> Iterator[None]:
     """Each test starts with no `with` block noted (the notes live in a context variable,
     which would otherwise carry over from one test to the next)."""
-    token = _front._entered.set(())
+    token = _lease._entered.set(())
     yield
-    _front._entered.reset(token)
+    _lease._entered.reset(token)
 
 
-def noted() -> tuple[_front._Entry, ...]:
-    return _front._entered.get()
+def noted() -> tuple[_lease._Entry, ...]:
+    return _lease._entered.get()
 
 
-def note(front: object, lease: Any, holder: object) -> _front._Entry:
+def note(front: object, lease: Any, holder: object) -> _lease._Entry:
     """A block of ``front`` opened otherwise than by a `with` statement, noted."""
-    entry = _front.entered(front, lease, _front.Opening(holder, None, -1))
-    _front.push_entered(entry)
+    entry = _lease.entered(front, lease, _lease.Opening(holder, None, -1))
+    _lease.push_entered(entry)
     return entry
 
 
@@ -109,13 +109,14 @@ def test_a_nested_block_of_a_lock_its_holder_holds_is_refused_at_once() -> None:
     clock, front, holder = FakeClock(), Front(), Holder()
     note(front, new_lease(clock), holder)
     with pytest.raises(redlease.LockError) as refused:
-        _front.refuse_nested(front, front, holder)
+        _lease.refuse_nested(front, front.noun, front.name, holder)
     message = str(refused.value)
     assert "lock 'orders:42' is held already by an enclosing `with` block" in message
     assert "reentrant=True" in message
     # another holder, or another object of the same name, waits as any other caller
-    _front.refuse_nested(front, front, Holder())
-    _front.refuse_nested(Front(), Front(), holder)
+    _lease.refuse_nested(front, front.noun, front.name, Holder())
+    other = Front()
+    _lease.refuse_nested(other, other.noun, other.name, holder)
 
 
 @pytest.mark.parametrize("outer", ["released", "lost", "ending"])
@@ -130,8 +131,8 @@ def test_a_nested_block_is_let_through_once_the_outer_lease_is_no_longer_held(
     elif outer == "lost":
         clock.advance(10.0)  # past its validity
     else:
-        _front.close_entered(front)  # the outer block's end has begun
-    _front.refuse_nested(front, front, holder)
+        _lease.close_entered(front)  # the outer block's end has begun
+    _lease.refuse_nested(front, front.noun, front.name, holder)
 
 
 def test_a_blocks_end_closes_the_innermost_open_block_of_its_own_lock() -> None:
@@ -140,19 +141,19 @@ def test_a_blocks_end_closes_the_innermost_open_block_of_its_own_lock() -> None:
     note(front, outer, holder)
     note(other, theirs, holder)
     note(front, inner, holder)
-    ending = _front.close_entered(front)
-    assert _front.entered_lease(ending) is inner
+    ending = _lease.close_entered(front)
+    assert _lease.entered_lease(ending) is inner
     assert len(noted()) == 3  # closed, but dropped only last (tidy_entered)
     with pytest.raises(redlease.LockError):
-        _front.refuse_nested(front, front, holder)  # the outer block is still open
-    _front.tidy_entered()
-    assert [_front.entered_lease(e) for e in noted()] == [outer, theirs]
-    assert _front.entered_lease(_front.close_entered(front)) is outer
-    _front.tidy_entered()
+        _lease.refuse_nested(front, front.noun, front.name, holder)  # the outer block is still open
+    _lease.tidy_entered()
+    assert [_lease.entered_lease(e) for e in noted()] == [outer, theirs]
+    assert _lease.entered_lease(_lease.close_entered(front)) is outer
+    _lease.tidy_entered()
     with pytest.raises(RuntimeError, match="did not enter it"):
-        _front.close_entered(front)
-    assert _front.close_entered(front, missing_ok=True) is None  # an interrupted clean-up
-    assert [_front.entered_lease(e) for e in noted()] == [theirs]
+        _lease.close_entered(front)
+    assert _lease.close_entered(front, missing_ok=True) is None  # an interrupted clean-up
+    assert [_lease.entered_lease(e) for e in noted()] == [theirs]
 
 
 def test_a_release_is_told_begun_only_if_it_began_after_the_blocks_end_did() -> None:
@@ -160,11 +161,11 @@ def test_a_release_is_told_begun_only_if_it_began_after_the_blocks_end_did() -> 
     lease = new_lease(clock)
     lease.release_calls = 1  # a release called inside the block, before its end
     note(front, lease, Holder())
-    ending = _front.close_entered(front)
+    ending = _lease.close_entered(front)
     assert ending is not None
-    assert not _front.release_begun(ending)
+    assert not _lease.release_begun(ending)
     lease.release_calls += 1  # what release() counts first
-    assert _front.release_begun(ending)
+    assert _lease.release_begun(ending)
 
 
 def test_an_inner_reentrant_block_whose_hold_was_released_inside_it_releases_nothing() -> None:
@@ -173,23 +174,23 @@ def test_an_inner_reentrant_block_whose_hold_was_released_inside_it_releases_not
     outer = note(front, lease, holder)
     lease.hold_again()
     inner = note(front, lease, holder)
-    assert _front.entered_lease(inner) is lease  # its own hold: released as it ends
+    assert _lease.entered_lease(inner) is lease  # its own hold: released as it ends
     lease.drop_hold()  # the inner block released its hold itself
-    assert _front.entered_lease(inner) is None  # a release now would take the outer's
-    assert _front.entered_lease(outer) is lease
-    assert _front.entered_lease(None) is None
+    assert _lease.entered_lease(inner) is None  # a release now would take the outer's
+    assert _lease.entered_lease(outer) is lease
+    assert _lease.entered_lease(None) is None
     multi = _multilock.MultiLeaseState(["a"], {"a": lease})
-    assert _front.entered_lease(note(front, multi, holder)) is multi  # (a multi-lease)
+    assert _lease.entered_lease(note(front, multi, holder)) is multi  # (a multi-lease)
 
 
 def test_forgetting_a_block_that_never_began_drops_its_note_only() -> None:
     clock, front, holder = FakeClock(), Front(), Holder()
     kept = note(front, new_lease(clock), holder)
     dropped = note(front, new_lease(clock), holder)
-    _front.forget_entered(dropped)
+    _lease.forget_entered(dropped)
     assert noted() == (kept,)
-    never_noted = _front.entered(front, new_lease(clock), _front.Opening(holder, None, -1))
-    _front.forget_entered(never_noted)  # interrupted before it was noted: nothing to drop
+    never_noted = _lease.entered(front, new_lease(clock), _lease.Opening(holder, None, -1))
+    _lease.forget_entered(never_noted)  # interrupted before it was noted: nothing to drop
     assert noted() == (kept,)
 
 
@@ -197,17 +198,17 @@ class Probe:
     """A block whose ``__enter__`` reads where it is opened, as the fronts do."""
 
     def __init__(self) -> None:
-        self.at: _front.Opening | None = None
+        self.at: _lease.Opening | None = None
 
     def __enter__(self) -> Probe:
-        self.at = _front.opening("holder", sys._getframe(1))
+        self.at = _lease.opening("holder", sys._getframe(1))
         return self
 
     def __exit__(self, *exc: object) -> None:
         return None
 
     async def __aenter__(self) -> Probe:
-        self.at = _front.opening("holder", sys._getframe(1))
+        self.at = _lease.opening("holder", sys._getframe(1))
         return self
 
     async def __aexit__(self, *exc: object) -> None:
@@ -222,10 +223,10 @@ def test_only_a_with_statement_says_where_its_block_was_opened() -> None:
     assert probe.at.lasti >= 0
     called = Probe()
     called.__enter__()
-    assert called.at == _front.Opening("holder", None, -1)
+    assert called.at == _lease.Opening("holder", None, -1)
     with contextlib.ExitStack() as stack:
         stacked = stack.enter_context(Probe())
-    assert stacked.at == _front.Opening("holder", None, -1)
+    assert stacked.at == _lease.Opening("holder", None, -1)
 
     async def asynchronous() -> tuple[Probe, Probe, Any]:
         async with Probe() as probe:
@@ -237,7 +238,7 @@ def test_only_a_with_statement_says_where_its_block_was_opened() -> None:
     in_block, awaited, frame = run(asynchronous())
     assert in_block.at is not None
     assert in_block.at.frame is frame
-    assert awaited.at == _front.Opening("holder", None, -1)
+    assert awaited.at == _lease.Opening("holder", None, -1)
 
 
 class Interrupted:
@@ -247,14 +248,14 @@ class Interrupted:
     def __init__(self, front: Front, holder: object, clock: FakeClock) -> None:
         self.front, self.holder, self.clock = front, holder, clock
         self.leases: list[_lease.LeaseState] = []
-        self.found: list[list[_front._Entry]] = []  # the stale notes each opening found
+        self.found: list[list[_lease._Entry]] = []  # the stale notes each opening found
 
     def __enter__(self) -> Interrupted:
-        at = _front.opening(self.holder, sys._getframe(1))
-        self.found.append(_front.stale_entered(at))
+        at = _lease.opening(self.holder, sys._getframe(1))
+        self.found.append(_lease.stale_entered(at))
         lease = new_lease(self.clock)
         self.leases.append(lease)
-        _front.push_entered(_front.entered(self.front, lease, at))
+        _lease.push_entered(_lease.entered(self.front, lease, at))
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -269,13 +270,13 @@ def test_a_block_whose_end_was_cut_short_is_stale_once_its_with_statement_runs_a
             pass
     first, second = block.found
     assert first == []
-    assert [_front.entered_lease(e) for e in second] == [block.leases[0]]
+    assert [_lease.entered_lease(e) for e in second] == [block.leases[0]]
     with block:  # another `with` statement of the same frame: not the same block
         pass
     assert block.found[2] == []
     for stale in second:
-        _front.close_stale(stale)
-    assert [_front.entered_lease(e) for e in noted()] == block.leases[1:]
+        _lease.close_stale(stale)
+    assert [_lease.entered_lease(e) for e in noted()] == block.leases[1:]
 
 
 def test_another_holder_or_a_block_not_opened_by_a_with_statement_is_never_stale() -> None:

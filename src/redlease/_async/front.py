@@ -33,15 +33,19 @@ from .._base.types import Seconds
 from .._rules import arguments as args
 from .._rules.decorate import P, R, named
 from .._rules.flows import Grant
-from .._rules.front import (
-    Attempt,
-    FrontCore,
+from .._rules.front import Attempt, FrontCore
+from .._rules.inspect import LockInfo
+from .._rules.lease import (
+    HELD,
+    RELEASED,
+    LeaseState,
     Opening,
     close_entered,
     close_stale,
     entered,
     entered_lease,
     forget_entered,
+    lost_at_block_end,
     opening,
     push_entered,
     refuse_nested,
@@ -49,8 +53,6 @@ from .._rules.front import (
     stale_entered,
     tidy_entered,
 )
-from .._rules.inspect import LockInfo
-from .._rules.lease import HELD, RELEASED, LeaseState, lost_at_block_end
 from .._rules.multilock import MultiLeaseState
 from . import renewer as _renewer
 from .backend import BlockBase, Cancelled, Flag, current_holder, going_away, guarded, shielded
@@ -590,7 +592,7 @@ class AsyncFront(BlockBase):
         at = await opened(caller())
         core = self._core
         if core.refuses_nesting and core.holding is None:
-            refuse_nested(self, core, at.holder)
+            refuse_nested(self, core.noun, core.name, at.holder)
         state = await self._acquire(None, wait=True, entering=at)
         assert state is not None  # (no timeout: a lease, or an error)
         return cast(AsyncLease, state.lease)

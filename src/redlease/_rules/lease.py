@@ -3,20 +3,26 @@ never to a thread or task, so a lease may be handed to another thread and releas
 
 ``LeaseState`` holds everything that needs no I/O: validity, the lost flag and the
 one-time ``on_lost`` notification; the lease of ``_async.front`` (and its generated
-twin) holds one and adds ``extend``, ``release`` and ``with``. Also here: the tables of
-leases by holder (``Holders``, ``HandedOut``), which hold states.
+twin) holds one and adds ``extend``, ``release`` and ``with``. Also here, where leases are
+kept: by holder (``Holders``, ``HandedOut``: reentrant holds, ``owned()``), and by the
+`with` block that opened them (``with lock as lease`` notes its lease in a context
+variable, per thread, per task, so nested and concurrent blocks each release their own,
+and a nested block that would wait for itself is refused).
 """
 
 from __future__ import annotations
 
+import dis
+import functools
 import logging
 import weakref
 from collections.abc import Callable
-from types import TracebackType
-from typing import TYPE_CHECKING, Any
+from contextvars import ContextVar
+from types import CodeType, FrameType, TracebackType
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from .._base import fork as _fork
-from .._base.errors import LockLost, QuorumError
+from .._base.errors import LockError, LockLost, QuorumError
 from . import arguments as args
 from . import flows as _flows
 
@@ -350,3 +356,162 @@ def lost_at_block_end(lease: LeaseState, lost: LockLost, failure: BaseException 
         lease.name,
         short_token(lease.token),
     )
+
+
+# ------------------------------------------------------------- leases by `with` block
+
+# Leases opened by `with lock` / `async with lock` in this context, innermost last, each
+# an entry [lock, lease, the hold count it had when the block took it, the holder (thread,
+# or task) that took it, open, the frame and instruction of its `with` statement, its
+# lease's release count when the block's end began]: a task started inside a block
+# copies the context, not the holding. A block's end closes its entry before anything
+# else (``close_entered``), in one step an interrupt cannot split, and drops closed
+# entries last (``tidy_entered``): so the entry of a block interrupted at any point is
+# either still open, and found again by the clean-up, or closed and in the clean-up's
+# hands. One point is out of reach: an error a signal handler raises as ``__exit__``
+# starts (CPython runs handlers as a function begins), before its first line; that
+# block's entry stays open, and ``stale_entered`` finds it.
+_Entry = list[Any]
+_entered: ContextVar[tuple[_Entry, ...]] = ContextVar("redlease_entered", default=())
+_LOCK, _LEASE, _DEPTH, _HOLDER, _OPEN, _FRAME, _LASTI, _CALLS = range(8)
+# The instructions that call __enter__ / __aenter__ for a `with` / `async with` statement
+# (3.10's, 3.11's and later); an async one is awaited within the next few instructions.
+_WITH = frozenset({"SETUP_WITH", "BEFORE_WITH"})
+_ASYNC_WITH = "BEFORE_ASYNC_WITH"
+_AWAITED_WITHIN = 4
+
+
+class Opening(NamedTuple):
+    """A `with` block being opened: by whom (the thread, or the task), and where (the
+    frame running its `with` statement, and that statement's instruction; None and -1
+    when ``__enter__`` was called otherwise: by an ExitStack, a wrapper, a comprehension)."""
+
+    holder: object
+    frame: FrameType | None
+    lasti: int
+
+
+def opening(holder: object, frame: FrameType | None) -> Opening:
+    """``holder``'s block opened from ``frame`` (the caller of ``__enter__``)."""
+    if frame is None or not _a_with_statement(frame.f_code, frame.f_lasti):
+        return Opening(holder, None, -1)
+    return Opening(holder, frame, frame.f_lasti)
+
+
+@functools.lru_cache(maxsize=1024)
+def _a_with_statement(code: CodeType, lasti: int) -> bool:
+    """Whether the instruction at ``lasti`` of ``code`` is (or awaits) a `with`
+    statement's call of ``__enter__``."""
+    instructions = list(dis.get_instructions(code))
+    for at, instruction in enumerate(instructions):
+        if instruction.offset == lasti:
+            if instruction.opname in _WITH:
+                return True
+            before = instructions[max(0, at - _AWAITED_WITHIN) : at + 1]
+            return any(x.opname == _ASYNC_WITH for x in before)
+    return False
+
+
+def entered(lock: object, lease: Any, at: Opening) -> _Entry:
+    """The entry of a block of ``lock`` that took ``lease`` (or a MultiLock's leases),
+    made before it is noted (``push_entered``), so that whoever notes it can take back
+    exactly that note (``forget_entered``)."""
+    depth = lease.holds if isinstance(lease, LeaseState) else 1  # (a multi-lease nests not)
+    return [lock, lease, depth, at.holder, True, at.frame, at.lasti, 0]
+
+
+def push_entered(entry: _Entry) -> None:
+    """Note a block's entry (``entered``)."""
+    _entered.set((*_entered.get(), entry))
+
+
+def forget_entered(entry: _Entry) -> None:
+    """A block that never began (its ``__enter__`` was interrupted around noting it):
+    its entry, if it was noted, is closed and dropped."""
+    entry[_OPEN] = False
+    tidy_entered()
+
+
+def stale_entered(at: Opening) -> list[_Entry]:
+    """The entries of the blocks of ``at``'s holder whose end was interrupted before its
+    first line (see ``_entered``): such a block is over once the `with` statement that
+    opened it is opened again in the same frame (a loop's next turn). They stay open
+    until the caller has given back what they hold (``entered_lease``) and closed them
+    (``close_stale``): an interruption meanwhile leaves them to be found again. (A block
+    whose ``__enter__`` was not called by a `with` statement is never judged so.)"""
+    if at.frame is None:
+        return []
+    return [
+        entry
+        for entry in _entered.get()
+        if entry[_OPEN]
+        and entry[_HOLDER] is at.holder
+        and entry[_FRAME] is at.frame
+        and entry[_LASTI] == at.lasti
+    ]
+
+
+def close_stale(entry: _Entry) -> None:
+    """A stale block's entry, once what it held is given back: closed and dropped."""
+    entry[_OPEN] = False
+    tidy_entered()
+
+
+def refuse_nested(lock: object, noun: str, name: str, holder: object) -> None:
+    """A `with` block of a lock that is not reentrant, inside a block of the same object
+    whose lease ``holder`` still holds, would wait for that lease (until its ttl runs out,
+    then take a lock its outer block believes it holds): refused at once, as
+    python-redis-lock refuses a second acquire of one lock object."""
+    for entry in _entered.get():
+        lease = entry[_LEASE]
+        if entry[_LOCK] is lock and entry[_HOLDER] is holder and entry[_OPEN]:
+            if not lease.is_held() or lease.lost():
+                continue
+            raise LockError(
+                f"{noun} {name!r} is held already by an enclosing `with` block "
+                "of the same object in this thread (asyncio: task); a nested block would "
+                "wait for it until its ttl ran out. Make the lock with reentrant=True to "
+                "re-enter it, or release the outer lease first"
+            )
+
+
+def close_entered(lock: object, *, missing_ok: bool = False) -> _Entry | None:
+    """The entry of the innermost open block of ``lock``, closed: its block is ending.
+    Its lease's release count is kept in it first (``release_begun``). None if there is
+    none and ``missing_ok`` (an interrupted block's clean-up)."""
+    stack = _entered.get()
+    for i in range(len(stack) - 1, -1, -1):
+        entry = stack[i]
+        if entry[_LOCK] is lock and entry[_OPEN]:
+            calls = release_calls(entry[_LEASE])
+            entry[_CALLS] = calls  # (kept, closed and returned with no call between)
+            entry[_OPEN] = False
+            return entry
+    if missing_ok:
+        return None
+    raise RuntimeError("exiting a lock's `with` block that did not enter it")
+
+
+def release_begun(entry: _Entry) -> bool:
+    """Whether the release of a closed block's lease has begun since its end began."""
+    return release_calls(entry[_LEASE]) != int(entry[_CALLS])
+
+
+def entered_lease(entry: _Entry | None) -> Any:
+    """The lease a closed block of ours is to release; None if none is (its hold was
+    released already inside the block: a reentrant lease, whose release now would take
+    the hold of an outer block)."""
+    if entry is None:
+        return None
+    lease, depth = entry[_LEASE], entry[_DEPTH]
+    if isinstance(lease, LeaseState) and depth > 1 and lease.holds < depth:
+        return None
+    return lease
+
+
+def tidy_entered() -> None:
+    """Drop the closed entries (a block's end, last)."""
+    stack = _entered.get()
+    kept = tuple(entry for entry in stack if entry[_OPEN])
+    if len(kept) != len(stack):
+        _entered.set(kept)

@@ -21,7 +21,8 @@ from .._rules import arguments as args
 from .._rules import flows as _flows
 from .._rules.decorate import P, R
 from .._rules.flows import Grant, LockSpec, new_token
-from .._rules.front import FrontCore, Opening, entered, forget_entered, push_entered
+from .._rules.front import FrontCore
+from .._rules.lease import Opening, entered, forget_entered, push_entered
 from .._rules.multilock import MultiLeaseState, checked_names, try_all
 from .backend import ASYNC, BlockBase, going_away, guarded, shielded
 from .front import (

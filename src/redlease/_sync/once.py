@@ -18,7 +18,7 @@ from .._clients.checks import check_client
 from .._rules import arguments as args
 from .._rules.decorate import P, R, refuse_undecorable
 from .._rules.flows import LockSpec
-from .._rules.front import Opening, entered, push_entered
+from .._rules.lease import Opening, entered, push_entered
 from .._rules.once import (
     JobCall,
     OnceAttempt,
