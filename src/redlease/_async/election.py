@@ -28,7 +28,7 @@ from .._rules.front import FrontCore
 from .._rules.ops import Mailbox
 from .backend import ASYNC, BlockBase, Flag, going_away, shielded
 from .front import AsyncFront, AsyncLease, give_back_in_haste
-from .io import served
+from .io import AsyncIO, served
 
 log = logging.getLogger(__name__)
 
@@ -158,7 +158,7 @@ class AsyncElection:
         lease runs out; a consumer slower than the changes sees the latest. A server
         that is unreachable for a while (restarting, failing over) is waited for; any
         other failure is raised."""
-        return AsyncObservation(self)
+        return AsyncObservation(self._io, self._spec, self._observers)
 
     async def _tell(self, what: str) -> None:
         try:
@@ -176,8 +176,8 @@ class AsyncObservation(BlockBase):
     its ``with`` block, ends the iteration: at once while it waits through the process's
     hub, else within a ttl. asyncio: cancelling the task that iterates ends it too."""
 
-    def __init__(self, election: AsyncElection) -> None:
-        self._election = election
+    def __init__(self, io: AsyncIO, spec: LockSpec, observers: str) -> None:
+        self._io, self._spec, self._observers = io, spec, observers
         self._token = new_token()
         self._box: Mailbox | None = None
         self._last: Any = AsyncObservation  # (no leader seen yet: not even None)
@@ -188,11 +188,11 @@ class AsyncObservation(BlockBase):
         return self
 
     async def __anext__(self) -> Leader | None:
-        election, action = self._election, f"observe {self._election.name!r}"
+        spec, action = self._spec, f"observe {self._spec.name!r}"
         while not self._closed.is_set():
             try:
-                leader, wait, self._box = await election._io.run(
-                    look(election._spec, election._observers, self._token, self._box), action
+                leader, wait, self._box = await self._io.run(
+                    look(spec, self._observers, self._token, self._box), action
                 )
             except BackendError as failure:
                 self._failures += 1
@@ -203,7 +203,7 @@ class AsyncObservation(BlockBase):
                 self._last = leader
                 return leader
             if not self._closed.is_set():
-                await election._io.run(rung(election._spec, self._token, self._box, wait), action)
+                await self._io.run(rung(spec, self._token, self._box, wait), action)
         raise StopAsyncIteration
 
     def close(self) -> None:

@@ -30,7 +30,7 @@ from .._rules.front import FrontCore
 from .._rules.ops import Mailbox
 from .backend import ASYNC, BlockBase, Flag, going_away, shielded
 from .front import Front, Lease, give_back_in_haste
-from .io import served
+from .io import IO, served
 
 log = logging.getLogger(__name__)
 
@@ -155,7 +155,7 @@ class Election:
         resigns, and when a leader's lease runs out; a consumer slower than the changes
         sees the latest. A server that is unreachable for a while (restarting, failing
         over) is waited for; any other failure is raised."""
-        return Observation(self)
+        return Observation(self._io, self._spec, self._observers)
 
     def _tell(self, what: str) -> None:
         try:
@@ -172,8 +172,8 @@ class Observation(BlockBase):
     ``close()`` (from any thread), or leaving its ``with`` block, ends the iteration: at
     once while it waits through the process's hub, else within a ttl."""
 
-    def __init__(self, election: Election) -> None:
-        self._election = election
+    def __init__(self, io: IO, spec: LockSpec, observers: str) -> None:
+        self._io, self._spec, self._observers = io, spec, observers
         self._token = new_token()
         self._box: Mailbox | None = None
         self._last: Any = Observation  # (no leader seen yet: not even None)
@@ -184,11 +184,11 @@ class Observation(BlockBase):
         return self
 
     def __next__(self) -> Leader | None:
-        election, action = self._election, f"observe {self._election.name!r}"
+        spec, action = self._spec, f"observe {self._spec.name!r}"
         while not self._closed.is_set():
             try:
-                leader, wait, self._box = election._io.run(
-                    look(election._spec, election._observers, self._token, self._box), action
+                leader, wait, self._box = self._io.run(
+                    look(spec, self._observers, self._token, self._box), action
                 )
             except BackendError as failure:
                 self._failures += 1
@@ -199,7 +199,7 @@ class Observation(BlockBase):
                 self._last = leader
                 return leader
             if not self._closed.is_set():
-                election._io.run(rung(election._spec, self._token, self._box, wait), action)
+                self._io.run(rung(spec, self._token, self._box, wait), action)
         raise StopIteration
 
     def close(self) -> None:
