@@ -61,6 +61,10 @@ class Settings:
     share_seconds: float = 1.0
     share_processes: int = 2
     share_contenders: int = 4
+    # a burst (section 16): rounds (fresh processes), held names, asyncio waiters
+    burst_rounds: int = 3
+    burst_names: int = 200
+    burst_tasks: int = 2000
 
 
 FULL = Settings()
@@ -81,6 +85,7 @@ QUICK = Settings(
     cpu_cycles=1500,
     share_rounds=3,
     share_seconds=0.6,
+    burst_rounds=2,
 )
 # For the smoke test: every code path, no meaningful figures.
 TINY = Settings(
@@ -112,6 +117,9 @@ TINY = Settings(
     share_rounds=1,
     share_seconds=0.2,
     share_contenders=2,
+    burst_rounds=1,
+    burst_names=5,
+    burst_tasks=40,
 )
 
 

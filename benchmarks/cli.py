@@ -20,6 +20,7 @@ import redis
 from redlease.tools import servers
 
 from . import (
+    burst,
     connections,
     contention,
     gates,
@@ -50,6 +51,7 @@ SECTIONS = (
     "gates",
     "scheduled",
     "share",
+    "burst",
 )
 SECTION_HELP = {
     "single": "1. uncontended cycles on one server, sync and asyncio",
@@ -65,6 +67,7 @@ SECTION_HELP = {
     "gates": "13. fence gates: a write with and without the gate (SQLite, PostgreSQL, Redis)",
     "scheduled": "14. scheduled jobs: a skipped call and a run of redlease.once",
     "share": "15. the server's share: its CPU and commands per cycle and per section",
+    "burst": "16. a burst: thousands of asyncio waiters queued at once, in one process",
 }
 
 
@@ -204,6 +207,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         if "scheduled" in wanted:
             report.add_all(scheduled.run(port, settings))
             progress.step(SECTION_HELP["scheduled"])
+        if "burst" in wanted:
+            report.add_all(burst.run(port, settings))
+            progress.step(SECTION_HELP["burst"])
     report.notes.extend(notes(settings, wanted, time.monotonic() - started))
     print(report.text())
     if args.json:
@@ -275,6 +281,8 @@ def notes(settings: Settings, wanted: Sequence[str], elapsed: float) -> list[str
         out.append(scheduled.note(settings))
     if "share" in wanted:
         out.append(share.note(settings))
+    if "burst" in wanted:
+        out.append(burst.note(settings))
     out.append(f"whole run: {elapsed:.0f} s.")
     return out
 

@@ -20,6 +20,7 @@ if _ROOT not in sys.path:
     sys.path.insert(0, _ROOT)
 
 from benchmarks import (  # noqa: E402
+    burst,
     connections,
     contention,
     gates,
@@ -117,6 +118,16 @@ def test_the_servers_share_is_counted_for_every_lock(
     assert_no_errors(rows)
     assert {r.contender for r in rows} == {KINDS[k] for k in share.SHARE}
     assert len([r for r in rows if r.verdict]) == 2 * len(share.BARS)
+
+
+def test_a_burst_is_timed_against_a_bounded_pool(server: servers.ServerProcess) -> None:
+    rows = burst.run(server.port, TINY)
+    assert_no_errors(rows)
+    queued = measured(rows, f"{TINY.burst_tasks:,} waiters")[0]
+    assert queued.value is not None
+    assert queued.value > 0
+    assert measured(rows, "commands sent")[0].value == 0  # waiting costs the server nothing
+    assert measured(rows, f"{TINY.burst_tasks:,} tasks, two EVALSHAs")[0].value
 
 
 def test_handoff_latencies(server: servers.ServerProcess, crew: Crew) -> None:

@@ -359,10 +359,11 @@ def test_other_failures_are_raised_at_once(timeout: float | None, wait: bool, ca
 
 
 class FakeBox:
-    """A hub's box as the flow sees it: ``ready`` once the hub listens on the channel."""
+    """A hub's box as the flow sees it: ``ready`` once the hub listens on the channel,
+    ``pending`` while its SUBSCRIBE (another waiter's) is on its way."""
 
-    def __init__(self, token: str, ready: bool) -> None:
-        self.token, self.hub, self.ready = token, "ab12", ready
+    def __init__(self, token: str, ready: bool, pending: bool = False) -> None:
+        self.token, self.hub, self.ready, self.pending = token, "ab12", ready, pending
 
     def put(self, ring: bytes | None) -> None:
         raise AssertionError("the flow never rings a box")
@@ -397,6 +398,23 @@ def test_a_waiter_with_a_hub_tries_first_then_listens_then_queues_naming_its_hub
     done, grant = step(flow, b"9:1000500:1")
     assert done == "done"
     assert grant.fence == 9
+
+
+def test_a_waiter_whose_lock_is_being_subscribed_listens_then_queues_without_a_try() -> None:
+    """Another waiter's SUBSCRIBE for this lock is on its way: the lock is waited for, so
+    a try would only fail; the waiter waits for the hub to listen, then queues."""
+    attempt = _flows.Acquisition(spec(FakeClock()), 30.0, wait=True)
+    flow = attempt.run()
+    next(flow)
+    box = FakeBox(attempt.token, ready=False, pending=True)
+    subscribe: Any = step(flow, box)
+    assert isinstance(subscribe, _ops.Listen)
+    assert subscribe.box is box
+    box.ready, box.pending = True, False
+    op: Any = step(flow, box)
+    assert op.script is _scripts.ACQUIRE
+    assert op.args[3] != "0"
+    assert op.args[6] == "ab12"
 
 
 def test_a_waiter_whose_hub_listens_already_queues_at_once() -> None:

@@ -504,7 +504,7 @@ class Box:
     """A hub's box as the flows see it: ``ready`` once the hub listens on the channel."""
 
     def __init__(self, token: str, ready: bool) -> None:
-        self.token, self.hub, self.ready = token, "ab12", ready
+        self.token, self.hub, self.ready, self.pending = token, "ab12", ready, False
 
     def put(self, ring: bytes | None) -> None:
         raise AssertionError("the flows never ring a box")

@@ -128,13 +128,16 @@ SHARDED = Verbs("SSUBSCRIBE", "SUNSUBSCRIBE", b"smessage", b"ssubscribe", b"suns
 class Box:
     """The rings for one waiter token: put by the hub's reader, taken by the waiter."""
 
-    __slots__ = ("__weakref__", "_rings", "channel", "owner", "token")
+    __slots__ = ("__weakref__", "_rings", "channel", "owner", "token", "waited_for")
 
-    def __init__(self, owner: Hub, channel: str, token: str) -> None:
+    def __init__(self, owner: Hub, channel: str, token: str, waited_for: bool = False) -> None:
         self.owner = owner
         self._rings = _backend.RingQueue()
         self.channel = channel
         self.token = token
+        # another waiter of this process waited for this lock lately (within the hub's
+        # LINGER): it is contended, and a try first would likely fail
+        self.waited_for = waited_for
 
     @property
     def hub(self) -> str:
@@ -143,6 +146,10 @@ class Box:
     @property
     def ready(self) -> bool:
         return self.channel in self.owner.subscribed
+
+    @property
+    def pending(self) -> bool:
+        return self.waited_for or self.channel in self.owner.asked
 
     def put(self, ring: bytes | None) -> None:
         self._rings.put(ring)
@@ -185,7 +192,7 @@ class Hub:
         self.subscribed: set[str] = set()
         self.refused = False  # the server refused SUBSCRIBE: waiters use bells
         self._conn = None
-        self._asked: dict[str, _backend.Flag] = {}  # SUBSCRIBEs sent, not yet confirmed
+        self.asked: dict[str, _backend.Flag] = {}  # SUBSCRIBEs sent, not yet confirmed
         self._boxes: weakref.WeakValueDictionary[str, Box] = weakref.WeakValueDictionary()
         self._used: dict[str, float] = {}  # channel -> when a box for it was last made
         self._generation = _fork.generation
@@ -198,7 +205,7 @@ class Hub:
             if self.refused:
                 return None
             channel = prefix + "@" + self.id
-            box = Box(self, channel, token)
+            box = Box(self, channel, token, channel in self._used)
             self._boxes[token] = box
             self._used[channel] = time.monotonic()
             return box
@@ -212,27 +219,32 @@ class Hub:
             return box
         end = time.monotonic() + timeout
         asked = await self._ask(channel, timeout)
-        await asked.wait(max(end - time.monotonic(), 0.0))
-        if not asked.is_set():
-            raise ReplyTimedOut(f"SUBSCRIBE not confirmed within {timeout:.3f}s")
+        if asked is not None:
+            await asked.wait(max(end - time.monotonic(), 0.0))
+            if not asked.is_set():
+                raise ReplyTimedOut(f"SUBSCRIBE not confirmed within {timeout:.3f}s")
         if self.refused:
             return None
         if channel not in self.subscribed:
             raise ConnectionFailed("the shared wait connection was lost")
         return box
 
-    async def _ask(self, channel: str, timeout: float) -> _backend.Flag:
-        """SUBSCRIBE to ``channel`` (unless already asked): set once confirmed."""
+    async def _ask(self, channel: str, timeout: float) -> _backend.Flag | None:
+        """SUBSCRIBE to ``channel`` (unless already asked): set once confirmed; None if
+        it was confirmed while this caller waited for the lock (a burst of waiters for
+        one new channel sends one SUBSCRIBE, not one each)."""
         async with self._lock:
-            asked = self._asked.get(channel)
+            if channel in self.subscribed:
+                return None
+            asked = self.asked.get(channel)
             if asked is None:
                 if self._conn is None:
                     await self._connect(timeout)
-                asked = self._asked[channel] = _backend.Flag()
+                asked = self.asked[channel] = _backend.Flag()
                 try:
                     await self._conn.send(_resp.command((self.verbs.subscribe, channel)))
                 except BaseException:
-                    self._asked.pop(channel, None)
+                    self.asked.pop(channel, None)
                     raise
             return asked
 
@@ -255,7 +267,7 @@ class Hub:
             with self._guard:
                 if conn is self._conn:
                     self.subscribed.add(channel)
-                asked = self._asked.pop(channel, None)
+                asked = self.asked.pop(channel, None)
             if asked is not None:
                 asked.set()
         elif kind == verbs.unsubscribed and message[1] is not None:
@@ -285,8 +297,8 @@ class Hub:
             if conn is not self._conn:
                 return
             self.refused = True
-            asked = list(self._asked.values())
-            self._asked.clear()
+            asked = list(self.asked.values())
+            self.asked.clear()
         for flag in asked:
             flag.set()
 
@@ -298,8 +310,8 @@ class Hub:
                 return
             self._conn = None
             self.subscribed.clear()
-            asked = list(self._asked.values())
-            self._asked.clear()
+            asked = list(self.asked.values())
+            self.asked.clear()
             boxes = list(self._boxes.values())
         for flag in asked:
             flag.set()
@@ -745,7 +757,10 @@ class Pool:
         with self._guard:
             if blocking:
                 self._waits.discard(conn)
-            if self._generation == _fork.generation and len(self._idle) < MAX_IDLE:
+            # Kept for a caller waiting for one, whatever MAX_IDLE says: closing it would
+            # only make that caller open another (a burst of tasks churned hundreds).
+            keep = len(self._idle) < MAX_IDLE or self._waiting
+            if self._generation == _fork.generation and keep:
                 self._idle.append(conn)
             else:
                 conn.close()

@@ -330,6 +330,13 @@ class Acquisition:
             if box is not None and queue_ms:
                 if box.ready:
                     hub = box.hub
+                elif box.pending:  # the lock is waited for: listen first, then queue
+                    try:
+                        box = yield Listen(spec.keys.bell_prefix, self.token, self._bound(), box)
+                    except BackendError as failure:
+                        yield from self._wait_out(failure)
+                    listens = box is not None
+                    continue
                 else:  # a try first: a lock never waited for costs no SUBSCRIBE
                     queue_ms, unheard = 0, True
             replicas = self._replicas()

@@ -69,6 +69,12 @@ class Mailbox(Protocol):
     def ready(self) -> bool:
         """The hub listens on this lock's channel: a ring published now reaches us."""
 
+    @property
+    def pending(self) -> bool:
+        """The lock is waited for here: another waiter of this process waited for it
+        lately, or the hub has asked to listen on its channel and the server has not
+        confirmed it yet. A try would likely fail: listen first, then queue."""
+
     def put(self, ring: bytes | None) -> None:
         """Hand the waiter a ring (the hub's reader does); None wakes it to look again."""
 
