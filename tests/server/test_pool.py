@@ -122,3 +122,26 @@ async def test_a_taker_that_gives_up_passes_its_wake_on(server: servers.ServerPr
     for other in held:
         pool.give(other)
     await client.aclose()
+
+
+async def test_a_connection_given_back_while_callers_wait_is_kept_for_them(
+    server: servers.ServerProcess,
+) -> None:
+    """Past MAX_IDLE a connection given back is closed, unless a caller waits for one:
+    then it serves that caller, who would otherwise open another (a burst of tasks
+    opened hundreds so, each give-back's connection closed and a new one made)."""
+    client = aredis.Redis(port=server.port)
+    admin = aredis.Redis(port=server.port)
+    pool = aconn.Pool(endpoint_of(client, asyncio=True))
+    held: list[Any] = [await pool.take(5.0) for _ in range(aconn.MAX_CONNECTIONS)]
+    takers = [asyncio.create_task(pool.take(30.0)) for _ in range(2 * aconn.MAX_IDLE)]
+    await asyncio.sleep(0.05)  # (all waiting: the pool is at its bound)
+    opened = (await admin.info("stats"))["total_connections_received"]
+    for conn in held[: 2 * aconn.MAX_IDLE]:
+        pool.give(conn)  # all at once: past MAX_IDLE before any taker has run
+    served = await asyncio.wait_for(asyncio.gather(*takers), 10)
+    assert (await admin.info("stats"))["total_connections_received"] == opened
+    for conn in [*served, *held[2 * aconn.MAX_IDLE :]]:
+        pool.give(conn)
+    await client.aclose()
+    await admin.aclose()
