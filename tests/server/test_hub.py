@@ -503,3 +503,22 @@ def test_a_hub_left_on_a_demoted_server_never_hears_of_a_grant(server_kind: str)
             c.close()
         old.stop()
         new.stop()
+
+
+async def test_a_lock_taken_again_and_again_uncontended_never_subscribes(
+    server: servers.ServerProcess, family: families.ClientFamily, ar: aredis.Redis, name: str
+) -> None:
+    """Only a lock another attempt of this process is at skips the try: one taken in
+    turn, nobody waiting, costs no SUBSCRIBE (nor does its blocking twin's)."""
+    stats = await ar.info("commandstats")
+    before = int(stats.get("cmdstat_subscribe", {}).get("calls", 0))
+    lock = redlease.AsyncLock(ar, name, ttl=10.0)
+    for _ in range(20):
+        await (await lock.acquire(timeout=5)).release()
+    client = family.client(port=server.port)
+    blocking = redlease.Lock(client, name, ttl=10.0)
+    for _ in range(20):
+        blocking.acquire(timeout=5).release()
+    client.close()
+    stats = await ar.info("commandstats")
+    assert int(stats.get("cmdstat_subscribe", {}).get("calls", 0)) == before

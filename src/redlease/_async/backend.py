@@ -1,11 +1,12 @@
 """What the asyncio flavour does differently, in one place (twin of ``_sync.backend``).
 
 The asyncio modules are the source of the blocking ones, which ``scripts/unasync.py``
-generates from them by words alone (``async``/``await`` dropped, ``_async`` names made
-``_sync``). Whatever more differs between tasks and threads lives here, under the same
-names in both backends: who holds (a task), how to sleep, how a call through a client's own
-methods is bounded and gated, what a Cluster client must do before its nodes are known, and
-what cancellation is and how a release or clean-up is kept from being cut in half by it.
+generates from them by words alone (``async``/``await`` dropped, ``Async`` names without
+it, this module's name made ``_sync.backend``). Whatever more differs between tasks and
+threads lives here, under the same names in both backends: who holds (a task), how to
+sleep, how a call through a client's own methods is bounded and gated, what a Cluster
+client must do before its nodes are known, and what cancellation is and how a release
+or clean-up is kept from being cut in half by it.
 """
 
 from __future__ import annotations

@@ -2,11 +2,12 @@
 
 The front: ``acquire``, ``try_acquire``, ``with`` and the decorator, once for every kind
 (``Lock``, ``Semaphore``, a read/write lock's sides, ``Redlock``). A lock class gives it
-its rules (a ``_rules.front.FrontCore``: the spec, the options, the attempt it makes)
-and its driver, and makes its own lease if it is not a one-server one (``_new_lease``);
-the front does the rest: checking the server once, cleaning up after an interrupted
-attempt, starting renewal. What needs no I/O (the `with` stack, reentrant holds,
-metrics) is in ``_rules.front``, the decorator's refusals in ``_rules.decorate``.
+its rules (a ``_rules.front.FrontCore``: the spec, the options, the attempt it makes,
+the lease state a grant becomes) and its driver, and the lease class it hands out
+(``_lease_type``); the front does the rest: checking the server once, cleaning up after
+an interrupted attempt, starting renewal. What needs no I/O is in ``_rules``: the lock's
+rules, reentrant holds and metrics in ``_rules.front``, the `with` blocks open in this
+context in ``_rules.lease``, the decorator's refusals in ``_rules.decorate``.
 
 The lease: its I/O (``extend``, ``release``, ``with lease:``) over the state in
 ``_rules.lease``, and the driver protocol its lock's flows run through.

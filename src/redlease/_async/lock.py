@@ -97,7 +97,7 @@ class AsyncLock(AsyncFront):
             clock,
             reentrant=reentrant,
             cancel_on_lost=cancel_on_lost,  # unasync: async only
-            refuses_nesting=True,  # (see _rules.front.refuse_nested)
+            refuses_nesting=True,  # (see _rules.lease.refuse_nested)
         )
         super().__init__(core, served(client, spec))
 

@@ -2,8 +2,9 @@
 made an object. A child holds none of its parent's leases and never uses its sockets.
 
 Objects that care note ``generation`` when made and compare it on use: an int compare,
-where ``os.getpid()`` is a system call on every use. ``after_fork_in_child`` runs the
-callbacks registered with ``in_child`` (the lease and renewer bookkeeping).
+where ``os.getpid()`` is a system call on every use. Right after a fork, in the child,
+the methods registered with ``renew_in_child`` and the callbacks registered with
+``in_child`` (the lease and renewer bookkeeping) run.
 
 Locks: a fork copies every lock as it is, and one that another thread of the parent held
 at that moment stays held in the child for good (that thread does not exist there). So a

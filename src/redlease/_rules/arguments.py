@@ -265,3 +265,14 @@ def fence(value: object, greatest: int, said: str) -> int:
             f"fence must be an int from 0 to {said} (a lease's fence), got {shown(value)}"
         )
     return value
+
+
+def replicas_served(replicas: object, direct: bool) -> None:
+    """``replicas=`` is for a client that talks to its server directly (``direct``: a
+    standalone or Sentinel client, not a Cluster's): WAIT counts the writes of the
+    connection that made them."""
+    if replicas is not None and not direct:
+        raise InvalidArgument(
+            "replicas needs a standalone client (redis.Redis, valkey.Valkey; or Sentinel's): "
+            "WAIT must run on the connection that made the write"
+        )

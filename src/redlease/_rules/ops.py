@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Protocol
 
+from .._base.timing import SHORTEST_WAIT
 from .scripts import Script
 
 # How long past a BLPOP's timeout the driver waits for the server's own answer.
@@ -25,8 +26,8 @@ class Replicas:
 
     def within(self, seconds: float) -> Replicas:
         """This WAIT, cut to ``seconds`` if they are shorter: whole milliseconds, rounded
-        down so as not to outlast them, and at least 1 (``WAIT`` takes 0 as "forever")."""
-        ms = max(1, int(seconds * 1000))
+        down so as not to outlast them, and never 0 (``WAIT`` takes 0 as "forever")."""
+        ms = int(max(seconds, SHORTEST_WAIT) * 1000)
         return self if ms >= self.timeout_ms else Replicas(self.count, ms)
 
 
@@ -71,8 +72,8 @@ class Mailbox(Protocol):
 
     @property
     def pending(self) -> bool:
-        """The lock is waited for here: another waiter of this process waited for it
-        lately, or the hub has asked to listen on its channel and the server has not
+        """The lock is contended here: another attempt of this process at it is under
+        way, or the hub has asked to listen on its channel and the server has not
         confirmed it yet. A try would likely fail: listen first, then queue."""
 
     def put(self, ring: bytes | None) -> None:

@@ -20,6 +20,7 @@ from typing import Any, ParamSpec, TypeVar
 from .._base import fork as _fork
 from .._base import threads as _threads
 from .._base.errors import InvalidArgument
+from .._base.timing import SHORTEST_WAIT
 from .._clients import ReplyTimedOut
 from .._rules.decorate import refuse_undecorable
 from .._wire import resp as _resp
@@ -196,8 +197,8 @@ Freed = threading.Condition  # wakes the threads waiting for a pool's connection
 
 
 def _timeval(seconds: float) -> bytes:
-    # 0 would mean "no limit" to the kernel: the shortest bound is 1 ms
-    whole, fraction = divmod(max(seconds, 0.001), 1.0)
+    # 0 would mean "no limit" to the kernel
+    whole, fraction = divmod(max(seconds, SHORTEST_WAIT), 1.0)
     return struct.pack("ll", int(whole), int(fraction * 1e6))
 
 

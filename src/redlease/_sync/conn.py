@@ -136,8 +136,8 @@ class Box:
         self._rings = _backend.RingQueue()
         self.channel = channel
         self.token = token
-        # another waiter of this process waited for this lock lately (within the hub's
-        # LINGER): it is contended, and a try first would likely fail
+        # another attempt of this process at this lock is under way (its box still
+        # lives): the lock is contended, and a try first would likely fail
         self.waited_for = waited_for
 
     @property
@@ -196,6 +196,7 @@ class Hub:
         self.asked: dict[str, _backend.Flag] = {}  # SUBSCRIBEs sent, not yet confirmed
         self._boxes: weakref.WeakValueDictionary[str, Box] = weakref.WeakValueDictionary()
         self._used: dict[str, float] = {}  # channel -> when a box for it was last made
+        self._latest: dict[str, weakref.ReferenceType[Box]] = {}  # channel -> that box
         self._generation = _fork.generation
 
     def listen(self, prefix: str, token: str) -> Box | None:
@@ -206,9 +207,11 @@ class Hub:
             if self.refused:
                 return None
             channel = prefix + "@" + self.id
-            box = Box(self, channel, token, channel in self._used)
+            latest = self._latest.get(channel)
+            box = Box(self, channel, token, latest is not None and latest() is not None)
             self._boxes[token] = box
             self._used[channel] = time.monotonic()
+            self._latest[channel] = weakref.ref(box)
             return box
 
     def subscribe(self, box: Box, timeout: float) -> Box | None:
@@ -326,6 +329,8 @@ class Hub:
             if conn is not self._conn:
                 return
             idle = forget_idle(self._used, self._boxes, self.subscribed, now)
+            for channel in idle:
+                self._latest.pop(channel, None)
             if idle:
                 conn.send(self.verbs.unsubscribe_from(idle))
 

@@ -22,11 +22,11 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
 
-from .._base.errors import InvalidArgument
 from .._base.timing import CONNECT_RETRY_BASE, CONNECT_RETRY_CAP, SHORTEST_WAIT, backoff
 from .._clients import NotRedis, caught
 from .._clients.errors import backend_failures, is_noscript, is_unblocked, reply_errors
 from .._rules import settings as _settings
+from .._rules.arguments import replicas_served
 from .._rules.flows import Flow, LockSpec
 from .._rules.ops import LATE_WAKE, Call, Command, Listen, Op, Replicas, Sleep, Wait
 from .._rules.quorum import UNREAD, Unsent, said_yes
@@ -561,9 +561,5 @@ def _leave_unread(sent: list[tuple[int, Connection, Pool, float]], results: list
 def served(client: Any, spec: LockSpec) -> IO:
     """The driver of a one-server lock over ``client`` (``replicas=`` checked against it)."""
     io = IO(client)
-    if spec.replicas is not None and not io.direct:
-        raise InvalidArgument(
-            "replicas needs a standalone client (redis.Redis, valkey.Valkey; or Sentinel's): "
-            "WAIT must run on the connection that made the write"
-        )
+    replicas_served(spec.replicas, io.direct)
     return io

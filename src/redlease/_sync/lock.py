@@ -90,7 +90,7 @@ class Lock(Front):
             on_lost,
             clock,
             reentrant=reentrant,
-            refuses_nesting=True,  # (see _rules.front.refuse_nested)
+            refuses_nesting=True,  # (see _rules.lease.refuse_nested)
         )
         super().__init__(core, served(client, spec))
 
