@@ -129,16 +129,16 @@ SHARDED = Verbs("SSUBSCRIBE", "SUNSUBSCRIBE", b"smessage", b"ssubscribe", b"suns
 class Box:
     """The rings for one waiter token: put by the hub's reader, taken by the waiter."""
 
-    __slots__ = ("__weakref__", "_rings", "channel", "owner", "token", "waited_for")
+    __slots__ = ("__weakref__", "_rings", "channel", "contended", "owner", "token")
 
-    def __init__(self, owner: Hub, channel: str, token: str, waited_for: bool = False) -> None:
+    def __init__(self, owner: Hub, channel: str, token: str, contended: bool = False) -> None:
         self.owner = owner
         self._rings = _backend.RingQueue()
         self.channel = channel
         self.token = token
         # another attempt of this process at this lock is under way (its box still
         # lives): the lock is contended, and a try first would likely fail
-        self.waited_for = waited_for
+        self.contended = contended
 
     @property
     def hub(self) -> str:
@@ -150,7 +150,7 @@ class Box:
 
     @property
     def pending(self) -> bool:
-        return self.waited_for or self.channel in self.owner.asked
+        return self.contended or self.channel in self.owner.asked
 
     def put(self, ring: bytes | None) -> None:
         self._rings.put(ring)
