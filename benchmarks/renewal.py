@@ -123,10 +123,17 @@ def hold_many(kind: str, port: int, count: int, ttl: float, hold: float) -> dict
     for _, _, handle in held:
         with contextlib.suppress(Exception):  # a lease lost is counted above
             handle.release()
-    # A script's first use on a server goes as EVAL, and an EVALSHA answered NOSCRIPT is
-    # retried as EVAL: count each renewal once.
+    # A renewal is an FCALL (Redis 7+, Valkey), or an EVALSHA; a script's first use on a
+    # server goes as EVAL, and an EVALSHA answered NOSCRIPT or an FCALL answered "not
+    # found" is sent again: count each renewal once.
     fallbacks = calls.get("eval", 0)
-    renewals = calls.get("evalsha", 0) - calls.get("evalsha:failed", 0) + fallbacks
+    renewals = (
+        calls.get("fcall", 0)
+        - calls.get("fcall:failed", 0)
+        + calls.get("evalsha", 0)
+        - calls.get("evalsha:failed", 0)
+        + fallbacks
+    )
     return {
         "count": count,
         "extra_threads": peak - threads_before,

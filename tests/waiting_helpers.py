@@ -78,3 +78,12 @@ def in_thread(fn: Any) -> tuple[threading.Thread, list[Any]]:
     thread = threading.Thread(target=run)
     thread.start()
     return thread, out
+
+
+def script_calls(commandstats: dict[str, Any]) -> int:
+    """How many scripts a server has run, from its ``INFO commandstats``: FCALL, EVALSHA
+    and EVAL (the commands they call are counted apart)."""
+    return sum(
+        int(commandstats.get(f"cmdstat_{c}", {}).get("calls", 0))
+        for c in ("fcall", "evalsha", "eval")
+    )

@@ -225,7 +225,7 @@ def test_ctrl_c_in_a_multilock_acquire_gives_back_in_haste() -> None:
             stderr=subprocess.PIPE,
             text=True,
         )
-        hung.wait_for(b"EVAL")  # the acquire is sent; it waits for the reply
+        hung.wait_for(b"FCALL")  # the acquire is sent; it waits for the reply
         time.sleep(0.2)
         assert proc.poll() is None
         took, status, err = _ended_within(proc, signal.SIGINT)

@@ -224,6 +224,7 @@ def test_demo_fails_when_redlease_itself_fails(
     # rows may not, and the exit status says so.
     no_scripts = ["--rename-command", "EVALSHA", "hidden-evalsha"]
     no_scripts += ["--rename-command", "EVAL", "hidden-eval"]
+    no_scripts += ["--rename-command", "FCALL", "hidden-fcall"]
     binary = servers.find_binary(server_kind)
     with servers.ServerProcess(binary, extra_args=no_scripts) as srv:
         options = ["--modes", "redlease", "--numbers", "10", "--workers", "2"]

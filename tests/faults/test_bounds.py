@@ -21,7 +21,7 @@ import families
 import redlease
 from redlease.tools import servers
 from redlease.tools.chaos.proxy import FaultProxy
-from waiting_helpers import lock_key
+from waiting_helpers import lock_key, script_calls
 
 # How long a call that used to hang is given before the test calls it hung.
 HUNG = 8.0
@@ -29,8 +29,7 @@ HUNG = 8.0
 
 def _script_calls(client: Any) -> int:
     """Scripts the server has run (the suite's tests run one at a time on it)."""
-    stats = client.info("commandstats")
-    return sum(int(stats.get(f"cmdstat_{c}", {}).get("calls", 0)) for c in ("eval", "evalsha"))
+    return script_calls(client.info("commandstats"))
 
 
 def _in_thread(call: Callable[[], Any]) -> tuple[threading.Thread, dict[str, Any]]:

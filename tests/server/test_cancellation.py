@@ -14,7 +14,7 @@ import redis.asyncio as aredis
 import families
 import redlease
 from redlease._async.io import AsyncIO
-from waiting_helpers import lock_key
+from waiting_helpers import lock_key, script_calls
 
 
 class CancelDuring(AsyncIO):
@@ -102,8 +102,7 @@ async def test_a_lease_two_tasks_release_at_once_is_released_by_one_script(
     lock = redlease.AsyncLock(ar, name, ttl=30.0)
 
     def scripts_run() -> int:
-        stats = r.info("commandstats")
-        return sum(stats.get(f"cmdstat_{c}", {}).get("calls", 0) for c in ("evalsha", "eval"))
+        return script_calls(r.info("commandstats"))
 
     for _ in range(10):
         lease = await lock.acquire()

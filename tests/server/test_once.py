@@ -27,7 +27,7 @@ from redlease._rules.keys import LockKeys
 from redlease._rules.scripts import ONCE_ACQUIRE, ONCE_EXTEND, ONCE_LEAVE
 from redlease.tools import servers
 from redlease.tools.chaos.proxy import FaultProxy
-from waiting_helpers import wait_until
+from waiting_helpers import script_calls, wait_until
 
 LOCK = "redlease:{%s}"
 
@@ -39,8 +39,7 @@ def server_ms(r: redis.Redis) -> int:
 
 def scripts_run(r: redis.Redis) -> int:
     """Scripts the server has run (the commands they call are counted apart)."""
-    stats = r.info("commandstats")
-    return sum(stats.get(k, {}).get("calls", 0) for k in ("cmdstat_evalsha", "cmdstat_eval"))
+    return script_calls(r.info("commandstats"))
 
 
 def test_a_call_while_a_run_holds_the_name_is_skipped_in_one_round_trip(

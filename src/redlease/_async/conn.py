@@ -509,7 +509,7 @@ class SocketConnection:
         end = clock() + timeout
         while self.stale:
             reply = await self._next(max(end - clock(), SHORTEST_WAIT), True)
-            _stale.dropped(reply, self.wire.forget)
+            _stale.dropped(reply, self.wire.heard)
             self.stale -= 1
         return max(end - clock(), SHORTEST_WAIT)
 
@@ -518,7 +518,7 @@ class SocketConnection:
         connection failed."""
         try:
             self.stale = _stale.drop_arrived(
-                self.recv, self.buffer, self.reader, self.stale, self.wire.forget
+                self.recv, self.buffer, self.reader, self.stale, self.wire.heard
             )
         except ConnectionFailed as exc:
             return exc
@@ -716,7 +716,7 @@ class Pool:
         server may have restarted without them). Guard held."""
         conn.close()
         self._open_ones.discard(conn)
-        self.wire.forget()
+        self.wire.closed()
 
     def _idle_one(self) -> Connection | None:
         """An idle connection still alive (the dead ones closed), or None. Guard held."""

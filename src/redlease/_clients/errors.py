@@ -71,6 +71,28 @@ def is_noscript(exc: BaseException) -> bool:
     return isinstance(exc, caught().noscript) or code_of(exc) == "NOSCRIPT"
 
 
+def is_function_missing(exc: BaseException) -> bool:
+    """The server has functions but not the one called (its library not loaded yet, or
+    lost: a restart without data, FUNCTION FLUSH)."""
+    return "Function not found" in str(exc)
+
+
+def refuses_functions(exc: BaseException) -> bool:
+    """The server has no functions (Redis 6.2: FCALL and FUNCTION are unknown commands),
+    or the ACL user may not call them. (A user who may not load them may call a library
+    another loaded.)"""
+    text = str(exc).lower()
+    return ("unknown command" in text and ("fcall" in text or "function" in text)) or (
+        "no permissions" in text and "'fcall'" in text
+    )
+
+
+def refuses_eval(exc: BaseException) -> bool:
+    """The ACL user may not run EVAL (one who calls functions need not)."""
+    text = str(exc).lower()
+    return "no permissions" in text and "'eval'" in text
+
+
 def is_unblocked(exc: BaseException) -> bool:
     """A blocked command was ended by the server because it changed role (a failover)."""
     return code_of(exc) == "UNBLOCKED"

@@ -33,10 +33,18 @@ PARTS = (
         "every operation fails (NOPERM on the keys)",
     ),
     Part(
+        ("+fcall", "+function|load"),
+        "every operation: each is one function of redlease's library (Redis 7+ and "
+        "Valkey), which the first process to meet a server without it loads",
+        "each script is sent as EVALSHA instead (the part below): a server that "
+        "refuses functions is not asked again until the process restarts",
+    ),
+    Part(
         ("+evalsha", "+eval"),
-        "every operation: each is one script, run by its SHA1 (EVAL when the server "
+        "every operation where functions are not to be had (Redis 6.2, or a user "
+        "without the part above): one script, run by its SHA1 (EVAL when the server "
         "has lost it: restarted, flushed, or a replica promoted)",
-        "every operation fails",
+        "without functions too, every operation fails",
     ),
     Part(
         (
@@ -139,8 +147,8 @@ def script_commands() -> set[str]:
     return found
 
 
-def _every_script() -> list[_scripts.Script]:
-    return [v for v in vars(_scripts).values() if isinstance(v, _scripts.Script)]
+def _every_script() -> tuple[_scripts.Script, ...]:
+    return _scripts.every_script()
 
 
 # redis.call('SET', ...), redis.call(sharded and 'SPUBLISH' or 'PUBLISH', ...), and the
@@ -165,11 +173,10 @@ def _called(source: str) -> set[str]:
 _WITH_SUBCOMMAND = frozenset({"pubsub", "client", "config", "script"})
 
 
-def denied_in_script(sha: str, line: int) -> set[str]:
-    """The commands called on ``line`` of the script ``sha`` (Redis 7.0 says only where a
-    script was refused a command, not which)."""
-    script = _scripts.by_sha(sha)
-    origin = script.origin(line) if script else None
+def denied_in_script(script: str, line: int) -> set[str]:
+    """The commands called on ``line`` of ``script`` (a SHA1 or a function's name: Redis
+    7.0 says only where a script was refused a command, not which)."""
+    origin = _scripts.origin_of(script, line)
     if origin is None:
         return set()
     file, number = origin

@@ -87,7 +87,7 @@ def meaning(traits: Traits, code: str, text: str) -> str:
 # code off, so the text is matched, not the code).
 _RUN = re.compile(r"(?:User (\S+) has|this user has) no permissions to run the '([^']+)'")
 _RUN_IN_SCRIPT = re.compile(
-    r"can't run this command or subcommand script: (\w+), on @user_script:(\d+)"
+    r"can't run this command or subcommand script: (\w+), on @user_(?:script|function):(\d+)"
 )
 _ACCESS = re.compile(r"no permissions to access (?:one of the |a )(key|channel)", re.I)
 
@@ -173,15 +173,16 @@ def reply_code(text: str) -> str:
 
 
 # Where in a script an error came from, as the server appends it (Redis 7 and Valkey:
-# "... script: <sha>, on @user_script:225."; 6.2: the wrapper above): lines of redlease's
-# own scripts, of no use to a reader.
+# "... script: <sha>, on @user_script:225." or, in a function, "... script:
+# redlease_<digest>_acquire, on @user_function:1225."; 6.2: the wrapper above): lines of
+# redlease's own scripts, of no use to a reader.
 _SCRIPT_PLACE = re.compile(
-    r"(?: script: [0-9a-f]{40}, on @user_script:\d+\.?)|(?:" + _WRAPPED + ")"
+    r"(?: script: \w+, on @user_(?:script|function):\d+\.?)|(?:" + _WRAPPED + ")"
 )
 
 
-_SCRIPT_SHA = re.compile(r"(?:script: |call to f_)([0-9a-f]{40})")
-_SCRIPT_LINE = re.compile(r"\buser_script:(\d+)\b")
+_SCRIPT_SHA = re.compile(r"(?:script: |call to f_)([0-9a-f]{40}\b|redlease_\w+)")
+_SCRIPT_LINE = re.compile(r"\buser_(?:script|function):(\d+)\b")
 
 
 def plain(text: str) -> str:

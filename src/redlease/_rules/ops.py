@@ -35,7 +35,7 @@ class Replicas:
 # much to build), never changed after construction all the same.
 @dataclass(slots=True)
 class Call:
-    """Run a script (EVALSHA, falling back to EVAL on NOSCRIPT)."""
+    """Run a script (as the wire says: FCALL of its function, or EVALSHA; see _wire.resp)."""
 
     script: Script
     keys: tuple[str, ...]

@@ -1,8 +1,13 @@
 """The Lua scripts: the only code that touches lock keys. Each is a file in ``lua/`` that
-states its KEYS, ARGV and reply; this module puts each together and names it.
+states its KEYS, ARGV and reply; this module puts each together and names it, and puts
+them all together as one library of Redis functions (``library()``).
 
-Scripts are data: they are sent as EVALSHA and, on NOSCRIPT (a restarted server, a
-SCRIPT FLUSH, a replica promoted), as EVAL, which also caches them again. Nothing is
+Scripts are data. Where the server has functions (Redis 7+, Valkey) each is called as a
+function of the library (FCALL), which is loaded once per server (FUNCTION LOAD) and
+kept with its data, replicated and written to disk like a key; where it has not (Redis
+6.2), or the ACL user may not load or call functions, it is sent as EVALSHA and, on
+NOSCRIPT, as EVAL, which caches it again. The library's name carries a digest of its
+text, so two versions of redlease on one server each call their own. Nothing is
 remembered per client or per class, so any client works with any lock.
 """
 
@@ -11,7 +16,7 @@ from __future__ import annotations
 import hashlib
 import re
 from dataclasses import dataclass, field
-from functools import cache
+from functools import cache, cached_property
 from importlib import resources
 
 from .._base.timing import UNFAIR_STARVING, UNFAIR_WOKEN
@@ -48,13 +53,27 @@ def lua_lines(name: str) -> list[tuple[str, str, int]]:
     return _expand(name, {name})
 
 
-def _expand(name: str, seen: set[str]) -> list[tuple[str, str, int]]:
+def _expand(
+    name: str, seen: set[str], shared: tuple[set[str], list[tuple[str, str, int]]] | None = None
+) -> list[tuple[str, str, int]]:
+    """``name``'s lines with its includes. ``shared`` (the library's): the files included
+    that are not scripts (helpers) go there instead, each once, in the order first met,
+    and are included from there by every function."""
     lines = []
     for number, line in enumerate(lua_file(name).splitlines(), 1):
         lines.append((line, name, number))
-        if (match := _INCLUDE.match(line)) and match.group(1) not in seen:
-            seen.add(match.group(1))
-            lines += _expand(match.group(1), seen)
+        match = _INCLUDE.match(line)
+        if match is None:
+            continue
+        included = match.group(1)
+        if shared is not None and included not in _script_names():
+            done, top = shared
+            if included not in done:
+                done.add(included)
+                top += _expand(included, {included}, shared)
+        elif included not in seen:
+            seen.add(included)
+            lines += _expand(included, seen, shared)
     return lines
 
 
@@ -64,6 +83,9 @@ class Script:
     # Why running it again, after a reply lost with its connection, is harmless (the
     # driver then may); empty: it must not be sent twice.
     retry: str = ""
+    # It writes nothing: its function says so (``no-writes``), so that a server out of
+    # memory still runs it, as it runs such a script sent by EVAL.
+    reads_only: bool = False
     source: str = field(init=False)
     sha: str = field(init=False)
     # per line of source: the file and line it came from
@@ -81,22 +103,85 @@ class Script:
         the source came from; None past its end."""
         return self.origins[line - 1] if 0 < line <= len(self.origins) else None
 
+    @cached_property
+    def function(self) -> str:
+        """Its name as a function of the library (FCALL's first argument)."""
+        return f"{library().name}_{self.name}"
 
-def by_sha(sha: str) -> Script | None:
-    """The script whose text hashes to ``sha``, if it is one of redlease's."""
-    return _every_by_sha().get(sha)
+
+def every_script() -> tuple[Script, ...]:
+    """Every script of redlease's, in the order defined here."""
+    return tuple(v for v in globals().values() if isinstance(v, Script))
+
+
+@dataclass(frozen=True)
+class Library:
+    """Every script as one library of Redis functions: each script's text is the body
+    of a function taking KEYS and ARGV, registered under ``<name>_<script name>``."""
+
+    name: str  # "redlease_" and the first 12 hex digits of the text's SHA1
+    source: str
+    # per line of source: the file and line it came from (None: the library's own)
+    origins: tuple[tuple[str, int] | None, ...] = field(repr=False)
+
+    def origin(self, line: int) -> tuple[str, int] | None:
+        return self.origins[line - 1] if 0 < line <= len(self.origins) else None
+
+
+@cache
+def library() -> Library:
+    """The library of every script, built once. The helpers the scripts include (their
+    files that are not scripts: waiters, fences...) are defined once, at its top, and
+    made once, when it is loaded, not on every call as a script's are."""
+    shared: tuple[set[str], list[tuple[str, str, int]]] = (set(), [])
+    bodies = [(script, _expand(script.name, {script.name}, shared)) for script in every_script()]
+    lines: list[str] = ["#!lua name=@NAME@"]
+    origins: list[tuple[str, int] | None] = [None]
+    for line, file, number in shared[1]:
+        lines.append(line)
+        origins.append((file, number))
+    for script, body in bodies:
+        lines.append(f"local function script_{script.name}(KEYS, ARGV)")
+        origins.append(None)
+        for line, file, number in body:
+            lines.append(line)
+            origins.append((file, number))
+        flags = ", flags={'no-writes'}" if script.reads_only else ""
+        lines += [
+            "end",
+            f"redis.register_function{{function_name='@NAME@_{script.name}', "
+            f"callback=script_{script.name}{flags}}}",
+        ]
+        origins += [None, None]
+    text = "".join(line + "\n" for line in lines)
+    name = "redlease_" + hashlib.sha1(text.encode()).hexdigest()[:12]
+    return Library(name, text.replace("@NAME@", name), tuple(origins))
+
+
+@cache
+def _script_names() -> frozenset[str]:
+    return frozenset(script.name for script in every_script())
+
+
+def origin_of(script: str, line: int) -> tuple[str, int] | None:
+    """The file and line that line ``line`` of ``script`` came from, as a server names
+    the script in an error: a script's SHA1 (EVAL, EVALSHA; its own lines) or a
+    function's name (FCALL; the library's lines). None if not one of redlease's."""
+    if script.startswith("redlease_"):
+        return library().origin(line) if script.startswith(library().name + "_") else None
+    found = _every_by_sha().get(script)
+    return found.origin(line) if found else None
 
 
 @cache
 def _every_by_sha() -> dict[str, Script]:
-    return {v.sha: v for v in globals().values() if isinstance(v, Script)}
+    return {v.sha: v for v in every_script()}
 
 
-def place(sha: str, line: int) -> str:
-    """Line ``line`` of script ``sha`` as its file's own place ("fences.lua:14"); "" if
-    not known."""
-    script = by_sha(sha)
-    origin = script.origin(line) if script else None
+def place(script: str, line: int) -> str:
+    """Line ``line`` of ``script`` (as ``origin_of`` takes it) as its file's own place
+    ("fences.lua:14"); "" if not known."""
+    origin = origin_of(script, line)
     if not origin:
         return ""
     file, number = origin
@@ -154,11 +239,11 @@ REDLOCK_FENCE = Script("redlock_fence")
 REDLOCK_RELEASE = Script("redlock_release")
 
 # What a name holds and who waits, for tools and ``locked()``
-INSPECT = Script("inspect", retry="it only reads")
+INSPECT = Script("inspect", retry="it only reads", reads_only=True)
 
 # The fence gate for Redis data
 FENCED_APPLY = Script("fenced_apply")
-FENCED_READ = Script("fenced_read", retry="it only reads")
+FENCED_READ = Script("fenced_read", retry="it only reads", reads_only=True)
 
 # Scheduled jobs (``redlease.once``): a lock's scripts, wrapped. Each runs the lock's own
 # script as a function, so a job's lease is a lock's lease on the same keys (a Lock of the

@@ -24,7 +24,15 @@ from typing import Any, TypeVar
 
 from .._base.timing import CONNECT_RETRY_BASE, CONNECT_RETRY_CAP, SHORTEST_WAIT, backoff
 from .._clients import NotRedis, caught
-from .._clients.errors import backend_failures, is_noscript, is_unblocked, reply_errors
+from .._clients.errors import (
+    backend_failures,
+    is_function_missing,
+    is_noscript,
+    is_unblocked,
+    refuses_functions,
+    reply_errors,
+)
+from .._rules import scripts as _scripts
 from .._rules import settings as _settings
 from .._rules.arguments import replicas_served
 from .._rules.flows import Flow, LockSpec
@@ -45,16 +53,45 @@ NO_CLIENT_ID = -1
 
 
 def _reply(conn: Connection, op: Call | Command, timeout: float) -> Any:
-    """The reply to ``op``, just written on ``conn``; a script the server has lost is
-    sent again with its source."""
+    """The reply to ``op``, just written on ``conn``; a script or function the server
+    lacks is sent again as ``Wire.again`` says."""
     try:
         return conn.read(timeout)
     except reply_errors() as exc:
-        if not is_noscript(exc):
+        if isinstance(op, Command):
             raise
-        assert isinstance(op, Call)
-        conn.send(_resp.eval_source(op))
-        return conn.read(timeout)
+        return _sent_again(conn, op, exc, timeout)
+
+
+def _sent_again(conn: Connection, op: Call, error: BaseException, timeout: float) -> Any:
+    """The reply to ``op`` sent again after its reply was ``error``, if the server lacked
+    its script or function (raised otherwise). At most three sends: FCALL not found,
+    the library loaded (or refused), FCALL or EVAL."""
+    for _ in range(3):
+        again = conn.wire.again(op, error)
+        if again is None:
+            raise error
+        data, loading = again
+        conn.send(data)
+        if loading:
+            try:
+                conn.wire.loaded(conn.read(timeout))
+            except reply_errors() as refused:
+                conn.wire.loaded(refused)
+        try:
+            return conn.read(timeout)
+        except reply_errors() as exc:
+            error = exc
+    raise error
+
+
+def _first(conn: Connection) -> bytes:
+    """What goes before a call on ``conn``: the library's load if it is the first call
+    to its server (``Wire.first``), whose reply the connection then owes as stale."""
+    lead = conn.wire.first(conn.lean)
+    if lead:
+        conn.stale += 1
+    return lead
 
 
 def _replicas_acked(conn: Connection, replicas: Replicas, timeout: float) -> int:
@@ -75,6 +112,8 @@ class IO:
         self.late: list[Any] = []  # a fan-out's call given up on (see ``bounded``)
         # A Cluster client: waiters listen through the hub of the node serving their lock
         self.cluster = self.endpoint.route is Route.CLIENT and hasattr(client, "get_node_from_key")
+        # Scripts as functions through the client's methods (see ``_client_call``)
+        self._functions = hasattr(client, "fcall") and hasattr(client, "function_load")
 
     @property
     def direct(self) -> bool:
@@ -162,26 +201,22 @@ class IO:
 
         def pipeline(conn: Connection, timeout: float) -> list[Any]:
             results.clear()
-            conn.send(b"".join(map(pool.wire, ops)))
+            conn.send(_first(conn) + b"".join(map(pool.wire, ops)))
+            lost: dict[int, BaseException] = {}  # a script or function the server lacked
             for _ in ops:
                 try:
                     results.append(conn.read(timeout))
                 except reply_errors() as exc:
-                    # NOSCRIPT: filled in below, once the pipeline is drained
-                    results.append(
-                        None
-                        if is_noscript(exc)
-                        else backend_error(exc, "renew", server=self.describe())
-                    )
-            missing = [i for i, result in enumerate(results) if result is None]
-            if missing:
-                # The server lost its scripts: one more pipeline, which loads them again
-                conn.send(_resp.reloading([ops[i] for i in missing]))
-                for i in missing:
-                    try:
-                        results[i] = conn.read(timeout)
-                    except reply_errors() as exc:
-                        results[i] = backend_error(exc, "renew", server=self.describe())
+                    if not conn.wire.lacks(exc):
+                        results.append(backend_error(exc, "renew", server=self.describe()))
+                        continue
+                    lost[len(results)] = exc
+                    results.append(None)  # (filled in below, once the pipeline is drained)
+            for i, error in lost.items():
+                try:
+                    results[i] = _sent_again(conn, ops[i], error, timeout)
+                except reply_errors() as exc:
+                    results[i] = backend_error(exc, "renew", server=self.describe())
             return results
 
         try:
@@ -267,18 +302,12 @@ class IO:
     def _call(self, op: Call) -> Any:
         pool = self.pool
         if pool is None:
-            n = len(op.keys)
             with client_slot(self.client, op.timeout):
-                try:
-                    return self.client.evalsha(op.script.sha, n, *op.keys, *op.args)
-                except reply_errors() as exc:
-                    if not is_noscript(exc):
-                        raise
-                    return self.client.eval(op.script.source, n, *op.keys, *op.args)
+                return self._client_call(op)
         wire = pool.wire
 
         def call(conn: Connection, timeout: float) -> Any:
-            conn.send(wire(op))
+            conn.send(_first(conn) + wire(op))
             reply = _reply(conn, op, timeout)
             if op.replicas is not None:
                 reply = (reply, _replicas_acked(conn, op.replicas, timeout))
@@ -287,6 +316,34 @@ class IO:
         # WAIT counts the writes of its own connection: a replicated op is not sent again
         safe = bool(op.script.retry) and op.replicas is None
         return self._on_connection(call, op.timeout, safe=safe, patient=op.patient)
+
+    def _client_call(self, op: Call) -> Any:
+        """``op`` through the client's own methods (a Cluster client routes it to the
+        node serving its keys): as FCALL while the server takes functions (the library
+        loaded on every primary when missing), else EVALSHA, or EVAL when lost."""
+        client, n = self.client, len(op.keys)
+        if self._functions:
+            try:
+                return client.fcall(op.script.function, n, *op.keys, *op.args)
+            except reply_errors() as exc:
+                if not is_function_missing(exc) and not refuses_functions(exc):
+                    raise
+                if is_function_missing(exc):
+                    try:
+                        # (REPLACE: on a Cluster it goes to every primary, some of
+                        # which may have it)
+                        client.function_load(_scripts.library().source, replace=True)
+                    except reply_errors():
+                        self._functions = False
+                    else:
+                        return client.fcall(op.script.function, n, *op.keys, *op.args)
+                self._functions = False
+        try:
+            return client.evalsha(op.script.sha, n, *op.keys, *op.args)
+        except reply_errors() as exc:
+            if not is_noscript(exc):
+                raise
+            return client.eval(op.script.source, n, *op.keys, *op.args)
 
     def _command(self, op: Command) -> Any:
         if not self._pools:
@@ -504,7 +561,7 @@ def fan_out(
                 results[at] = backend_error(exc, action, Unsent)
                 continue
             try:
-                conn.send(pool.wire(op, packed))
+                conn.send(_first(conn) + pool.wire(op, packed))
             except BaseException as exc:
                 pool.discard(conn)  # part of the command may have left
                 if not isinstance(exc, backend_failures()):

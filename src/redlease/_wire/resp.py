@@ -18,16 +18,24 @@ REDLEASE_SPIN_US sets the budget; 0 turns spinning off.
 
 from __future__ import annotations
 
+import functools
 import math
 import os
 import time
 import warnings
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from typing import Any
 
 from .._base.errors import RedleaseWarning
 from .._clients import ConnectionFailed, NotRedis
-from .._clients.errors import ReplyError
+from .._clients.errors import (
+    ReplyError,
+    is_function_missing,
+    is_noscript,
+    refuses_eval,
+    refuses_functions,
+)
+from .._rules import scripts as _scripts
 from .._rules.ops import Call, Command
 
 NOT_ENOUGH: Any = object()  # what a reader's gets() returns until a whole reply is in
@@ -62,57 +70,104 @@ def eval_source(op: Call) -> bytes:
     return pack(("EVAL", op.script.source, str(len(op.keys)), *op.keys, *op.args))
 
 
+def fcall(op: Call) -> bytes:
+    return pack(("FCALL", op.script.function, str(len(op.keys)), *op.keys, *op.args))
+
+
+@functools.cache
+def function_load() -> bytes:
+    """FUNCTION LOAD of the library of every script (no REPLACE: a server that has it
+    says so at once, without compiling it again)."""
+    return pack(("FUNCTION", "LOAD", _scripts.library().source))
+
+
 def command(args: tuple[str, ...]) -> bytes:
     return pack(args)
 
 
-def reloading(ops: Sequence[Call]) -> bytes:
-    """``ops``, whose scripts the server has lost, as one pipeline that loads them again:
-    the first op of each script by its source (EVAL caches it), the rest by SHA1. One
-    round trip, and no SCRIPT LOAD, which a least-privilege user may not run."""
-    sent: set[str] = set()
-    wire = []
-    for op in ops:
-        sha = op.script.sha
-        wire.append(evalsha(op) if sha in sent else eval_source(op))
-        sent.add(sha)
-    return b"".join(wire)
+def lacking(error: BaseException) -> bool:
+    """Whether an error reply says the server lacks a script or function (or refuses
+    functions): the op did not run, and is sent again as ``Wire.again`` says."""
+    return is_noscript(error) or is_function_missing(error) or refuses_functions(error)
 
 
-_COMMAND, _EVALSHA, _EVAL = 0, 1, 2
+_COMMAND, _EVALSHA, _EVAL, _FCALL = 0, 1, 2, 3
 
 
 def _command_bytes(op: Command) -> bytes:
     return command(op.args)
 
 
-_PACKERS: tuple[Callable[[Any], bytes], ...] = (_command_bytes, evalsha, eval_source)
+_PACKERS: tuple[Callable[[Any], bytes], ...] = (_command_bytes, evalsha, eval_source, fcall)
 
 
 class Wire:
-    """How ops go on the wire to one server, which remembers the scripts it was sent.
+    """How ops go on the wire to one server, and what it was sent.
 
-    A script goes as EVALSHA, or as EVAL with its source the first time this server is
-    sent it: no NOSCRIPT round trip, which in a Redlock fan-out would eat the other
-    nodes' time. (A server that lost its scripts answers NOSCRIPT later; the driver
-    falls back to EVAL then.)"""
+    A script goes as FCALL of its function while the server takes functions (assumed
+    until it refuses them: Redis 6.2, or an ACL user without them; then for the life of
+    the process). Otherwise as EVALSHA, or as EVAL with its source the first time this
+    server is sent it. A connection's first call goes after the library's load, and
+    itself as EVAL (``first``): one round trip on any server, with the library or
+    without, with functions or without (a NOSCRIPT or "function not found" round trip
+    in a Redlock fan-out would eat the other nodes' time). A server that lost the
+    library or its scripts says so in the reply; ``again`` says what to send then."""
 
     def __init__(self) -> None:
+        self.functions = True
         self._loaded: set[str] = set()
+        self._met = False  # whether a first call went with the library's FUNCTION LOAD
+        self._opening = False  # the next call is the one that goes after the load
+
+    def first(self, lean: bool) -> bytes:
+        """What goes before the next call: the library's FUNCTION LOAD on the first call
+        to this server, and again after the server closed a connection (``closed``) or
+        a reply nobody waited for said the library was missing (``heard``). The call
+        behind it then goes as EVAL, which runs wherever scripts do. Only on a ``lean``
+        connection, which reads the load's reply as stale; elsewhere, a call that finds
+        the library missing loads it (``again``)."""
+        if self._met or not self.functions or not lean:
+            return b""
+        self._met = self._opening = True
+        return function_load()
+
+    def heard(self, reply: Any) -> None:
+        """A reply nobody waited for: a stale one, or the first call's FUNCTION LOAD.
+        NOSCRIPT or "function not found": the server lost its scripts or the library
+        (they go with the next call again); no functions there (Redis 6.2), or not for
+        this user: scripts from now on. (A load refused to a user who may call
+        functions: the library may be there, loaded by another; a call finds out.)"""
+        if is_noscript(reply):
+            self.forget()
+        elif is_function_missing(reply):
+            self._met = False
+        elif refuses_functions(reply):
+            self.functions = False
 
     def forget(self) -> None:
         """Send every script with its source again: the server answered NOSCRIPT to a
-        reply nobody waited for, or a connection to it failed (it may have restarted)."""
+        reply nobody waited for, or a connection to it failed (it may have restarted).
+        (Not the library: a call that finds it missing loads it, and a connection's
+        failures, a cancelled wait's among them, are many; see ``closed``.)"""
         self._loaded.clear()
+
+    def closed(self) -> None:
+        """The server closed a connection (it may have restarted without its scripts
+        and library): both go with the next call again."""
+        self.forget()
+        self._met = False
 
     def __call__(self, op: Call | Command, packed: dict[int, bytes] | None = None) -> bytes:
         """``op`` as bytes for this server; ``packed`` keeps each form once packed, for
         the other servers of a fan-out."""
         if isinstance(op, Command):
             form = _COMMAND
-        elif op.script.sha in self._loaded:
+        elif self.functions and not self._opening:
+            form = _FCALL
+        elif op.script.sha in self._loaded and not self._opening:
             form = _EVALSHA
         else:
+            self._opening = False
             self._loaded.add(op.script.sha)
             form = _EVAL
         if packed is None:
@@ -121,6 +176,34 @@ class Wire:
         if data is None:
             data = packed[form] = _PACKERS[form](op)
         return data
+
+    def lacks(self, error: BaseException) -> bool:
+        """Whether ``again`` has something to send after ``error``."""
+        return (self.functions and refuses_eval(error)) or lacking(error)
+
+    def again(self, op: Call, error: BaseException) -> tuple[bytes, bool] | None:
+        """What to send for ``op`` after its reply was ``error`` (an error reply: it did
+        not run), if the error was that the server lacks its script or function; None if
+        the error stands. The flag: the bytes begin with the library's FUNCTION LOAD,
+        whose reply comes first and goes to ``loaded``."""
+        if self.functions and refuses_eval(error):
+            return fcall(op), False  # (a first call's EVAL, to a user of functions only)
+        if not lacking(error):
+            return None
+        if self.functions and is_function_missing(error):
+            return function_load() + fcall(op), True
+        if refuses_functions(error):
+            self.functions = False
+        # (else NOSCRIPT, or a function missing for an FCALL sent before they were refused)
+        self._loaded.add(op.script.sha)
+        return eval_source(op), False
+
+    def loaded(self, reply: Any) -> None:
+        """The reply to the library's FUNCTION LOAD sent after "function not found":
+        loaded, or there already (another process was first); any other error (NOPERM,
+        out of memory) and scripts go as EVALSHA from now on."""
+        if isinstance(reply, BaseException) and "already exists" not in str(reply):
+            self.functions = False
 
 
 class PyReader:

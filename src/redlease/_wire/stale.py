@@ -1,6 +1,8 @@
 """Stale replies: replies a connection owes that nobody waits for any more.
 
-A Redlock fan-out stops reading once a majority said yes; the replies it did not wait
+A connection's first call may be sent after the library's FUNCTION LOAD, whose reply
+is stale from the start (see ``resp.Wire.first``). A Redlock fan-out stops reading
+once a majority said yes; the replies it did not wait
 for are owed by their connections (both drivers count them in ``stale``), and read and
 dropped before the next reply there. The next fan-out drops those that have arrived
 while it waits for its own (``drop_arrived``), so a node that is merely a little slower
@@ -13,17 +15,14 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from .._clients.errors import is_noscript
 from .resp import NOT_ENOUGH, buffered, received
 
 MAX_STALE = 4
 
 
-def dropped(reply: Any, forget_scripts: Callable[[], None]) -> None:
-    """A stale reply, read and dropped. NOSCRIPT: the server lost its scripts (they go
-    with their source again)."""
-    if is_noscript(reply):
-        forget_scripts()
+def dropped(reply: Any, heard: Callable[[Any], None]) -> None:
+    """A stale reply, read and dropped, once its wire has heard it (``Wire.heard``)."""
+    heard(reply)
 
 
 def drop_arrived(
@@ -31,7 +30,7 @@ def drop_arrived(
     buffer: bytearray,
     reader: Any,
     stale: int,
-    forget_scripts: Callable[[], None],
+    heard: Callable[[Any], None],
 ) -> int:
     """Drop up to ``stale`` replies among those already received, never waiting (``recv``
     as for ``received``); how many are still due. Raises ConnectionFailed if the
@@ -45,6 +44,6 @@ def drop_arrived(
                 return stale
             if reply is NOT_ENOUGH:
                 continue
-        dropped(reply, forget_scripts)
+        dropped(reply, heard)
         stale -= 1
     return stale

@@ -76,7 +76,7 @@ end
 -- that cannot hear its ring is dropped (its hold undone). The caller, if it is one of
 -- them, is not rung: it is here (its hub may not listen just now), and finds its hold.
 -- Returns whether the caller was granted one, and the live waiter left first (nil: none).
-local function hand_on(holders, fences, fence, queue, waiters, bells, now, caller)
+local function hand_on_holds(holders, fences, fence, queue, waiters, bells, now, caller)
   local got = false
   while true do
     local w, entry = live_head(queue, waiters, now)

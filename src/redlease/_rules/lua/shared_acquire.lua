@@ -32,7 +32,7 @@ local first  -- the first live waiter after those served (nil: none)
 if not held then
   -- the waiters before us first, in order, as many as fit
   local got
-  got, first = hand_on(holders, fences, fence, queue, waiters, ARGV[5], now, token)
+  got, first = hand_on_holds(holders, fences, fence, queue, waiters, ARGV[5], now, token)
   if got then held, server_us = ours(holders, fences, token, now), now end
 end
 if held then

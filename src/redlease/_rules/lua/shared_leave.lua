@@ -18,5 +18,5 @@ if held then
 end
 redis.call('SET', holders .. ':left:' .. token, '1', 'PX', ARGV[5])
 -- what we held, or our place in the queue (a waiter we held back), may be due to others
-hand_on(holders, fences, fence, queue, waiters, ARGV[3], now)
+hand_on_holds(holders, fences, fence, queue, waiters, ARGV[3], now)
 return {0, 0, 0}

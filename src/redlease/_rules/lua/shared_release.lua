@@ -17,5 +17,5 @@ end
 redis.call('ZREMRANGEBYSCORE', marks, '-inf', now_ms(now))
 redis.call('ZADD', marks, now_ms(now) + tonumber(ARGV[4]), ARGV[1])
 keep_for(marks, tonumber(ARGV[4]), tonumber(ARGV[4]))
-hand_on(holders, fences, fence, queue, waiters, ARGV[3], now)
+hand_on_holds(holders, fences, fence, queue, waiters, ARGV[3], now)
 return 1

@@ -1,0 +1,120 @@
+"""How a script goes on the wire (``_wire.resp.Wire``): as FCALL while the server takes
+functions, the library loaded with a connection's first call and when found missing;
+as EVALSHA / EVAL once functions are refused."""
+
+from __future__ import annotations
+
+from redlease._clients.errors import ReplyError
+from redlease._rules import scripts as _scripts
+from redlease._rules.keys import LockKeys
+from redlease._rules.ops import Call
+from redlease._wire import resp
+
+KEYS = LockKeys.for_name("x")
+OP = Call(_scripts.EXTEND, KEYS.script_keys, ("t", "1000"), timeout=1.0)
+
+MISSING = ReplyError("ERR Function not found")
+UNKNOWN = ReplyError("ERR unknown command 'FCALL', with args beginning with: ")
+DENIED = ReplyError("NOPERM User u has no permissions to run the 'fcall' command")
+LOAD_DENIED = ReplyError("NOPERM User u has no permissions to run the 'function|load' command")
+THERE = ReplyError(f"ERR Library '{_scripts.library().name}' already exists")
+NOSCRIPT = ReplyError("NOSCRIPT No matching script. Please use EVAL.")
+WRONGTYPE = ReplyError("WRONGTYPE Operation against a key holding the wrong kind of value")
+
+
+def _command(data: bytes) -> bytes:
+    """The first command's name in ``data``."""
+    return data.split(b"\r\n")[2]
+
+
+def test_a_script_goes_as_fcall_of_its_function() -> None:
+    wire = resp.Wire()
+    data = wire(OP)
+    assert _command(data) == b"FCALL"
+    assert _scripts.EXTEND.function.encode() in data
+
+
+def test_the_first_call_on_a_lean_connection_goes_after_the_library() -> None:
+    wire = resp.Wire()
+    assert wire.first(lean=False) == b""  # (a client's connection class: no stale reads)
+    first = wire.first(lean=True)
+    assert _command(first) == b"FUNCTION"
+    assert _scripts.library().source.encode() in first
+    assert _command(wire(OP)) == b"EVAL"  # (runs on any server, one round trip)
+    assert _command(wire(OP)) == b"FCALL"
+    assert wire.first(lean=True) == b""
+    wire.forget()  # (a connection given up on: not the library again)
+    assert wire.first(lean=True) == b""
+    wire.closed()  # the server closed one: it may have restarted empty
+    assert wire.first(lean=True) != b""
+    assert _command(wire(OP)) == b"EVAL"
+    wire.heard(MISSING)  # a reply nobody waited for said it was missing
+    assert wire.first(lean=True) != b""
+
+
+def test_the_first_calls_load_refused_is_learnt_from_its_reply() -> None:
+    wire = resp.Wire()
+    wire.first(lean=True)
+    wire.heard(LOAD_DENIED)  # may not load: the library may be there all the same
+    assert wire.functions
+    wire.heard(UNKNOWN)  # Redis 6.2 (or a stale FCALL's refusal): scripts
+    assert not wire.functions
+    assert _command(wire(OP)) == b"EVAL"
+    assert _command(wire(OP)) == b"EVALSHA"
+
+
+def test_a_user_without_eval_is_called_by_fcall() -> None:
+    wire = resp.Wire()
+    wire.first(lean=True)
+    first = wire(OP)
+    assert _command(first) == b"EVAL"
+    again = wire.again(OP, ReplyError("NOPERM User u has no permissions to run the 'eval' command"))
+    assert again is not None
+    assert _command(again[0]) == b"FCALL"
+
+
+def test_a_function_missing_is_loaded_with_the_call_again() -> None:
+    wire = resp.Wire()
+    again = wire.again(OP, MISSING)
+    assert again is not None
+    data, loading = again
+    assert loading
+    assert data.startswith(resp.function_load())
+    assert data.endswith(resp.fcall(OP))
+    wire.loaded(b"redlease_0")
+    wire.loaded(THERE)  # another process was first
+    assert wire.functions
+
+
+def test_a_load_refused_means_scripts() -> None:
+    wire = resp.Wire()
+    wire.loaded(LOAD_DENIED)
+    assert not wire.functions
+    # the FCALL sent behind the load found nothing: it goes as EVAL
+    again = wire.again(OP, MISSING)
+    assert again is not None
+    assert _command(again[0]) == b"EVAL"
+    assert not again[1]
+
+
+def test_functions_refused_means_scripts_from_then_on() -> None:
+    for refusal in (UNKNOWN, DENIED):
+        wire = resp.Wire()
+        again = wire.again(OP, refusal)
+        assert again is not None
+        assert _command(again[0]) == b"EVAL"  # (its source: the server may lack it)
+        assert not wire.functions
+        assert _command(wire(OP)) == b"EVALSHA"
+        assert wire.first(lean=True) == b""
+
+
+def test_noscript_sends_the_source_and_other_errors_stand() -> None:
+    wire = resp.Wire()
+    wire.again(OP, UNKNOWN)
+    again = wire.again(OP, NOSCRIPT)
+    assert again is not None
+    assert _command(again[0]) == b"EVAL"
+    assert wire.again(OP, WRONGTYPE) is None
+    assert resp.Wire().again(OP, WRONGTYPE) is None
+    wire.heard(NOSCRIPT)  # (stale: the scripts go with their source again)
+    assert _command(wire(OP)) == b"EVAL"
