@@ -5,6 +5,7 @@ look at the lock, never a hang. Real servers; connection counts from CLIENT LIST
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 import os
 import signal
@@ -103,9 +104,19 @@ async def test_2000_tasks_on_200_names_wait_on_a_handful_of_connections(
             return bool(sum(await pipe.execute()) == count)
 
     await until(lambda: total_queued_is(2000))
-    await asyncio.sleep(0.2)
-    held = [c for c in await ar.client_list() if c.get("name") == label]
-    assert len(held) <= HANDFUL, f"{len(held)} connections for 2,000 waiters"
+
+    async def held() -> list[dict[str, Any]]:
+        return [c for c in await ar.client_list() if c.get("name") == label]
+
+    async def settled() -> bool:
+        return len(await held()) <= HANDFUL
+
+    # (the last replies may still be on their way back to their tasks on a busy machine:
+    # the connections they came on go once given back, with nobody left to take them)
+    with contextlib.suppress(AssertionError):
+        await until(settled, 30.0)
+    now_held = await held()
+    assert len(now_held) <= HANDFUL, f"{len(now_held)} connections for 2,000 waiters"
     # One SUBSCRIBE a name, however many wait for it at once (it was one a waiter); and a
     # waiter of a lock another waiter of this process waits for queues at once: a try
     # first, which would only fail, is made by the first waiter of each name alone.

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from redlease._clients.errors import ReplyError
 from redlease._rules import scripts as _scripts
+from redlease._rules.acl import called, script_commands
 from redlease._rules.keys import LockKeys
 from redlease._rules.ops import Call
 from redlease._wire import resp
@@ -116,5 +117,29 @@ def test_noscript_sends_the_source_and_other_errors_stand() -> None:
     assert _command(again[0]) == b"EVAL"
     assert wire.again(OP, WRONGTYPE) is None
     assert resp.Wire().again(OP, WRONGTYPE) is None
+    # a command a function called, refused: the function ran (in part): never again
+    inside = ReplyError(
+        "ERR Unknown command called from script script: redlease_0_release, on @user_function:12."
+    )
+    assert resp.Wire().again(OP, inside) is None
     wire.heard(NOSCRIPT)  # (stale: the scripts go with their source again)
     assert _command(wire(OP)) == b"EVAL"
+
+
+# Commands that may add memory: a server out of memory refuses them (and a function
+# without allow-oom before it starts). The others scripts call free or keep memory.
+ADDS_MEMORY = frozenset({"set", "hset", "lpush", "rpush", "zadd"})
+
+
+def test_allow_oom_is_said_exactly_by_the_scripts_that_add_no_memory() -> None:
+    """A script that calls none of them ran out of memory as EVAL: as a function it says
+    allow-oom, or it would be refused there (an extension, failing for want of memory it
+    does not use). One that calls any of them must not (it would write past maxmemory).
+    (Scripts that write nothing say no-writes instead.)"""
+    for script in _scripts.every_script():
+        if script.reads_only or script is _scripts.FENCED_APPLY:  # (runs the caller's commands)
+            assert not script.allow_oom, script.name
+            continue
+        adds = bool(called(script.source) & ADDS_MEMORY)
+        assert script.allow_oom == (not adds), script.name
+    assert not ADDS_MEMORY - script_commands()  # (each is one the scripts do call)

@@ -35,7 +35,8 @@ PARTS = (
     Part(
         ("+fcall", "+function|load"),
         "every operation: each is one function of redlease's library (Redis 7+ and "
-        "Valkey), which the first process to meet a server without it loads",
+        "Valkey, not a Cluster), which the first process to meet a server without it "
+        "loads",
         "each script is sent as EVALSHA instead (the part below): a server that "
         "refuses functions is not asked again until the process restarts",
     ),
@@ -143,7 +144,7 @@ def script_commands() -> set[str]:
     (``pubsub|numsub`` for a subcommand)."""
     found: set[str] = set()
     for script in _every_script():
-        found.update(_called(script.source))
+        found.update(called(script.source))
     return found
 
 
@@ -157,7 +158,8 @@ _CALL = re.compile(r"redis\.p?call\(([^,)]*)(?:,([^,)]*))?")
 _WORD = re.compile(r"'([A-Za-z]+)'")
 
 
-def _called(source: str) -> set[str]:
+def called(source: str) -> set[str]:
+    """The commands ``source`` calls (``redis.call`` and ``redis.pcall``), lower-cased."""
     found: set[str] = set()
     for command, argument in _CALL.findall(source):
         names = [n.lower() for n in _WORD.findall(command)]
@@ -180,4 +182,4 @@ def denied_in_script(script: str, line: int) -> set[str]:
     if origin is None:
         return set()
     file, number = origin
-    return _called(_scripts.lua_file(file).splitlines()[number - 1])
+    return called(_scripts.lua_file(file).splitlines()[number - 1])

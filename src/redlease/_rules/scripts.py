@@ -86,6 +86,11 @@ class Script:
     # It writes nothing: its function says so (``no-writes``), so that a server out of
     # memory still runs it, as it runs such a script sent by EVAL.
     reads_only: bool = False
+    # It calls no command that may add memory (SET, HSET, a push, ZADD): its function
+    # says ``allow-oom``, so that a server out of memory runs it, as it runs such a script
+    # sent by EVAL (a function without flags is refused there before it starts). An
+    # extension must not fail for want of memory it does not use.
+    allow_oom: bool = False
     source: str = field(init=False)
     sha: str = field(init=False)
     # per line of source: the file and line it came from
@@ -146,7 +151,9 @@ def library() -> Library:
         for line, file, number in body:
             lines.append(line)
             origins.append((file, number))
-        flags = ", flags={'no-writes'}" if script.reads_only else ""
+        said = ["no-writes"] * script.reads_only + ["allow-oom"] * script.allow_oom
+        listed = ", ".join(f"'{flag}'" for flag in said)
+        flags = f", flags={{{listed}}}" if said else ""
         lines += [
             "end",
             f"redis.register_function{{function_name='@NAME@_{script.name}', "
@@ -195,7 +202,7 @@ ACQUIRE = Script(
 RELEASE = Script(
     "release", retry="a second run finds the mark the first one left and reports the release"
 )
-EXTEND = Script("extend", retry="setting the same expiry twice is setting it once")
+EXTEND = Script("extend", retry="setting the same expiry twice is setting it once", allow_oom=True)
 LEAVE = Script(
     "leave", retry="a second run finds the entry gone and the grant kept, or already released"
 )
@@ -226,7 +233,7 @@ SHARED_LEAVE = Script(
 # its identity in hex. Observers register in a hash, token -> "deadline_us:0:1[:hub]" (a
 # waiter's entry, so the lock's helpers read it), and are rung as waiters are.
 ELECTION_EXTEND = Script(
-    "election_extend", retry="setting the same expiry twice is setting it once"
+    "election_extend", retry="setting the same expiry twice is setting it once", allow_oom=True
 )
 ELECTION_WATCH = Script(
     "election_watch", retry="registering again only moves the deadline; the rest reads"
@@ -236,7 +243,7 @@ ELECTION_ANNOUNCE = Script("election_announce", retry="observers rung twice look
 # Redlock: one run per node (see _rules/quorum.py for how the replies are counted)
 REDLOCK_ACQUIRE = Script("redlock_acquire")
 REDLOCK_FENCE = Script("redlock_fence")
-REDLOCK_RELEASE = Script("redlock_release")
+REDLOCK_RELEASE = Script("redlock_release", allow_oom=True)
 
 # What a name holds and who waits, for tools and ``locked()``
 INSPECT = Script("inspect", retry="it only reads", reads_only=True)
@@ -258,5 +265,7 @@ ONCE_RELEASE = Script(
     retry="a second run keeps the lock until the same time, or finds the first one's release",
 )
 ONCE_EXTEND = Script(
-    "once_extend", retry="setting the expiry again only shortens it by the time between the two"
+    "once_extend",
+    retry="setting the expiry again only shortens it by the time between the two",
+    allow_oom=True,
 )

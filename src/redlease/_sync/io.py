@@ -26,13 +26,10 @@ from .._base.timing import CONNECT_RETRY_BASE, CONNECT_RETRY_CAP, SHORTEST_WAIT,
 from .._clients import NotRedis, caught
 from .._clients.errors import (
     backend_failures,
-    is_function_missing,
     is_noscript,
     is_unblocked,
-    refuses_functions,
     reply_errors,
 )
-from .._rules import scripts as _scripts
 from .._rules import settings as _settings
 from .._rules.arguments import replicas_served
 from .._rules.flows import Flow, LockSpec
@@ -112,8 +109,6 @@ class IO:
         self.late: list[Any] = []  # a fan-out's call given up on (see ``bounded``)
         # A Cluster client: waiters listen through the hub of the node serving their lock
         self.cluster = self.endpoint.route is Route.CLIENT and hasattr(client, "get_node_from_key")
-        # Scripts as functions through the client's methods (see ``_client_call``)
-        self._functions = hasattr(client, "fcall") and hasattr(client, "function_load")
 
     @property
     def direct(self) -> bool:
@@ -318,26 +313,10 @@ class IO:
         return self._on_connection(call, op.timeout, safe=safe, patient=op.patient)
 
     def _client_call(self, op: Call) -> Any:
-        """``op`` through the client's own methods (a Cluster client routes it to the
-        node serving its keys): as FCALL while the server takes functions (the library
-        loaded on every primary when missing), else EVALSHA, or EVAL when lost."""
+        """``op`` through the client's own methods: EVALSHA, or EVAL when lost. (Not
+        functions: a Cluster client routes EVALSHA by its keys as it is, but asks a node
+        for an FCALL's keys first, a round trip more on every call.)"""
         client, n = self.client, len(op.keys)
-        if self._functions:
-            try:
-                return client.fcall(op.script.function, n, *op.keys, *op.args)
-            except reply_errors() as exc:
-                if not is_function_missing(exc) and not refuses_functions(exc):
-                    raise
-                if is_function_missing(exc):
-                    try:
-                        # (REPLACE: on a Cluster it goes to every primary, some of
-                        # which may have it)
-                        client.function_load(_scripts.library().source, replace=True)
-                    except reply_errors():
-                        self._functions = False
-                    else:
-                        return client.fcall(op.script.function, n, *op.keys, *op.args)
-                self._functions = False
         try:
             return client.evalsha(op.script.sha, n, *op.keys, *op.args)
         except reply_errors() as exc:
