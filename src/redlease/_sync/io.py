@@ -24,12 +24,7 @@ from typing import Any, TypeVar
 
 from .._base.timing import CONNECT_RETRY_BASE, CONNECT_RETRY_CAP, SHORTEST_WAIT, backoff
 from .._clients import NotRedis, caught
-from .._clients.errors import (
-    backend_failures,
-    is_noscript,
-    is_unblocked,
-    reply_errors,
-)
+from .._clients.errors import backend_failures, is_noscript, is_unblocked, reply_errors
 from .._rules import settings as _settings
 from .._rules.arguments import replicas_served
 from .._rules.flows import Flow, LockSpec

@@ -106,7 +106,7 @@ class Wire:
 
     A script goes as FCALL of its function while the server takes functions (assumed
     until it refuses them: Redis 6.2, or an ACL user without them; then for the life of
-    the process). Otherwise as EVALSHA, or as EVAL with its source the first time this
+    this pool). Otherwise as EVALSHA, or as EVAL with its source the first time this
     server is sent it. A connection's first call goes after the library's load, and
     itself as EVAL (``first``): one round trip on any server, with the library or
     without, with functions or without (a NOSCRIPT or "function not found" round trip

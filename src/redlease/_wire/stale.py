@@ -1,10 +1,10 @@
 """Stale replies: replies a connection owes that nobody waits for any more.
 
 A connection's first call may be sent after the library's FUNCTION LOAD, whose reply
-is stale from the start (see ``resp.Wire.first``). A Redlock fan-out stops reading
-once a majority said yes; the replies it did not wait
-for are owed by their connections (both drivers count them in ``stale``), and read and
-dropped before the next reply there. The next fan-out drops those that have arrived
+is stale from the start (see ``resp.Wire.first``). A Redlock fan-out stops reading once
+a majority said yes; the replies it did not wait for are owed by their connections
+(both drivers count them in ``stale``), and read and dropped before the next reply
+there. The next fan-out drops those that have arrived
 while it waits for its own (``drop_arrived``), so a node that is merely a little slower
 than the others costs no waiting at all. At most MAX_STALE may be owed on a connection,
 beyond which its reply is waited for again (a stopped node then costs its timeout).
