@@ -158,6 +158,7 @@ def test_a_counter_never_runs_far_ahead_of_the_clock(admin: Any, name: str) -> N
     admin.set(fence_key, ahead, px=60_000)
     top, _pttl, _us, taken = _acquire_script(admin, name, 1000)
     assert (top, taken) == (ahead + 1, 1)  # one fence only, still above the last
+    assert int(admin.get(fence_key)) == top  # (the counter was set from the clock first)
     # and the counter lives until the clock has passed it, whatever the ttl
     assert admin.pttl(fence_key) >= 10_000
 
@@ -168,3 +169,6 @@ def test_fences_stay_below_2_to_the_53(admin: Any, name: str) -> None:
     with pytest.raises(redlease.LockError, match="2\\^53"):
         lock.acquire(timeout=1.0)
     assert not admin.exists(LockKeys.for_name(name).lock)  # nothing held, nothing left
+    fence = LockKeys.for_name(name).fence
+    assert int(admin.get(fence)) == FENCE_LIMIT - 1  # the counter as it was
+    assert admin.pttl(fence) > 0

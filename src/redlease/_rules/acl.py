@@ -50,6 +50,7 @@ PARTS = (
     Part(
         (
             "+get",
+            "+mget",
             "+set",
             "+del",
             "+exists",

@@ -13,13 +13,15 @@
 -- Fast path first, before the other helpers are defined: the token's attempt goes on,
 -- the lock is free and either nobody is queued (so nobody can have been granted or
 -- promised it) or it is unfair (a free lock is anyone's; a queued caller that takes it
--- leaves the queue, and its woken mark goes). (One EXISTS asks for the mark and, fair,
--- the queue.)
+-- leaves the queue, and its woken mark goes). One EXISTS asks for the mark, counted
+-- twice, and, fair, the queue, or, unfair, the waiters (whether the caller can be queued):
+-- seen is 0 (neither), 1 (queued ones only), 2 (given up) or 3.
 local given_up = KEYS[1] .. ':left:' .. ARGV[1]
-if redis.call('EXISTS', given_up, ARGV[3] == '0' and given_up or KEYS[3]) == 0
+local seen = redis.call('EXISTS', given_up, given_up, ARGV[3] == '1' and KEYS[3] or KEYS[4])
+if (seen == 0 or (seen == 1 and ARGV[3] == '0'))
     and redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then
   -- (a woken mark names a queued waiter only: the caller's, if it was queued)
-  if ARGV[3] == '0' and redis.call('HDEL', KEYS[4], ARGV[1]) == 1 then
+  if seen == 1 and redis.call('HDEL', KEYS[4], ARGV[1]) == 1 then
     redis.call('LREM', KEYS[3], 1, ARGV[1])
     redis.call('DEL', ARGV[5] .. ARGV[1])
     if redis.call('GET', KEYS[1] .. ':woken') == ARGV[1] then
@@ -42,7 +44,7 @@ if holder == token then
   local f, taken = held_fence(fence, bell)
   return {f, redis.call('PTTL', lock), 0, taken}
 end
-if redis.call('EXISTS', given_up) == 1 then return {0, redis.call('PTTL', lock), 0, 0} end
+if seen >= 2 then return {0, redis.call('PTTL', lock), 0, 0} end
 local now = now_us()
 if not holder and fair == '1' then
   local first = live_head(queue, waiters, now)

@@ -1,6 +1,21 @@
 -- Taking fences: every script that grants includes it (the acquire's fast path first).
 --@include constants
 
+-- How many of n fences to take above base (at server time now, us) for a lease of ttl ms:
+-- the highest, how many, and how long the counter must then live (until the clock has
+-- passed it)
+local function plan_fences(base, n, ttl, now)
+  local taken = math.min(tonumber(n), math.max(1, now + FENCE_LEAD_US - base))
+  local top = base + taken
+  local ahead_ms = math.max(0, math.ceil((top - now) / 1000))
+  return top, taken, 2 * tonumber(ttl) + FENCE_MARGIN_MS + ahead_ms
+end
+
+-- (raised before the counter is written, or once it is put back as it was)
+local function past_the_limit(f)
+  error('redlease: the fence counter ' .. f .. ' would pass 2^53 (is the server clock right?)')
+end
+
 -- Take up to n fences from the counter F for a lease of ttl ms; return the highest and
 -- how many were taken. Fences follow the server's clock, in microseconds: a grant takes
 -- them above both the counter and the clock (or, dense, above the counter alone, which
@@ -15,14 +30,27 @@ local function take_fences(f, n, ttl, floor, dense, now)
     local t = redis.call('TIME')
     now = tonumber(t[1]) * 1000000 + tonumber(t[2])
   end
-  local last = tonumber(redis.call('GET', f))
-  local base = math.max(dense and last or math.max(last or 0, now), floor)
-  local taken = math.min(tonumber(n), math.max(1, now + FENCE_LEAD_US - base))
-  local top = base + taken
-  if top >= FENCE_LIMIT then
-    error('redlease: the fence counter ' .. f .. ' would pass 2^53 (is the server clock right?)')
+  if dense then
+    local base = math.max(tonumber(redis.call('GET', f)) or now, floor)
+    local top, taken, keep = plan_fences(base, n, ttl, now)
+    if top >= FENCE_LIMIT then past_the_limit(f) end
+    redis.call('SET', f, string.format('%d', top), 'PX', keep)
+    return top, taken
   end
-  local keep = 2 * tonumber(ttl) + FENCE_MARGIN_MS + math.max(0, math.ceil((top - now) / 1000))
-  redis.call('SET', f, string.format('%d', top), 'PX', keep)
+  -- A counter is mostly behind the clock: one SET takes fences above the clock and reads
+  -- what the counter held; one that was ahead is set again, above that.
+  local base = math.max(now, floor)
+  local top, taken, keep = plan_fences(base, n, ttl, now)
+  if top >= FENCE_LIMIT then past_the_limit(f) end
+  local last = tonumber(redis.call('SET', f, string.format('%d', top), 'PX', keep, 'GET'))
+  if last and last > base then
+    local again, again_taken, again_keep = plan_fences(last, n, ttl, now)
+    if again >= FENCE_LIMIT then
+      redis.call('SET', f, string.format('%d', last), 'PX', again_keep)
+      past_the_limit(f)
+    end
+    redis.call('SET', f, string.format('%d', again), 'PX', again_keep)
+    return again, again_taken
+  end
   return top, taken
 end

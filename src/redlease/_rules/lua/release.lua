@@ -6,7 +6,15 @@
 -- Reply 1: released (and the next waiter served), now or by an earlier run of this
 -- release; 0: the lock was not ours.
 local mark = KEYS[1] .. ':released'
-if redis.call('GET', KEYS[1]) ~= ARGV[1] then
+-- (unfair: the woken mark read with it)
+local holder, woken_one
+if ARGV[2] == '0' then
+  local got = redis.call('MGET', KEYS[1], KEYS[1] .. ':woken')
+  holder, woken_one = got[1], got[2]
+else
+  holder = redis.call('GET', KEYS[1])
+end
+if holder ~= ARGV[1] then
   if redis.call('GET', mark) == ARGV[1] then return 1 end
   return 0
 end
@@ -19,9 +27,8 @@ if ARGV[2] == '0' then
     redis.call('DEL', KEYS[1])
     return 1
   end
-  local woken = redis.call('GET', KEYS[1] .. ':woken')
-  if woken then
-    if redis.call('HGET', KEYS[4], woken) then
+  if woken_one then
+    if redis.call('HGET', KEYS[4], woken_one) then
       redis.call('DEL', KEYS[1])
       return 1
     end
