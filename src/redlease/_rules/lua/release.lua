@@ -20,19 +20,19 @@ if holder ~= ARGV[1] then
 end
 redis.call('SET', mark, ARGV[1], 'PX', ARGV[4])
 -- unfair: a waiter woken to compete has not had its turn yet (and is still queued);
--- nobody else is woken. A mark whose waiter is gone is void. (Fair: hand_on's LPOP
--- finds an empty queue.)
+-- nobody else is woken. A mark whose waiter is gone is void. With nobody queued, there
+-- is nobody to wake. (Fair: hand_on's LPOP finds an empty queue.)
 if ARGV[2] == '0' then
-  if redis.call('EXISTS', KEYS[3]) == 0 then
-    redis.call('DEL', KEYS[1])
-    return 1
-  end
   if woken_one then
     if redis.call('HGET', KEYS[4], woken_one) then
       redis.call('DEL', KEYS[1])
       return 1
     end
     redis.call('DEL', KEYS[1] .. ':woken')
+  end
+  if redis.call('EXISTS', KEYS[3]) == 0 then
+    redis.call('DEL', KEYS[1])
+    return 1
   end
 end
 --@include fences
