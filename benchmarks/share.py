@@ -41,7 +41,8 @@ from .contention import one_round
 
 SECTION = "15. the server's share: its CPU and commands per cycle and per contended section"
 TTL = 10.0
-SHARE = ("redlease", "redlease-unfair", "redis-py", "python-redis-lock", "pottery")
+# (the ticket baton: the floor under any fair lock's hand-over, not a usable lock)
+SHARE = ("redlease", "redlease-unfair", "redis-py", "python-redis-lock", "pottery", "ticket")
 # The bars, as ratios to redis-py's Lock in the same run: (uncontended, contended).
 BARS = {"redlease": (1.3, 1.5), "redlease-unfair": (1.3, 1.3)}
 _WARM = 50  # cycles before the window: scripts loaded, connections made
@@ -136,6 +137,12 @@ def rows(tallies: Sequence[Tally], settings: Settings) -> list[Row]:
     ref_cycle = median(ref.cycle_cpu) if usable and ref else float("nan")
     ref_section = median(ref.section_cpu) if usable and ref else float("nan")
     contended = f"per section ({settings.share_contenders} processes, one name)"
+    ticket = by_kind.get("ticket")
+    floor = (
+        median(ticket.section_cpu)
+        if ticket is not None and ticket.problem is None and ticket.section_cpu
+        else None
+    )
     out: list[Row] = []
     for t in tallies:
         label = KINDS[t.kind]
@@ -167,6 +174,17 @@ def rows(tallies: Sequence[Tally], settings: Settings) -> list[Row]:
             spent = median(commands)
             out.append(
                 Row(SECTION, label, f"commands {figure} (incl. in scripts)", spent, f"{spent:.1f}")
+            )
+        if t.kind == "redlease" and floor:
+            over = median(t.section_cpu) / floor
+            out.append(
+                Row(
+                    SECTION,
+                    label,
+                    "server CPU per section, over the ticket baton's",
+                    over,
+                    f"{over:.2f}x ticket",
+                )
             )
     return out
 
