@@ -87,3 +87,44 @@ def test_an_error_in_a_script_names_its_files_line(r: Any, name: str) -> None:
     assert _scripts.lua_file(file).splitlines()[number - 1].strip() == (
         "local holder = redis.call('GET', lock)"
     )
+
+
+@pytest.mark.parametrize("fair", ["1", "0"])
+@pytest.mark.parametrize("held", [False, True])
+def test_an_attempt_given_up_takes_nothing_while_others_are_queued(
+    r: Any, name: str, fair: str, held: bool
+) -> None:
+    """The acquire's one EXISTS counts the given-up mark twice and the queue (fair) or
+    the waiters (unfair) once: with both there, the attempt is still over."""
+    keys = LockKeys.for_name(name)
+    r.set(f"{keys.lock}:left:gone", "1", px=60_000)
+    r.hset(keys.waiters, "other", "99999999999999999:30000:0")
+    r.rpush(keys.queue, "other")
+    for key in (keys.waiters, keys.queue):
+        r.pexpire(key, 60_000)
+    if held:
+        r.set(keys.lock, "holder", px=60_000)
+    args = ("gone", "5000", fair, "30000", keys.bell_prefix, "1", "")
+    reply = r.eval(_scripts.ACQUIRE.source, 4, *keys.script_keys, *args)
+    assert int(reply[0]) == 0  # nothing granted
+    assert r.get(keys.lock) == (b"holder" if held else None)
+    assert r.lrange(keys.queue, 0, -1) == [b"other"]  # and nothing queued
+    assert r.hkeys(keys.waiters) == [b"other"]
+
+
+@pytest.mark.parametrize("fair", ["1", "0"])
+def test_a_release_of_a_lock_key_of_another_type_says_so(r: Any, name: str, fair: str) -> None:
+    keys = LockKeys.for_name(name)
+    r.hset(keys.lock, "a", "b")
+    r.pexpire(keys.lock, 60_000)
+    with pytest.raises(Exception, match="WRONGTYPE"):
+        r.eval(_scripts.RELEASE.source, 4, *keys.script_keys, "t1", fair, keys.bell_prefix, "5000")
+
+
+def test_an_unfair_release_drops_a_woken_mark_whose_waiter_is_gone(r: Any, name: str) -> None:
+    keys = LockKeys.for_name(name)
+    r.set(keys.lock, "holder", px=60_000)
+    r.set(f"{keys.lock}:woken", "gone", px=60_000)  # nobody queued any more
+    args = ("holder", "0", keys.bell_prefix, "5000")
+    assert r.eval(_scripts.RELEASE.source, 4, *keys.script_keys, *args) == 1
+    assert r.exists(keys.lock, f"{keys.lock}:woken") == 0

@@ -17,7 +17,7 @@
 -- twice, and, fair, the queue, or, unfair, the waiters (whether the caller can be queued):
 -- seen is 0 (neither), 1 (queued ones only), 2 (given up) or 3.
 local given_up = KEYS[1] .. ':left:' .. ARGV[1]
-local seen = redis.call('EXISTS', given_up, given_up, ARGV[3] == '1' and KEYS[3] or KEYS[4])
+local seen = redis.call('EXISTS', given_up, given_up, ARGV[3] == '0' and KEYS[4] or KEYS[3])
 if (seen == 0 or (seen == 1 and ARGV[3] == '0'))
     and redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then
   -- (a woken mark names a queued waiter only: the caller's, if it was queued)

@@ -46,7 +46,9 @@ local function take_fences(f, n, ttl, floor, dense, now)
   if last and last > base then
     local again, again_taken, again_keep = plan_fences(last, n, ttl, now)
     if again >= FENCE_LIMIT then
-      redis.call('SET', f, string.format('%d', last), 'PX', again_keep)
+      -- (its value back, for an ordinary grant's keep: once a wrong clock is put right,
+      -- the name works again when it expires)
+      redis.call('SET', f, string.format('%d', last), 'PX', keep)
       past_the_limit(f)
     end
     redis.call('SET', f, string.format('%d', again), 'PX', again_keep)

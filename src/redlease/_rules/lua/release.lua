@@ -15,6 +15,9 @@ else
   holder = redis.call('GET', KEYS[1])
 end
 if holder ~= ARGV[1] then
+  -- (MGET reads a key of another type as missing: GET raises WRONGTYPE for it, as the
+  -- fair release does)
+  if ARGV[2] == '0' then redis.call('GET', KEYS[1]) end
   if redis.call('GET', mark) == ARGV[1] then return 1 end
   return 0
 end
