@@ -4,11 +4,19 @@ as EVALSHA / EVAL once functions are refused."""
 
 from __future__ import annotations
 
+import asyncio
+import time
+from collections.abc import Callable
+
+import pytest
+
+from redlease._async import io as _async_io
 from redlease._clients.errors import ReplyError
 from redlease._rules import scripts as _scripts
 from redlease._rules.acl import called, script_commands
 from redlease._rules.keys import LockKeys
 from redlease._rules.ops import Call
+from redlease._sync import io as _sync_io
 from redlease._wire import resp
 
 KEYS = LockKeys.for_name("x")
@@ -143,3 +151,63 @@ def test_allow_oom_is_said_exactly_by_the_scripts_that_add_no_memory() -> None:
         adds = bool(called(script.source) & ADDS_MEMORY)
         assert script.allow_oom == (not adds), script.name
     assert not ADDS_MEMORY - script_commands()  # (each is one the scripts do call)
+
+
+class _SlowConnection:
+    """A connection whose every reply takes ``EACH`` seconds, and which records how long
+    each read was given; its wire asks for the library loaded with the call again."""
+
+    def __init__(self) -> None:
+        self.waits: list[float] = []
+        self.wire = self
+
+    def again(self, op: object, error: BaseException) -> tuple[bytes, bool]:
+        return b"", True
+
+    def loaded(self, reply: object) -> None:
+        pass
+
+    def send(self, data: bytes) -> None:
+        pass
+
+    def read(self, timeout: float) -> str:
+        self.waits.append(timeout)
+        time.sleep(EACH)
+        return "OK"
+
+
+class _AsyncSlowConnection(_SlowConnection):
+    async def send(self, data: bytes) -> None:  # type: ignore[override]
+        pass
+
+    async def read(self, timeout: float) -> str:  # type: ignore[override]
+        self.waits.append(timeout)
+        await asyncio.sleep(EACH)
+        return "OK"
+
+
+EACH = 0.05
+
+
+def _sync_sent_again(end: float) -> list[float]:
+    conn = _SlowConnection()
+    assert _sync_io._sent_again(conn, OP, MISSING, end) == "OK"  # type: ignore[arg-type]
+    return conn.waits
+
+
+def _async_sent_again(end: float) -> list[float]:
+    conn = _AsyncSlowConnection()
+    sent = _async_io._sent_again(conn, OP, MISSING, end)  # type: ignore[arg-type]
+    assert asyncio.run(sent) == "OK"
+    return conn.waits
+
+
+@pytest.mark.parametrize("sent_again", [_sync_sent_again, _async_sent_again])
+def test_a_call_sent_again_waits_in_the_time_its_first_send_had_left(
+    sent_again: Callable[[float], list[float]],
+) -> None:
+    """The library's load and the call sent again share the call's deadline: each read
+    waits for what is left of it, not for the whole timeout again."""
+    load, call = sent_again(time.monotonic() + 0.3)
+    assert load <= 0.3
+    assert call <= 0.3 - EACH  # (the load's reply took EACH of it)

@@ -43,20 +43,26 @@ NO_CLIENT_ID = -1
 
 
 async def _reply(conn: Connection, op: Call | Command, timeout: float) -> Any:
-    """The reply to ``op``, just written on ``conn``; a script or function the server
-    lacks is sent again as ``Wire.again`` says."""
+    """The reply to ``op``, just written on ``conn``, within ``timeout``; a script or
+    function the server lacks is sent again as ``Wire.again`` says, in the time left."""
+    end = time.monotonic() + timeout
     try:
         return await conn.read(timeout)
     except reply_errors() as exc:
         if isinstance(op, Command):
             raise
-        return await _sent_again(conn, op, exc, timeout)
+        return await _sent_again(conn, op, exc, end)
 
 
-async def _sent_again(conn: Connection, op: Call, error: BaseException, timeout: float) -> Any:
+async def _sent_again(conn: Connection, op: Call, error: BaseException, end: float) -> Any:
     """The reply to ``op`` sent again after its reply was ``error``, if the server lacked
     its script or function (raised otherwise). At most three sends: FCALL not found,
-    the library loaded (or refused), FCALL or EVAL."""
+    the library loaded (or refused), FCALL or EVAL. Every read waits until ``end`` (the
+    monotonic clock's) at most."""
+
+    def left() -> float:
+        return max(SHORTEST_WAIT, end - time.monotonic())
+
     for _ in range(3):
         again = conn.wire.again(op, error)
         if again is None:
@@ -65,11 +71,11 @@ async def _sent_again(conn: Connection, op: Call, error: BaseException, timeout:
         await conn.send(data)
         if loading:
             try:
-                conn.wire.loaded(await conn.read(timeout))
+                conn.wire.loaded(await conn.read(left()))
             except reply_errors() as refused:
                 conn.wire.loaded(refused)
         try:
-            return await conn.read(timeout)
+            return await conn.read(left())
         except reply_errors() as exc:
             error = exc
     raise error
@@ -188,6 +194,7 @@ class AsyncIO:
         results: list[Any] = []
 
         async def pipeline(conn: Connection, timeout: float) -> list[Any]:
+            end = time.monotonic() + timeout
             results.clear()
             await conn.send(_first(conn) + b"".join(map(pool.wire, ops)))
             lost: dict[int, BaseException] = {}  # a script or function the server lacked
@@ -202,7 +209,7 @@ class AsyncIO:
                     results.append(None)  # (filled in below, once the pipeline is drained)
             for i, error in lost.items():
                 try:
-                    results[i] = await _sent_again(conn, ops[i], error, timeout)
+                    results[i] = await _sent_again(conn, ops[i], error, end)
                 except reply_errors() as exc:
                     results[i] = backend_error(exc, "renew", server=self.describe())
             return results

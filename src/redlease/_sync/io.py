@@ -45,20 +45,26 @@ NO_CLIENT_ID = -1
 
 
 def _reply(conn: Connection, op: Call | Command, timeout: float) -> Any:
-    """The reply to ``op``, just written on ``conn``; a script or function the server
-    lacks is sent again as ``Wire.again`` says."""
+    """The reply to ``op``, just written on ``conn``, within ``timeout``; a script or
+    function the server lacks is sent again as ``Wire.again`` says, in the time left."""
+    end = time.monotonic() + timeout
     try:
         return conn.read(timeout)
     except reply_errors() as exc:
         if isinstance(op, Command):
             raise
-        return _sent_again(conn, op, exc, timeout)
+        return _sent_again(conn, op, exc, end)
 
 
-def _sent_again(conn: Connection, op: Call, error: BaseException, timeout: float) -> Any:
+def _sent_again(conn: Connection, op: Call, error: BaseException, end: float) -> Any:
     """The reply to ``op`` sent again after its reply was ``error``, if the server lacked
     its script or function (raised otherwise). At most three sends: FCALL not found,
-    the library loaded (or refused), FCALL or EVAL."""
+    the library loaded (or refused), FCALL or EVAL. Every read waits until ``end`` (the
+    monotonic clock's) at most."""
+
+    def left() -> float:
+        return max(SHORTEST_WAIT, end - time.monotonic())
+
     for _ in range(3):
         again = conn.wire.again(op, error)
         if again is None:
@@ -67,11 +73,11 @@ def _sent_again(conn: Connection, op: Call, error: BaseException, timeout: float
         conn.send(data)
         if loading:
             try:
-                conn.wire.loaded(conn.read(timeout))
+                conn.wire.loaded(conn.read(left()))
             except reply_errors() as refused:
                 conn.wire.loaded(refused)
         try:
-            return conn.read(timeout)
+            return conn.read(left())
         except reply_errors() as exc:
             error = exc
     raise error
@@ -190,6 +196,7 @@ class IO:
         results: list[Any] = []
 
         def pipeline(conn: Connection, timeout: float) -> list[Any]:
+            end = time.monotonic() + timeout
             results.clear()
             conn.send(_first(conn) + b"".join(map(pool.wire, ops)))
             lost: dict[int, BaseException] = {}  # a script or function the server lacked
@@ -204,7 +211,7 @@ class IO:
                     results.append(None)  # (filled in below, once the pipeline is drained)
             for i, error in lost.items():
                 try:
-                    results[i] = _sent_again(conn, ops[i], error, timeout)
+                    results[i] = _sent_again(conn, ops[i], error, end)
                 except reply_errors() as exc:
                     results[i] = backend_error(exc, "renew", server=self.describe())
             return results
