@@ -11,7 +11,7 @@ local function plan_fences(base, n, ttl, now)
   return top, taken, 2 * tonumber(ttl) + FENCE_MARGIN_MS + ahead_ms
 end
 
--- (raised before the counter is written, or once it is put back as it was)
+-- (raised before the counter is written, or once its value is put back)
 local function past_the_limit(f)
   error('redlease: the fence counter ' .. f .. ' would pass 2^53 (is the server clock right?)')
 end
