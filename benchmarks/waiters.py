@@ -42,7 +42,7 @@ def _connected(admin: redis.Redis) -> int:
 
 def _settled(admin: redis.Redis, kind: str, name: str, count: int) -> Callable[[], bool]:
     if kind == "redlease":
-        return lambda: int(admin.llen(LockKeys.for_name(name).lock + ":queue")) >= count
+        return lambda: int(admin.llen(LockKeys.for_name(name).lock + ":line")) >= count
     return lambda: int(admin.info("clients")["blocked_clients"]) >= count
 
 

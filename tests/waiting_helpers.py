@@ -19,7 +19,7 @@ def lock_key(name: str) -> str:
 
 
 def queued(r: redis.Redis, name: str) -> int:
-    return int(r.llen(lock_key(name) + ":queue"))
+    return int(r.llen(lock_key(name) + ":line"))
 
 
 async def until_queued(queued: Any) -> None:

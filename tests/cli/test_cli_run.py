@@ -135,7 +135,7 @@ def test_a_signal_while_waiting_for_the_lock_stops_the_wait(
 ) -> None:
     with redlease.Lock(r, name, ttl=30.0):
         proc = _start(["run", name, "--redis", server.url, "--", *_py("print('ran')")])
-        wait_until(lambda: r.llen(lock_key(name) + ":queue") == 1, 30)  # queued
+        wait_until(lambda: r.llen(lock_key(name) + ":line") == 1, 30)  # queued
         proc.send_signal(signal.SIGTERM)
         code, out, err = _finish(proc)
     assert code == 128 + signal.SIGTERM

@@ -419,7 +419,7 @@ def test_only_the_main_thread_takes_signals_while_the_run_waits(
         proc = start(["run", name, "--redis", server.url, "--", "true"])
         try:
             deadline = time.monotonic() + 30
-            while r.llen(lock_key(name) + ":queue") != 1:  # queued: its hub's thread runs
+            while r.llen(lock_key(name) + ":line") != 1:  # queued: its hub's thread runs
                 assert time.monotonic() < deadline, "the run never queued"
                 time.sleep(0.01)
             _only_the_main_thread_takes_signals(proc.pid)

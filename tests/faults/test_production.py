@@ -1057,7 +1057,7 @@ def test_a_forked_child_waits_through_a_hub_of_its_own(r: redis.Redis, name: str
         finally:
             os._exit(code)
     deadline = time.monotonic() + 20
-    while int(r.llen(lock_key(name) + ":queue")) < 1:
+    while int(r.llen(lock_key(name) + ":line")) < 1:
         ended, status = os.waitpid(pid, os.WNOHANG)
         assert not ended, f"the child ended before it queued: {os.waitstatus_to_exitcode(status)}"
         assert time.monotonic() < deadline, "the child did not queue"

@@ -177,7 +177,7 @@ def test_every_lock_key_has_a_ttl(twin: Any, r: redis.Redis, name: str) -> None:
     t = threading.Thread(target=wait)
     t.start()
     deadline = time.monotonic() + 5
-    while not r.exists(lock_key(name) + ":queue") and time.monotonic() < deadline:
+    while not r.exists(lock_key(name) + ":line") and time.monotonic() < deadline:
         time.sleep(0.005)
     for key in r.scan_iter("*"):
         if not key.endswith(b":fence"):

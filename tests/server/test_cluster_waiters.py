@@ -42,7 +42,7 @@ def app_connections(nodes: list[servers.ServerProcess]) -> list[int]:
 
 
 def queued(admin: Any) -> int:
-    return sum(int(admin.llen(lock_key(f"busy:{i}") + ":queue")) for i in range(NAMES))
+    return sum(int(admin.llen(lock_key(f"busy:{i}") + ":line")) for i in range(NAMES))
 
 
 @pytest.mark.slow

@@ -71,7 +71,7 @@ async def test_async_lock_on_a_cluster_from_the_first_call(
         holder = await lock.acquire()
         waiter = asyncio.ensure_future(lock.acquire(timeout=10))
         for _ in range(1000):  # until the waiter is queued
-            if await client.llen(lock_key("aqueue-on-cluster") + ":queue"):
+            if await client.llen(lock_key("aqueue-on-cluster") + ":line"):
                 break
             await asyncio.sleep(0.01)
         await holder.release()
@@ -92,7 +92,7 @@ def test_waiting_on_a_cluster(cluster: list[servers.ServerProcess], family: Clie
         got: list[int] = []
         t = threading.Thread(target=lambda: got.append(lock.acquire(timeout=10).fence))
         t.start()
-        wait_for(lambda: client.llen(lock_key("queue-on-cluster") + ":queue") == 1, "the waiter")
+        wait_for(lambda: client.llen(lock_key("queue-on-cluster") + ":line") == 1, "the waiter")
         holder.release()
         t.join(timeout=10)
         assert len(got) == 1

@@ -100,7 +100,7 @@ async def test_2000_tasks_on_200_names_wait_on_a_handful_of_connections(
     async def total_queued_is(count: int) -> bool:
         async with ar.pipeline(transaction=False) as pipe:
             for i in range(200):
-                pipe.llen(lock_key(f"{name}:{i}") + ":queue")
+                pipe.llen(lock_key(f"{name}:{i}") + ":line")
             return bool(sum(await pipe.execute()) == count)
 
     await until(lambda: total_queued_is(2000))
@@ -210,7 +210,7 @@ async def test_cancelling_one_of_100_waiters_disturbs_no_other(
             done.append(i)
 
     tasks = [asyncio.create_task(waiter(i)) for i in range(100)]
-    key = lock_key(name) + ":queue"
+    key = lock_key(name) + ":line"
 
     async def queue_is(length: int) -> bool:
         return int(await ar.llen(key)) == length
@@ -333,7 +333,7 @@ def test_threads_waiting_on_100_names_across_a_cluster(
         for i, n in enumerate(names * 2):  # one at a time: the client's pool stays small
             threads.append(threading.Thread(target=waiter, args=(n,)))
             threads[-1].start()
-            wait_until(lambda i=i: sum(client.llen(lock_key(m) + ":queue") for m in names) > i)
+            wait_until(lambda i=i: sum(client.llen(lock_key(m) + ":line") for m in names) > i)
         time.sleep(0.2)
         for held in _held_per_node(nodes, label):
             assert len(held) <= HANDFUL, f"{len(held)} connections to a node for 200 waiters"
@@ -345,7 +345,7 @@ def test_threads_waiting_on_100_names_across_a_cluster(
             t.join(timeout=120)
         assert errors == []
         assert sorted(done) == sorted(names * 2)
-        assert sum(client.llen(lock_key(n) + ":queue") for n in names) == 0
+        assert sum(client.llen(lock_key(n) + ":line") for n in names) == 0
     finally:
         for c in (client, waiting, *nodes):
             c.close()
@@ -374,7 +374,7 @@ async def test_tasks_waiting_on_100_names_across_a_cluster(
         tasks = [asyncio.create_task(waiter(i)) for i in range(1000)]
 
         async def all_queued() -> bool:
-            counts = [await client.llen(lock_key(n) + ":queue") for n in names]
+            counts = [await client.llen(lock_key(n) + ":line") for n in names]
             return bool(sum(counts) == 1000)
 
         await until(all_queued)
@@ -421,7 +421,7 @@ def test_waiters_follow_their_lock_when_its_slot_moves(
         name = "moving"
         holder = redlease.Lock(client, name, ttl=30.0).acquire()
         waiters = Waiters(redlease.Lock(waiting, name, ttl=30.0), 5)
-        wait_until(lambda: client.llen(lock_key("moving") + ":queue") == 5, timeout=60)
+        wait_until(lambda: client.llen(lock_key("moving") + ":line") == 5, timeout=60)
         owner = client.get_node_from_key("{moving}").port
         source = [node.port for node in cluster].index(owner)
         _move_slot(nodes, client.keyslot("{moving}"), source, (source + 1) % 3)

@@ -100,7 +100,7 @@ def test_live_and_dead_waiters_told_apart(
         before = keys_under(r, keys)
         info = read_info(r, name)
         assert keys_under(r, keys) == before  # read only: the dead entry is still there
-        queued = [as_text(t) for t in r.lrange(keys.queue, 0, -1)]
+        queued = [as_text(t).split("|")[0] for t in r.lrange(keys.queue, 0, -1)]
         assert [w.token for w in info.waiters] == queued  # in queue order
         gone, alive = info.waiters
         assert not gone.live

@@ -34,7 +34,6 @@ def _all_keys(keys: LockKeys, token: str) -> set[str]:
         keys.lock,
         keys.fence,
         keys.queue,
-        keys.waiters,
         keys.lock + ":released",
         keys.lock + ":observers",  # an election's
         keys.bell(token),
@@ -109,7 +108,7 @@ def test_every_key_reads_back_to_its_prefix_and_name(name: str, prefix: str, tok
     keys = LockKeys.for_name(name, prefix)
     suffixes = {_read_back(key)[2] for key in _all_keys(keys, token)}
     assert {_read_back(key)[:2] for key in _all_keys(keys, token)} == {(prefix, name)}
-    assert suffixes == {"", ":fence", ":queue", ":waiters", ":released", ":observers"} | {
+    assert suffixes == {"", ":fence", ":line", ":released", ":observers"} | {
         ":bell:" + token,
         ":bell:@" + token,
     }
@@ -185,7 +184,7 @@ def test_an_application_key_spelled_like_the_old_lock_key_breaks_nothing(r: Any,
         r.delete("{" + name + "}", "{" + name + "}:queue")
 
 
-@pytest.mark.parametrize("which", ["lock", "queue", "waiters"])
+@pytest.mark.parametrize("which", ["lock", "queue"])
 def test_a_key_of_the_wrong_type_is_named_not_waited_on(r: Any, name: str, which: str) -> None:
     keys = LockKeys.for_name(name)
     key = getattr(keys, which)

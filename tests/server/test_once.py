@@ -469,6 +469,7 @@ def _acquire_args(name: str, token: str, period_ms: int) -> list[Any]:
         keys.bell_prefix,
         "1",
         "",
+        "",
         str(period_ms),
     ]
 
@@ -477,11 +478,11 @@ def test_a_try_sent_again_after_its_reply_was_lost_finds_its_own_grant(
     r: redis.Redis, name: str
 ) -> None:
     token = "ab" * 16
-    first = r.eval(ONCE_ACQUIRE.source, 5, *_acquire_args(name, token, 3_600_000))
-    again = r.eval(ONCE_ACQUIRE.source, 5, *_acquire_args(name, token, 3_600_000))
+    first = r.eval(ONCE_ACQUIRE.source, 4, *_acquire_args(name, token, 3_600_000))
+    again = r.eval(ONCE_ACQUIRE.source, 4, *_acquire_args(name, token, 3_600_000))
     assert int(first[0]) > 0
     assert int(again[0]) == int(first[0])  # its grant, not "ran this period"
-    other = r.eval(ONCE_ACQUIRE.source, 5, *_acquire_args(name, "cd" * 16, 3_600_000))
+    other = r.eval(ONCE_ACQUIRE.source, 4, *_acquire_args(name, "cd" * 16, 3_600_000))
     assert int(other[0]) == -1
 
 
@@ -489,14 +490,14 @@ def test_a_try_given_up_before_its_run_does_not_use_up_its_period(
     r: redis.Redis, name: str
 ) -> None:
     token = "ab" * 16
-    assert int(r.eval(ONCE_ACQUIRE.source, 5, *_acquire_args(name, token, 3_600_000))[0]) > 0
+    assert int(r.eval(ONCE_ACQUIRE.source, 4, *_acquire_args(name, token, 3_600_000))[0]) > 0
     keys = LockKeys.for_name(name)
-    leave = (token, "1", keys.bell_prefix, "0", "60000")
-    r.eval(ONCE_LEAVE.source, 5, *keys.script_keys, keys.once, *leave)
+    leave = (token, "1", keys.bell_prefix, "0", "60000", "")
+    r.eval(ONCE_LEAVE.source, 4, *keys.script_keys, keys.once, *leave)
     assert not r.exists(keys.lock, keys.once)
     # the same try arriving again after its clean-up (in flight on a dropped connection)
     # takes neither the name nor the period
-    late = r.eval(ONCE_ACQUIRE.source, 5, *_acquire_args(name, token, 3_600_000))
+    late = r.eval(ONCE_ACQUIRE.source, 4, *_acquire_args(name, token, 3_600_000))
     assert int(late[0]) == 0
     assert not r.exists(keys.lock, keys.once)
     run = redlease.Once(r, name, at_most=30, every=3600).begin()

@@ -128,7 +128,7 @@ def test_keys_have_ttls_and_stand_apart(twin: Any, r: redis.Redis, name: str) ->
         thread, _ = in_thread(lambda: twin.rwlock(name, ttl=0.5).read.acquire(timeout=10))
         wait_until(lambda: queued(r, name) == 1)
         keys = rw_keys(r, name)
-        assert len(keys) >= 5
+        assert len(keys) >= 4  # holders, fences, counter, queue
         assert all(r.pttl(k) > 0 for k in keys), {k: r.pttl(k) for k in keys}
         writer.release()
         thread.join(30)

@@ -64,25 +64,23 @@ def test_an_uncontended_cycle_costs_at_most_its_budget(r: redis.Redis, name: str
 def test_an_unfair_release_past_a_woken_waiter_costs_at_most_its_budget(
     r: redis.Redis, name: str
 ) -> None:
-    """The unfair lock's contended release: a waiter woken to compete is still queued
-    (the releasing caller took the lock again first), so the release only frees it."""
+    """The unfair lock's contended release: a waiter woken to compete is still first in
+    line (the releasing caller took the lock again first), so the release only frees it."""
     keys = LockKeys.for_name(name)
     r.set(keys.lock, "holder", px=30_000)
     r.set(keys.lock + ":woken", "waiter", px=30_000)
-    r.hset(keys.waiters, "waiter", "99999999999999999:30000:0")
-    r.rpush(keys.queue, "waiter")
-    for key in (keys.waiters, keys.queue):
-        r.pexpire(key, 30_000)
+    r.rpush(keys.queue, "waiter|99999999999999999:30000:0")
+    r.pexpire(keys.queue, 30_000)
     args = (*keys.script_keys, "holder", "0", keys.bell_prefix, "5000")
     before = _calls(r)
-    assert r.eval(RELEASE.source, 4, *args) == 1
+    assert r.eval(RELEASE.source, 3, *args) == 1
     # the script, and: the lock and the woken mark read in one MGET, the release mark
-    # set, the woken waiter's entry, the lock deleted (7 before: the queue's EXISTS and
-    # the woken mark's GET)
+    # set, the head of the line (whether the woken waiter is still first), the lock
+    # deleted (7 before: the queue's EXISTS and the woken mark's GET)
     assert _spent(r, before) <= 5
     assert not r.exists(keys.lock)
     assert r.get(keys.lock + ":woken") == b"waiter"
-    assert r.lrange(keys.queue, 0, -1) == [b"waiter"]
+    assert r.lrange(keys.queue, 0, -1) == [b"waiter|99999999999999999:30000:0"]
 
 
 def test_the_waiting_keys_keep_a_ttl_covering_the_longest_waiter(r: redis.Redis, name: str) -> None:
@@ -92,18 +90,16 @@ def test_the_waiting_keys_keep_a_ttl_covering_the_longest_waiter(r: redis.Redis,
     wait_until(lambda: queued(r, name) == 1)
     short_wait, short_got = in_thread(lambda: lock.acquire(timeout=1))
     wait_until(lambda: queued(r, name) == 2)
-    queue, waiters = lock_key(name) + ":queue", lock_key(name) + ":waiters"
-    for key in (queue, waiters):
-        assert r.pttl(key) > 24_000, key  # the first waiter's 25 s, not the second's 1 s
+    queue = lock_key(name) + ":line"
+    assert r.pttl(queue) > 24_000  # the first waiter's 25 s, not the second's 1 s
     short_wait.join(30)
     assert isinstance(short_got[0], redlease.AcquireTimeout)
-    for key in (queue, waiters):
-        assert r.pttl(key) > 20_000, key
+    assert r.pttl(queue) > 20_000
     holder.release()
     long_wait.join(30)
     assert isinstance(long_got[0], redlease.Lease)
     long_got[0].release()
-    assert r.exists(queue, waiters) == 0
+    assert r.exists(queue) == 0
 
 
 def test_a_shared_hold_cycle_costs_at_most_its_budget(r: redis.Redis, name: str) -> None:

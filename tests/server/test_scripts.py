@@ -78,9 +78,9 @@ def test_an_error_in_a_script_names_its_files_line(r: Any, name: str) -> None:
     keys = LockKeys.for_name(name)
     r.hset(keys.lock, "a", "b")
     r.pexpire(keys.lock, 60_000)
-    args = ("t1", "5000", "1", "0", keys.bell_prefix, "1", "")
+    args = ("t1", "5000", "1", "0", keys.bell_prefix, "1", "", "")
     with pytest.raises(Exception, match="WRONGTYPE") as raised:
-        r.eval(_scripts.ACQUIRE.source, 4, *keys.script_keys, *args)
+        r.eval(_scripts.ACQUIRE.source, 3, *keys.script_keys, *args)
     line = int(re.findall(r"user_script: ?(\d+)", str(raised.value))[-1])
     file, number = _scripts.ACQUIRE.origin(line) or ("", 0)
     assert file == "acquire"
@@ -94,22 +94,19 @@ def test_an_error_in_a_script_names_its_files_line(r: Any, name: str) -> None:
 def test_an_attempt_given_up_takes_nothing_while_others_are_queued(
     r: Any, name: str, fair: str, held: bool
 ) -> None:
-    """The acquire's one EXISTS counts the given-up mark twice and the queue (fair) or
-    the waiters (unfair) once: with both there, the attempt is still over."""
+    """The acquire's one EXISTS counts the given-up mark twice and the queue once: with
+    both there, the attempt is still over."""
     keys = LockKeys.for_name(name)
     r.set(f"{keys.lock}:left:gone", "1", px=60_000)
-    r.hset(keys.waiters, "other", "99999999999999999:30000:0")
-    r.rpush(keys.queue, "other")
-    for key in (keys.waiters, keys.queue):
-        r.pexpire(key, 60_000)
+    r.rpush(keys.queue, "other|99999999999999999:30000:0")
+    r.pexpire(keys.queue, 60_000)
     if held:
         r.set(keys.lock, "holder", px=60_000)
-    args = ("gone", "5000", fair, "30000", keys.bell_prefix, "1", "")
-    reply = r.eval(_scripts.ACQUIRE.source, 4, *keys.script_keys, *args)
+    args = ("gone", "5000", fair, "30000", keys.bell_prefix, "1", "", "")
+    reply = r.eval(_scripts.ACQUIRE.source, 3, *keys.script_keys, *args)
     assert int(reply[0]) == 0  # nothing granted
     assert r.get(keys.lock) == (b"holder" if held else None)
-    assert r.lrange(keys.queue, 0, -1) == [b"other"]  # and nothing queued
-    assert r.hkeys(keys.waiters) == [b"other"]
+    assert r.lrange(keys.queue, 0, -1) == [b"other|99999999999999999:30000:0"]  # nor queued
 
 
 @pytest.mark.parametrize("fair", ["1", "0"])
@@ -118,7 +115,7 @@ def test_a_release_of_a_lock_key_of_another_type_says_so(r: Any, name: str, fair
     r.hset(keys.lock, "a", "b")
     r.pexpire(keys.lock, 60_000)
     with pytest.raises(Exception, match="WRONGTYPE"):
-        r.eval(_scripts.RELEASE.source, 4, *keys.script_keys, "t1", fair, keys.bell_prefix, "5000")
+        r.eval(_scripts.RELEASE.source, 3, *keys.script_keys, "t1", fair, keys.bell_prefix, "5000")
 
 
 def test_an_unfair_release_drops_a_woken_mark_whose_waiter_is_gone(r: Any, name: str) -> None:
@@ -126,5 +123,70 @@ def test_an_unfair_release_drops_a_woken_mark_whose_waiter_is_gone(r: Any, name:
     r.set(keys.lock, "holder", px=60_000)
     r.set(f"{keys.lock}:woken", "gone", px=60_000)  # nobody queued any more
     args = ("holder", "0", keys.bell_prefix, "5000")
-    assert r.eval(_scripts.RELEASE.source, 4, *keys.script_keys, *args) == 1
+    assert r.eval(_scripts.RELEASE.source, 3, *keys.script_keys, *args) == 1
     assert r.exists(keys.lock, f"{keys.lock}:woken") == 0
+
+
+def _try(r: Any, keys: LockKeys, token: str, place: str, fair: str = "1") -> tuple[int, str]:
+    """One acquire of ``token`` that queues for 30 s if it must: (fence, its place)."""
+    args = (token, "30000", fair, "30000", keys.bell_prefix, "1", "", place)
+    reply = r.eval(_scripts.ACQUIRE.source, 3, *keys.script_keys, *args)
+    return int(reply[0]), reply[4].decode()
+
+
+def _line(r: Any, keys: LockKeys) -> list[str]:
+    return [item.decode() for item in r.lrange(keys.queue, 0, -1)]
+
+
+@pytest.mark.parametrize("fair", ["1", "0"])
+def test_a_waiter_keeps_its_place_and_renews_its_entry_where_it_stands(
+    r: Any, name: str, fair: str
+) -> None:
+    """A later try sends the place its last reply gave (or "?" when that reply was lost):
+    the script finds it and renews the entry in place; an unfair lock keeps its since."""
+    keys = LockKeys.for_name(name)
+    r.set(keys.lock, "holder", px=60_000)
+    fence, a = _try(r, keys, "a", "", fair)
+    assert fence == 0
+    assert a.startswith("a|")
+    _fence, b = _try(r, keys, "b", "", fair)
+    assert _line(r, keys) == [a, b]
+    _fence, again = _try(r, keys, "a", a, fair)
+    _fence, found = _try(r, keys, "a", "?", fair)
+    assert _line(r, keys) == [found, b]  # first still, and queued once
+    deadline = [int(p.split("|")[1].split(":")[0]) for p in (a, again, found)]
+    assert deadline[0] < deadline[1] < deadline[2]  # each try renews it
+    since = [int(p.split(":")[2]) for p in (a, again, found)]
+    if fair == "0":
+        assert since == [since[0]] * 3  # when it first queued
+    else:
+        assert since[0] < since[2]  # (read only by an unfair lock)
+
+
+def test_a_place_no_longer_in_the_queue_queues_at_the_back(r: Any, name: str) -> None:
+    keys = LockKeys.for_name(name)
+    r.set(keys.lock, "holder", px=60_000)
+    _fence, a = _try(r, keys, "a", "")
+    _fence, b = _try(r, keys, "b", "")
+    r.lrem(keys.queue, 1, a)  # dropped meanwhile (past its deadline, its hub gone)
+    _fence, again = _try(r, keys, "a", a)
+    assert _line(r, keys) == [b, again]
+
+
+def test_a_grant_or_a_leave_takes_the_waiters_place_out(r: Any, name: str) -> None:
+    """By its place, or by its token when the place is not known: every item of it (a
+    first try sent twice, its reply lost each time, queues twice)."""
+    keys = LockKeys.for_name(name)
+    r.set(keys.lock, "holder", px=60_000)
+    _fence, a = _try(r, keys, "a", "")
+    _fence, twice = _try(r, keys, "a", "")  # the same first try, sent again
+    _fence, b = _try(r, keys, "b", "")
+    assert _line(r, keys) == [a, twice, b]
+    leave = ("a", "1", keys.bell_prefix, "0", "60000", "?")
+    assert r.eval(_scripts.LEAVE.source, 3, *keys.script_keys, *leave)[0] == 0
+    assert _line(r, keys) == [b]
+    r.delete(keys.lock)
+    fence, place = _try(r, keys, "b", b)  # first in line: granted, and out of it
+    assert fence > 0
+    assert place == ""
+    assert _line(r, keys) == []

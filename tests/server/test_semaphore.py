@@ -155,7 +155,7 @@ def test_every_key_has_a_ttl_and_none_outlives_its_bound(
     waiter.start()
     wait_until(lambda: queued(r, name) == 1)
     keys = sem_keys(r, name)
-    assert len(keys) >= 5  # holders, fences, counter, queue, waiters
+    assert len(keys) >= 4  # holders, fences, counter, queue
     assert all(r.pttl(k) > 0 for k in keys), {k: r.pttl(k) for k in keys}
     permit.release()
     waiter.join(30)
@@ -287,11 +287,14 @@ def test_a_waiter_is_not_dropped_from_its_place_while_its_hub_is_away(
     """A waiter at the head that tries again while its hub does not listen (reconnecting)
     gets the free permit: its own try must not ring it, fail, and drop it."""
     keys = keys_of(name)
+    places: dict[str, str] = {}  # each token's place in the queue, as its replies give it
 
     def acquire(token: str, ttl: str, queue_ms: str, hub: str) -> list[int]:
-        args = (token, ttl, "1", queue_ms, keys.bell_prefix, "1", hub, "1", "r")
-        reply: list[int] = r.eval(SHARED_ACQUIRE.source, 5, *keys.script_keys, *args)
-        return reply
+        place = places.get(token, "")
+        args = (token, ttl, "1", queue_ms, keys.bell_prefix, "1", hub, place, "1", "r")
+        reply: list[Any] = r.eval(SHARED_ACQUIRE.source, 4, *keys.script_keys, *args)
+        places[token] = reply[4].decode()
+        return [int(x) for x in reply[:4]]
 
     assert acquire("h", "150", "0", "")[0] > 0  # holds the one permit for 150 ms
     assert acquire("a", "5000", "5000", "abcd")[0] == 0  # queued; its hub is not there

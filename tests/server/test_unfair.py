@@ -55,7 +55,7 @@ async def test_an_async_starving_waiter_is_handed_the_lock(ar: aredis.Redis, nam
     holder = await lock.acquire()
     waiting: asyncio.Task[Any] = asyncio.create_task(lock.acquire(timeout=30))
     for _ in range(2000):  # until it is queued
-        if await ar.llen(lock_key(name) + ":queue"):
+        if await ar.llen(lock_key(name) + ":line"):
             break
         await asyncio.sleep(0.005)
     await asyncio.sleep(UNFAIR_STARVING * 1.5)

@@ -136,7 +136,6 @@ def test_timeout_leaves_the_queue_clean(r: redis.Redis, name: str) -> None:
     with pytest.raises(redlease.AcquireTimeout):
         lock.acquire(timeout=0.2)
     assert queued(r, name) == 0
-    assert r.hlen(lock_key(name) + ":waiters") == 0
     holder.release()
     assert r.exists(lock_key(name)) == 0  # nobody was granted it after leaving
 

@@ -49,17 +49,17 @@ def test_acquire_is_one_script_call_and_validity_counts_from_before_sending() ->
     assert op.keys == (
         "redlease:{orders:42}",
         "redlease:{orders:42}:fence",
-        "redlease:{orders:42}:queue",
-        "redlease:{orders:42}:waiters",
+        "redlease:{orders:42}:line",
     )
-    token, ttl_ms, fair, queue_ms, bells, holds, hub = op.args
+    token, ttl_ms, fair, queue_ms, bells, holds, hub, place = op.args
     assert token == attempt.token
     assert len(token) == 32
     assert (ttl_ms, fair, queue_ms, bells) == ("10000", "1", "0", "redlease:{orders:42}:bell:")
     assert holds == "1"  # one fence per grant
     assert hub == ""  # a try that does not queue names no hub
+    assert place == ""  # a first try has no place in the queue
     clock.advance(0.3)  # time in flight is the holder's loss
-    done, grant = step(flow, [7, 10000, 1_000_000, 1])
+    done, grant = step(flow, [7, 10000, 1_000_000, 1, ""])
     assert done == "done"
     assert grant.fence == 7
     assert grant.valid_until == pytest.approx(1000.0 + 10.0 - drift(10.0))
@@ -68,7 +68,7 @@ def test_acquire_is_one_script_call_and_validity_counts_from_before_sending() ->
 def test_busy_lock_without_waiting_gives_none() -> None:
     flow = _flows.Acquisition(spec(FakeClock()), None, wait=False).run()
     first_op(flow)
-    assert step(flow, [0, 4000, 1_000_000, 0]) == ("done", None)
+    assert step(flow, [0, 4000, 1_000_000, 0, ""]) == ("done", None)
 
 
 def test_a_reply_too_late_to_be_useful_is_given_back() -> None:
@@ -78,7 +78,7 @@ def test_a_reply_too_late_to_be_useful_is_given_back() -> None:
     first_token = attempt.token
     first_op(flow)
     clock.advance(2.0)  # paused past the whole ttl before the reply was read
-    leave = step(flow, [3, 1000, 1_000_000, 1])
+    leave = step(flow, [3, 1000, 1_000_000, 1, ""])
     assert leave.script is _scripts.LEAVE
     assert leave.args[0] == first_token
     assert leave.args[3] == "0"  # release what was granted
@@ -92,7 +92,7 @@ def test_try_acquire_makes_one_attempt_however_late_its_grant() -> None:
     flow = _flows.Acquisition(spec(clock, ttl=1.0), 0.0, wait=False).run()
     first_op(flow)
     clock.advance(2.0)
-    leave = step(flow, [3, 1000, 1_000_000, 1])
+    leave = step(flow, [3, 1000, 1_000_000, 1, ""])
     assert leave.script is _scripts.LEAVE
     assert step(flow, [0, 0, 0]) == ("done", None)  # given back, and no second attempt
 
@@ -112,7 +112,10 @@ def test_late_grants_do_not_outlast_the_deadline(via: str) -> None:
         elif op.script is _scripts.ACQUIRE:
             sent += 1
             clock.advance(0.24)  # the round trip: longer than 0.2 s less drift
-            op = step(flow, [sent, 200, 1_000_000, 1] if via == "reply" else [0, 100, 1_000_000, 0])
+            op = step(
+                flow,
+                [sent, 200, 1_000_000, 1, ""] if via == "reply" else [0, 100, 1_000_000, 0, ""],
+            )
         else:
             assert op.script is _scripts.LEAVE
             op = step(flow, [0, 0, 0])
@@ -128,7 +131,7 @@ def test_wait_for_replicas_is_cut_to_the_time_the_deadline_leaves() -> None:
     op: Any = first_op(flow)
     assert op.replicas == _ops.Replicas(1, 3)  # whole ms, rounded down
     clock.advance(0.003)
-    wait = step(flow, [[0, 9000, 5_000_000, 0], 1])
+    wait = step(flow, [[0, 9000, 5_000_000, 0, ""], 1])
     assert isinstance(wait, _ops.Wait)
     assert wait.replicas == _ops.Replicas(1, 1)  # 0 would mean "forever" to WAIT
     clock.advance(0.001)
@@ -148,7 +151,7 @@ def test_giving_back_with_replicas_does_not_wait_for_them() -> None:
     flow = _flows.Acquisition(s, 10.0, wait=True).run()
     first_op(flow)
     clock.advance(2.0)
-    leave = step(flow, [[3, 1000, 1_000_000, 1], 1])  # too late
+    leave = step(flow, [[3, 1000, 1_000_000, 1, ""], 1])  # too late
     assert leave.script is _scripts.LEAVE
     assert leave.replicas is None
     assert step(flow, [0, 0, 0]).script is _scripts.ACQUIRE  # a plain reply: no TypeError
@@ -182,7 +185,7 @@ def test_waiter_sleeps_on_its_bell_until_the_holders_expiry_at_most() -> None:
     flow = attempt.run()
     op: Any = first_op(flow)
     assert int(op.args[3]) >= 10_000  # queued, with an entry that outlives the wait
-    wait = step(flow, [0, 2500, 5_000_000, 0])
+    wait = step(flow, [0, 2500, 5_000_000, 0, ""])
     assert isinstance(wait, _ops.Wait)
     assert wait.key == "redlease:{orders:42}:bell:" + attempt.token
     assert wait.timeout == pytest.approx(2.5 + _flows.EXPIRY_NUDGE)
@@ -194,7 +197,7 @@ def test_handover_validity_uses_only_server_elapsed_time() -> None:
     flow = _flows.Acquisition(spec(clock), 30.0, wait=True).run()
     first_op(flow)
     clock.advance(0.01)
-    step(flow, [0, 2500, 5_000_000, 0])
+    step(flow, [0, 2500, 5_000_000, 0, ""])
     clock.advance(1.5)
     # granted 1.2 s (server time) after our acquire script ran
     done, grant = step(flow, b"8:6200000:1")
@@ -207,9 +210,55 @@ def test_a_wake_up_without_grant_tries_again() -> None:
     clock = FakeClock()
     flow = _flows.Acquisition(spec(clock, fair=False), 30.0, wait=True).run()
     first_op(flow)
-    step(flow, [0, 2500, 5_000_000, 0])
+    step(flow, [0, 2500, 5_000_000, 0, ""])
     again = step(flow, b"0:5100000:0")
     assert again.script is _scripts.ACQUIRE
+
+
+def test_a_waiter_sends_its_place_back_and_after_a_lost_reply_asks_for_it_to_be_found() -> None:
+    """The script tells a queued try its place (its item in the queue): the next try and
+    the leave send it back, so the server finds it without a search; after a try whose
+    reply was lost (it may have queued), the place is unknown ("?") and searched for."""
+    import redis
+
+    clock = FakeClock()
+    attempt = _flows.Acquisition(spec(clock, fair=False), 30.0, wait=True)
+    flow = attempt.run()
+    op: Any = first_op(flow)
+    assert op.args[7] == ""  # a first try has none
+    step(flow, [0, 2500, 5_000_000, 0, "t|1"])
+    op = step(flow, b"0:5100000:0")  # woken to compete
+    assert op.script is _scripts.ACQUIRE
+    assert op.args[7] == "t|1"
+    sleep = flow.throw(_failure(redis.ConnectionError("reset")))
+    assert isinstance(sleep, _ops.Sleep)
+    clock.advance(sleep.seconds)
+    op = first_op(flow)
+    assert op.args[7] == _flows.UNKNOWN_PLACE
+    step(flow, [0, 2500, 5_000_000, 0, "t|2"])
+    clock.advance(30.0)
+    leave = step(flow, None)
+    assert leave.script is _scripts.LEAVE
+    assert leave.args[5] == "t|2"
+
+
+def test_an_attempt_cut_short_with_a_queueing_try_unanswered_leaves_by_its_token() -> None:
+    """Cancelled (or interrupted) while a try that may queue is in flight: the server may
+    have queued it, so the leave asks for the token's place to be searched for."""
+    clock = FakeClock()
+    attempt = _flows.Acquisition(spec(clock), 30.0, wait=True)
+    op: Any = first_op(attempt.run())
+    assert op.args[3] != "0"  # a queueing try, sent; no reply read
+    assert op.args[7] == ""
+    leave: Any = next(attempt.abandon())
+    assert leave.script is _scripts.LEAVE
+    assert leave.args[5] == _flows.UNKNOWN_PLACE
+    # a try that cannot queue leaves the place as it was
+    attempt = _flows.Acquisition(spec(clock), None, wait=False)
+    op = first_op(attempt.run())
+    assert op.args[3] == "0"
+    leave = next(attempt.abandon())
+    assert leave.args[5] == ""
 
 
 def test_deadline_leaves_the_queue_and_keeps_a_last_instant_grant() -> None:
@@ -217,7 +266,7 @@ def test_deadline_leaves_the_queue_and_keeps_a_last_instant_grant() -> None:
     attempt = _flows.Acquisition(spec(clock), 1.0, wait=True)
     flow = attempt.run()
     first_op(flow)
-    wait = step(flow, [0, 9000, 5_000_000, 0])
+    wait = step(flow, [0, 9000, 5_000_000, 0, ""])
     assert wait.timeout == pytest.approx(1.0)  # the deadline, not the holder's 9 s
     clock.advance(1.0)
     leave = step(flow, None)
@@ -232,7 +281,7 @@ def test_deadline_without_grant_ends_in_none() -> None:
     clock = FakeClock()
     flow = _flows.Acquisition(spec(clock), 0.5, wait=True).run()
     first_op(flow)
-    step(flow, [0, 9000, 5_000_000, 0])
+    step(flow, [0, 9000, 5_000_000, 0, ""])
     clock.advance(0.6)
     step(flow, None)
     assert step(flow, [0, 0, 0]) == ("done", None)
@@ -242,7 +291,7 @@ def test_zero_timeout_is_a_single_try_that_does_not_queue() -> None:
     flow = _flows.Acquisition(spec(FakeClock()), 0.0, wait=True).run()
     op: Any = first_op(flow)
     assert op.args[3] == "0"
-    assert step(flow, [0, 9000, 5_000_000, 0]) == ("done", None)
+    assert step(flow, [0, 9000, 5_000_000, 0, ""]) == ("done", None)
 
 
 def test_extend_and_release_raise_lock_lost_when_not_ours() -> None:
@@ -384,7 +433,7 @@ def test_a_waiter_with_a_hub_tries_first_then_listens_then_queues_naming_its_hub
     assert op.script is _scripts.ACQUIRE
     assert op.args[3] == "0"
     assert op.args[6] == ""
-    subscribe = step(flow, [0, 4000, 1_000_000, 0])
+    subscribe = step(flow, [0, 4000, 1_000_000, 0, ""])
     assert isinstance(subscribe, _ops.Listen)
     assert subscribe.box is box
     box.ready = True
@@ -392,7 +441,7 @@ def test_a_waiter_with_a_hub_tries_first_then_listens_then_queues_naming_its_hub
     assert op.script is _scripts.ACQUIRE
     assert op.args[3] != "0"
     assert op.args[6] == "ab12"
-    wait = step(flow, [0, 4000, 1_000_000, 0])
+    wait = step(flow, [0, 4000, 1_000_000, 0, ""])
     assert isinstance(wait, _ops.Wait)
     assert wait.box is box
     done, grant = step(flow, b"9:1000500:1")
@@ -432,13 +481,13 @@ def test_a_hub_lost_while_waiting_means_a_look_at_the_lock_then_listening_again(
     next(flow)
     box = FakeBox(attempt.token, ready=True)
     step(flow, box)
-    wait: Any = step(flow, [0, 4000, 1_000_000, 0])
+    wait: Any = step(flow, [0, 4000, 1_000_000, 0, ""])
     assert isinstance(wait, _ops.Wait)
     box.ready = False  # the hub's connection failed: the box gives None
     op: Any = step(flow, None)
     assert op.script is _scripts.ACQUIRE
     assert op.args[3] == "0"
-    assert isinstance(step(flow, [0, 4000, 1_000_000, 0]), _ops.Listen)  # listening again
+    assert isinstance(step(flow, [0, 4000, 1_000_000, 0, ""]), _ops.Listen)  # listening again
 
 
 def test_a_hub_refused_by_the_server_leaves_the_waiter_on_its_bell() -> None:
@@ -447,12 +496,12 @@ def test_a_hub_refused_by_the_server_leaves_the_waiter_on_its_bell() -> None:
     next(flow)
     box = FakeBox(attempt.token, ready=False)
     step(flow, box)
-    step(flow, [0, 4000, 1_000_000, 0])  # the try failed: the flow asks to listen
+    step(flow, [0, 4000, 1_000_000, 0, ""])  # the try failed: the flow asks to listen
     op: Any = step(flow, None)  # refused (no channel rights)
     assert op.script is _scripts.ACQUIRE
     assert op.args[3] != "0"
     assert op.args[6] == ""
-    wait = step(flow, [0, 4000, 1_000_000, 0])
+    wait = step(flow, [0, 4000, 1_000_000, 0, ""])
     assert isinstance(wait, _ops.Wait)
     assert wait.box is None
 

@@ -46,7 +46,7 @@ def grant(s: _flows.LockSpec) -> _flows.Grant:
     """The grant an acquire flow reads from a reply that gives the whole ttl at once."""
     flow = _flows.Acquisition(s, None, wait=False).run()
     next(flow)
-    reply: Any = [7, s.ttl_ms, 1_000_000, 1]
+    reply: Any = [7, s.ttl_ms, 1_000_000, 1, ""]
     if s.replicas is not None:
         reply = (reply, s.replicas.count)
     done, granted = step(flow, reply)

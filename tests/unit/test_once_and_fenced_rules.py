@@ -127,8 +127,8 @@ def test_a_jobs_try_is_one_call_that_never_queues_and_sends_its_period() -> None
     assert isinstance(op, _ops.Call)
     assert attempt.outstanding  # sent: an interrupted try must be cleaned up
     assert op.script is _scripts.ONCE_ACQUIRE
-    assert op.keys == (LOCK, LOCK + ":fence", LOCK + ":queue", LOCK + ":waiters", LOCK + ":once")
-    assert op.args == (attempt.token, "10000", "1", "0", BELLS, "1", "", "3600000")
+    assert op.keys == (LOCK, LOCK + ":fence", LOCK + ":line", LOCK + ":once")
+    assert op.args == (attempt.token, "10000", "1", "0", BELLS, "1", "", "", "3600000")
     assert op.patient is False
     assert op.timeout == pytest.approx(_flows.TRY_OPS)  # a try's bound, under the 10 s lease
     plain = rule()
@@ -142,7 +142,7 @@ def test_a_grant_starts_the_run_at_the_servers_time_and_counts_the_flight_agains
     flow = attempt.run()
     next(flow)
     clock.advance(0.3)
-    done, grant = step(flow, [7, 10_000, STARTED_MS * 1000 + 999, 1])
+    done, grant = step(flow, [7, 10_000, STARTED_MS * 1000 + 999, 1, ""])
     assert done == "done"
     assert isinstance(grant, _once.OnceGrant)
     assert (grant.token, grant.fence) == (attempt.token, 7)
@@ -167,7 +167,7 @@ def test_a_refused_try_is_skipped_saying_why_and_when_it_may_run_again(
     attempt = _once.OnceAttempt(job_spec(FakeClock(), r), r)
     flow = attempt.run()
     next(flow)
-    assert step(flow, [fence, pttl, STARTED_MS * 1000, 0]) == ("done", None)  # one round trip
+    assert step(flow, [fence, pttl, STARTED_MS * 1000, 0, ""]) == ("done", None)  # one round trip
     skipped = attempt.skipped
     assert skipped is not None
     assert (skipped.name, skipped.reason, skipped.retry_in) == (NAME, reason, retry_in)
@@ -183,7 +183,7 @@ def test_a_grant_read_after_its_validity_is_given_back_with_its_period_and_skipp
         flow = attempt.run()
         next(flow)
         clock.advance(elapsed)
-        op = step(flow, [7, 10_000, STARTED_MS * 1000, 1])
+        op = step(flow, [7, 10_000, STARTED_MS * 1000, 1, ""])
         if not late:
             assert op[0] == "done"
             assert op[1].fence == 7
@@ -191,7 +191,7 @@ def test_a_grant_read_after_its_validity_is_given_back_with_its_period_and_skipp
         assert isinstance(op, _ops.Call)
         assert op.script is _scripts.ONCE_LEAVE  # the period's record goes with the grant
         assert op.keys[-1] == LOCK + ":once"
-        assert op.args == (attempt.token, "1", BELLS, "0", s.given_up_ms)
+        assert op.args == (attempt.token, "1", BELLS, "0", s.given_up_ms, "")
         assert (op.timeout, op.patient) == (_flows.PAST_DEADLINE, False)  # still a try's bound
         assert step(flow, [0, 0, 0]) == ("done", None)  # and no second try
         skipped = attempt.skipped
@@ -226,7 +226,7 @@ def test_a_try_that_meets_a_key_of_another_type_names_it() -> None:
     flow = _once.OnceAttempt(job_spec(FakeClock(), r), r).run()
     next(flow)
     asked: Any = flow.throw(failure)
-    for answer in (b"string", b"string", b"list", b"hash"):
+    for answer in (b"string", b"string", b"list"):
         asked = step(flow, answer)
     assert asked.args == ("TYPE", LOCK + ":once")
     with pytest.raises(
@@ -243,14 +243,14 @@ def test_giving_up_before_the_job_began_takes_back_the_grant_and_the_period() ->
     op = sent(flow)
     assert op.script is _scripts.ONCE_LEAVE
     assert op.keys == (*s.keys.script_keys, LOCK + ":once")
-    assert op.args == (attempt.token, "1", BELLS, "0", s.given_up_ms)
+    assert op.args == (attempt.token, "1", BELLS, "0", s.given_up_ms, "")
     assert op.patient is False
     assert step(flow, [9, 60_000, 1]) == ("done", None)  # a grant made meanwhile: given back
     # the run's own abandon (its job not begun): the same, on the lease's own bound
     run, rs = started_run(FakeClock(), r)
     op = sent(run.abandon_flow())
     assert (op.script, op.keys[-1]) == (_scripts.ONCE_LEAVE, LOCK + ":once")
-    assert op.args == ("tok", "1", BELLS, "0", rs.given_up_ms)
+    assert op.args == ("tok", "1", BELLS, "0", rs.given_up_ms, "")
     assert (op.timeout, op.patient) == (rs.reply_timeout, True)
 
 

@@ -692,10 +692,10 @@ def test_one_script_tries_every_name_with_one_token_and_reads_a_fence_each() -> 
     assert op.keys == (
         "redlease:{a}",
         "redlease:{a}:fence",
-        "redlease:{a}:queue",
+        "redlease:{a}:line",
         "redlease:{b}",
         "redlease:{b}:fence",
-        "redlease:{b}:queue",
+        "redlease:{b}:line",
     )
     assert op.args == ("tok", "10000")
     assert op.timeout == specs[0].reply_timeout
@@ -833,7 +833,7 @@ def test_a_write_inside_a_read_is_an_upgrade_tried_once_and_never_queued() -> No
     assert op.script is _scripts.SHARED_ACQUIRE
     assert op.args[3] == "0"  # no queue entry
     assert op.args[-2:] == ("w", held.token)
-    assert step(flow, [0, 5000, 1_000_000, 0]) == ("done", None)  # refused: no wait
+    assert step(flow, [0, 5000, 1_000_000, 0, ""]) == ("done", None)  # refused: no wait
 
 
 def test_a_lost_lease_of_the_other_mode_counts_for_nothing() -> None:
@@ -889,7 +889,7 @@ def test_shared_holds_are_read_with_their_fences_key(kind: str) -> None:
     keys, _name, _kind = _inspect.checked("doc", kind, "redlease:")
     op: Any = next(_inspect.inspect(keys, "doc", kind, 5.0))
     assert op.args[0] == "shared"
-    assert len(op.keys) == 5
+    assert len(op.keys) == 4
     assert op.keys[-1].endswith(":fences")
 
 
@@ -1040,8 +1040,7 @@ def test_each_kind_keeps_its_keys_apart_and_all_in_the_names_slot() -> None:
         assert keys.script_keys == (
             base,
             base + ":fence",
-            base + ":queue",
-            base + ":waiters",
+            base + ":line",
             *([base + ":fences"] if shared else []),
         )
         assert keys.bell("t") == base + ":bell:t"

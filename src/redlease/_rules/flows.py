@@ -69,6 +69,9 @@ GIVEN_UP_FOR = 2
 # Fences a grant asks for: one. (The scripts can take several at once and report how
 # many they took; nothing asks for more since grants are no longer lent out in batches.)
 ONE_FENCE = "1"
+# A waiter's place in the queue when a try whose reply was lost may have queued it: the
+# script looks for its token (see the scripts' waiters.lua).
+UNKNOWN_PLACE = "?"
 
 
 Flow = Generator[Op, Any, T]
@@ -130,7 +133,7 @@ LOCK = Kind(
     RELEASE,
     EXTEND,
     LockKeys.for_name,
-    ("string", "string", "list", "hash"),
+    ("string", "string", "list"),
     _lock_only,
 )
 # The lock's scripts but extend, which also keeps the fence counter (the leader's term,
@@ -145,7 +148,7 @@ ELECTION = Kind(
     LOCK.key_types,
     _with_fence,
 )
-_SHARED_TYPES = ("zset", "string", "list", "hash", "hash")
+_SHARED_TYPES = ("zset", "string", "list", "hash")
 # Their spec's extra: (limit, mode), see the shared scripts.
 SEMAPHORE = Kind(
     "semaphore",
@@ -303,6 +306,10 @@ class Acquisition:
         # token of the holder's lease of the other mode)
         self.also = also
         self.token = new_token() + spec.token_tail
+        # the token's place in the server's queue, as the acquire script's reply tells it
+        # and its next try and its leave send it back: "" none; UNKNOWN_PLACE while a try
+        # that may queue has not been answered (its reply lost, or the attempt cut short)
+        self.place = ""
         self.deadline = Deadline.after(spec.clock, timeout)
         self._tried_by = Deadline.after(spec.clock, TRY_OPS)
         self.wait = wait
@@ -342,6 +349,9 @@ class Acquisition:
             replicas = self._replicas()
             sent_at = clock()
             self.outstanding = True
+            place = self.place
+            if queue_ms:  # until its reply tells: a try cut short may have queued
+                self.place = UNKNOWN_PLACE
             try:
                 raw = yield spec.call(
                     spec.kind.acquire,
@@ -352,6 +362,7 @@ class Acquisition:
                     spec.keys.bell_prefix,
                     ONE_FENCE,
                     hub,
+                    place,
                     *spec.extra,
                     *self.also,
                     replicas=replicas,
@@ -362,7 +373,8 @@ class Acquisition:
                 yield from self._wait_out(failure)
                 continue
             reply, acked = spec.unpack(raw, replicas)
-            fence, pttl, server_us, _ = (as_int(x) for x in reply)
+            fence, pttl, server_us = (as_int(x) for x in reply[:3])
+            self.place = as_text(reply[4])
             if fence > 0:
                 spec.check_acked(acked, "acquire", replicas)
                 grant = Grant(
@@ -480,7 +492,7 @@ class Acquisition:
         yield from self.abandon()
         if not self.wait or self.deadline.expired():
             return False
-        self.token = new_token() + self.spec.token_tail
+        self.token, self.place = new_token() + self.spec.token_tail, ""
         return True
 
     def leave(self, *, keep: bool) -> Flow[Grant | None]:
@@ -489,6 +501,7 @@ class Acquisition:
                 self.spec,
                 self.token,
                 keep=keep,
+                place=self.place,
                 replicas=self._replicas() if keep else None,
                 timeout=self._bound(),
                 patient=self.wait and not self.hurried,
@@ -510,12 +523,14 @@ def leave(
     token: str,
     *,
     keep: bool,
+    place: str = "",
     replicas: Replicas | None = None,
     timeout: float | None = None,
     patient: bool = True,
 ) -> Flow[Grant | None]:
-    """The attempt of ``token`` is over: out of the queue, and a grant made to it
-    meanwhile kept (``keep``: returned) or given back. Unless a grant is kept, the
+    """The attempt of ``token`` is over: out of the queue (``place``: where it stands
+    there, see ``Acquisition.place``), and a grant made to it meanwhile kept (``keep``:
+    returned) or given back. Unless a grant is kept, the
     server keeps a mark of it (``given_up_ms``) that an acquire of ``token`` still on its
     way obeys: whichever of the two the server runs first, nothing is left granted to a
     token nobody waits for."""
@@ -529,6 +544,7 @@ def leave(
                 spec.keys.bell_prefix,
                 "1" if keep else "0",
                 spec.given_up_ms,
+                place,
                 *spec.extra,
                 replicas=replicas,
                 timeout=timeout,

@@ -5,8 +5,9 @@ touches a single slot:
     P{N}:fence         fencing counter: the last fence taken, which follows the server's
                        clock in microseconds; kept twice the lease and a margin past the
                        last grant (see the scripts' take_fences and docs/design.md)
-    P{N}:queue         waiters in arrival order (list of tokens), with a TTL
-    P{N}:waiters       waiter token -> "deadline_us:ttl_ms:since_us[:hub]" (hash), with a TTL
+    P{N}:line          the waiters, in arrival order (list), with a TTL: one item each,
+                       "token|deadline_us:ttl_ms:since_us[:hub]" (see the scripts'
+                       waiters.lua)
     P{N}:bell:<token>  a waiter's doorbell list, pushed by the release script, with a TTL
     P{N}:bell:@<hub>   not a key: the pub/sub channel on which the waiters of one
                        process's hub (its shared wait connection) are rung
@@ -31,8 +32,9 @@ apart from the lock N's, under ``P{N}:sem``; a read/write lock, under ``P{N}:rw`
                        server's milliseconds), with a TTL
     P{N}:sem:fences    token -> that hold's fence (hash), and "@writer" -> the token of
                        the write lease held, if any; with a TTL
-    P{N}:sem:fence, P{N}:sem:queue, P{N}:sem:waiters, P{N}:sem:bell:<token>,
-    P{N}:sem:bell:@<hub>, P{N}:sem:left:<token>  as the lock's
+    P{N}:sem:fence, P{N}:sem:line, P{N}:sem:bell:<token>, P{N}:sem:bell:@<hub>,
+    P{N}:sem:left:<token>  as the lock's (a waiter's item in the line:
+                       "token|deadline_us:ttl_ms:limit:mode[:hub]")
     P{N}:sem:released  the tokens of the latest releases (sorted set: token -> until
                        when a retried release may find it), with a TTL
 
@@ -145,7 +147,6 @@ class LockKeys:
     lock: str  # a semaphore's: its holders
     fence: str
     queue: str
-    waiters: str
     bell_prefix: str
     extra: tuple[str, ...] = ()  # a semaphore's: its fences
     # The keys every script of the primitive is sent, in its KEYS order (made once: the
@@ -153,7 +154,7 @@ class LockKeys:
     script_keys: tuple[str, ...] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
-        keys = (self.lock, self.fence, self.queue, self.waiters, *self.extra)
+        keys = (self.lock, self.fence, self.queue, *self.extra)
         object.__setattr__(self, "script_keys", keys)  # (frozen)
 
     @classmethod
@@ -181,8 +182,7 @@ class LockKeys:
         return cls(
             lock=base,
             fence=base + ":fence",
-            queue=base + ":queue",
-            waiters=base + ":waiters",
+            queue=base + ":line",
             bell_prefix=base + ":bell:",
             extra=extra,
         )

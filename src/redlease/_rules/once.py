@@ -139,6 +139,7 @@ class OnceAttempt(Acquisition):
                 spec.keys.bell_prefix,
                 ONE_FENCE,
                 "",
+                "",
                 str(self.rule.period_ms),
                 keys=(*spec.keys.script_keys, spec.keys.once),
                 timeout=self._bound(),
@@ -147,7 +148,7 @@ class OnceAttempt(Acquisition):
         except BackendError as failure:
             yield from self._wait_out(failure)  # (a try: raises it, or names a foreign key)
             raise
-        fence, pttl, server_us, _ = (as_int(x) for x in reply)
+        fence, pttl, server_us = (as_int(x) for x in reply[:3])
         if fence > 0:
             grant = OnceGrant(
                 self.token, fence, valid_until(sent_at, pttl, spec.ttl), server_us // 1000
@@ -179,6 +180,7 @@ def _given_up(
         spec.keys.bell_prefix,
         "0",
         spec.given_up_ms,
+        "",
         keys=(*spec.keys.script_keys, spec.keys.once),
         timeout=timeout,
         patient=patient,

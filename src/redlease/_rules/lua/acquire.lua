@@ -1,97 +1,76 @@
--- KEYS[1] lock  KEYS[2] fence  KEYS[3] queue  KEYS[4] waiters
+-- KEYS[1] lock  KEYS[2] fence  KEYS[3] queue
 -- ARGV[1] token  ARGV[2] ttl ms  ARGV[3] fair ('1'/'0')
 -- ARGV[4] queue-entry lifetime ms ('0': do not queue)  ARGV[5] bell key prefix
 -- ARGV[6] fences a grant takes (always 1)
 -- ARGV[7] the waiter's hub ('': rung on its bell)
--- Reply {fence, pttl, server_us, taken}. fence > 0: acquired, the highest fence taken,
--- and taken of them; pttl = ms of validity left. fence = 0: held by another, pttl = its
--- ms left (-2: free but promised to a waiter), or the token's attempt was given up.
+-- ARGV[8] the token's place in the queue, as its last try's reply gave it ('': none,
+-- a first try; '?': not known, see waiters.lua)
+-- Reply {fence, pttl, server_us, taken, place}. fence > 0: acquired, the highest fence
+-- taken, and taken of them; pttl = ms of validity left. fence = 0: held by another, pttl =
+-- its ms left (-2: free but promised to a waiter), or the token's attempt was given up.
+-- place: the token's place after this try, for its next one ('': not queued).
 -- A token whose attempt was given up (LEAVE left its mark, lock .. ':left:' .. token) is
 -- never granted nor queued: an acquire of that attempt that reaches the server after its
 -- clean-up (sent on a connection dropped with it in flight) takes nothing.
 --@include fences
 -- Fast path first, before the other helpers are defined: the token's attempt goes on,
--- the lock is free and either nobody is queued (so nobody can have been granted or
--- promised it) or it is unfair (a free lock is anyone's; a queued caller that takes it
--- leaves the queue, and its woken mark goes). One EXISTS asks for the mark, counted
--- twice, and, fair, the queue, or, unfair, the waiters (whether the caller can be queued):
--- seen is 0 (neither), 1 (queued ones only), 2 (given up) or 3.
+-- never queued, the lock is free and either nobody is queued (so nobody can have been
+-- granted or promised it) or it is unfair (a free lock is anyone's). One EXISTS asks
+-- for the mark, counted twice, and the queue: seen is 0 (neither), 1 (queued ones only),
+-- 2 (given up) or 3.
 local given_up = KEYS[1] .. ':left:' .. ARGV[1]
-local seen = redis.call('EXISTS', given_up, given_up, ARGV[3] == '0' and KEYS[4] or KEYS[3])
-if (seen == 0 or (seen == 1 and ARGV[3] == '0'))
+local seen = redis.call('EXISTS', given_up, given_up, KEYS[3])
+if (seen == 0 or (seen == 1 and ARGV[3] == '0' and ARGV[8] == ''))
     and redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then
-  -- (a woken mark names a queued waiter only: the caller's, if it was queued)
-  if seen == 1 and redis.call('HDEL', KEYS[4], ARGV[1]) == 1 then
-    redis.call('LREM', KEYS[3], 1, ARGV[1])
-    redis.call('DEL', ARGV[5] .. ARGV[1])
-    if redis.call('GET', KEYS[1] .. ':woken') == ARGV[1] then
-      redis.call('DEL', KEYS[1] .. ':woken')
-    end
-  end
   local top, taken = take_fences(KEYS[2], ARGV[6], ARGV[2], 0, false)
-  return {top, tonumber(ARGV[2]), 0, taken}
+  return {top, tonumber(ARGV[2]), 0, taken, ''}
 end
 --@include waiters
 --@include lock
 
-local lock, fence, queue, waiters = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
-local token, fair, bell = ARGV[1], ARGV[3], ARGV[5] .. ARGV[1]
+local lock, fence, queue = KEYS[1], KEYS[2], KEYS[3]
+local token, fair, bell, place = ARGV[1], ARGV[3], ARGV[5] .. ARGV[1], ARGV[8]
 local holder = redis.call('GET', lock)
 if holder == token then
   -- granted to us while we were away, or a retried call whose first reply was lost
   if fair == '0' then unmark(lock, token) end
-  forget(queue, waiters, token)
+  forget(queue, token, place)
   local f, taken = held_fence(fence, bell)
-  return {f, redis.call('PTTL', lock), 0, taken}
+  return {f, redis.call('PTTL', lock), 0, taken, ''}
 end
-if seen >= 2 then return {0, redis.call('PTTL', lock), 0, 0} end
+if seen >= 2 then return {0, redis.call('PTTL', lock), 0, 0, ''} end
 local now = now_us()
 if not holder and fair == '1' then
-  local first = live_head(queue, waiters, now)
+  local first = live_head(queue, now)
   if first ~= nil and first ~= token then
     -- the free lock belongs to the first waiter that can hear it, not to us, unless
     -- every waiter before us is gone
-    hand_on(lock, fence, queue, waiters, ARGV[5], fair, now)
+    hand_on(lock, fence, queue, ARGV[5], fair, now)
     holder = redis.call('GET', lock)
     if holder == token then
-      forget(queue, waiters, token)
+      forget(queue, token, place)
       local f, taken = held_fence(fence, bell)
-      return {f, redis.call('PTTL', lock), now, taken}
+      return {f, redis.call('PTTL', lock), now, taken, ''}
     end
   end
 end
 if not holder then
   redis.call('SET', lock, token, 'PX', ARGV[2])
   if fair == '0' then unmark(lock, token) end
-  forget(queue, waiters, token)
-  redis.call('DEL', bell)
+  if forget(queue, token, place) then redis.call('DEL', bell) end
   local top, taken = take_fences(fence, ARGV[6], ARGV[2], 0, false, now)
-  return {top, tonumber(ARGV[2]), now, taken}
+  return {top, tonumber(ARGV[2]), now, taken, ''}
 end
 if ARGV[4] ~= '0' then
   local life = tonumber(ARGV[4])
   -- a first try queues at the back; a later one keeps its place, and (only an unfair
   -- lock reads it) its since
+  local was, at = find(queue, token, place)
   local since = now
-  if fair == '0' then
-    local was = redis.call('HGET', waiters, token)
-    if was then since = entry_since(was) end
-  end
+  if was and fair == '0' then since = entry_since(select(2, item_of(was))) end
   local entry = string.format('%d:%s:%d', now + life * 1000, ARGV[2], since)
   if ARGV[7] ~= '' then entry = entry .. ':' .. ARGV[7] end
-  local created = false
-  if redis.call('HSET', waiters, token, entry) == 1 then
-    created = redis.call('RPUSH', queue, token) == 1
-  end
-  -- the queue and the waiters hash get their TTLs together (so one PTTL reads both),
-  -- at least every live entry's; extended with headroom, so the waiters that follow
-  -- mostly just read it
-  local left = redis.call('PTTL', waiters)
-  if left < life then
-    redis.call('PEXPIRE', waiters, 2 * life)
-    redis.call('PEXPIRE', queue, 2 * life)
-  elseif created then
-    redis.call('PEXPIRE', queue, left)
-  end
+  place = token .. '|' .. entry
+  put(queue, place, at, life)
 end
-return {0, redis.call('PTTL', lock), now, 0}
+return {0, redis.call('PTTL', lock), now, 0, place}

@@ -3,8 +3,8 @@
 -- The lock's scripts with a set of holders in place of one, for a semaphore's permits and
 -- a read/write lock's leases alike:
 -- KEYS[1] holders: a sorted set, token -> when its hold runs out (server ms)
--- KEYS[2..4] fence, queue, waiters: as the lock's
--- KEYS[5] fences: token -> its hold's fence (hash); field "@writer" -> the writer's token
+-- KEYS[2..3] fence, queue: as the lock's
+-- KEYS[4] fences: token -> its hold's fence (hash); field "@writer" -> the writer's token
 -- ARGV: the lock script's, then ARGV[-2] the caller's limit and ARGV[-1] its mode: 'r'
 -- (shared: a semaphore's permit, a read lease) or 'w' (exclusive: a write lease).
 -- A shared hold is granted while fewer than limit are held and no writer holds; an
@@ -12,7 +12,8 @@
 -- many at once as fit, each with its own limit (carried in its queue entry): so a
 -- waiting writer holds back the readers that come after it, and is never starved. Holds
 -- past their time are dropped by every script before it counts (their holders died or
--- lost them). A queue entry is "deadline_us:ttl_ms:limit:mode[:hub]".
+-- lost them). A waiter's queue entry (see waiters.lua) is
+-- "deadline_us:ttl_ms:limit:mode[:hub]".
 --@include fences
 --@include waiters
 
@@ -76,16 +77,15 @@ end
 -- that cannot hear its ring is dropped (its hold undone). The caller, if it is one of
 -- them, is not rung: it is here (its hub may not listen just now), and finds its hold.
 -- Returns whether the caller was granted one, and the live waiter left first (nil: none).
-local function hand_on_holds(holders, fences, fence, queue, waiters, bells, now, caller)
+local function hand_on_holds(holders, fences, fence, queue, bells, now, caller)
   local got = false
   while true do
-    local w, entry = live_head(queue, waiters, now)
+    local w, entry = live_head(queue, now)
     if not w then return got, nil end
     local mode = entry_mode(entry)
     local ok, count = fits(holders, fences, entry_limit(entry), mode)
     if not ok then return got, w end
     redis.call('LPOP', queue)
-    redis.call('HDEL', waiters, w)
     local ttl = entry_ttl(entry)
     local top, taken = grant(holders, fences, fence, w, ttl, now, mode, count == 0)
     if w == caller then

@@ -11,12 +11,12 @@
 -- undone: the fence it took is skipped) and the next one served. The lock may still hold
 -- the releasing caller's token: a grant overwrites it. Returns whether the lock was
 -- granted (else the caller deletes what it released). now: as for live_head.
-local function hand_on(lock, fence, queue, waiters, bells, fair, now)
+local function hand_on(lock, fence, queue, bells, fair, now)
   local woken = lock .. ':woken'
   local pop = fair == '1'
   while true do
     local w, entry
-    w, entry, now = live_head(queue, waiters, now, pop)
+    w, entry, now = live_head(queue, now, pop)
     if not w then return false end
     local ttl = entry_ttl(entry)
     local grant = pop or now - entry_since(entry) >= UNFAIR_STARVING_US
@@ -26,7 +26,6 @@ local function hand_on(lock, fence, queue, waiters, bells, fair, now)
     local granted, taken = 0, 0
     if grant then
       if not pop then redis.call('LPOP', queue) end
-      redis.call('HDEL', waiters, w)
       redis.call('SET', lock, w, 'PX', ttl)
       granted, taken = take_fences(fence, 1, ttl, 0, false, now)
     end
@@ -35,7 +34,6 @@ local function hand_on(lock, fence, queue, waiters, bells, fair, now)
       redis.call('DEL', lock)
     else
       redis.call('LPOP', queue)
-      redis.call('HDEL', waiters, w)
       redis.call('DEL', woken)
     end
   end

@@ -1,4 +1,4 @@
--- KEYS[1] lock  KEYS[2] fence  KEYS[3] queue  KEYS[4] waiters
+-- KEYS[1] lock  KEYS[2] fence  KEYS[3] queue
 -- ARGV[1] token  ARGV[2] fair ('1'/'0')  ARGV[3] bell key prefix
 -- ARGV[4] ms to keep the mark of the last release (lock .. ':released' = its token): a
 -- second run, after a reply lost with its connection, finds it (one key per lock, not
@@ -22,18 +22,20 @@ if holder ~= ARGV[1] then
   return 0
 end
 redis.call('SET', mark, ARGV[1], 'PX', ARGV[4])
--- unfair: a waiter woken to compete has not had its turn yet (and is still queued);
--- nobody else is woken. A mark whose waiter is gone is void. With nobody queued, there
--- is nobody to wake. (Fair: hand_on's LPOP finds an empty queue.)
+-- unfair: a waiter woken to compete has not had its turn yet while it is first in line
+-- (where it stays until it takes its turn); nobody else is woken. A mark whose waiter is
+-- gone is void. With nobody queued, there is nobody to wake. (Fair: hand_on's LPOP finds
+-- an empty queue.)
 if ARGV[2] == '0' then
+  local head = redis.call('LINDEX', KEYS[3], 0)
   if woken_one then
-    if redis.call('HGET', KEYS[4], woken_one) then
+    if head and string.sub(head, 1, #woken_one + 1) == woken_one .. '|' then
       redis.call('DEL', KEYS[1])
       return 1
     end
     redis.call('DEL', KEYS[1] .. ':woken')
   end
-  if redis.call('EXISTS', KEYS[3]) == 0 then
+  if not head then
     redis.call('DEL', KEYS[1])
     return 1
   end
@@ -43,7 +45,7 @@ end
 --@include lock
 
 -- the lock still holds our token: hand it on, or delete it
-if not hand_on(KEYS[1], KEYS[2], KEYS[3], KEYS[4], ARGV[3], ARGV[2]) then
+if not hand_on(KEYS[1], KEYS[2], KEYS[3], ARGV[3], ARGV[2]) then
   redis.call('DEL', KEYS[1])
 end
 return 1

@@ -1,62 +1,63 @@
--- KEYS and ARGV[1..7] as the lock's acquire (ARGV[3], fair, is always '1'; ARGV[6],
--- the fences a grant takes, always '1'); ARGV[8] limit  ARGV[9] mode ('r' or 'w')
--- ARGV[10] (optional; a read/write lock's) the token of the caller's own lease of the
--- other mode: a read under the caller's write lease (a downgrade) is granted at once,
--- and so is a write over the caller's read lease if that is the only hold (an upgrade).
--- Reply {fence, pttl, server_us, taken} as the lock's; when we must wait, pttl is the
--- ms left of the hold that runs out first.
+-- KEYS[1..3] and ARGV[1..8] as the lock's acquire (ARGV[3], fair, is always '1';
+-- ARGV[6], the fences a grant takes, always '1'); KEYS[4] fences (see holds.lua)
+-- ARGV[9] limit  ARGV[10] mode ('r' or 'w')  ARGV[11] (optional; a read/write lock's)
+-- the token of the caller's own lease of the other mode: a read under the caller's write
+-- lease (a downgrade) is granted at once, and so is a write over the caller's read lease
+-- if that is the only hold (an upgrade).
+-- Reply {fence, pttl, server_us, taken, place} as the lock's; when we must wait, pttl is
+-- the ms left of the hold that runs out first.
 --@include waiters
 --@include holds
-local holders, fence, queue, waiters, fences = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
-local token, ttl, bell = ARGV[1], ARGV[2], ARGV[5] .. ARGV[1]
-local limit, mode = tonumber(ARGV[8]), ARGV[9]
+local holders, fence, queue, fences = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
+local token, ttl, bell, place = ARGV[1], ARGV[2], ARGV[5] .. ARGV[1], ARGV[8]
+local limit, mode = tonumber(ARGV[9]), ARGV[10]
 local now = now_us()
 held_now(holders, fences, now)
 local held = ours(holders, fences, token, now)
 if not held and redis.call('EXISTS', holders .. ':left:' .. token) == 1 then
-  return {0, -2, now, 0}  -- the token's attempt was given up: as the lock's acquire
+  return {0, -2, now, 0, ''}  -- the token's attempt was given up: as the lock's acquire
 end
 local server_us = 0  -- (a grant found: it was made before this call)
-local mine = ARGV[10]
+local mine = ARGV[11]
 if not held and mine and mine ~= '' and redis.call('ZSCORE', holders, mine) then
   local writer = writer_holds(holders, fences) and redis.call('HGET', fences, '@writer')
   if (mode == 'r' and writer == mine)
       or (mode == 'w' and not writer and redis.call('ZCARD', holders) == 1) then
-    forget(queue, waiters, token)
+    forget(queue, token, place)
     redis.call('DEL', bell)
     local top, taken = grant(holders, fences, fence, token, ttl, now, mode)
-    return {top, tonumber(ttl), now, taken}
+    return {top, tonumber(ttl), now, taken, ''}
   end
 end
 local first  -- the first live waiter after those served (nil: none)
 if not held then
   -- the waiters before us first, in order, as many as fit
   local got
-  got, first = hand_on_holds(holders, fences, fence, queue, waiters, ARGV[5], now, token)
+  got, first = hand_on_holds(holders, fences, fence, queue, ARGV[5], now, token)
   if got then held, server_us = ours(holders, fences, token, now), now end
 end
 if held then
   -- granted to us while we were away or just now, or a retried call whose reply was lost
-  forget(queue, waiters, token)
+  forget(queue, token, place)
   redis.call('DEL', bell)
-  return {held[1], held[2], server_us, 1}
+  return {held[1], held[2], server_us, 1, ''}
 end
 local ok, count = false, 1
 if not first or first == token then ok, count = fits(holders, fences, limit, mode) end
 if ok then
   -- (a bell is only ever rung for a queued waiter)
-  if forget(queue, waiters, token) then redis.call('DEL', bell) end
+  if forget(queue, token, place) then redis.call('DEL', bell) end
   local top, taken = grant(holders, fences, fence, token, ttl, now, mode, count == 0)
-  return {top, tonumber(ttl), now, taken}
+  return {top, tonumber(ttl), now, taken, ''}
 end
 if ARGV[4] ~= '0' then
   local life = tonumber(ARGV[4])
   local entry = string.format('%d:%s:%d:%s', now + life * 1000, ttl, limit, mode)
   if ARGV[7] ~= '' then entry = entry .. ':' .. ARGV[7] end
-  if redis.call('HSET', waiters, token, entry) == 1 then redis.call('RPUSH', queue, token) end
-  keep_for(queue, life, life)
-  keep_for(waiters, life, life)
+  local _, at = find(queue, token, place)
+  place = token .. '|' .. entry
+  put(queue, place, at, life)
 end
 local soonest = redis.call('ZRANGE', holders, 0, 0, 'WITHSCORES')
 local left = soonest[2] and math.max(0, tonumber(soonest[2]) - now_ms(now)) or -2
-return {0, left, now, 0}
+return {0, left, now, 0, place}

@@ -5,7 +5,7 @@
 -- hold was not ours (it ran out, or was never granted).
 --@include waiters
 --@include holds
-local holders, fence, queue, waiters, fences = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
+local holders, fence, queue, fences = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
 local marks = KEYS[1] .. ':released'
 local now = now_us()
 held_now(holders, fences, now)
@@ -17,5 +17,5 @@ end
 redis.call('ZREMRANGEBYSCORE', marks, '-inf', now_ms(now))
 redis.call('ZADD', marks, now_ms(now) + tonumber(ARGV[4]), ARGV[1])
 keep_for(marks, tonumber(ARGV[4]), tonumber(ARGV[4]))
-hand_on_holds(holders, fences, fence, queue, waiters, ARGV[3], now)
+hand_on_holds(holders, fences, fence, queue, ARGV[3], now)
 return 1

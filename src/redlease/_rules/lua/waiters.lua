@@ -1,10 +1,15 @@
--- Waiters: their queue entries, the first live one, and ringing them.
+-- Waiters: their places in the queue, the first live one, and ringing them.
 --
--- Shared by the lock scripts (KEYS[1..4] = lock, fence, queue, waiters; see _rules/keys.py):
---   * a waiter entry is "deadline_us:ttl_ms:since_us[:hub]" in the waiters hash, in
---     arrival order in queue (since: when it first queued, kept across its tries by an
---     unfair lock, the only one that reads it); an entry
---     past its deadline belongs to a waiter that gave up or died and is skipped;
+-- Shared by the lock scripts (KEYS[1..3] = lock, fence, queue; see _rules/keys.py):
+--   * a waiter's place is one item of the queue (a list, in arrival order),
+--     "token|entry", its entry "deadline_us:ttl_ms:since_us[:hub]" (since: when it first
+--     queued, kept across its tries by an unfair lock, the only one that reads it; a
+--     shared hold's entry is its own, see holds.lua); an entry past its deadline belongs
+--     to a waiter that gave up or died and is skipped. The place is the whole item, so
+--     a waiter's next try finds it with LPOS, and nothing but the list is written to
+--     queue it or to serve it. A try is told its place (the acquire's reply) and sends
+--     it with its next try and its LEAVE: '' for none, '?' when it is not known (a try
+--     whose reply was lost may have queued it: the queue is searched for its token);
 --   * a waiter is rung with "fence:server_us:taken": a fence > 0 means the lock was granted
 --     to that waiter at server time server_us, with taken fences; fence 0 is a plain
 --     wake-up. A waiter with a hub (its process's shared wait connection, see
@@ -42,27 +47,56 @@ local function entry_hub(entry) return string.match(entry, '^%d+:%d+:%d+:(s?%x+)
 -- rule for which waiters count (live_head below, and INSPECT's report)
 local function entry_live(entry, now) return entry_deadline(entry) >= now end
 
+-- a queue item's token and entry
+local function item_of(item) return string.match(item, '^([^|]+)|(.+)$') end
+
 -- the first waiter still within its deadline (dead ones are dropped), its entry, and the
 -- server time NOW (us; read here if nil and there is a waiter to judge); nil if none.
--- With POP the live one found is taken out of the queue too (its hash entry stays).
-local function live_head(queue, waiters, now, pop)
+-- With POP the live one found is taken out of the queue too.
+local function live_head(queue, now, pop)
   while true do
-    local w
-    if pop then w = redis.call('LPOP', queue) else w = redis.call('LINDEX', queue, 0) end
-    if not w then return nil, nil, now end
+    local item
+    if pop then item = redis.call('LPOP', queue) else item = redis.call('LINDEX', queue, 0) end
+    if not item then return nil, nil, now end
     now = now or now_us()
-    local entry = redis.call('HGET', waiters, w)
+    local w, entry = item_of(item)
     if entry and entry_live(entry, now) then return w, entry, now end
     if not pop then redis.call('LPOP', queue) end
-    redis.call('HDEL', waiters, w)
   end
 end
 
--- take token out of the queue; whether it was queued
-local function forget(queue, waiters, token)
-  if redis.call('HDEL', waiters, token) == 0 then return false end
-  redis.call('LREM', queue, 1, token)
+-- token's item in the queue, and its index, found from its PLACE (see above); nil if
+-- it is not queued
+local function find(queue, token, place)
+  if place == '' then return nil end
+  if place ~= '?' then
+    local at = redis.call('LPOS', queue, place)
+    if at then return place, at end
+    return nil
+  end
+  local mine = token .. '|'
+  for i, item in ipairs(redis.call('LRANGE', queue, 0, -1)) do
+    if string.sub(item, 1, #mine) == mine then return item, i - 1 end
+  end
+  return nil
+end
+
+-- take token out of the queue (its PLACE, see above); whether it was queued
+local function forget(queue, token, place)
+  local item = find(queue, token, place)
+  if not item then return false end
+  redis.call('LREM', queue, 1, item)
+  -- (unknown: a try sent twice, its reply lost each time, may have queued twice)
+  if place == '?' then forget(queue, token, place) end
   return true
+end
+
+-- queue ITEM, a token's new place: at index AT, where find found its earlier one, or
+-- (AT nil) at the back. The queue is kept at least LIFE ms (so every live entry outlives
+-- it), with headroom so that the waiters that follow mostly just read its TTL.
+local function put(queue, item, at, life)
+  if at then redis.call('LSET', queue, at, item) else redis.call('RPUSH', queue, item) end
+  keep_for(queue, life, life)
 end
 
 -- whether a waiter's hub listens for its rings here (not: its process is gone, or its
