@@ -481,6 +481,50 @@ async def test_an_acquire_whose_reply_is_lost_is_sent_again_and_finds_its_grant(
             await client.aclose()
 
 
+def test_a_queueing_acquire_whose_reply_is_lost_is_sent_again_and_queued_once(
+    own_server: servers.ServerProcess, name: str
+) -> None:
+    """A try that queued, its reply lost with the connection: sent again, it asks for its
+    place to be searched for, and keeps it; queued twice, the second place would be
+    granted after the waiter was done with the lock, to nobody (held until its ttl)."""
+    admin = families.client(port=own_server.port)
+    with FaultProxy("127.0.0.1", own_server.port).start() as proxy:
+        client = families.client(port=proxy.port)
+        lock = redlease.Lock(client, name, ttl=10.0)
+        holder = redlease.Lock(admin, name, ttl=10.0).acquire()
+        got: list[Any] = []
+
+        def wait_and_release() -> None:
+            lease = lock.acquire(timeout=60)
+            got.append(lease.fence)
+            lease.release()
+
+        try:
+            first = threading.Thread(target=wait_and_release)
+            first.start()  # so that the second's first try queues: the lock is waited for
+            wait_until(lambda: queued(admin, name) == 1, timeout=30)
+            proxy.set_mode("drop_next_reply")
+            timer = _reset_soon(proxy)
+            second = threading.Thread(target=wait_and_release)
+            second.start()
+            timer.join()
+            wait_until(lambda: queued(admin, name) >= 2, timeout=30)
+            time.sleep(0.5)  # every try the reset set off has landed
+            tokens = [w.token for w in redlease.read_info(admin, name).waiters]
+            assert len(tokens) == len(set(tokens)) == 2, tokens
+            holder.release()
+            first.join(60)
+            second.join(60)
+            assert len(got) == 2
+            # nothing was granted after both were done
+            time.sleep(0.3)
+            assert _holder(own_server.port, name) is None
+            assert queued(admin, name) == 0
+        finally:
+            client.close()
+            admin.close()
+
+
 # -- 4. fork: a child can neither release nor extend its parent's leases -----------------------
 
 needs_fork = pytest.mark.skipif(not hasattr(os, "fork"), reason="needs os.fork")

@@ -15,6 +15,7 @@ every one-server lock.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import time
 from collections.abc import Awaitable, Callable, Sequence
@@ -300,10 +301,15 @@ class AsyncIO:
             async with client_slot(self.client, op.timeout):
                 return await self._client_call(op)
         wire = pool.wire
+        sent = [False]  # (sent again: with its ``again`` arguments, if it has them)
 
         async def call(conn: Connection, timeout: float) -> Any:
-            await conn.send(_first(conn) + wire(op))
-            reply = await _reply(conn, op, timeout)
+            this = op
+            if sent[0] and op.again is not None:
+                this = dataclasses.replace(op, args=op.again)
+            sent[0] = True
+            await conn.send(_first(conn) + wire(this))
+            reply = await _reply(conn, this, timeout)
             if op.replicas is not None:
                 reply = (reply, await _replicas_acked(conn, op.replicas, timeout))
             return reply

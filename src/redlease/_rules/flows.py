@@ -244,6 +244,7 @@ class LockSpec:
         replicas: Replicas | None = None,
         timeout: float | None = None,
         patient: bool = True,
+        again: tuple[str, ...] | None = None,
     ) -> Call:
         return Call(
             script,
@@ -252,6 +253,7 @@ class LockSpec:
             self.reply_timeout if timeout is None else timeout,
             replicas,
             patient,
+            again,
         )
 
     @staticmethod
@@ -349,25 +351,30 @@ class Acquisition:
             replicas = self._replicas()
             sent_at = clock()
             self.outstanding = True
-            place = self.place
-            if queue_ms:  # until its reply tells: a try cut short may have queued
+            argv = (
+                self.token,
+                str(spec.ttl_ms),
+                spec.fair_arg,
+                str(queue_ms),
+                spec.keys.bell_prefix,
+                ONE_FENCE,
+                hub,
+                self.place,
+                *spec.extra,
+                *self.also,
+            )
+            again = None
+            if queue_ms:  # until its reply tells: a try cut short, or sent twice, may have queued
                 self.place = UNKNOWN_PLACE
+                again = (*argv[:7], UNKNOWN_PLACE, *argv[8:])
             try:
                 raw = yield spec.call(
                     spec.kind.acquire,
-                    self.token,
-                    str(spec.ttl_ms),
-                    spec.fair_arg,
-                    str(queue_ms),
-                    spec.keys.bell_prefix,
-                    ONE_FENCE,
-                    hub,
-                    place,
-                    *spec.extra,
-                    *self.also,
+                    *argv,
                     replicas=replicas,
                     timeout=self._bound(),
                     patient=self.wait,
+                    again=again,
                 )
             except BackendError as failure:
                 yield from self._wait_out(failure)

@@ -45,6 +45,10 @@ class Call:
     # False: a connection failure is tried again once, at once, never after the client's
     # retry policy's back-off (a try never waits: see TRY_BOUND)
     patient: bool = True
+    # The arguments to send instead when it is sent again after its reply was lost (the
+    # first send may have run: an acquire that may queue then asks for its place to be
+    # searched for); None: the same ones
+    again: tuple[str, ...] | None = None
 
 
 @dataclass(slots=True)

@@ -17,6 +17,7 @@ every one-server lock.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import time
 from collections.abc import Callable, Sequence
@@ -302,10 +303,15 @@ class IO:
             with client_slot(self.client, op.timeout):
                 return self._client_call(op)
         wire = pool.wire
+        sent = [False]  # (sent again: with its ``again`` arguments, if it has them)
 
         def call(conn: Connection, timeout: float) -> Any:
-            conn.send(_first(conn) + wire(op))
-            reply = _reply(conn, op, timeout)
+            this = op
+            if sent[0] and op.again is not None:
+                this = dataclasses.replace(op, args=op.again)
+            sent[0] = True
+            conn.send(_first(conn) + wire(this))
+            reply = _reply(conn, this, timeout)
             if op.replicas is not None:
                 reply = (reply, _replicas_acked(conn, op.replicas, timeout))
             return reply
