@@ -174,14 +174,14 @@ def test_a_place_no_longer_in_the_queue_queues_at_the_back(r: Any, name: str) ->
 
 
 def test_a_grant_or_a_leave_takes_the_waiters_place_out(r: Any, name: str) -> None:
-    """By its place, or by its token when the place is not known: every item of it (a
-    first try sent twice, its reply lost each time, queues twice)."""
+    """By its place, or by its token when the place is not known ("?"): every item of it
+    (queued twice in a way the scripts do not make, say by a version before them)."""
     keys = LockKeys.for_name(name)
     r.set(keys.lock, "holder", px=60_000)
     _fence, a = _try(r, keys, "a", "")
-    _fence, twice = _try(r, keys, "a", "")  # the same first try, sent again
+    r.rpush(keys.queue, "a|99999999999999999:30000:0")
     _fence, b = _try(r, keys, "b", "")
-    assert _line(r, keys) == [a, twice, b]
+    assert _line(r, keys) == [a, "a|99999999999999999:30000:0", b]
     leave = ("a", "1", keys.bell_prefix, "0", "60000", "?")
     assert r.eval(_scripts.LEAVE.source, 3, *keys.script_keys, *leave)[0] == 0
     assert _line(r, keys) == [b]
@@ -190,3 +190,37 @@ def test_a_grant_or_a_leave_takes_the_waiters_place_out(r: Any, name: str) -> No
     assert fence > 0
     assert place == ""
     assert _line(r, keys) == []
+
+
+def test_tries_of_one_attempt_landing_in_any_order_queue_it_once(r: Any, name: str) -> None:
+    """Nothing orders two connections: a try sent before another may land after it."""
+    keys = LockKeys.for_name(name)
+    r.set(keys.lock, "holder", px=60_000)
+    _fence, other = _try(r, keys, "o", "")
+    # a first try, sent twice (its reply lost): the second asks for a search
+    _fence, first = _try(r, keys, "a", "?")
+    _fence, again = _try(r, keys, "a", "?")
+    assert _line(r, keys) == [other, again]
+    # a later try lands first and renews the place; the earlier one, with the old place,
+    # finds it where it now stands
+    _fence, later = _try(r, keys, "a", again)
+    _fence, late = _try(r, keys, "a", again)
+    assert _line(r, keys) == [other, late]
+    assert first != again != later != late
+
+
+def test_a_first_try_landing_after_a_later_one_queued_anew_finds_its_place(
+    r: Any, name: str
+) -> None:
+    """The first try timed out (not sent again); the next asked for a search, found
+    nothing yet and queued; then the first lands: the later one's mark has it search."""
+    keys = LockKeys.for_name(name)
+    r.set(keys.lock, "holder", px=60_000)
+    _fence, other = _try(r, keys, "o", "")
+    _fence, searched = _try(r, keys, "a", "?")
+    assert 0 < r.pttl(keys.lock + ":requeued:a") <= 30_000
+    _fence, first = _try(r, keys, "a", "")
+    assert _line(r, keys) == [other, first]
+    # one that never searched leaves no mark: a first try costs nothing more
+    assert r.exists(keys.lock + ":requeued:o") == 0
+    assert searched != first

@@ -215,10 +215,12 @@ def test_a_wake_up_without_grant_tries_again() -> None:
     assert again.script is _scripts.ACQUIRE
 
 
-def test_a_waiter_sends_its_place_back_and_after_a_lost_reply_asks_for_it_to_be_found() -> None:
+def test_a_waiter_sends_its_place_back_and_a_first_try_sent_twice_asks_for_a_search() -> None:
     """The script tells a queued try its place (its item in the queue): the next try and
-    the leave send it back, so the server finds it without a search; after a try whose
-    reply was lost (it may have queued), the place is unknown ("?") and searched for."""
+    the leave send it back. A first try that may queue carries other arguments for a
+    second send (its reply lost: the first may have queued): "?", its place searched
+    for; after its reply was lost it is "?" too. A later try's place stays (the server
+    searches for it when a first run of the try renewed it elsewhere)."""
     import redis
 
     clock = FakeClock()
@@ -226,15 +228,23 @@ def test_a_waiter_sends_its_place_back_and_after_a_lost_reply_asks_for_it_to_be_
     flow = attempt.run()
     op: Any = first_op(flow)
     assert op.args[7] == ""  # a first try has none
-    step(flow, [0, 2500, 5_000_000, 0, "t|1"])
-    op = step(flow, b"0:5100000:0")  # woken to compete
-    assert op.script is _scripts.ACQUIRE
-    assert op.args[7] == "t|1"
+    assert op.again == (*op.args[:7], _flows.UNKNOWN_PLACE, *op.args[8:])
     sleep = flow.throw(_failure(redis.ConnectionError("reset")))
     assert isinstance(sleep, _ops.Sleep)
     clock.advance(sleep.seconds)
     op = first_op(flow)
     assert op.args[7] == _flows.UNKNOWN_PLACE
+    assert op.again is None
+    step(flow, [0, 2500, 5_000_000, 0, "t|1"])
+    op = step(flow, b"0:5100000:0")  # woken to compete
+    assert op.script is _scripts.ACQUIRE
+    assert op.args[7] == "t|1"
+    assert op.again is None
+    sleep = flow.throw(_failure(redis.ConnectionError("reset")))
+    assert isinstance(sleep, _ops.Sleep)
+    clock.advance(sleep.seconds)
+    op = first_op(flow)
+    assert op.args[7] == "t|1"
     step(flow, [0, 2500, 5_000_000, 0, "t|2"])
     clock.advance(30.0)
     leave = step(flow, None)

@@ -211,3 +211,37 @@ def test_a_call_sent_again_waits_in_the_time_its_first_send_had_left(
     load, call = sent_again(time.monotonic() + 0.3)
     assert load <= 0.3
     assert call <= 0.3 - EACH  # (the load's reply took EACH of it)
+
+
+class _OwnRetriesClient:
+    """A client redlease does not take over (no known family): calls go through its
+    methods, and its own retries would send them again as they are."""
+
+    def __init__(self) -> None:
+        self.sent: list[tuple[object, ...]] = []
+
+    def evalsha(self, sha: str, n: int, *keys_and_args: object) -> list[int]:
+        self.sent.append(keys_and_args[n:])
+        return [0]
+
+
+class _AsyncOwnRetriesClient(_OwnRetriesClient):
+    async def evalsha(self, sha: str, n: int, *keys_and_args: object) -> list[int]:  # type: ignore[override]
+        return super().evalsha(sha, n, *keys_and_args)
+
+
+def test_a_call_through_a_clients_own_methods_goes_with_the_arguments_for_a_second_send() -> None:
+    """The client may send it twice (its own retries): the first send carries what a
+    second needs (a first try that may queue asks for its place to be searched for)."""
+    op = Call(_scripts.ACQUIRE, KEYS.script_keys, ("t", ""), 1.0, again=("t", "again"))
+    plain = Call(_scripts.ACQUIRE, KEYS.script_keys, ("t", "P"), 1.0)
+    client = _OwnRetriesClient()
+    sync_io = _sync_io.IO(client)
+    assert not sync_io.direct
+    sync_io._client_call(op)
+    sync_io._client_call(plain)
+    aclient = _AsyncOwnRetriesClient()
+    async_io = _async_io.AsyncIO(aclient)
+    asyncio.run(async_io._client_call(op))
+    assert client.sent == [("t", "again"), ("t", "P")]
+    assert aclient.sent == [("t", "again")]

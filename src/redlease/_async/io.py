@@ -323,12 +323,13 @@ class AsyncIO:
         functions: a Cluster client routes EVALSHA by its keys as it is, but asks a node
         for an FCALL's keys first, a round trip more on every call.)"""
         client, n = self.client, len(op.keys)
+        args = op.args if op.again is None else op.again  # (its retries send it as it is)
         try:
-            return await client.evalsha(op.script.sha, n, *op.keys, *op.args)
+            return await client.evalsha(op.script.sha, n, *op.keys, *args)
         except reply_errors() as exc:
             if not is_noscript(exc):
                 raise
-            return await client.eval(op.script.source, n, *op.keys, *op.args)
+            return await client.eval(op.script.source, n, *op.keys, *args)
 
     async def _command(self, op: Command) -> Any:
         if not self._pools:

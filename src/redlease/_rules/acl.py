@@ -78,7 +78,7 @@ PARTS = (
             "+zscore",
         ),
         "the commands the scripts call (the server checks them against the user too); "
-        "LRANGE only when a lock is inspected",
+        "LRANGE only when a lock is inspected or a waiter's place is not known",
         "the operations whose script calls it fail",
     ),
     Part(

@@ -309,8 +309,9 @@ class Acquisition:
         self.also = also
         self.token = new_token() + spec.token_tail
         # the token's place in the server's queue, as the acquire script's reply tells it
-        # and its next try and its leave send it back: "" none; UNKNOWN_PLACE while a try
-        # that may queue has not been answered (its reply lost, or the attempt cut short)
+        # and its next try and its leave send it back: "" none; UNKNOWN_PLACE while a
+        # first try that may queue has not been answered (its reply lost, or the attempt
+        # cut short)
         self.place = ""
         self.deadline = Deadline.after(spec.clock, timeout)
         self._tried_by = Deadline.after(spec.clock, TRY_OPS)
@@ -364,7 +365,10 @@ class Acquisition:
                 *self.also,
             )
             again = None
-            if queue_ms:  # until its reply tells: a try cut short, or sent twice, may have queued
+            if queue_ms and not self.place:
+                # A first try that may queue: until its reply tells, it may have, if cut
+                # short; sent twice, the second finds the first's place. (A known place
+                # that a first run of this try renewed is searched for where it was.)
                 self.place = UNKNOWN_PLACE
                 again = (*argv[:7], UNKNOWN_PLACE, *argv[8:])
             try:

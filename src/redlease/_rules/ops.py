@@ -45,8 +45,9 @@ class Call:
     # False: a connection failure is tried again once, at once, never after the client's
     # retry policy's back-off (a try never waits: see TRY_BOUND)
     patient: bool = True
-    # The arguments to send instead when it is sent again after its reply was lost (the
-    # first send may have run: an acquire that may queue then asks for its place to be
+    # The arguments to send instead when it may be sent twice: again after its reply was
+    # lost, or from the first send by a client whose own retries resend it as it is (the
+    # first send may have run: a first try that may queue then asks for its place to be
     # searched for); None: the same ones
     again: tuple[str, ...] | None = None
 

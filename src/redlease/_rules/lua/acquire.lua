@@ -16,10 +16,13 @@
 -- Fast path first, before the other helpers are defined: the token's attempt goes on,
 -- never queued, the lock is free and either nobody is queued (so nobody can have been
 -- granted or promised it) or it is unfair (a free lock is anyone's). One EXISTS asks
--- for the mark, counted twice, and the queue: seen is 0 (neither), 1 (queued ones only),
--- 2 (given up) or 3.
+-- for the mark, counted twice, the queue, and the mark of a later try of the attempt
+-- that queued it after a search, counted four times (see waiters.lua): seen is 0
+-- (none), 1 (queued ones only), 2 (given up), 3, or those and 4.
 local given_up = KEYS[1] .. ':left:' .. ARGV[1]
-local seen = redis.call('EXISTS', given_up, given_up, KEYS[3])
+local requeued = KEYS[1] .. ':requeued:' .. ARGV[1]
+local seen = redis.call('EXISTS', given_up, given_up, KEYS[3], requeued, requeued, requeued,
+  requeued)
 if (seen == 0 or (seen == 1 and ARGV[3] == '0' and ARGV[8] == ''))
     and redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then
   local top, taken = take_fences(KEYS[2], ARGV[6], ARGV[2], 0, false)
@@ -30,6 +33,10 @@ end
 
 local lock, fence, queue = KEYS[1], KEYS[2], KEYS[3]
 local token, fair, bell, place = ARGV[1], ARGV[3], ARGV[5] .. ARGV[1], ARGV[8]
+if seen >= 4 then
+  seen = seen - 4
+  if place == '' then place = '?' end
+end
 local holder = redis.call('GET', lock)
 if holder == token then
   -- granted to us while we were away, or a retried call whose first reply was lost
@@ -65,12 +72,12 @@ if ARGV[4] ~= '0' then
   local life = tonumber(ARGV[4])
   -- a first try queues at the back; a later one keeps its place, and (only an unfair
   -- lock reads it) its since
-  local was, at = find(queue, token, place)
+  local was, at, others, searched = find(queue, token, place)
   local since = now
   if was and fair == '0' then since = entry_since(select(2, item_of(was))) end
   local entry = string.format('%d:%s:%d', now + life * 1000, ARGV[2], since)
   if ARGV[7] ~= '' then entry = entry .. ':' .. ARGV[7] end
   place = token .. '|' .. entry
-  put(queue, place, at, life)
+  put(lock, queue, token, place, at, others, searched, life)
 end
 return {0, redis.call('PTTL', lock), now, 0, place}

@@ -5,8 +5,9 @@
 -- KEYS[1] holders: a sorted set, token -> when its hold runs out (server ms)
 -- KEYS[2..3] fence, queue: as the lock's
 -- KEYS[4] fences: token -> its hold's fence (hash); field "@writer" -> the writer's token
--- ARGV: the lock script's, then ARGV[-2] the caller's limit and ARGV[-1] its mode: 'r'
--- (shared: a semaphore's permit, a read lease) or 'w' (exclusive: a write lease).
+-- ARGV: the lock script's, then the caller's limit and its mode: 'r' (shared: a
+-- semaphore's permit, a read lease) or 'w' (exclusive: a write lease); each script says
+-- where.
 -- A shared hold is granted while fewer than limit are held and no writer holds; an
 -- exclusive one while nothing is held. Waiters are served strictly in arrival order, as
 -- many at once as fit, each with its own limit (carried in its queue entry): so a

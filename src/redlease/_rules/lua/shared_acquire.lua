@@ -14,8 +14,14 @@ local limit, mode = tonumber(ARGV[9]), ARGV[10]
 local now = now_us()
 held_now(holders, fences, now)
 local held = ours(holders, fences, token, now)
-if not held and redis.call('EXISTS', holders .. ':left:' .. token) == 1 then
-  return {0, -2, now, 0, ''}  -- the token's attempt was given up: as the lock's acquire
+if not held then
+  -- (the given-up mark, counted twice, and the requeued one: as the lock's acquire)
+  local left = holders .. ':left:' .. token
+  local marks = redis.call('EXISTS', left, left, holders .. ':requeued:' .. token)
+  if marks >= 2 then
+    return {0, -2, now, 0, ''}  -- the token's attempt was given up: as the lock's acquire
+  end
+  if marks == 1 and place == '' then place = '?' end
 end
 local server_us = 0  -- (a grant found: it was made before this call)
 local mine = ARGV[11]
@@ -54,9 +60,9 @@ if ARGV[4] ~= '0' then
   local life = tonumber(ARGV[4])
   local entry = string.format('%d:%s:%d:%s', now + life * 1000, ttl, limit, mode)
   if ARGV[7] ~= '' then entry = entry .. ':' .. ARGV[7] end
-  local _, at = find(queue, token, place)
+  local _, at, others, searched = find(queue, token, place)
   place = token .. '|' .. entry
-  put(queue, place, at, life)
+  put(holders, queue, token, place, at, others, searched, life)
 end
 local soonest = redis.call('ZRANGE', holders, 0, 0, 'WITHSCORES')
 local left = soonest[2] and math.max(0, tonumber(soonest[2]) - now_ms(now)) or -2

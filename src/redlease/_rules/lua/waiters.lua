@@ -8,8 +8,13 @@
 --     to a waiter that gave up or died and is skipped. The place is the whole item, so
 --     a waiter's next try finds it with LPOS, and nothing but the list is written to
 --     queue it or to serve it. A try is told its place (the acquire's reply) and sends
---     it with its next try and its LEAVE: '' for none, '?' when it is not known (a try
---     whose reply was lost may have queued it: the queue is searched for its token);
+--     it with its next try and its LEAVE: '' for none (a first try), '?' when a try that
+--     may have queued went unanswered. A place not found where it was (renewed by a
+--     later try that landed first, dropped as dead) and '?' are searched for by token,
+--     and every item of the token found goes but the one kept: the token is queued
+--     once, whatever order its tries land in. A first try that lands after a later
+--     one queued the token anew, after a search, finds that try's mark (the lock's key
+--     .. ':requeued:' .. token, for the entry's life) and searches too;
 --   * a waiter is rung with "fence:server_us:taken": a fence > 0 means the lock was granted
 --     to that waiter at server time server_us, with taken fences; fence 0 is a plain
 --     wake-up. A waiter with a hub (its process's shared wait connection, see
@@ -65,37 +70,57 @@ local function live_head(queue, now, pop)
   end
 end
 
--- token's item in the queue, and its index, found from its PLACE (see above); nil if
--- it is not queued
+-- every item of token, in order, and the first one's index (one pass over the queue)
+local function search(queue, token)
+  local mine, found, first = token .. '|', {}, nil
+  for i, item in ipairs(redis.call('LRANGE', queue, 0, -1)) do
+    if string.sub(item, 1, #mine) == mine then
+      found[#found + 1] = item
+      first = first or i - 1
+    end
+  end
+  return found, first
+end
+
+-- token's item in the queue from its PLACE (see above), its index, and the token's other
+-- items (a list, or nil: none; nil for all: not queued). SEARCHED is true when the queue
+-- had to be searched.
 local function find(queue, token, place)
   if place == '' then return nil end
   if place ~= '?' then
     local at = redis.call('LPOS', queue, place)
-    if at then return place, at end
-    return nil
+    if at then return place, at, nil, false end
   end
-  local mine = token .. '|'
-  for i, item in ipairs(redis.call('LRANGE', queue, 0, -1)) do
-    if string.sub(item, 1, #mine) == mine then return item, i - 1 end
-  end
-  return nil
+  local found, at = search(queue, token)
+  return found[1], at, {unpack(found, 2)}, true
+end
+
+-- take ITEMS (a list, or nil: none) out of the queue
+local function drop_items(queue, items)
+  for _, item in ipairs(items or {}) do redis.call('LREM', queue, 1, item) end
 end
 
 -- take token out of the queue (its PLACE, see above); whether it was queued
 local function forget(queue, token, place)
-  local item = find(queue, token, place)
+  local item, _, others = find(queue, token, place)
   if not item then return false end
   redis.call('LREM', queue, 1, item)
-  -- (unknown: a try sent twice, its reply lost each time, may have queued twice)
-  if place == '?' then forget(queue, token, place) end
+  drop_items(queue, others)
   return true
 end
 
--- queue ITEM, a token's new place: at index AT, where find found its earlier one, or
--- (AT nil) at the back. The queue is kept at least LIFE ms (so every live entry outlives
--- it), with headroom so that the waiters that follow mostly just read its TTL.
-local function put(queue, item, at, life)
-  if at then redis.call('LSET', queue, at, item) else redis.call('RPUSH', queue, item) end
+-- queue token's new place, ITEM, for LIFE ms: at index AT, where find found its earlier
+-- item, or (AT nil) at the back, and then, if the queue was SEARCHED for it, marked
+-- (see above); its OTHERS go. The queue is kept at least LIFE ms (so every live entry
+-- outlives it), with headroom so that the waiters that follow mostly just read its TTL.
+local function put(lock, queue, token, item, at, others, searched, life)
+  if at then
+    redis.call('LSET', queue, at, item)
+    drop_items(queue, others)
+  else
+    redis.call('RPUSH', queue, item)
+    if searched then redis.call('SET', lock .. ':requeued:' .. token, '1', 'PX', life) end
+  end
   keep_for(queue, life, life)
 end
 
