@@ -154,6 +154,7 @@ def _acquire_script(client: Any, name: str, holds: int) -> list[int]:
         holds,
         "",
         "",
+        "10000",
     )
     client.delete(keys.lock)
     return [int(x) for x in reply[:4]]  # (its place in the queue: none)

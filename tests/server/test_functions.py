@@ -261,7 +261,7 @@ def test_an_error_in_a_function_is_said_at_its_files_line(fresh: servers.ServerP
     keys = LockKeys.for_name("x")
     admin.hset(keys.lock, "a", "b")
     admin.pexpire(keys.lock, 60_000)
-    args = ("t1", "5000", "1", "0", keys.bell_prefix, "1", "", "")
+    args = ("t1", "5000", "1", "0", keys.bell_prefix, "1", "", "", "10000")
     with pytest.raises(Exception, match="WRONGTYPE") as raised:
         admin.fcall(_scripts.ACQUIRE.function, 3, *keys.script_keys, *args)
     text = str(raised.value)

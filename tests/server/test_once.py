@@ -470,6 +470,7 @@ def _acquire_args(name: str, token: str, period_ms: int) -> list[Any]:
         "1",
         "",
         "",
+        "60000",
         str(period_ms),
     ]
 

@@ -291,7 +291,7 @@ def test_a_waiter_is_not_dropped_from_its_place_while_its_hub_is_away(
 
     def acquire(token: str, ttl: str, queue_ms: str, hub: str) -> list[int]:
         place = places.get(token, "")
-        args = (token, ttl, "1", queue_ms, keys.bell_prefix, "1", hub, place, "1", "r")
+        args = (token, ttl, "1", queue_ms, keys.bell_prefix, "1", hub, place, "9000", "1", "r")
         reply: list[Any] = r.eval(SHARED_ACQUIRE.source, 4, *keys.script_keys, *args)
         places[token] = reply[4].decode()
         return [int(x) for x in reply[:4]]

@@ -51,13 +51,14 @@ def test_acquire_is_one_script_call_and_validity_counts_from_before_sending() ->
         "redlease:{orders:42}:fence",
         "redlease:{orders:42}:line",
     )
-    token, ttl_ms, fair, queue_ms, bells, holds, hub, place = op.args
+    token, ttl_ms, fair, queue_ms, bells, holds, hub, place, landing_ms = op.args
     assert token == attempt.token
     assert len(token) == 32
     assert (ttl_ms, fair, queue_ms, bells) == ("10000", "1", "0", "redlease:{orders:42}:bell:")
     assert holds == "1"  # one fence per grant
     assert hub == ""  # a try that does not queue names no hub
     assert place == ""  # a first try has no place in the queue
+    assert landing_ms == attempt.spec.given_up_ms  # how late a try of it may land
     clock.advance(0.3)  # time in flight is the holder's loss
     done, grant = step(flow, [7, 10000, 1_000_000, 1, ""])
     assert done == "done"

@@ -128,7 +128,7 @@ def test_a_jobs_try_is_one_call_that_never_queues_and_sends_its_period() -> None
     assert attempt.outstanding  # sent: an interrupted try must be cleaned up
     assert op.script is _scripts.ONCE_ACQUIRE
     assert op.keys == (LOCK, LOCK + ":fence", LOCK + ":line", LOCK + ":once")
-    assert op.args == (attempt.token, "10000", "1", "0", BELLS, "1", "", "", "3600000")
+    assert op.args == (attempt.token, "10000", "1", "0", BELLS, "1", "", "", "20000", "3600000")
     assert op.patient is False
     assert op.timeout == pytest.approx(_flows.TRY_OPS)  # a try's bound, under the 10 s lease
     plain = rule()

@@ -361,14 +361,15 @@ class Acquisition:
                 ONE_FENCE,
                 hub,
                 self.place,
+                spec.given_up_ms,
                 *spec.extra,
                 *self.also,
             )
             again = None
             if queue_ms and not self.place:
                 # A first try that may queue: until its reply tells, it may have, if cut
-                # short; sent twice, the second finds the first's place. (A known place
-                # that a first run of this try renewed is searched for where it was.)
+                # short; sent twice, the second finds the first's place. (A later try's
+                # place, if a first run of that try renewed it, the server searches for.)
                 self.place = UNKNOWN_PLACE
                 again = (*argv[:7], UNKNOWN_PLACE, *argv[8:])
             try:

@@ -19,7 +19,8 @@ touches a single slot:
                        twice the acquire's reply bound
     P{N}:requeued:<token>  a try that searched the queue for its token and queued it
                        anew: the same attempt's first try, landing later, searches too
-                       (see the scripts' waiters.lua); kept the entry's life
+                       (see the scripts' waiters.lua); kept as the mark of an attempt
+                       given up
     P{N}:once          a scheduled job's last period run (``redlease.once(every=)``): the
                        period's number, kept until the period ends
     P{N}:gate          the greatest fence the gate for Redis data (FencedRedis) has let

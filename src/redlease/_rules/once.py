@@ -140,6 +140,7 @@ class OnceAttempt(Acquisition):
                 ONE_FENCE,
                 "",
                 "",
+                spec.given_up_ms,
                 str(self.rule.period_ms),
                 keys=(*spec.keys.script_keys, spec.keys.once),
                 timeout=self._bound(),

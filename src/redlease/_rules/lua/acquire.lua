@@ -5,6 +5,8 @@
 -- ARGV[7] the waiter's hub ('': rung on its bell)
 -- ARGV[8] the token's place in the queue, as its last try's reply gave it ('': none,
 -- a first try; '?': not known, see waiters.lua)
+-- ARGV[9] ms a try of the token may still land after it was sent (the mark of a try
+-- that queued it anew after a search lasts that long; see waiters.lua)
 -- Reply {fence, pttl, server_us, taken, place}. fence > 0: acquired, the highest fence
 -- taken, and taken of them; pttl = ms of validity left. fence = 0: held by another, pttl =
 -- its ms left (-2: free but promised to a waiter), or the token's attempt was given up.
@@ -78,6 +80,6 @@ if ARGV[4] ~= '0' then
   local entry = string.format('%d:%s:%d', now + life * 1000, ARGV[2], since)
   if ARGV[7] ~= '' then entry = entry .. ':' .. ARGV[7] end
   place = token .. '|' .. entry
-  put(lock, queue, token, place, at, others, searched, life)
+  put(lock, queue, token, place, at, others, searched, life, ARGV[9])
 end
 return {0, redis.call('PTTL', lock), now, 0, place}

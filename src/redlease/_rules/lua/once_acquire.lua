@@ -2,7 +2,7 @@
 -- period has been made.
 -- KEYS[1..3] as acquire's  KEYS[4] the record of the last period run (P{N}:once,
 -- "period:token")
--- ARGV[1..8] as acquire's (ARGV[4] '0')  ARGV[9] the period in ms ('0': none)
+-- ARGV[1..9] as acquire's (ARGV[4] '0')  ARGV[10] the period in ms ('0': none)
 -- Reply as acquire's, but server_us is always the server's time before the grant (when
 -- the run starts), and fence = -1 when this period's run has been made (pttl: ms until
 -- the next period begins, or the name is free if that is later). Periods are aligned to
@@ -13,7 +13,7 @@ end
 local t = redis.call('TIME')
 local now_us = tonumber(t[1]) * 1000000 + tonumber(t[2])
 local now = math.floor(now_us / 1000)
-local period = tonumber(ARGV[9])
+local period = tonumber(ARGV[10])
 local k
 if period > 0 then
   k = math.floor(now / period)

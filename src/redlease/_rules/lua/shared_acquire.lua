@@ -1,6 +1,6 @@
--- KEYS[1..3] and ARGV[1..8] as the lock's acquire (ARGV[3], fair, is always '1';
+-- KEYS[1..3] and ARGV[1..9] as the lock's acquire (ARGV[3], fair, is always '1';
 -- ARGV[6], the fences a grant takes, always '1'); KEYS[4] fences (see holds.lua)
--- ARGV[9] limit  ARGV[10] mode ('r' or 'w')  ARGV[11] (optional; a read/write lock's)
+-- ARGV[10] limit  ARGV[11] mode ('r' or 'w')  ARGV[12] (optional; a read/write lock's)
 -- the token of the caller's own lease of the other mode: a read under the caller's write
 -- lease (a downgrade) is granted at once, and so is a write over the caller's read lease
 -- if that is the only hold (an upgrade).
@@ -10,7 +10,7 @@
 --@include holds
 local holders, fence, queue, fences = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
 local token, ttl, bell, place = ARGV[1], ARGV[2], ARGV[5] .. ARGV[1], ARGV[8]
-local limit, mode = tonumber(ARGV[9]), ARGV[10]
+local limit, mode = tonumber(ARGV[10]), ARGV[11]
 local now = now_us()
 held_now(holders, fences, now)
 local held = ours(holders, fences, token, now)
@@ -24,7 +24,7 @@ if not held then
   if marks == 1 and place == '' then place = '?' end
 end
 local server_us = 0  -- (a grant found: it was made before this call)
-local mine = ARGV[11]
+local mine = ARGV[12]
 if not held and mine and mine ~= '' and redis.call('ZSCORE', holders, mine) then
   local writer = writer_holds(holders, fences) and redis.call('HGET', fences, '@writer')
   if (mode == 'r' and writer == mine)
@@ -62,7 +62,7 @@ if ARGV[4] ~= '0' then
   if ARGV[7] ~= '' then entry = entry .. ':' .. ARGV[7] end
   local _, at, others, searched = find(queue, token, place)
   place = token .. '|' .. entry
-  put(holders, queue, token, place, at, others, searched, life)
+  put(holders, queue, token, place, at, others, searched, life, ARGV[9])
 end
 local soonest = redis.call('ZRANGE', holders, 0, 0, 'WITHSCORES')
 local left = soonest[2] and math.max(0, tonumber(soonest[2]) - now_ms(now)) or -2

@@ -6,15 +6,17 @@
 --     queued, kept across its tries by an unfair lock, the only one that reads it; a
 --     shared hold's entry is its own, see holds.lua); an entry past its deadline belongs
 --     to a waiter that gave up or died and is skipped. The place is the whole item, so
---     a waiter's next try finds it with LPOS, and nothing but the list is written to
---     queue it or to serve it. A try is told its place (the acquire's reply) and sends
---     it with its next try and its LEAVE: '' for none (a first try), '?' when a try that
---     may have queued went unanswered. A place not found where it was (renewed by a
---     later try that landed first, dropped as dead) and '?' are searched for by token,
---     and every item of the token found goes but the one kept: the token is queued
---     once, whatever order its tries land in. A first try that lands after a later
---     one queued the token anew, after a search, finds that try's mark (the lock's key
---     .. ':requeued:' .. token, for the entry's life) and searches too;
+--     a waiter's next try finds it with LPOS, and but for the rare search below nothing
+--     but the list is written to queue it or to serve it. A try is told its place (the
+--     acquire's reply) and sends it with its next try and its LEAVE: '' for none (a
+--     first try), '?' when the token may be queued but its place is not known (a first
+--     try that may be sent twice, or whose reply was lost). A place not found where it
+--     was (renewed by a later try that landed first, dropped as dead) and '?' are
+--     searched for by token, and then every item of the token found goes but the one
+--     kept: the token is queued once, whatever order its tries land in, as long as a
+--     try may land late. A first try that lands after a later one queued the token
+--     anew, after a search, finds that try's mark (the lock's key .. ':requeued:' ..
+--     token, kept as long as the mark of an attempt given up, ARGV[9]) and searches too;
 --   * a waiter is rung with "fence:server_us:taken": a fence > 0 means the lock was granted
 --     to that waiter at server time server_us, with taken fences; fence 0 is a plain
 --     wake-up. A waiter with a hub (its process's shared wait connection, see
@@ -110,16 +112,19 @@ local function forget(queue, token, place)
 end
 
 -- queue token's new place, ITEM, for LIFE ms: at index AT, where find found its earlier
--- item, or (AT nil) at the back, and then, if the queue was SEARCHED for it, marked
--- (see above); its OTHERS go. The queue is kept at least LIFE ms (so every live entry
--- outlives it), with headroom so that the waiters that follow mostly just read its TTL.
-local function put(lock, queue, token, item, at, others, searched, life)
+-- item, or (AT nil) at the back, and then, if the queue was SEARCHED for it, marked for
+-- MARK_MS (see above: as long as a try of the token may still land); its OTHERS go. The
+-- queue is kept at least LIFE ms (so every live entry outlives it), with headroom so
+-- that the waiters that follow mostly just read its TTL.
+local function put(lock, queue, token, item, at, others, searched, life, mark_ms)
   if at then
     redis.call('LSET', queue, at, item)
     drop_items(queue, others)
   else
     redis.call('RPUSH', queue, item)
-    if searched then redis.call('SET', lock .. ':requeued:' .. token, '1', 'PX', life) end
+    if searched then
+      redis.call('SET', lock .. ':requeued:' .. token, '1', 'PX', mark_ms)
+    end
   end
   keep_for(queue, life, life)
 end
