@@ -210,6 +210,44 @@ async def test_an_acquire_landing_after_its_clean_up_takes_nothing(
             await client.aclose()
 
 
+@pytest.mark.parametrize("primitive", ["lock", "semaphore"])
+async def test_a_try_landing_after_its_grant_was_released_takes_nothing(
+    server: Any, family: Any, r: Any, name: str, primitive: str
+) -> None:
+    """The first try goes unanswered (held up on its connection) and times out; the
+    next one, on a new connection, is granted; the lease is used and released; then the
+    first try lands. It must not take the name (held for nobody) nor queue it."""
+    from redlease.tools.chaos.proxy import FaultProxy
+
+    with FaultProxy("127.0.0.1", server.port) as proxy:
+        client = family.aclient(port=proxy.port)
+        try:
+            await (await redlease.AsyncLock(client, name + ":warm", ttl=30.0).acquire()).release()
+            # (a ttl of 1 s: its tries' replies are waited for 1 s)
+            take, kind = {
+                "lock": (redlease.AsyncLock(client, name, ttl=1.0).acquire, "lock"),
+                "semaphore": (
+                    redlease.AsyncSemaphore(client, name, limit=2, ttl=1.0).acquire,
+                    "semaphore",
+                ),
+            }[primitive]
+            proxy.hold_open()
+            lease = await take(timeout=10)  # its first try timed out after 1 s; the next won
+            assert proxy.stats.holding, "the first try was not held up"
+            await lease.release()
+            proxy.let_go()  # now the first try reaches the server
+            for _ in range(5000):
+                if not proxy.stats.holding:
+                    break
+                await asyncio.sleep(0.001)
+            await asyncio.sleep(0.3)
+            info = redlease.read_info(r, name, kind=kind)
+            assert not info.held
+            assert info.waiters == ()
+        finally:
+            await client.aclose()
+
+
 # -- Cancelled at random moments, against a server other clients keep busy ---------------
 
 # About a millisecond of server time per run: the other clients' scripts, between which

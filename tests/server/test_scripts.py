@@ -225,3 +225,26 @@ def test_a_first_try_landing_after_a_later_one_queued_anew_finds_its_place(
     # one that never searched leaves no mark: a first try costs nothing more
     assert r.exists(keys.lock + ":requeued:o") == 0
     assert searched != first
+
+
+@pytest.mark.parametrize("held", [False, True])
+def test_a_try_landing_after_its_grant_was_released_and_marked_takes_nothing(
+    r: Any, name: str, held: bool
+) -> None:
+    """A try held up on a dropped connection lands after its attempt's grant was
+    released: the LEAVE the release sent after it (its attempt had a try unanswered)
+    left the given-up mark, so the try neither takes a free lock nor queues."""
+    keys = LockKeys.for_name(name)
+    fence, _place = _try(r, keys, "a", "")
+    assert fence > 0
+    release = ("a", "1", keys.bell_prefix, "5000")
+    assert r.eval(_scripts.RELEASE.source, 3, *keys.script_keys, *release) == 1
+    leave = ("a", "1", keys.bell_prefix, "0", "60000", "?")
+    assert r.eval(_scripts.LEAVE.source, 3, *keys.script_keys, *leave)[0] == 0
+    if held:
+        r.set(keys.lock, "b", px=60_000)
+    fence, place = _try(r, keys, "a", "")  # the late try
+    assert fence == 0
+    assert place == ""
+    assert r.get(keys.lock) == (b"b" if held else None)
+    assert _line(r, keys) == []

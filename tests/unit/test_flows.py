@@ -253,6 +253,35 @@ def test_a_waiter_sends_its_place_back_and_a_first_try_sent_twice_asks_for_a_sea
     assert leave.args[5] == "t|2"
 
 
+def test_a_grant_whose_attempt_had_a_try_unanswered_is_released_then_marked_given_up() -> None:
+    """That try may still land (held up on a dropped connection): once the grant is
+    released, a LEAVE marks the attempt given up, and the try takes nothing when it
+    lands. A grant whose tries were all answered is released in one call."""
+    import redis
+
+    for failed in (True, False):
+        clock = FakeClock()
+        attempt = _flows.Acquisition(spec(clock), 30.0, wait=True)
+        flow = attempt.run()
+        first_op(flow)
+        if failed:
+            sleep = flow.throw(_failure(redis.ConnectionError("reset")))
+            assert isinstance(sleep, _ops.Sleep)
+            first_op(flow)
+        done, grant = step(flow, [7, 10000, 1_000_000, 1, ""])
+        assert done == "done"
+        assert grant.unsure is failed
+        release: Any = _flows.release(attempt.spec, grant.token, unsure=grant.unsure)
+        assert next(release).script is _scripts.RELEASE
+        after = step(release, 1)
+        if failed:
+            assert after.script is _scripts.LEAVE
+            assert (after.args[0], after.args[3], after.args[5]) == (grant.token, "0", "?")
+            assert step(release, [0, 0, 0]) == ("done", None)
+        else:
+            assert after == ("done", None)
+
+
 def test_an_attempt_cut_short_with_a_queueing_try_unanswered_leaves_by_its_token() -> None:
     """Cancelled (or interrupted) while a try that may queue is in flight: the server may
     have queued it, so the leave asks for the token's place to be searched for."""

@@ -12,7 +12,7 @@ from __future__ import annotations
 import math
 import os
 from collections.abc import Callable, Generator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 from .._base.errors import BackendError, LockError, LockLost
@@ -277,11 +277,14 @@ class LockSpec:
 
 @dataclass(slots=True)  # built per cycle, like Call
 class Grant:
-    """A lock the server gave us: our token, its fencing token, and until when it is ours."""
+    """A lock the server gave us: our token, its fencing token, and until when it is ours.
+    ``unsure``: a try of its attempt went unanswered and may still land; its release then
+    also marks the attempt given up, so that such a try takes nothing."""
 
     token: str
     fence: int
     valid_until: float
+    unsure: bool = field(default=False, kw_only=True)
 
 
 class Acquisition:
@@ -317,6 +320,7 @@ class Acquisition:
         self._tried_by = Deadline.after(spec.clock, TRY_OPS)
         self.wait = wait
         self.outstanding = False
+        self.unsure = False  # a try went unanswered: it may still land (see Grant)
         self.failures = 0  # tries that failed in a way that may pass
         self.woken = False  # rung to compete (an unfair lock's): see UNFAIR_WOKEN
         self.hurried = False  # cleaning up as the process goes away: see abandon()
@@ -382,6 +386,7 @@ class Acquisition:
                     again=again,
                 )
             except BackendError as failure:
+                self.unsure = True
                 yield from self._wait_out(failure)
                 continue
             reply, acked = spec.unpack(raw, replicas)
@@ -393,6 +398,7 @@ class Acquisition:
                     self.token,
                     fence,
                     valid_until(sent_at, pttl, spec.ttl),
+                    unsure=self.unsure,
                 )
                 if grant.valid_until > clock():
                     return grant
@@ -440,6 +446,7 @@ class Acquisition:
                             self.token,
                             granted,
                             valid_until(start, spec.ttl_ms, spec.ttl),
+                            unsure=self.unsure,
                         )
                         if grant.valid_until > clock():
                             return grant
@@ -504,21 +511,22 @@ class Acquisition:
         yield from self.abandon()
         if not self.wait or self.deadline.expired():
             return False
-        self.token, self.place = new_token() + self.spec.token_tail, ""
+        self.token, self.place, self.unsure = new_token() + self.spec.token_tail, "", False
         return True
 
     def leave(self, *, keep: bool) -> Flow[Grant | None]:
-        return (
-            yield from leave(
-                self.spec,
-                self.token,
-                keep=keep,
-                place=self.place,
-                replicas=self._replicas() if keep else None,
-                timeout=self._bound(),
-                patient=self.wait and not self.hurried,
-            )
+        grant = yield from leave(
+            self.spec,
+            self.token,
+            keep=keep,
+            place=self.place,
+            replicas=self._replicas() if keep else None,
+            timeout=self._bound(),
+            patient=self.wait and not self.hurried,
         )
+        if grant is not None:
+            grant.unsure = self.unsure
+        return grant
 
     def abandon(self, *, hurried: bool = False) -> Flow[None]:
         """Leave the queue and release whatever may have been granted to this attempt.
@@ -609,13 +617,16 @@ def release(
     hurried: bool = False,
     script: Script | None = None,
     also: tuple[str, ...] = (),
+    unsure: bool = False,
 ) -> Flow[None]:
     """Delete the lock if it is still ours and serve the next waiter, atomically.
     ``forced``: an operator frees someone else's hold (``redlease release --force``).
     ``hurried``: the process is going away (see ``Acquisition.abandon``): PAST_DEADLINE
     for the reply and no retry; what a server that does not answer keeps expires.
     ``script``: another release script with the same arguments and reply (by default the
-    kind's), given ``also`` after them (a scheduled job's: until when it keeps the name)."""
+    kind's), given ``also`` after them (a scheduled job's: until when it keeps the name).
+    ``unsure``: a try of the grant's attempt may still land (see Grant): once released,
+    the attempt is marked given up too (a LEAVE), and that try takes nothing."""
     # The release mark lasts as long as the release may be retried (its reply's bound);
     # a forced one leaves none to speak of, or the holder's own release would take it for
     # its retried one and never learn that its lease had been taken away.
@@ -633,6 +644,8 @@ def release(
     )
     if as_int(ok) != 1:
         raise LockLost(f"{spec.kind.noun} {spec.name!r} had already expired or been taken over")
+    if unsure and not hurried:
+        yield from leave(spec, token, keep=False, place=UNKNOWN_PLACE)
 
 
 def foreign_key(spec: LockSpec, more: tuple[tuple[str, str], ...] = ()) -> Flow[LockError]:

@@ -79,6 +79,7 @@ class LeaseState:
         self.token = grant.token
         self.fence = grant.fence
         self.valid_until = grant.valid_until
+        self.unsure = grant.unsure  # (see Grant: its release marks the attempt given up)
         self.on_lost = on_lost
         self.status = HELD
         self.reason: str | None = None  # why it was lost
@@ -195,7 +196,7 @@ class LeaseState:
 
     def release_flow(self, *, hurried: bool = False) -> Any:
         """The flow that releases it (``hurried``: bounded, see ``_rules.flows.release``)."""
-        return _flows.release(self.spec, self.token, hurried=hurried)
+        return _flows.release(self.spec, self.token, hurried=hurried, unsure=self.unsure)
 
     def lost_on_lock_lost(self) -> _Ending:
         """Around a round trip that may find the lease gone: LockLost marks it lost (and
