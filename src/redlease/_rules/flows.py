@@ -9,6 +9,7 @@ asyncio, and are tested with a fake clock and scripted replies.
 
 from __future__ import annotations
 
+import functools
 import math
 import os
 from collections.abc import Callable, Generator
@@ -72,6 +73,8 @@ ONE_FENCE = "1"
 # A waiter's place in the queue when a try whose reply was lost may have queued it: the
 # script looks for its token (see the scripts' waiters.lua).
 UNKNOWN_PLACE = "?"
+# Where the place is among the acquire script's arguments (its ARGV[8]).
+PLACE_ARG = 7
 
 
 Flow = Generator[Op, Any, T]
@@ -228,7 +231,7 @@ class LockSpec:
     def fair_arg(self) -> str:
         return "1" if self.fair else "0"
 
-    @property
+    @functools.cached_property  # (sent with every acquire: made once)
     def given_up_ms(self) -> str:
         """How long the mark of an attempt given up lasts on the server (see the LEAVE
         script): an acquire of it still on its way (sent on a connection dropped with it
@@ -375,7 +378,7 @@ class Acquisition:
                 # short; sent twice, the second finds the first's place. (A later try's
                 # place, if a first run of that try renewed it, the server searches for.)
                 self.place = UNKNOWN_PLACE
-                again = (*argv[:7], UNKNOWN_PLACE, *argv[8:])
+                again = (*argv[:PLACE_ARG], UNKNOWN_PLACE, *argv[PLACE_ARG + 1 :])
             try:
                 raw = yield spec.call(
                     spec.kind.acquire,
