@@ -7,6 +7,7 @@ tests depend on the machine.
 from __future__ import annotations
 
 import math
+import shutil
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -26,6 +27,7 @@ from benchmarks import (  # noqa: E402
     gates,
     handoff,
     idle,
+    instructions,
     memory,
     primitives,
     renewal,
@@ -257,3 +259,24 @@ def test_a_pairs_cost_is_the_median_of_its_rounds_ratios() -> None:
     _, _, cost = rows("section", pair)
     assert cost.value == 1.0  # the rounds' ratios are 2, 1 and 1 (medians: 100 / 50 = 2)
     assert cost.verdict == "pass"
+
+
+@pytest.mark.skipif(shutil.which("valgrind") is None, reason="valgrind is not installed")
+def test_the_servers_instructions_are_counted_under_callgrind(
+    server: servers.ServerProcess,
+) -> None:
+    """Every contender's count is taken, of its loop alone: a cycle of redlease's (two
+    scripts) costs the server more than redis-py's (a command and a script), a fair
+    section (a queued acquire, a hand-over) more than a cycle, and two counts of the same
+    cycles agree to a fraction (the figure is the server's work, not the machine's speed)."""
+    counts = instructions.measure(server.binary.kind, 20)
+    assert set(counts) == {f"{k} cycle" for k in instructions.CYCLES} | {
+        f"{k} section" for k in instructions.SECTIONS
+    }
+    assert counts["redis-py cycle"] > 10_000
+    assert counts["redlease cycle"] > counts["redis-py cycle"]
+    assert counts["redlease section"] > counts["redlease cycle"]
+    with instructions.counted_server(server.binary.kind) as (port, zero, count):
+        instructions.cycles("redlease", port, 20, zero)
+        again = count() / 20
+    assert abs(again / counts["redlease cycle"] - 1) < 0.1  # (the cron's ticks: a few %)

@@ -269,7 +269,7 @@ def test_an_error_in_a_function_is_said_at_its_files_line(fresh: servers.ServerP
     file, number = _scripts.library().origin(line) or ("", 0)
     assert file == "acquire"
     assert _scripts.lua_file(file).splitlines()[number - 1].strip() == (
-        "local holder = redis.call('GET', lock)"
+        "holder = redis.call('GET', lock)"
     )
     assert _scripts.place(_scripts.ACQUIRE.function, line) == f"acquire.lua:{number}"
     assert "user_function" not in plain(text)  # (the server's place, of no use, goes)

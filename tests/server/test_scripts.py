@@ -85,7 +85,7 @@ def test_an_error_in_a_script_names_its_files_line(r: Any, name: str) -> None:
     file, number = _scripts.ACQUIRE.origin(line) or ("", 0)
     assert file == "acquire"
     assert _scripts.lua_file(file).splitlines()[number - 1].strip() == (
-        "local holder = redis.call('GET', lock)"
+        "holder = redis.call('GET', lock)"
     )
 
 
@@ -136,6 +136,44 @@ def _try(r: Any, keys: LockKeys, token: str, place: str, fair: str = "1") -> tup
 
 def _line(r: Any, keys: LockKeys) -> list[str]:
     return [item.decode() for item in r.lrange(keys.queue, 0, -1)]
+
+
+def _queue_reply(r: Any, keys: LockKeys, token: str, place: str = "") -> list[Any]:
+    args = (token, "30000", "1", "30000", keys.bell_prefix, "1", "", place, "60000")
+    return list(r.eval(_scripts.ACQUIRE.source, 3, *keys.script_keys, *args))
+
+
+def test_a_first_try_behind_others_is_told_the_holders_time_left(r: Any, name: str) -> None:
+    """A first try that finds others queued reads the lock's PTTL alone (it cannot hold
+    the lock yet): its reply still says how long the holder has, or, when the free lock
+    went to the first waiter in this same call, how long that waiter has."""
+    keys = LockKeys.for_name(name)
+    r.set(keys.lock, "holder", px=20_000)
+    assert int(_queue_reply(r, keys, "a")[0]) == 0
+    fence, pttl, *_rest = _queue_reply(r, keys, "b")  # a is queued: the lock's PTTL alone
+    assert fence == 0
+    assert 15_000 < pttl <= 20_000
+    r.delete(keys.lock)  # the holder's lease ran out: free, a first in line
+    fence, pttl, *_rest = _queue_reply(r, keys, "c")
+    assert fence == 0
+    assert r.get(keys.lock) == b"a"  # handed to a, and c told a's time (30 s), not "free"
+    assert 25_000 < pttl <= 30_000
+    assert [item.split("|")[0] for item in _line(r, keys)] == ["b", "c"]
+
+
+def test_a_key_of_another_type_is_said_before_anyone_queues_behind_it(r: Any, name: str) -> None:
+    keys = LockKeys.for_name(name)
+    r.hset(keys.lock, "a", "b")
+    r.pexpire(keys.lock, 60_000)
+    with pytest.raises(Exception, match="WRONGTYPE"):
+        _queue_reply(r, keys, "a")
+    assert r.exists(keys.queue) == 0
+    r.set(keys.lock, "holder", px=60_000)
+    _queue_reply(r, keys, "a")
+    r.delete(keys.lock)
+    r.hset(keys.lock, "a", "b")  # (and one without a TTL, behind a queue, too)
+    with pytest.raises(Exception, match="WRONGTYPE"):
+        _queue_reply(r, keys, "b")
 
 
 @pytest.mark.parametrize("fair", ["1", "0"])

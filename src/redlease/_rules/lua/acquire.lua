@@ -28,26 +28,37 @@ local seen = redis.call('EXISTS', given_up, given_up, KEYS[3], requeued, requeue
 if (seen == 0 or (seen == 1 and ARGV[3] == '0' and ARGV[8] == ''))
     and redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then
   local top, taken = take_fences(KEYS[2], ARGV[6], ARGV[2], 0, false)
-  return {top, tonumber(ARGV[2]), 0, taken, ''}
+  return {top, num(ARGV[2]), 0, taken, ''}
 end
 --@include waiters
 --@include lock
 
 local lock, fence, queue = KEYS[1], KEYS[2], KEYS[3]
-local token, fair, bell, place = ARGV[1], ARGV[3], ARGV[5] .. ARGV[1], ARGV[8]
+local token, fair, place = ARGV[1], ARGV[3], ARGV[8]
 if seen >= 4 then
   seen = seen - 4
   if place == '' then place = '?' end
 end
-local holder = redis.call('GET', lock)
+-- A first try that may queue (place '': never sent before, as a resend says '?') cannot
+-- hold the lock: while others are queued, the lock's PTTL says whether anyone does, and
+-- is what its reply needs. (A key without a TTL is none of ours: GET says what it holds,
+-- or that it is no string. The first to queue has read the lock with GET: a key of
+-- another type there is said before anyone queues behind it.)
+local holder, pttl
+if place == '' and ARGV[4] ~= '0' and seen == 1 then
+  pttl = redis.call('PTTL', lock)
+  holder = pttl ~= -2 and (pttl ~= -1 or redis.call('GET', lock))
+else
+  holder = redis.call('GET', lock)
+end
 if holder == token then
   -- granted to us while we were away, or a retried call whose first reply was lost
   if fair == '0' then unmark(lock, token) end
   forget(queue, token, place)
-  local f, taken = held_fence(fence, bell)
+  local f, taken = held_fence(fence, ARGV[5] .. token)
   return {f, redis.call('PTTL', lock), 0, taken, ''}
 end
-if seen >= 2 then return {0, redis.call('PTTL', lock), 0, 0, ''} end
+if seen >= 2 then return {0, pttl or redis.call('PTTL', lock), 0, 0, ''} end
 local now = now_us()
 if not holder and fair == '1' then
   local first = live_head(queue, now)
@@ -55,10 +66,10 @@ if not holder and fair == '1' then
     -- the free lock belongs to the first waiter that can hear it, not to us, unless
     -- every waiter before us is gone
     hand_on(lock, fence, queue, ARGV[5], fair, now)
-    holder = redis.call('GET', lock)
+    holder, pttl = redis.call('GET', lock), nil
     if holder == token then
       forget(queue, token, place)
-      local f, taken = held_fence(fence, bell)
+      local f, taken = held_fence(fence, ARGV[5] .. token)
       return {f, redis.call('PTTL', lock), now, taken, ''}
     end
   end
@@ -66,12 +77,12 @@ end
 if not holder then
   redis.call('SET', lock, token, 'PX', ARGV[2])
   if fair == '0' then unmark(lock, token) end
-  if forget(queue, token, place) then redis.call('DEL', bell) end
+  if forget(queue, token, place) then redis.call('DEL', ARGV[5] .. token) end
   local top, taken = take_fences(fence, ARGV[6], ARGV[2], 0, false, now)
-  return {top, tonumber(ARGV[2]), now, taken, ''}
+  return {top, num(ARGV[2]), now, taken, ''}
 end
 if ARGV[4] ~= '0' then
-  local life = tonumber(ARGV[4])
+  local life = num(ARGV[4])
   -- a first try queues at the back; a later one keeps its place, and (only an unfair
   -- lock reads it) its since
   local was, at, others, searched = find(queue, token, place)
@@ -82,4 +93,4 @@ if ARGV[4] ~= '0' then
   place = token .. '|' .. entry
   put(lock, queue, token, place, at, others, searched, life, ARGV[9])
 end
-return {0, redis.call('PTTL', lock), now, 0, place}
+return {0, pttl or redis.call('PTTL', lock), now, 0, place}

@@ -1,14 +1,15 @@
 -- Taking fences: every script that grants includes it (the acquire's fast path first).
 --@include constants
+--@include clock
 
 -- How many of n fences to take above base (at server time now, us) for a lease of ttl ms:
 -- the highest, how many, and how long the counter must then live (until the clock has
 -- passed it)
 local function plan_fences(base, n, ttl, now)
-  local taken = math.min(tonumber(n), math.max(1, now + FENCE_LEAD_US - base))
+  local taken = math.min(num(n), math.max(1, now + FENCE_LEAD_US - base))
   local top = base + taken
   local ahead_ms = math.max(0, math.ceil((top - now) / 1000))
-  return top, taken, 2 * tonumber(ttl) + FENCE_MARGIN_MS + ahead_ms
+  return top, taken, 2 * num(ttl) + FENCE_MARGIN_MS + ahead_ms
 end
 
 -- (raised before the counter is written, or once its value is put back)
@@ -25,16 +26,14 @@ end
 -- one lost with the server's data, expired, or (not dense) left behind on a replica
 -- promoted in a failover, still leads to greater fences. See docs/design.md, "Fences".
 -- now: the server's time in us if the caller has read it in this run (else read here).
+-- (A number goes to the server as its digits, exact below 2^53: FENCE_LIMIT.)
 local function take_fences(f, n, ttl, floor, dense, now)
-  if not now then
-    local t = redis.call('TIME')
-    now = tonumber(t[1]) * 1000000 + tonumber(t[2])
-  end
+  now = now or now_us()
   if dense then
     local base = math.max(tonumber(redis.call('GET', f)) or now, floor)
     local top, taken, keep = plan_fences(base, n, ttl, now)
     if top >= FENCE_LIMIT then past_the_limit(f) end
-    redis.call('SET', f, string.format('%d', top), 'PX', keep)
+    redis.call('SET', f, top, 'PX', keep)
     return top, taken
   end
   -- A counter is mostly behind the clock: one SET takes fences above the clock and reads
@@ -42,16 +41,17 @@ local function take_fences(f, n, ttl, floor, dense, now)
   local base = math.max(now, floor)
   local top, taken, keep = plan_fences(base, n, ttl, now)
   if top >= FENCE_LIMIT then past_the_limit(f) end
-  local last = tonumber(redis.call('SET', f, string.format('%d', top), 'PX', keep, 'GET'))
+  local last = redis.call('SET', f, top, 'PX', keep, 'GET')
+  last = last and num(last)
   if last and last > base then
     local again, again_taken, again_keep = plan_fences(last, n, ttl, now)
     if again >= FENCE_LIMIT then
       -- (its value back, for an ordinary grant's keep: once a wrong clock is put right,
       -- the name works again when it expires)
-      redis.call('SET', f, string.format('%d', last), 'PX', keep)
+      redis.call('SET', f, last, 'PX', keep)
       past_the_limit(f)
     end
-    redis.call('SET', f, string.format('%d', again), 'PX', again_keep)
+    redis.call('SET', f, again, 'PX', again_keep)
     return again, again_taken
   end
   return top, taken

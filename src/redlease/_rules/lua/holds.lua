@@ -20,9 +20,7 @@
 
 local function now_ms(now) return math.floor(now / 1000) end
 
-local function entry_limit(entry) return tonumber(string.match(entry, '^%d+:%d+:(%d+)')) end
-local function entry_mode(entry) return string.match(entry, '^%d+:%d+:%d+:(%a)') end
-local function shared_hub(entry) return string.match(entry, '^%d+:%d+:%d+:%a:(s?%x+)$') end
+local function shared_hub(entry) return (select(5, entry_fields(entry))) end
 
 -- drop the holds that ran out (and their fences)
 local function held_now(holders, fences, now)
@@ -51,10 +49,10 @@ end
 -- a hold for w, for ttl ms from now, with the next fence. first: nothing else is held
 -- (so no TTL of the holders' keys need be kept: they are set, not read)
 local function grant(holders, fences, fence, w, ttl, now, mode, first)
-  local ms = tonumber(ttl)
+  local ms = num(ttl)
   redis.call('ZADD', holders, now_ms(now) + ms, w)
   local top, taken = take_fences(fence, 1, ttl, 0, false, now)
-  redis.call('HSET', fences, w, string.format('%d', top))
+  redis.call('HSET', fences, w, top)
   if mode == 'w' then redis.call('HSET', fences, '@writer', w) end
   if first then
     redis.call('PEXPIRE', holders, 2 * ms)
@@ -83,15 +81,14 @@ local function hand_on_holds(holders, fences, fence, queue, bells, now, caller)
   while true do
     local w, entry = live_head(queue, now)
     if not w then return got, nil end
-    local mode = entry_mode(entry)
-    local ok, count = fits(holders, fences, entry_limit(entry), mode)
+    local _, ttl, limit, mode, hub = entry_fields(entry)
+    local ok, count = fits(holders, fences, num(limit), mode)
     if not ok then return got, w end
     redis.call('LPOP', queue)
-    local ttl = entry_ttl(entry)
     local top, taken = grant(holders, fences, fence, w, ttl, now, mode, count == 0)
     if w == caller then
       got = true
-    elseif not ring(bells, w, shared_hub(entry), top, taken, now, ttl) then
+    elseif not ring(bells, w, hub, top, taken, now, ttl) then
       drop(holders, fences, w)
     end
   end

@@ -12,14 +12,14 @@
 -- the releasing caller's token: a grant overwrites it. Returns whether the lock was
 -- granted (else the caller deletes what it released). now: as for live_head.
 local function hand_on(lock, fence, queue, bells, fair, now)
-  local woken = lock .. ':woken'
   local pop = fair == '1'
+  local woken = not pop and lock .. ':woken'
   while true do
     local w, entry
     w, entry, now = live_head(queue, now, pop)
     if not w then return false end
-    local ttl = entry_ttl(entry)
-    local grant = pop or now - entry_since(entry) >= UNFAIR_STARVING_US
+    local _, ttl, since, hub = entry_fields(entry)
+    local grant = pop or now - num(since) >= UNFAIR_STARVING_US
     if not grant and not redis.call('SET', woken, w, 'PX', UNFAIR_WOKEN_MS, 'NX') then
       return false
     end
@@ -29,7 +29,7 @@ local function hand_on(lock, fence, queue, bells, fair, now)
       redis.call('SET', lock, w, 'PX', ttl)
       granted, taken = take_fences(fence, 1, ttl, 0, false, now)
     end
-    if ring(bells, w, entry_hub(entry), granted, taken, now, ttl) then return grant end
+    if ring(bells, w, hub, granted, taken, now, ttl) then return grant end
     if grant then
       redis.call('DEL', lock)
     else

@@ -10,7 +10,7 @@
 --@include holds
 local holders, fence, queue, fences = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
 local token, ttl, bell, place = ARGV[1], ARGV[2], ARGV[5] .. ARGV[1], ARGV[8]
-local limit, mode = tonumber(ARGV[10]), ARGV[11]
+local limit, mode = num(ARGV[10]), ARGV[11]
 local now = now_us()
 held_now(holders, fences, now)
 local held = ours(holders, fences, token, now)
@@ -32,7 +32,7 @@ if not held and mine and mine ~= '' and redis.call('ZSCORE', holders, mine) then
     forget(queue, token, place)
     redis.call('DEL', bell)
     local top, taken = grant(holders, fences, fence, token, ttl, now, mode)
-    return {top, tonumber(ttl), now, taken, ''}
+    return {top, num(ttl), now, taken, ''}
   end
 end
 local first  -- the first live waiter after those served (nil: none)
@@ -54,10 +54,10 @@ if ok then
   -- (a bell is only ever rung for a queued waiter)
   if forget(queue, token, place) then redis.call('DEL', bell) end
   local top, taken = grant(holders, fences, fence, token, ttl, now, mode, count == 0)
-  return {top, tonumber(ttl), now, taken, ''}
+  return {top, num(ttl), now, taken, ''}
 end
 if ARGV[4] ~= '0' then
-  local life = tonumber(ARGV[4])
+  local life = num(ARGV[4])
   local entry = string.format('%d:%s:%d:%s', now + life * 1000, ttl, limit, mode)
   if ARGV[7] ~= '' then entry = entry .. ':' .. ARGV[7] end
   local _, at, others, searched = find(queue, token, place)

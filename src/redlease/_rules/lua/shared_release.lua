@@ -15,7 +15,7 @@ if not drop(holders, fences, ARGV[1]) then
   return 0
 end
 redis.call('ZREMRANGEBYSCORE', marks, '-inf', now_ms(now))
-redis.call('ZADD', marks, now_ms(now) + tonumber(ARGV[4]), ARGV[1])
-keep_for(marks, tonumber(ARGV[4]), tonumber(ARGV[4]))
+redis.call('ZADD', marks, now_ms(now) + num(ARGV[4]), ARGV[1])
+keep_for(marks, num(ARGV[4]), num(ARGV[4]))
 hand_on_holds(holders, fences, fence, queue, ARGV[3], now)
 return 1
