@@ -103,17 +103,23 @@ signal.signal(signal.SIGALRM, interrupt)
 rng = random.Random(3)
 for kind in ("lock", "semaphore", "read", "write", "multilock"):
     names, interrupted = [], 0
-    for i in range(blocks):
+    # One turn more, not interrupted: a block cut as its __exit__ starts (before any line
+    # of redlease's) is given back when its `with` statement runs again, not before.
+    for i in range(blocks + 1):
         lock, read = make(kind, f"{prefix}:{kind}:{i}")
-        names.append(read)
+        cut = i < blocks
+        if cut:
+            names.append(read)
         try:
-            signal.setitimer(signal.ITIMER_REAL, rng.uniform(1e-6, 8e-4))
+            if cut:
+                signal.setitimer(signal.ITIMER_REAL, rng.uniform(1e-6, 8e-4))
             try:
                 with lock:
                     pass
             except redlease.LockError:
                 pass
-            time.sleep(0.001)  # (the timer fires at the latest here)
+            if cut:
+                time.sleep(0.001)  # (the timer fires at the latest here)
         except KeyboardInterrupt:
             interrupted += 1
     signal.setitimer(signal.ITIMER_REAL, 0)
@@ -394,3 +400,55 @@ def test_connections_dropped_by_interrupts_are_neither_counted_nor_left_open(
     lease.release()
     assert len(r.client_list()) <= before + 8  # (redlease keeps at most 8 idle)
     r.close()
+
+
+def _interrupt_after(noted: str) -> list[str]:
+    """Raise KeyboardInterrupt as the first function called after ``noted`` returns
+    starts, up to the return of the ``__enter__`` that called it (after which the `with`
+    statement holds the lease, and its ``__exit__`` ends the block). Returns where it was
+    raised (empty: nowhere)."""
+    armed, landed, enter = False, list[str](), list[Any]()
+
+    def tracer(frame: Any, event: str, arg: Any) -> Any:
+        nonlocal armed
+        name = frame.f_code.co_name
+        if event == "call":
+            if armed:
+                sys.settrace(None)
+                landed.append(name)
+                raise KeyboardInterrupt
+            if not enter and name == "__enter__":
+                enter.append(frame)  # the block's own (the first called)
+                return tracer
+            return tracer if name == noted else None
+        if event == "return":
+            if name == noted:
+                armed = True
+            elif enter and frame is enter[0]:
+                sys.settrace(None)
+        return tracer
+
+    sys.settrace(tracer)
+    return landed
+
+
+@pytest.mark.parametrize("kind", ["lock", "reentrant", "semaphore", "write", "multi"])
+def test_an_interrupt_as_enter_returns_its_lease_leaves_nothing_held(
+    r: redis.Redis, name: str, kind: str
+) -> None:
+    """The block is noted and its lease renewed before its ``__enter__`` returns, and the
+    `with` statement calls no ``__exit__`` when that raises: an interrupt at any call in
+    between (a signal handler's error, as the call starts) still ends the block."""
+    lock, read_as = _primitive(r, name, kind)
+    landed = _interrupt_after("push_entered")
+    try:
+        with lock:
+            pytest.fail("the block ran")
+    except KeyboardInterrupt:
+        pass
+    finally:
+        sys.settrace(None)
+    assert landed  # (it landed: a call follows the note)
+    assert _left_held(r, name, read_as) == [], f"interrupted as {landed} started"
+    with lock:  # and the next block opens at once
+        pass

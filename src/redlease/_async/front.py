@@ -46,6 +46,7 @@ from .._rules.lease import (
     entered,
     entered_lease,
     forget_entered,
+    handlers_run,
     lost_at_block_end,
     opening,
     push_entered,
@@ -596,7 +597,15 @@ class AsyncFront(BlockBase):
             refuse_nested(self, core.noun, core.name, at.holder)
         state = await self._acquire(None, wait=True, entering=at)
         assert state is not None  # (no timeout: a lease, or an error)
-        return cast(AsyncLease, state.lease)
+        lease: AsyncLease = state.lease  # (no cast(): no call before the try)
+        try:  # the block is noted and its lease renewed, and the `with` statement
+            # calls no __exit__ if this raises: pending signal handlers run here (a
+            # function's start), where their error still ends the block
+            handlers_run()
+        except BaseException as failure:
+            await end_block(self, type(failure), failure, failure.__traceback__)
+            raise
+        return lease
 
     __aexit__ = end_block
 

@@ -510,6 +510,11 @@ def entered_lease(entry: _Entry | None) -> Any:
     return lease
 
 
+def handlers_run() -> None:
+    """Nothing: a call, whose start is where CPython runs pending signal handlers (a
+    block's ``__enter__`` makes it last, inside a try that ends the block)."""
+
+
 def tidy_entered() -> None:
     """Drop the closed entries (a block's end, last)."""
     stack = _entered.get()

@@ -44,6 +44,7 @@ from .._rules.lease import (
     entered,
     entered_lease,
     forget_entered,
+    handlers_run,
     lost_at_block_end,
     opening,
     push_entered,
@@ -536,7 +537,15 @@ class Front(BlockBase):
             refuse_nested(self, core.noun, core.name, at.holder)
         state = self._acquire(None, wait=True, entering=at)
         assert state is not None  # (no timeout: a lease, or an error)
-        return cast(Lease, state.lease)
+        lease: Lease = state.lease  # (no cast(): no call before the try)
+        try:  # the block is noted and its lease renewed, and the `with` statement
+            # calls no __exit__ if this raises: pending signal handlers run here (a
+            # function's start), where their error still ends the block
+            handlers_run()
+        except BaseException as failure:
+            end_block(self, type(failure), failure, failure.__traceback__)
+            raise
+        return lease
 
     __exit__ = end_block
 

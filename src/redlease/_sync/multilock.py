@@ -22,7 +22,7 @@ from .._rules import flows as _flows
 from .._rules.decorate import P, R
 from .._rules.flows import Grant, LockSpec, new_token
 from .._rules.front import FrontCore
-from .._rules.lease import Opening, entered, forget_entered, push_entered
+from .._rules.lease import Opening, entered, forget_entered, handlers_run, push_entered
 from .._rules.multilock import MultiLeaseState, checked_names, try_all
 from .backend import ASYNC, BlockBase, going_away, guarded, shielded
 from .front import (
@@ -309,6 +309,11 @@ class MultiLock(BlockBase):
         # (noted per thread / task, as a lock's `with`)
         leases = self._acquire(None, wait=True, entering=opened(caller()))
         assert leases is not None  # (no timeout: the leases, or an error)
+        try:  # (as a lock's: see Front.__enter__)
+            handlers_run()
+        except BaseException as failure:
+            end_block(self, type(failure), failure, failure.__traceback__)
+            raise
         return leases
 
     __exit__ = end_block
