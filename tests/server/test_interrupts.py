@@ -191,6 +191,8 @@ def _primitive(r: redis.Redis, name: str, kind: str) -> tuple[Any, str]:
         return redlease.Semaphore(r, name, limit=2, ttl=30.0, auto_renew=True), "semaphore"
     if kind == "write":
         return redlease.ReadWriteLock(r, name, ttl=30.0, auto_renew=True).write, "rwlock"
+    if kind == "once":  # (a job's run: its lease renewed, 5 s at a time)
+        return redlease.Once(r, name, at_most=30.0, ttl=5.0), "lock"
     return redlease.MultiLock(r, [name, name + ":b"], ttl=30.0, auto_renew=True), "lock"
 
 
@@ -432,7 +434,7 @@ def _interrupt_after(noted: str) -> list[str]:
     return landed
 
 
-@pytest.mark.parametrize("kind", ["lock", "reentrant", "semaphore", "write", "multi"])
+@pytest.mark.parametrize("kind", ["lock", "reentrant", "semaphore", "write", "multi", "once"])
 def test_an_interrupt_as_enter_returns_its_lease_leaves_nothing_held(
     r: redis.Redis, name: str, kind: str
 ) -> None:

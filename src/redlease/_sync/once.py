@@ -10,7 +10,7 @@ from __future__ import annotations
 import functools
 import logging
 from collections.abc import Callable
-from typing import Any, cast
+from typing import Any
 
 from .._base import metrics as _metrics
 from .._base.types import OnLost, Seconds
@@ -18,7 +18,7 @@ from .._clients.checks import check_client
 from .._rules import arguments as args
 from .._rules.decorate import P, R, refuse_undecorable
 from .._rules.flows import LockSpec
-from .._rules.lease import Opening, entered, push_entered
+from .._rules.lease import Opening, entered, handlers_run, push_entered
 from .._rules.once import (
     JobCall,
     OnceAttempt,
@@ -70,7 +70,8 @@ class _JobLock(Front):
         attempt = OnceAttempt(self._core.spec, self._core.rule)
         state = self._granted(attempt, started, entering=at, block=block)
         if state is not None:
-            return cast(Run, state.lease)
+            run: Run = state.lease  # (no call before the caller's try: see __enter__)
+            return run
         skipped = attempt.skipped
         assert skipped is not None
         self._core.not_granted(started, wait=False)
@@ -146,7 +147,15 @@ class Once(BlockBase):
     def __enter__(self) -> Run | Skipped:
         at = opened(caller())
         run = self._lock.begin(block=self, at=at)
-        if isinstance(run, Skipped):
+        skipped = False
+        try:  # a run is noted for this block, and renewed: as a lock's (Front's)
+            skipped = isinstance(run, Skipped)
+            handlers_run()
+        except BaseException as failure:
+            if not isinstance(run, Skipped):
+                end_block(self, type(failure), failure, failure.__traceback__)
+            raise
+        if skipped:
             push_entered(entered(self, run, at))
         return run
 
