@@ -50,6 +50,14 @@ pytestmark = pytest.mark.filterwarnings(
 
 
 @pytest.fixture(scope="module")
+def server() -> Iterator[servers.ServerProcess]:
+    """The benchmarks' own workings do not depend on the server's kind: they run on one,
+    Valkey's (always here), not on each kind of the session."""
+    with servers.running(1, kind="valkey") as fresh:
+        yield fresh[0]
+
+
+@pytest.fixture(scope="module")
 def crew() -> Iterator[Crew]:
     with Crew(TINY.processes) as made:
         yield made

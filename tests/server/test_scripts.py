@@ -286,3 +286,13 @@ def test_a_try_landing_after_its_grant_was_released_and_marked_takes_nothing(
     assert place == ""
     assert r.get(keys.lock) == (b"b" if held else None)
     assert _line(r, keys) == []
+
+
+def test_a_fence_counter_that_is_not_a_number_is_written_over(r: Any, name: str) -> None:
+    """A grant reads what the counter held to stay above it: a value that is no number
+    (not one of redlease's) does not stop the grant; the clock's fences replace it."""
+    keys = LockKeys.for_name(name)
+    r.set(keys.fence, "not a number", px=60_000)
+    fence, _place = _try(r, keys, "a", "")
+    assert fence > 1_000_000_000_000_000  # (above the clock, in microseconds)
+    assert int(r.get(keys.fence)) == fence

@@ -41,8 +41,8 @@ local function take_fences(f, n, ttl, floor, dense, now)
   local base = math.max(now, floor)
   local top, taken, keep = plan_fences(base, n, ttl, now)
   if top >= FENCE_LIMIT then past_the_limit(f) end
-  local last = redis.call('SET', f, top, 'PX', keep, 'GET')
-  last = last and num(last)
+  -- (what it held: a number, or nil if none; one that is not a number is written over)
+  local last = tonumber(redis.call('SET', f, top, 'PX', keep, 'GET'))
   if last and last > base then
     local again, again_taken, again_keep = plan_fences(last, n, ttl, now)
     if again >= FENCE_LIMIT then
