@@ -157,6 +157,8 @@ def _acquire_script(client: Any, name: str, holds: int) -> list[int]:
         "10000",
     )
     client.delete(keys.lock)
+    if isinstance(reply, int):  # the fast path's reply for a grant of one fence
+        return [reply, 5000, 0, 1]
     return [int(x) for x in reply[:4]]  # (its place in the queue: none)
 
 

@@ -10,6 +10,7 @@ import pytest
 
 from redlease._rules import scripts as _scripts
 from redlease._rules.classify import plain
+from redlease._rules.flows import acquire_reply
 from redlease._rules.keys import LockKeys
 
 EVERY = [v for v in vars(_scripts).values() if isinstance(v, _scripts.Script)]
@@ -104,7 +105,7 @@ def test_an_attempt_given_up_takes_nothing_while_others_are_queued(
         r.set(keys.lock, "holder", px=60_000)
     args = ("gone", "5000", fair, "30000", keys.bell_prefix, "1", "", "", "60000")
     reply = r.eval(_scripts.ACQUIRE.source, 3, *keys.script_keys, *args)
-    assert int(reply[0]) == 0  # nothing granted
+    assert acquire_reply(reply, 5000)[0] == 0  # nothing granted
     assert r.get(keys.lock) == (b"holder" if held else None)
     assert r.lrange(keys.queue, 0, -1) == [b"other|99999999999999999:30000:0"]  # nor queued
 
@@ -130,17 +131,19 @@ def test_an_unfair_release_drops_a_woken_mark_whose_waiter_is_gone(r: Any, name:
 def _try(r: Any, keys: LockKeys, token: str, place: str, fair: str = "1") -> tuple[int, str]:
     """One acquire of ``token`` that queues for 30 s if it must: (fence, its place)."""
     args = (token, "30000", fair, "30000", keys.bell_prefix, "1", "", place, "60000")
-    reply = r.eval(_scripts.ACQUIRE.source, 3, *keys.script_keys, *args)
-    return int(reply[0]), reply[4].decode()
+    fence, _pttl, _server_us, place = acquire_reply(
+        r.eval(_scripts.ACQUIRE.source, 3, *keys.script_keys, *args), 30_000
+    )
+    return fence, place
 
 
 def _line(r: Any, keys: LockKeys) -> list[str]:
     return [item.decode() for item in r.lrange(keys.queue, 0, -1)]
 
 
-def _queue_reply(r: Any, keys: LockKeys, token: str, place: str = "") -> list[Any]:
+def _queue_reply(r: Any, keys: LockKeys, token: str, place: str = "") -> tuple[int, int, int, str]:
     args = (token, "30000", "1", "30000", keys.bell_prefix, "1", "", place, "60000")
-    return list(r.eval(_scripts.ACQUIRE.source, 3, *keys.script_keys, *args))
+    return acquire_reply(r.eval(_scripts.ACQUIRE.source, 3, *keys.script_keys, *args), 30_000)
 
 
 def test_a_first_try_behind_others_is_told_the_holders_time_left(r: Any, name: str) -> None:
@@ -296,3 +299,19 @@ def test_a_fence_counter_that_is_not_a_number_is_written_over(r: Any, name: str)
     fence, _place = _try(r, keys, "a", "")
     assert fence > 1_000_000_000_000_000  # (above the clock, in microseconds)
     assert int(r.get(keys.fence)) == fence
+
+
+def test_each_acquire_reply_takes_the_shape_cheapest_for_the_server(r: Any, name: str) -> None:
+    """A grant on the fast path is its fence alone and a try that takes nothing one
+    string, where a table costs the server a conversion of each field (the uncontended
+    cycle's and the queued try's)."""
+    keys = LockKeys.for_name(name)
+    args = ("a", "30000", "1", "30000", keys.bell_prefix, "1", "", "", "60000")
+    granted = r.eval(_scripts.ACQUIRE.source, 3, *keys.script_keys, *args)
+    assert isinstance(granted, int) and granted == int(r.get(keys.fence))
+    queued = r.eval(_scripts.ACQUIRE.source, 3, *keys.script_keys, "b", *args[1:])
+    assert isinstance(queued, bytes)
+    _fence, pttl, server_us, place = acquire_reply(queued, 30_000)
+    seconds, micros = r.time()
+    assert 0 <= seconds * 1_000_000 + micros - server_us < 10_000_000
+    assert 25_000 < pttl <= 30_000 and _line(r, keys) == [place]

@@ -596,3 +596,32 @@ def test_a_try_and_a_wait_without_deadline_look_for_as_long_as_the_look_takes() 
     clock = FakeClock()
     assert _flows.Acquisition(spec(clock), None, wait=False).settings_within() is None
     assert _flows.Acquisition(spec(clock), None, wait=True).settings_within() is None
+
+
+@pytest.mark.parametrize("decoded", [False, True], ids=["bytes", "str"])
+def test_an_acquire_reply_is_read_in_each_of_its_shapes(decoded: bool) -> None:
+    """The acquire script answers in the shape cheapest for the server (see acquire.lua):
+    an integer, a grant on the fast path; a string, a try that took nothing; a list, any
+    other grant. Clients give a bulk string as bytes, or as text if they decode."""
+
+    def bulk(text: str) -> str | bytes:
+        return text if decoded else text.encode()
+
+    read = _flows.acquire_reply
+    assert read(1_764_000_000_123_456, 5000) == (1_764_000_000_123_456, 5000, 0, "")
+    place = "t1|1764000030123456:5000:1764000000123456:ab12"
+    assert read(bulk(f"4200:1764000000:000123:{place}"), 5000) == (
+        0,
+        4200,
+        1_764_000_000_000_123,
+        place,
+    )
+    assert read(bulk("-2:0:0:"), 5000) == (0, -2, 0, "")
+    assert read([7, 4000, 1_764_000_000_000_123, 1, bulk("")], 5000) == (
+        7,
+        4000,
+        1_764_000_000_000_123,
+        "",
+    )
+    with pytest.raises(TypeError, match="acquire script's reply"):
+        read([1, 2], 5000)

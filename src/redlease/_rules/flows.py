@@ -101,6 +101,21 @@ def as_int(value: object) -> int:
     raise TypeError(f"expected an integer reply, got {value!r}")
 
 
+def acquire_reply(raw: object, ttl_ms: int) -> tuple[int, int, int, str]:
+    """An acquire script's reply, in any of its shapes (see lua/acquire.lua), as (fence,
+    pttl, server_us, place): an integer is a grant on the fast path (its fence; the whole
+    ttl left; the server's time not read; not queued), a string a try that took nothing
+    ("pttl:seconds:microseconds:place"), a list any other grant."""
+    if isinstance(raw, int):
+        return raw, ttl_ms, 0, ""
+    if isinstance(raw, (bytes, str)):
+        pttl, seconds, micros, place = as_text(raw).split(":", 3)
+        return 0, int(pttl), int(seconds) * 1_000_000 + int(micros), place
+    if isinstance(raw, list) and len(raw) == 5:
+        return as_int(raw[0]), as_int(raw[1]), as_int(raw[2]), as_text(raw[4])
+    raise TypeError(f"expected an acquire script's reply, got {raw!r}")
+
+
 @dataclass(frozen=True)
 class Kind:
     """What one primitive's flows run: its scripts (with the same arguments and replies
@@ -393,8 +408,7 @@ class Acquisition:
                 yield from self._wait_out(failure)
                 continue
             reply, acked = spec.unpack(raw, replicas)
-            fence, pttl, server_us = (as_int(x) for x in reply[:3])
-            self.place = as_text(reply[4])
+            fence, pttl, server_us, self.place = acquire_reply(reply, spec.ttl_ms)
             if fence > 0:
                 spec.check_acked(acked, "acquire", replicas)
                 grant = Grant(

@@ -7,10 +7,16 @@
 -- a first try; '?': not known, see waiters.lua)
 -- ARGV[9] ms a try of the token may still land after it was sent (the mark of a try
 -- that queued it anew after a search lasts that long; see waiters.lua)
--- Reply {fence, pttl, server_us, taken, place}. fence > 0: acquired, the highest fence
--- taken, and taken of them; pttl = ms of validity left. fence = 0: held by another, pttl =
--- its ms left (-2: free but promised to a waiter), or the token's attempt was given up.
--- place: the token's place after this try, for its next one ('': not queued).
+-- Reply, in one of three shapes (the cheapest for the server that says what the try did;
+-- _rules/flows.py's acquire_reply reads them all):
+-- * an integer, a grant on the fast path: the fence taken (the only one), the whole ttl
+--   valid, not queued;
+-- * a string "pttl:seconds:microseconds:place", nothing granted: held by another, pttl =
+--   its ms left (-2: free but promised to a waiter), or the token's attempt was given up;
+--   the server's time of the try (TIME's two fields; 0:0 if not read); place: the token's
+--   place after this try, for its next one ('': not queued);
+-- * {fence, pttl, server_us, taken, place}, any other grant: the highest fence taken, and
+--   taken of them; pttl = ms of validity left.
 -- A token whose attempt was given up (LEAVE left its mark, lock .. ':left:' .. token) is
 -- never granted nor queued: an acquire of that attempt that reaches the server after its
 -- clean-up (sent on a connection dropped with it in flight) takes nothing.
@@ -28,6 +34,7 @@ local seen = redis.call('EXISTS', given_up, given_up, KEYS[3], requeued, requeue
 if (seen == 0 or (seen == 1 and ARGV[3] == '0' and ARGV[8] == ''))
     and redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then
   local top, taken = take_fences(KEYS[2], ARGV[6], ARGV[2], 0, false)
+  if taken == 1 then return top end
   return {top, num(ARGV[2]), 0, taken, ''}
 end
 --@include waiters
@@ -58,8 +65,8 @@ if holder == token then
   local f, taken = held_fence(fence, ARGV[5] .. token)
   return {f, redis.call('PTTL', lock), 0, taken, ''}
 end
-if seen >= 2 then return {0, pttl or redis.call('PTTL', lock), 0, 0, ''} end
-local now = now_us()
+if seen >= 2 then return (pttl or redis.call('PTTL', lock)) .. ':0:0:' end
+local now, time = now_us()
 if not holder and fair == '1' then
   local first = live_head(queue, now)
   if first ~= nil and first ~= token then
@@ -93,4 +100,4 @@ if ARGV[4] ~= '0' then
   place = token .. '|' .. entry
   put(lock, queue, token, place, at, others, searched, life, ARGV[9])
 end
-return {0, pttl or redis.call('PTTL', lock), now, 0, place}
+return (pttl or redis.call('PTTL', lock)) .. ':' .. time[1] .. ':' .. time[2] .. ':' .. place

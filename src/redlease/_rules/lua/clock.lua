@@ -4,10 +4,12 @@
 -- one conversion, where tonumber makes two (and the server pays for each)
 local function num(digits) return digits + 0 end
 
--- the server's time in microseconds
+-- the server's time in microseconds, and TIME's reply (its seconds and microseconds as
+-- digits: a reply can carry them as they are, where a number this large would need a
+-- format)
 local function now_us()
   local t = redis.call('TIME')
-  return num(t[1]) * 1000000 + num(t[2])
+  return num(t[1]) * 1000000 + num(t[2]), t
 end
 
 -- the server's clock in milliseconds

@@ -27,6 +27,11 @@ if period > 0 then
   end
 end
 local reply = acquire()
+if type(reply) == 'number' then  -- (acquire's shorter shapes, see acquire.lua)
+  reply = {reply, tonumber(ARGV[2]), 0, 1, ''}
+elseif type(reply) == 'string' then
+  reply = {0, tonumber(string.sub(reply, 1, string.find(reply, ':', 1, true) - 1)), 0, 0, ''}
+end
 if reply[1] > 0 and period > 0 then
   -- "k:token", kept until the period ends: a run counts from its start, however it ends
   -- (a try given up before its run, ONCE_LEAVE, takes its record back)

@@ -4,7 +4,8 @@
 -- the token of the caller's own lease of the other mode: a read under the caller's write
 -- lease (a downgrade) is granted at once, and so is a write over the caller's read lease
 -- if that is the only hold (an upgrade).
--- Reply {fence, pttl, server_us, taken, place} as the lock's; when we must wait, pttl is
+-- Reply {fence, pttl, server_us, taken, place} (the lock's longest shape, see acquire.lua;
+-- this script always replies with it); when we must wait, pttl is
 -- the ms left of the hold that runs out first.
 --@include waiters
 --@include holds
