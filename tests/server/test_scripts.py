@@ -44,7 +44,7 @@ def test_a_file_included_twice_is_there_once_where_first_included() -> None:
     source = _scripts.ACQUIRE.source.splitlines()
     assert sum("local function take_fences(" in line for line in source) == 1
     defined = next(n for n, line in enumerate(source) if "local function take_fences(" in line)
-    fast_path = next(n for n, line in enumerate(source) if "given_up =" in line)
+    fast_path = next(n for n, line in enumerate(source) if "local mark =" in line)
     assert defined < fast_path
     assert sum(line == "--@include fences" for line in source) == 2  # (the second: nothing)
 
@@ -98,7 +98,7 @@ def test_an_attempt_given_up_takes_nothing_while_others_are_queued(
     """The acquire's one EXISTS counts the given-up mark twice and the queue once: with
     both there, the attempt is still over."""
     keys = LockKeys.for_name(name)
-    r.set(f"{keys.lock}:left:gone", "1", px=60_000)
+    r.set(f"{keys.lock}:mark:gone", "left", px=60_000)
     r.rpush(keys.queue, "other|99999999999999999:30000:0")
     r.pexpire(keys.queue, 60_000)
     if held:
@@ -260,12 +260,35 @@ def test_a_first_try_landing_after_a_later_one_queued_anew_finds_its_place(
     _fence, other = _try(r, keys, "o", "")
     _fence, searched = _try(r, keys, "a", "?")
     # (as long as a try may still land: longer than the entry, 30 s)
-    assert 30_000 < r.pttl(keys.lock + ":requeued:a") <= 60_000
+    assert r.get(keys.lock + ":mark:a") == b"requeued"
+    assert 30_000 < r.pttl(keys.lock + ":mark:a") <= 60_000
     _fence, first = _try(r, keys, "a", "")
     assert _line(r, keys) == [other, first]
     # one that never searched leaves no mark: a first try costs nothing more
-    assert r.exists(keys.lock + ":requeued:o") == 0
+    assert r.exists(keys.lock + ":mark:o") == 0
     assert searched != first
+
+
+def test_an_attempt_given_up_after_a_search_queued_it_anew_stays_given_up(
+    r: Any, name: str
+) -> None:
+    """The two marks of a token share a key: LEAVE's "left" replaces a search's
+    "requeued", and a first try landing late then takes nothing and queues nothing (nor
+    does the search's mark come back)."""
+    keys = LockKeys.for_name(name)
+    r.set(keys.lock, "holder", px=60_000)
+    _fence, other = _try(r, keys, "o", "")
+    _fence, _searched = _try(r, keys, "a", "?")
+    assert r.get(keys.lock + ":mark:a") == b"requeued"
+    leave = ("a", "1", keys.bell_prefix, "0", "60000", "?")
+    assert r.eval(_scripts.LEAVE.source, 3, *keys.script_keys, *leave)[0] == 0
+    assert r.get(keys.lock + ":mark:a") == b"left"
+    r.delete(keys.lock)  # free, with o first in line
+    assert _try(r, keys, "a", "") == (0, "")  # the late first try
+    assert _try(r, keys, "a", "?") == (0, "")
+    assert r.get(keys.lock) is None  # (o takes it with its own next try)
+    assert _line(r, keys) == [other]
+    assert r.get(keys.lock + ":mark:a") == b"left"
 
 
 @pytest.mark.parametrize("held", [False, True])
@@ -308,10 +331,12 @@ def test_each_acquire_reply_takes_the_shape_cheapest_for_the_server(r: Any, name
     keys = LockKeys.for_name(name)
     args = ("a", "30000", "1", "30000", keys.bell_prefix, "1", "", "", "60000")
     granted = r.eval(_scripts.ACQUIRE.source, 3, *keys.script_keys, *args)
-    assert isinstance(granted, int) and granted == int(r.get(keys.fence))
+    assert isinstance(granted, int)
+    assert granted == int(r.get(keys.fence))
     queued = r.eval(_scripts.ACQUIRE.source, 3, *keys.script_keys, "b", *args[1:])
     assert isinstance(queued, bytes)
     _fence, pttl, server_us, place = acquire_reply(queued, 30_000)
     seconds, micros = r.time()
     assert 0 <= seconds * 1_000_000 + micros - server_us < 10_000_000
-    assert 25_000 < pttl <= 30_000 and _line(r, keys) == [place]
+    assert 25_000 < pttl <= 30_000
+    assert _line(r, keys) == [place]

@@ -14,13 +14,12 @@ touches a single slot:
     P{N}:released      the token of the last release, for a retried release to find,
                        with a TTL (the release's reply bound)
     P{N}:woken         an unfair lock's waiter woken to compete, for 5 ms (UNFAIR_WOKEN)
-    P{N}:left:<token>  the mark of an attempt given up (the LEAVE script's): an acquire
-                       of that token still on its way takes nothing when it lands; kept
-                       twice the acquire's reply bound
-    P{N}:requeued:<token>  a try that searched the queue for its token and queued it
-                       anew: the same attempt's first try, landing later, searches too
-                       (see the scripts' waiters.lua); kept as the mark of an attempt
-                       given up
+    P{N}:mark:<token>  the mark of an attempt, kept twice the acquire's reply bound:
+                       "left" when it was given up (the LEAVE script's): an acquire of
+                       that token still on its way takes nothing when it lands;
+                       "requeued" when a try searched the queue for its token and queued
+                       it anew: the same attempt's first try, landing later, searches too
+                       (see the scripts' waiters.lua). "left" is never overwritten.
     P{N}:once          a scheduled job's last period run (``redlease.once(every=)``): the
                        period's number, kept until the period ends
     P{N}:gate          the greatest fence the gate for Redis data (FencedRedis) has let
@@ -37,7 +36,7 @@ apart from the lock N's, under ``P{N}:sem``; a read/write lock, under ``P{N}:rw`
     P{N}:sem:fences    token -> that hold's fence (hash), and "@writer" -> the token of
                        the write lease held, if any; with a TTL
     P{N}:sem:fence, P{N}:sem:line, P{N}:sem:bell:<token>, P{N}:sem:bell:@<hub>,
-    P{N}:sem:left:<token>, P{N}:sem:requeued:<token>  as the lock's (a waiter's item in the line:
+    P{N}:sem:mark:<token>  as the lock's (a waiter's item in the line:
                        "token|deadline_us:ttl_ms:limit:mode[:hub]")
     P{N}:sem:released  the tokens of the latest releases (sorted set: token -> until
                        when a retried release may find it), with a TTL

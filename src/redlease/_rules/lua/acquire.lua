@@ -17,20 +17,17 @@
 --   place after this try, for its next one ('': not queued);
 -- * {fence, pttl, server_us, taken, place}, any other grant: the highest fence taken, and
 --   taken of them; pttl = ms of validity left.
--- A token whose attempt was given up (LEAVE left its mark, lock .. ':left:' .. token) is
--- never granted nor queued: an acquire of that attempt that reaches the server after its
+-- A token whose attempt was given up (LEAVE left its mark, lock .. ':mark:' .. token =
+-- 'left') is never granted nor queued: an acquire of that attempt that reaches the server after its
 -- clean-up (sent on a connection dropped with it in flight) takes nothing.
 --@include fences
 -- Fast path first, before the other helpers are defined: the token's attempt goes on,
 -- never queued, the lock is free and either nobody is queued (so nobody can have been
 -- granted or promised it) or it is unfair (a free lock is anyone's). One EXISTS asks
--- for the mark, counted twice, the queue, and the mark of a later try of the attempt
--- that queued it after a search, counted four times (see waiters.lua): seen is 0
--- (none), 1 (queued ones only), 2 (given up), 3, or those and 4.
-local given_up = KEYS[1] .. ':left:' .. ARGV[1]
-local requeued = KEYS[1] .. ':requeued:' .. ARGV[1]
-local seen = redis.call('EXISTS', given_up, given_up, KEYS[3], requeued, requeued, requeued,
-  requeued)
+-- for the token's mark, counted twice, and the queue: seen is 0 (none), 1 (queued ones
+-- only), 2 or 3 (a mark, and the queue: below, GET says which mark).
+local mark = KEYS[1] .. ':mark:' .. ARGV[1]
+local seen = redis.call('EXISTS', mark, mark, KEYS[3])
 if (seen == 0 or (seen == 1 and ARGV[3] == '0' and ARGV[8] == ''))
     and redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then
   local top, taken = take_fences(KEYS[2], ARGV[6], ARGV[2], 0, false)
@@ -42,8 +39,11 @@ end
 
 local lock, fence, queue = KEYS[1], KEYS[2], KEYS[3]
 local token, fair, place = ARGV[1], ARGV[3], ARGV[8]
-if seen >= 4 then
-  seen = seen - 4
+-- A mark is 'left' (the attempt was given up: seen stays 2 or more) or 'requeued' (a later
+-- try of the attempt queued the token anew after a search, see waiters.lua: a first try
+-- landing after it searches too). Rare: only a try that may have landed late finds one.
+if seen >= 2 and redis.call('GET', mark) == 'requeued' then
+  seen = seen - 2
   if place == '' then place = '?' end
 end
 -- A first try that may queue (place '': never sent before, as a resend says '?') cannot

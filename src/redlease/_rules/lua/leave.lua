@@ -2,7 +2,7 @@
 -- KEYS[1] lock  KEYS[2] fence  KEYS[3] queue
 -- ARGV[1] token  ARGV[2] fair ('1'/'0')  ARGV[3] bell key prefix
 -- ARGV[4] '1': keep a lock granted to us meanwhile; '0': release it
--- ARGV[5] ms the attempt's mark lasts (lock .. ':left:' .. token): an acquire of this
+-- ARGV[5] ms the attempt's mark lasts (lock .. ':mark:' .. token = 'left'): an acquire of this
 -- token that reaches the server after this leave (it was in flight on a connection
 -- dropped with it) finds it, and takes nothing
 -- ARGV[6] the token's place in the queue, as the acquire's ARGV[8]
@@ -22,7 +22,7 @@ if holder == token then
   holder = false
 end
 redis.call('DEL', bell)
-redis.call('SET', lock .. ':left:' .. token, '1', 'PX', ARGV[5])
+redis.call('SET', lock .. ':mark:' .. token, 'left', 'PX', ARGV[5])
 -- a free lock may have been waiting for us (fair) or woken us (not fair): pass it on
 if not holder then hand_on(lock, fence, queue, ARGV[3], ARGV[2]) end
 return {0, 0, 0}

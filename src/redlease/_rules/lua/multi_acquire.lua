@@ -7,7 +7,7 @@
 -- try was given up (its clean-up, a LEAVE of each name in turn, marked the first).
 --@include fences
 local n = #KEYS / 3
-if redis.call('EXISTS', KEYS[1] .. ':left:' .. ARGV[1]) == 1 then return {} end
+if redis.call('GET', KEYS[1] .. ':mark:' .. ARGV[1]) == 'left' then return {} end
 for i = 0, n - 1 do
   local holder = redis.call('GET', KEYS[3 * i + 1])
   if holder and holder ~= ARGV[1] then return {} end

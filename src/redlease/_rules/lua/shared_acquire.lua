@@ -16,13 +16,12 @@ local now = now_us()
 held_now(holders, fences, now)
 local held = ours(holders, fences, token, now)
 if not held then
-  -- (the given-up mark, counted twice, and the requeued one: as the lock's acquire)
-  local left = holders .. ':left:' .. token
-  local marks = redis.call('EXISTS', left, left, holders .. ':requeued:' .. token)
-  if marks >= 2 then
+  -- (the token's mark: as the lock's acquire)
+  local mark = redis.call('GET', holders .. ':mark:' .. token)
+  if mark == 'left' then
     return {0, -2, now, 0, ''}  -- the token's attempt was given up: as the lock's acquire
   end
-  if marks == 1 and place == '' then place = '?' end
+  if mark and place == '' then place = '?' end
 end
 local server_us = 0  -- (a grant found: it was made before this call)
 local mine = ARGV[12]

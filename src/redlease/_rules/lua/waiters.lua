@@ -15,8 +15,9 @@
 --     searched for by token, and then every item of the token found goes but the one
 --     kept: the token is queued once, whatever order its tries land in, as long as a
 --     try may land late. A first try that lands after a later one queued the token
---     anew, after a search, finds that try's mark (the lock's key .. ':requeued:' ..
---     token, kept as long as the mark of an attempt given up, ARGV[9]) and searches too;
+--     anew, after a search, finds that try's mark (the lock's key .. ':mark:' .. token =
+--     'requeued', the key of the mark of an attempt given up, 'left', which it never
+--     overwrites; kept as long, ARGV[9]) and searches too;
 --   * a waiter is rung with "fence:server_us:taken": a fence > 0 means the lock was granted
 --     to that waiter at server time server_us, with taken fences; fence 0 is a plain
 --     wake-up. A waiter with a hub (its process's shared wait connection, see
@@ -139,7 +140,7 @@ local function put(lock, queue, token, item, at, others, searched, life, mark_ms
   else
     redis.call('RPUSH', queue, item)
     if searched then
-      redis.call('SET', lock .. ':requeued:' .. token, '1', 'PX', mark_ms)
+      redis.call('SET', lock .. ':mark:' .. token, 'requeued', 'PX', mark_ms)
     end
   end
   keep_for(queue, life, life)
