@@ -83,6 +83,31 @@ def test_an_unfair_release_past_a_woken_waiter_costs_at_most_its_budget(
     assert r.lrange(keys.queue, 0, -1) == [b"waiter|99999999999999999:30000:0"]
 
 
+def test_an_unfair_release_that_wakes_the_first_waiter_reads_the_line_once(
+    r: redis.Redis, name: str
+) -> None:
+    """The unfair lock's contended release with nobody woken yet: it wakes the first in
+    line (here one rung on its own bell, queued just now, so not starving), which stays
+    first until it has had its turn."""
+    keys = LockKeys.for_name(name)
+    seconds, micros = r.time()
+    since = seconds * 1_000_000 + micros
+    r.set(keys.lock, "holder", px=30_000)
+    r.rpush(keys.queue, f"waiter|{since + 60_000_000}:30000:{since}")
+    r.pexpire(keys.queue, 30_000)
+    args = (*keys.script_keys, "holder", "0", keys.bell_prefix, "5000")
+    before = _calls(r)
+    assert r.eval(RELEASE.source, 3, *args) == 1
+    # the script, and: the lock and the woken mark (MGET), the release mark, the head of
+    # the line (read once, and handed on with the lock: 10 when it was read twice), the
+    # clock, the woken mark set, the ring (pushed, its TTL), the lock deleted
+    assert _spent(r, before) <= 9
+    assert not r.exists(keys.lock)
+    assert r.get(keys.lock + ":woken") == b"waiter"
+    assert r.lpop(keys.bell("waiter")) is not None
+    assert r.llen(keys.queue) == 1
+
+
 def test_the_waiting_keys_keep_a_ttl_covering_the_longest_waiter(r: redis.Redis, name: str) -> None:
     lock = redlease.Lock(r, name, ttl=30.0)
     holder = lock.acquire()

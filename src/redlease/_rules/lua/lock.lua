@@ -10,13 +10,15 @@
 -- UNFAIR_STARVING). A waiter that cannot hear its ring is dropped (its grant, if any,
 -- undone: the fence it took is skipped) and the next one served. The lock may still hold
 -- the releasing caller's token: a grant overwrites it. Returns whether the lock was
--- granted (else the caller deletes what it released). now: as for live_head.
-local function hand_on(lock, fence, queue, bells, fair, now)
+-- granted (else the caller deletes what it released). now: as for live_head; read (unfair
+-- only): the head of the queue, if the caller has read it.
+local function hand_on(lock, fence, queue, bells, fair, now, read)
   local pop = fair == '1'
   local woken = not pop and lock .. ':woken'
   while true do
     local w, entry
-    w, entry, now = live_head(queue, now, pop)
+    w, entry, now = live_head(queue, now, pop, read)
+    read = nil
     if not w then return false end
     local _, ttl, since, hub = entry_fields(entry)
     local grant = pop or now - num(since) >= UNFAIR_STARVING_US

@@ -25,9 +25,10 @@ redis.call('SET', mark, ARGV[1], 'PX', ARGV[4])
 -- unfair: a waiter woken to compete has not had its turn yet while it is first in line
 -- (where it stays until it takes its turn); nobody else is woken. A mark whose waiter is
 -- gone is void. With nobody queued, there is nobody to wake. (Fair: hand_on's LPOP finds
--- an empty queue.)
+-- an empty queue.) The head read here is handed on with the lock: not read twice.
+local head
 if ARGV[2] == '0' then
-  local head = redis.call('LINDEX', KEYS[3], 0)
+  head = redis.call('LINDEX', KEYS[3], 0)
   if woken_one then
     if head and string.sub(head, 1, #woken_one + 1) == woken_one .. '|' then
       redis.call('DEL', KEYS[1])
@@ -45,7 +46,7 @@ end
 --@include lock
 
 -- the lock still holds our token: hand it on, or delete it
-if not hand_on(KEYS[1], KEYS[2], KEYS[3], ARGV[3], ARGV[2]) then
+if not hand_on(KEYS[1], KEYS[2], KEYS[3], ARGV[3], ARGV[2], nil, head) then
   redis.call('DEL', KEYS[1])
 end
 return 1

@@ -76,16 +76,18 @@ end
 
 -- the first waiter still within its deadline (dead ones are dropped), its entry, and the
 -- server time NOW (us; read here if nil and there is a waiter to judge); nil if none.
--- With POP the live one found is taken out of the queue too.
-local function live_head(queue, now, pop)
+-- With POP the live one found is taken out of the queue too; without, ITEM is the head
+-- if the caller has read it already.
+local function live_head(queue, now, pop, item)
   while true do
-    local item
-    if pop then item = redis.call('LPOP', queue) else item = redis.call('LINDEX', queue, 0) end
+    if pop then item = redis.call('LPOP', queue)
+    elseif not item then item = redis.call('LINDEX', queue, 0) end
     if not item then return nil, nil, now end
     now = now or now_us()
     local w, entry = item_of(item)
     if entry and entry_live(entry, now) then return w, entry, now end
     if not pop then redis.call('LPOP', queue) end
+    item = nil
   end
 end
 
