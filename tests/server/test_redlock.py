@@ -138,8 +138,8 @@ def _spec(count: int, ttl: float = 10.0, clock: FakeClock | None = None) -> Quor
     return QuorumSpec.create(lock, [f"n{i}" for i in range(count)], None, SAFE)
 
 
-def _yes(counter: int) -> list[int]:
-    return [1, counter, 10000]
+def _yes(counter: int) -> int:
+    return counter  # (the acquire script's grant: the node's fence counter alone)
 
 
 def _held(pttl: int) -> list[int]:
@@ -344,7 +344,7 @@ def test_core_a_majority_of_yes_is_enough_and_unread_replies_count_as_neither() 
     fan = next(flow)
     assert isinstance(fan, Fanout)
     assert fan.enough == 3  # the driver may stop reading at the third yes
-    assert fan.yes([1, 4, 10000])
+    assert fan.yes(_yes(4))
     assert not fan.yes([0, 0, 50])
     assert fan.call.args[2] == "0"  # no token handed out yet: nothing to raise nodes past
     # nodes 3 and 4 were not read: no second round, and the lease is granted
@@ -793,7 +793,7 @@ def test_deliberately_unsafe_variants_are_wired(clients: list[redis.Redis]) -> N
     attempt = QuorumAcquisition(spec, 0.0, wait=False)
     flow = attempt.run()
     next(flow)
-    yes, held = [1, 1, 1], [0, 0, 500]
+    yes, held = _yes(1), [0, 0, 500]
     lost: Exception = redlease.BackendError("gone")
     fan = flow.send([yes, yes, held, held, lost])  # no majority: release follows
     assert isinstance(fan, Fanout)

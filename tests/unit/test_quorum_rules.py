@@ -41,9 +41,9 @@ def qspec(
     return _quorum.QuorumSpec.create(lock, [f"n{i}" for i in range(n)], node_timeout, rules)
 
 
-def yes(counter: int) -> list[int]:
-    """An acquire's "ours here", with the node's fence counter after this grant."""
-    return [1, counter, 10_000]
+def yes(counter: int) -> int:
+    """An acquire's "ours here": the node's fence counter after this grant, alone."""
+    return counter
 
 
 def held(pttl_ms: int) -> list[int]:
@@ -139,10 +139,8 @@ def test_an_agreeing_majority_is_granted_at_once_with_validity_counted_from_the_
     flow = attempt.run()
     next(flow)
     clock.advance(0.4)  # the round's time is the holder's loss
-    # replies as they come from clients that do and do not decode: bytes, text, ints
-    done, grant = step(
-        flow, [[b"1", b"7", b"10000"], ["1", "7", "10000"], yes(7), held(900), silent("n4")]
-    )
+    # a "held" as it comes from clients that do and do not decode: bytes, text, ints
+    done, grant = step(flow, [yes(7), yes(7), yes(7), [b"0", b"0", b"900"], ["0", "0", "900"]])
     assert done == "done"
     assert isinstance(grant, _quorum.QuorumGrant)
     assert (grant.token, grant.fence) == (attempt.token, 7)
@@ -250,7 +248,7 @@ def test_a_tally_reads_each_result_as_yes_held_failed_or_unread() -> None:
     tally = _quorum.Tally(
         round_,
         [
-            [b"1", b"7", b"10000"],
+            yes(7),
             ["0", "0", "1500"],
             silent("n2"),
             unsent("n3"),
@@ -273,7 +271,7 @@ def test_a_tally_reads_each_result_as_yes_held_failed_or_unread() -> None:
     assert _quorum.SAFE.undo_round(tally, 7) == [0, 2, 4, 5, 6]
 
 
-@pytest.mark.parametrize("junk", [None, [1, b"seven", 10_000], [1, None, 10_000], b"OK"], ids=repr)
+@pytest.mark.parametrize("junk", [None, [1, 7, 10_000], [1, None, 10_000], b"OK", -3], ids=repr)
 def test_a_reply_of_another_shape_is_that_nodes_failure_never_a_yes_nor_a_no(junk: Any) -> None:
     # a majority of good yes-replies still takes the lock (every node is released later)
     attempt = _quorum.QuorumAcquisition(qspec(3), 0.0, wait=False)
@@ -298,6 +296,10 @@ def test_a_reply_of_another_shape_is_that_nodes_failure_never_a_yes_nor_a_no(jun
         extending.send([1, 0, junk])
     assert not _quorum.said_yes(junk)
     assert not _quorum.took_it(junk)
+    # (an extend's or a release's "no" and "yes", 0 and 1, are no grant either as Python
+    # gives them; a grant's counter is never 0)
+    assert not _quorum.took_it(0)
+    assert not _quorum.took_it(True)
 
 
 def test_a_try_without_a_majority_tells_contention_from_an_outage() -> None:

@@ -111,10 +111,9 @@ def said_yes(reply: Any) -> bool:
 
 
 def took_it(reply: Any) -> bool:
-    """A node's reply to an acquire: the lock is ours there, with a fence counter."""
-    return not isinstance(reply, BaseException) and _read(
-        reply, lambda r: as_int(r[0]) == 1 and as_int(r[1]) > 0
-    )
+    """A node's reply to an acquire: the lock is ours there, and this is its fence
+    counter (the script answers a grant with the counter alone, an integer)."""
+    return isinstance(reply, int) and not isinstance(reply, bool) and reply > 0
 
 
 # What reading a reply of another shape than the script's raises.
@@ -265,7 +264,7 @@ class Tally:
                     self.unsent.add(node)
                 continue
             if took_it(result):
-                self.counters[node] = as_int(result[1])
+                self.counters[node] = result
             elif _read(result, lambda r: as_int(r[0]) == 0 and as_int(r[2]) >= -2):
                 self.held[node] = as_int(result[2])
             else:  # a reply of another shape is neither a yes nor a no: that node failed
