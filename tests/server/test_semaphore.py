@@ -20,6 +20,7 @@ import redis
 import redis.asyncio as aredis
 
 import redlease
+from redlease._rules.flows import acquire_reply
 from redlease._rules.keys import LockKeys, forgotten_within
 from redlease._rules.scripts import SHARED_ACQUIRE
 from redlease.tools import servers
@@ -292,9 +293,9 @@ def test_a_waiter_is_not_dropped_from_its_place_while_its_hub_is_away(
     def acquire(token: str, ttl: str, queue_ms: str, hub: str) -> list[int]:
         place = places.get(token, "")
         args = (token, ttl, "1", queue_ms, keys.bell_prefix, "1", hub, place, "9000", "1", "r")
-        reply: list[Any] = r.eval(SHARED_ACQUIRE.source, 4, *keys.script_keys, *args)
-        places[token] = reply[4].decode()
-        return [int(x) for x in reply[:4]]
+        reply = r.eval(SHARED_ACQUIRE.source, 4, *keys.script_keys, *args)
+        fence, pttl, server_us, places[token] = acquire_reply(reply, int(ttl))
+        return [fence, pttl, server_us]
 
     assert acquire("h", "150", "0", "")[0] > 0  # holds the one permit for 150 ms
     assert acquire("a", "5000", "5000", "abcd")[0] == 0  # queued; its hub is not there
@@ -302,3 +303,19 @@ def test_a_waiter_is_not_dropped_from_its_place_while_its_hub_is_away(
     time.sleep(0.3)  # h's permit runs out
     assert acquire("a", "5000", "0", "")[0] > 0  # a's try: first in line, so it is a's
     assert r.zrange(keys.lock, 0, -1) == [b"a"]
+
+
+def test_a_permit_s_replies_take_the_lock_s_cheapest_shapes(r: redis.Redis, name: str) -> None:
+    """As the lock's acquire (see test_scripts): a grant of one fence is the fence alone,
+    a try that takes nothing one string."""
+    keys = keys_of(name)
+    args = ("a", "30000", "1", "30000", keys.bell_prefix, "1", "", "", "9000", "1", "r")
+    granted = r.eval(SHARED_ACQUIRE.source, 4, *keys.script_keys, *args)
+    assert isinstance(granted, int)
+    assert granted == int(r.hget(keys.extra[0], "a") or 0)
+    queued = r.eval(SHARED_ACQUIRE.source, 4, *keys.script_keys, "b", *args[1:])
+    assert isinstance(queued, bytes)
+    fence, pttl, _server_us, place = acquire_reply(queued, 30_000)
+    assert fence == 0
+    assert 25_000 < pttl <= 30_000
+    assert r.lrange(keys.queue, 0, -1) == [place.encode()]

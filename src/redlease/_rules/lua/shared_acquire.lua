@@ -4,22 +4,23 @@
 -- the token of the caller's own lease of the other mode: a read under the caller's write
 -- lease (a downgrade) is granted at once, and so is a write over the caller's read lease
 -- if that is the only hold (an upgrade).
--- Reply {fence, pttl, server_us, taken, place} (the lock's longest shape, see acquire.lua;
--- this script always replies with it); when we must wait, pttl is
--- the ms left of the hold that runs out first.
+-- Reply in the lock's shapes (see acquire.lua): an integer, a grant of one fence for the
+-- whole ttl; a string "pttl:seconds:microseconds:place", nothing granted, pttl the ms
+-- left of the hold that runs out first; {fence, pttl, server_us, taken, place}, any
+-- other grant.
 --@include waiters
 --@include holds
 local holders, fence, queue, fences = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
 local token, ttl, bell, place = ARGV[1], ARGV[2], ARGV[5] .. ARGV[1], ARGV[8]
 local limit, mode = num(ARGV[10]), ARGV[11]
-local now = now_us()
+local now, time = now_us()
 held_now(holders, fences, now)
 local held = ours(holders, fences, token, now)
 if not held then
   -- (the token's mark: as the lock's acquire)
   local mark = redis.call('GET', holders .. ':mark:' .. token)
   if mark == 'left' then
-    return {0, -2, now, 0, ''}  -- the token's attempt was given up: as the lock's acquire
+    return '-2:' .. time[1] .. ':' .. time[2] .. ':'  -- given up: as the lock's acquire
   end
   if mark and place == '' then place = '?' end
 end
@@ -54,6 +55,7 @@ if ok then
   -- (a bell is only ever rung for a queued waiter)
   if forget(queue, token, place) then redis.call('DEL', bell) end
   local top, taken = grant(holders, fences, fence, token, ttl, now, mode, count == 0)
+  if taken == 1 then return top end
   return {top, num(ttl), now, taken, ''}
 end
 if ARGV[4] ~= '0' then
@@ -66,4 +68,4 @@ if ARGV[4] ~= '0' then
 end
 local soonest = redis.call('ZRANGE', holders, 0, 0, 'WITHSCORES')
 local left = soonest[2] and math.max(0, tonumber(soonest[2]) - now_ms(now)) or -2
-return {0, left, now, 0, place}
+return left .. ':' .. time[1] .. ':' .. time[2] .. ':' .. place
