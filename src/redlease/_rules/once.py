@@ -30,7 +30,17 @@ from .._base.timing import valid_until
 from .._base.types import OnLost
 from . import arguments as args
 from .classify import error_code
-from .flows import ONE_FENCE, Acquisition, Flow, Grant, LockSpec, as_int, as_text, release
+from .flows import (
+    ONE_FENCE,
+    Acquisition,
+    Flow,
+    Grant,
+    LockSpec,
+    acquire_reply,
+    as_int,
+    as_text,
+    release,
+)
 from .front import FrontCore
 from .keys import LockKeys
 from .lease import LeaseState
@@ -149,7 +159,7 @@ class OnceAttempt(Acquisition):
         except BackendError as failure:
             yield from self._wait_out(failure)  # (a try: raises it, or names a foreign key)
             raise
-        fence, pttl, server_us = (as_int(x) for x in reply[:3])
+        fence, pttl, server_us, _place = acquire_reply(reply, spec.ttl_ms)
         if fence > 0:
             grant = OnceGrant(
                 self.token, fence, valid_until(sent_at, pttl, spec.ttl), server_us // 1000

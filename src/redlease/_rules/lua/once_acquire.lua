@@ -3,9 +3,10 @@
 -- KEYS[1..3] as acquire's  KEYS[4] the record of the last period run (P{N}:once,
 -- "period:token")
 -- ARGV[1..9] as acquire's (ARGV[4] '0')  ARGV[10] the period in ms ('0': none)
--- Reply as acquire's, but server_us is always the server's time before the grant (when
--- the run starts), and fence = -1 when this period's run has been made (pttl: ms until
--- the next period begins, or the name is free if that is later). Periods are aligned to
+-- Reply as acquire's (see acquire.lua), but a grant is always the table, whose server_us
+-- is the server's time before the grant (when the run starts); {-1, pttl, server_us, 0,
+-- ''} when this period's run has been made (pttl: ms until the next period begins, or
+-- the name is free if that is later). Periods are aligned to
 -- the server's clock: period k covers [k * period, (k + 1) * period) of its TIME in ms.
 local function acquire()
 --@include acquire
@@ -27,11 +28,8 @@ if period > 0 then
   end
 end
 local reply = acquire()
-if type(reply) == 'number' then  -- (acquire's shorter shapes, see acquire.lua)
-  reply = {reply, tonumber(ARGV[2]), 0, 1, ''}
-elseif type(reply) == 'string' then
-  reply = {0, tonumber(string.sub(reply, 1, string.find(reply, ':', 1, true) - 1)), 0, 0, ''}
-end
+if type(reply) == 'string' then return reply end  -- nothing granted: as it is
+if type(reply) == 'number' then reply = {reply, tonumber(ARGV[2]), 0, 1, ''} end
 if reply[1] > 0 and period > 0 then
   -- "k:token", kept until the period ends: a run counts from its start, however it ends
   -- (a try given up before its run, ONCE_LEAVE, takes its record back)
