@@ -8,6 +8,7 @@ from typing import Any
 
 import pytest
 
+import redlease
 from redlease._rules import scripts as _scripts
 from redlease._rules.classify import plain
 from redlease._rules.flows import acquire_reply
@@ -340,3 +341,18 @@ def test_each_acquire_reply_takes_the_shape_cheapest_for_the_server(r: Any, name
     assert 0 <= seconds * 1_000_000 + micros - server_us < 10_000_000
     assert 25_000 < pttl <= 30_000
     assert _line(r, keys) == [place]
+
+
+def test_a_key_of_someone_else_s_with_a_ttl_of_ages_is_said_held_not_misread(
+    r: Any, name: str
+) -> None:
+    """A try that takes nothing says the holder's time left in a string: a TTL too long
+    for Lua to write exactly (1e14 ms or more) is said as the longest it writes exactly,
+    not with an exponent the reader cannot parse."""
+    keys = LockKeys.for_name(name)
+    r.set(keys.lock, "someone else")
+    r.expire(keys.lock, 10**12)  # (a PTTL of 1e15 ms)
+    _fence, pttl, _server_us, place = _queue_reply(r, keys, "a")
+    assert pttl == 99_999_999_999_999
+    assert _line(r, keys) == [place]
+    assert redlease.Lock(r, name).try_acquire() is None

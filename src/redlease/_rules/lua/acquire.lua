@@ -65,7 +65,7 @@ if holder == token then
   local f, taken = held_fence(fence, ARGV[5] .. token)
   return {f, redis.call('PTTL', lock), 0, taken, ''}
 end
-if seen >= 2 then return (pttl or redis.call('PTTL', lock)) .. ':0:0:' end
+if seen >= 2 then return ms_digits(pttl or redis.call('PTTL', lock)) .. ':0:0:' end
 local now, time = now_us()
 if not holder and fair == '1' then
   local first = live_head(queue, now)
@@ -100,4 +100,5 @@ if ARGV[4] ~= '0' then
   place = token .. '|' .. entry
   put(lock, queue, token, place, at, others, searched, life, ARGV[9])
 end
-return (pttl or redis.call('PTTL', lock)) .. ':' .. time[1] .. ':' .. time[2] .. ':' .. place
+return ms_digits(pttl or redis.call('PTTL', lock)) .. ':' .. time[1] .. ':' .. time[2] .. ':'
+  .. place

@@ -4,6 +4,11 @@
 -- one conversion, where tonumber makes two (and the server pays for each)
 local function num(digits) return digits + 0 end
 
+-- a time in ms as a reply's digits, without a format: Lua writes a number with 14
+-- significant digits, so a larger one (the TTL of someone else's key, thousands of
+-- years) is said as the largest it writes exactly, which waits as long
+local function ms_digits(ms) return math.min(ms, 99999999999999) .. '' end
+
 -- the server's time in microseconds, and TIME's reply (its seconds and microseconds as
 -- digits: a reply can carry them as they are, where a number this large would need a
 -- format)

@@ -68,4 +68,4 @@ if ARGV[4] ~= '0' then
 end
 local soonest = redis.call('ZRANGE', holders, 0, 0, 'WITHSCORES')
 local left = soonest[2] and math.max(0, tonumber(soonest[2]) - now_ms(now)) or -2
-return left .. ':' .. time[1] .. ':' .. time[2] .. ':' .. place
+return ms_digits(left) .. ':' .. time[1] .. ':' .. time[2] .. ':' .. place
