@@ -61,23 +61,29 @@ def test_an_uncontended_cycle_costs_at_most_its_budget(r: redis.Redis, name: str
         assert _spent(r, before) <= budget, fair
 
 
+def _unfair_release_counted(r: redis.Redis, keys: LockKeys, item: str) -> int:
+    """Commands for an unfair release by "holder" of its lock, with ITEM in line."""
+    r.set(keys.lock, "holder", px=30_000)
+    r.rpush(keys.queue, item)
+    r.pexpire(keys.queue, 30_000)
+    before = _calls(r)
+    args = (*keys.script_keys, "holder", "0", keys.bell_prefix, "5000")
+    assert r.eval(RELEASE.source, 3, *args) == 1
+    return _spent(r, before)
+
+
 def test_an_unfair_release_past_a_woken_waiter_costs_at_most_its_budget(
     r: redis.Redis, name: str
 ) -> None:
     """The unfair lock's contended release: a waiter woken to compete is still first in
     line (the releasing caller took the lock again first), so the release only frees it."""
     keys = LockKeys.for_name(name)
-    r.set(keys.lock, "holder", px=30_000)
     r.set(keys.lock + ":woken", "waiter", px=30_000)
-    r.rpush(keys.queue, "waiter|99999999999999999:30000:0")
-    r.pexpire(keys.queue, 30_000)
-    args = (*keys.script_keys, "holder", "0", keys.bell_prefix, "5000")
-    before = _calls(r)
-    assert r.eval(RELEASE.source, 3, *args) == 1
+    spent = _unfair_release_counted(r, keys, "waiter|99999999999999999:30000:0")
     # the script, and: the lock and the woken mark read in one MGET, the release mark
     # set, the head of the line (whether the woken waiter is still first), the lock
     # deleted (7 before: the queue's EXISTS and the woken mark's GET)
-    assert _spent(r, before) <= 5
+    assert spent <= 5
     assert not r.exists(keys.lock)
     assert r.get(keys.lock + ":woken") == b"waiter"
     assert r.lrange(keys.queue, 0, -1) == [b"waiter|99999999999999999:30000:0"]
@@ -92,16 +98,11 @@ def test_an_unfair_release_that_wakes_the_first_waiter_reads_the_line_once(
     keys = LockKeys.for_name(name)
     seconds, micros = r.time()
     since = seconds * 1_000_000 + micros
-    r.set(keys.lock, "holder", px=30_000)
-    r.rpush(keys.queue, f"waiter|{since + 60_000_000}:30000:{since}")
-    r.pexpire(keys.queue, 30_000)
-    args = (*keys.script_keys, "holder", "0", keys.bell_prefix, "5000")
-    before = _calls(r)
-    assert r.eval(RELEASE.source, 3, *args) == 1
+    spent = _unfair_release_counted(r, keys, f"waiter|{since + 60_000_000}:30000:{since}")
     # the script, and: the lock and the woken mark (MGET), the release mark, the head of
     # the line (read once, and handed on with the lock: 10 when it was read twice), the
     # clock, the woken mark set, the ring (pushed, its TTL), the lock deleted
-    assert _spent(r, before) <= 9
+    assert spent <= 9
     assert not r.exists(keys.lock)
     assert r.get(keys.lock + ":woken") == b"waiter"
     assert r.lpop(keys.bell("waiter")) is not None
