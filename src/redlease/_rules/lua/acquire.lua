@@ -18,8 +18,9 @@
 -- * {fence, pttl, server_us, taken, place}, any other grant: the highest fence taken, and
 --   taken of them; pttl = ms of validity left.
 -- A token whose attempt was given up (LEAVE left its mark, lock .. ':mark:' .. token =
--- 'left') is never granted nor queued: an acquire of that attempt that reaches the server after its
--- clean-up (sent on a connection dropped with it in flight) takes nothing.
+-- 'left') is never granted nor queued: an acquire of that attempt that reaches the
+-- server after its clean-up (sent on a connection dropped with it in flight) takes
+-- nothing.
 --@include fences
 -- Fast path first, before the other helpers are defined: the token's attempt goes on,
 -- never queued, the lock is free and either nobody is queued (so nobody can have been
