@@ -11,7 +11,9 @@ other client waits. Measured on the server, for each lock in the same run:
 Server CPU is ``INFO cpu`` (user + system: everything the server does, its network
 included), read at the start and end of each round by this process; commands are
 ``INFO commandstats`` calls, a script's own calls included. Rounds alternate their order
-and each runs on a fresh server; figures are medians of rounds.
+and each runs on a fresh server; figures are medians of rounds, and a ratio is the median
+of the ratios of each round (both measured on the same server, seconds apart: the
+machine's state moves a round's figures by a fifth, mostly for every lock alike).
 """
 
 from __future__ import annotations
@@ -130,16 +132,22 @@ def measure(crew: Crew, server_kind: str, settings: Settings) -> list[Tally]:
     return tallies
 
 
+def _per_round(cpus: Sequence[float], against: Sequence[float]) -> float:
+    """The median of the rounds' ratios of ``cpus`` to ``against`` (NaN without rounds)."""
+    ratios = [c / a for c, a in zip(cpus, against, strict=True)]
+    return median(ratios) if ratios else float("nan")
+
+
 def rows(tallies: Sequence[Tally], settings: Settings) -> list[Row]:
     by_kind = {t.kind: t for t in tallies}
     ref = by_kind.get("redis-py")
     usable = ref is not None and ref.problem is None and ref.cycle_cpu
-    ref_cycle = median(ref.cycle_cpu) if usable and ref else float("nan")
-    ref_section = median(ref.section_cpu) if usable and ref else float("nan")
+    ref_cycle = ref.cycle_cpu if usable and ref else []
+    ref_section = ref.section_cpu if usable and ref else []
     contended = f"per section ({settings.share_contenders} processes, one name)"
     ticket = by_kind.get("ticket")
     floor = (
-        median(ticket.section_cpu)
+        ticket.section_cpu
         if ticket is not None and ticket.problem is None and ticket.section_cpu
         else None
     )
@@ -156,7 +164,7 @@ def rows(tallies: Sequence[Tally], settings: Settings) -> list[Row]:
             (contended, t.section_cpu, t.section_commands, ref_section, 1),
         ):
             cpu = median(cpus)
-            ratio = cpu / against
+            ratio = _per_round(cpus, against) if against else float("nan")
             limit = bars[bar] if bars else None
             out.append(
                 Row(
@@ -168,7 +176,12 @@ def rows(tallies: Sequence[Tally], settings: Settings) -> list[Row]:
                     ratio=f"{ratio:.2f}x redis-py" if t.kind != "redis-py" else "",
                     bar=f"<= {limit}x redis-py Lock" if limit else "",
                     verdict=verdict(ratio <= limit) if limit else "",
-                    extra={"rounds_us": [round(c * 1e6, 1) for c in cpus]},
+                    extra={
+                        "rounds_us": [round(c * 1e6, 1) for c in cpus],
+                        "rounds_ratio": [
+                            round(c / a, 3) for c, a in zip(cpus, against, strict=True)
+                        ],
+                    },
                 )
             )
             spent = median(commands)
@@ -176,7 +189,7 @@ def rows(tallies: Sequence[Tally], settings: Settings) -> list[Row]:
                 Row(SECTION, label, f"commands {figure} (incl. in scripts)", spent, f"{spent:.1f}")
             )
         if t.kind == "redlease" and floor:
-            over = median(t.section_cpu) / floor
+            over = _per_round(t.section_cpu, floor)
             out.append(
                 Row(
                     SECTION,
@@ -200,5 +213,6 @@ def note(settings: Settings) -> str:
         f"a name each) and {settings.share_seconds:g} s contended "
         f"({settings.share_contenders} processes, one name, the GET+SET counter inside and "
         "counted); server CPU from INFO cpu (user + system), commands from INFO "
-        "commandstats (scripts' own calls included); medians of rounds."
+        "commandstats (scripts' own calls included); medians of rounds, ratios the medians "
+        "of each round's ratio."
     )

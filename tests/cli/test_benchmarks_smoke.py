@@ -130,6 +130,19 @@ def test_the_servers_share_is_counted_for_every_lock(
     assert len([r for r in rows if r.verdict]) == 2 * len(share.BARS)
 
 
+def test_the_servers_share_compares_round_by_round() -> None:
+    # A round where the machine was slow for both weighs as one like any other: the
+    # ratio is the rounds' median ratio, not a ratio of medians taken rounds apart.
+    def tally(kind: str, cpus: list[float]) -> share.Tally:
+        return share.Tally(kind, cpus, [4.0] * 3, cpus, [4.0] * 3)
+
+    tallies = [tally("redis-py", [1.0, 10.0, 1.0]), tally("redlease", [1.0, 10.0, 3.0])]
+    got = {r.figure: r for r in share.rows(tallies, TINY) if r.contender == KINDS["redlease"]}
+    cycle = got["server CPU per uncontended cycle"]
+    assert cycle.ratio == "1.00x redis-py"  # (medians apart: 3.00x)
+    assert cycle.extra["rounds_ratio"] == [1.0, 1.0, 3.0]
+
+
 def test_a_burst_is_timed_against_a_bounded_pool(server: servers.ServerProcess) -> None:
     rows = burst.run(server.port, TINY)
     assert_no_errors(rows)
