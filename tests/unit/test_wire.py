@@ -72,6 +72,18 @@ def test_the_first_calls_load_refused_is_learnt_from_its_reply() -> None:
     assert _command(wire(OP)) == b"EVALSHA"
 
 
+def test_a_stale_reply_that_is_no_error_changes_nothing() -> None:
+    # (most stale replies: a Redlock node's late yes, a load's OK)
+    wire = resp.Wire()
+    wire.first(lean=True)
+    _command(wire(OP))
+    for reply in (1, b"OK", b"Function not found", [0, 0, 5], None):
+        wire.heard(reply)
+    assert wire.functions
+    assert wire.first(lean=True) == b""  # (the library not sent again)
+    assert _command(wire(OP)) == b"FCALL"
+
+
 def test_a_user_without_eval_is_called_by_fcall() -> None:
     wire = resp.Wire()
     wire.first(lean=True)

@@ -380,6 +380,8 @@ def _read(ref: weakref.ReferenceType[Hub], conn: Any) -> None:
 # --------------------------------------------------------------------------- the pool
 
 MAX_CONNECTIONS = 128
+# (combined once: a socket flag is an enum member, and combining two costs calls each time)
+PEEK_FLAGS = socket.MSG_PEEK | socket.MSG_DONTWAIT
 RESERVED = 16  # never held by blocking waits: short commands always find a connection
 MAX_IDLE = 8
 # A connection owing the reply of a wait that was given up on (the server answers a
@@ -474,7 +476,7 @@ class SocketConnection:
         if not self.poller.poll(0):
             return True
         try:
-            data = self.sock.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT)
+            data = self.sock.recv(1, PEEK_FLAGS)
         except BlockingIOError:
             return True
         except OSError:

@@ -137,6 +137,8 @@ class Wire:
         (they go with the next call again); no functions there (Redis 6.2), or not for
         this user: scripts from now on. (A load refused to a user who may call
         functions: the library may be there, loaded by another; a call finds out.)"""
+        if not isinstance(reply, Exception):  # (mostly: a Redlock node's late yes)
+            return
         if is_noscript(reply):
             self.forget()
         elif is_function_missing(reply):
