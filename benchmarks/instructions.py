@@ -21,6 +21,10 @@ Each contender runs on a server of its own started under callgrind (valkey-embed
   release that hands the lock on, and each of the ticket baton's a ticket taken, a
   blocked pop served and a push.
 
+* a Redlock node's share of a 5-master cycle: redlease's ``Redlock`` (a fenced grant on
+  each node) and the plainest raw 5-master cycle (``SET NX PX``, then a compare-and-delete
+  script; no fence), counted on the first node, the other four servers run plainly.
+
 redis-py's ``Lock`` cycle is the reference: under contention its releasing process barges
 back in while the others sleep 0.1 s, so its section costs the server what its cycle does
 (and its polls, timed by the clock, would be counted out of all proportion to a server
@@ -40,12 +44,15 @@ import sys
 import tempfile
 import threading
 import time
+import warnings
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 import redis
 
+import redlease
 from redlease.tools import servers
 
 from ._locks import make_lock
@@ -55,6 +62,11 @@ CONTENDERS = 4
 # (contenders, then the figure of each: a cycle or a contended section)
 CYCLES = ("redis-py", "redlease", "redlease-unfair", "ticket")
 SECTIONS = ("redlease", "ticket")
+REDLOCK_NODES = 5
+RELEASE = (
+    "if redis.call('get', KEYS[1]) == ARGV[1] then return redis.call('del', KEYS[1]) "
+    "else return 0 end"
+)
 
 
 @contextmanager
@@ -161,6 +173,37 @@ def sections(kind: str, port: int, n: int, zero: Callable[[], None]) -> int:
     return sum(done) - start
 
 
+def redlock_cycles(ports: list[int], n: int, zero: Callable[[], None]) -> None:
+    """``n`` cycles of redlease's Redlock over ``ports``, after a warm-up."""
+    lock = redlease.Redlock([redis.Redis(port=p) for p in ports], "bench:ir:redlock", ttl=TTL)
+    for i in range(n + 20):
+        if i == 20:
+            zero()
+        lock.acquire().release()
+
+
+def raw_redlock_cycles(ports: list[int], n: int, zero: Callable[[], None]) -> None:
+    """``n`` of the plainest 5-master cycles over ``ports`` (the speed bar's reference)."""
+    conns: list[Any] = []
+    sha = ""
+    for port in ports:
+        r = redis.Redis(port=port)
+        sha = r.script_load(RELEASE)
+        conns.append(r.connection_pool.get_connection())
+    for i in range(n + 20):
+        if i == 20:
+            zero()
+        token = os.urandom(16).hex()
+        for conn in conns:
+            conn.send_command("SET", "bench:ir:raw", token, "NX", "PX", str(int(TTL * 1000)))
+        for conn in conns:
+            conn.read_response()
+        for conn in conns:
+            conn.send_command("EVALSHA", sha, "1", "bench:ir:raw", token)
+        for conn in conns:
+            conn.read_response()
+
+
 def measure(kind: str | None, n: int) -> dict[str, float]:
     """Instructions per cycle and per section of each contender (keys "kind cycle",
     "kind section")."""
@@ -173,6 +216,16 @@ def measure(kind: str | None, n: int) -> dict[str, float]:
         with counted_server(kind) as (port, zero, count):
             made = sections(contender, port, n, zero)
             got[f"{contender} section"] = count() / made
+    with servers.running(REDLOCK_NODES - 1, kind=kind) as others:
+        for label, run in (
+            ("redlock node", redlock_cycles),
+            ("raw redlock node", raw_redlock_cycles),
+        ):
+            with counted_server(kind) as (port, zero, count), warnings.catch_warnings():
+                # (the servers keep nothing on disk, which a Redlock's check warns of)
+                warnings.simplefilter("ignore", redlease.RedleaseWarning)
+                run([port, *(o.port for o in others)], n, zero)
+                got[f"{label} cycle"] = count() / n
     return got
 
 
