@@ -356,6 +356,23 @@ def test_a_call_is_checked_against_the_jobs_own_signature_fence_and_all() -> Non
         unreadable.check((), {"fence": 1}, "j")
 
 
+def takes_nothing() -> None: ...
+def takes_only_the_fence(fence: int) -> None: ...
+
+
+def test_a_call_without_arguments_is_judged_once_and_alike_each_time() -> None:
+    for needs_one in (_once.JobCall(takes_no_fence, None), _once.JobCall(takes_any_keyword, "f")):
+        for _ in range(2):  # (the answer kept is the bind's: a call that cannot bind fails)
+            with pytest.raises(TypeError, match="cannot be called so"):
+                needs_one.check((), {}, "j")
+    for bare in (_once.JobCall(takes_nothing, None), _once.JobCall(takes_only_the_fence, "fence")):
+        for _ in range(2):
+            bare.check((), {}, "j")
+        assert bare.bare
+        with pytest.raises(TypeError, match="cannot be called so"):
+            bare.check((1,), {}, "j")  # (arguments are bound as before)
+
+
 def test_a_skip_is_false_and_says_why_and_when_it_may_run() -> None:
     later = _once.Skipped(NAME, _once.RAN, 2.5)
     assert not later

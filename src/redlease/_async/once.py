@@ -76,7 +76,8 @@ class _AsyncJobLock(AsyncFront):
         labels = self._core.metered()
         if labels is not None:
             labels.skipped(skipped.reason)
-        log.info(skip_message(skipped))
+        if log.isEnabledFor(logging.INFO):  # (the line is made only if it is written)
+            log.info(skip_message(skipped))
         return skipped
 
 
