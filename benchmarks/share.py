@@ -180,7 +180,9 @@ def rows(tallies: Sequence[Tally], settings: Settings) -> list[Row]:
                         "rounds_us": [round(c * 1e6, 1) for c in cpus],
                         "rounds_ratio": [
                             round(c / a, 3) for c, a in zip(cpus, against, strict=True)
-                        ],
+                        ]
+                        if against
+                        else [],  # (the reference failed: no ratio)
                     },
                 )
             )

@@ -141,6 +141,12 @@ def test_the_servers_share_compares_round_by_round() -> None:
     cycle = got["server CPU per uncontended cycle"]
     assert cycle.ratio == "1.00x redis-py"  # (medians apart: 3.00x)
     assert cycle.extra["rounds_ratio"] == [1.0, 1.0, 3.0]
+    # the reference failed: every other lock's figures are still shown, without a ratio
+    failed = share.Tally("redis-py", [], [], [], [], problem="error: ConnectionError")
+    rows = share.rows([failed, tally("redlease", [1.0, 10.0, 3.0])], TINY)
+    cycle = next(r for r in rows if r.figure == "server CPU per uncontended cycle" and r.value)
+    assert cycle.ratio == "nanx redis-py"
+    assert cycle.extra["rounds_ratio"] == []
 
 
 def test_a_burst_is_timed_against_a_bounded_pool(server: servers.ServerProcess) -> None:
