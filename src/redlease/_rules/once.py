@@ -328,7 +328,7 @@ class JobCall:
     @functools.cached_property
     def bare(self) -> bool:
         """Whether a call with no arguments binds: known once (most jobs take none, and
-        a bind costs a scheduled job's skipped call a fifth of its time)."""
+        a bind is about a tenth of a skipped call's instructions)."""
         try:
             self._bind((), {})
         except TypeError:
