@@ -187,9 +187,12 @@ def test_skewed_nodes_make_one_run_per_period_of_the_servers_clock(
     # The late node fires 1 s after each of the early node's runs, within its at_least:
     # it skips every time, but perhaps twice at the start: when it fired first, its run
     # may hold the name until the early node's next fire, and a first call slowed by a
-    # loaded machine (connections, scripts) shifts that run by up to a second.
+    # loaded machine (connections, scripts) shifts that run by up to a second (seen: the
+    # early node's first run, then the late node's two, then the early node's only).
     assert said[1]["skips"] >= said[1]["calls"] - 2, (said, runs)
-    assert [node for _, node in runs][2:] == ["0"] * (len(runs) - 2), runs
+    late = [i for i, (_, node) in enumerate(runs) if node == "1"]
+    assert len(late) <= 2, runs
+    assert all(i < 3 for i in late), runs
     gaps = [b - a for (a, _), (b, _) in itertools.pairwise(runs)]
     assert min(gaps) >= 2000, runs
 
