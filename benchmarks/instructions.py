@@ -55,7 +55,9 @@ import redis
 import redlease
 from redlease.tools import servers
 
+from . import raw
 from ._locks import make_lock
+from .raw import RELEASE_SCRIPT, redlock_cycle
 
 TTL = 30.0
 CONTENDERS = 4
@@ -63,10 +65,6 @@ CONTENDERS = 4
 CYCLES = ("redis-py", "redlease", "redlease-unfair", "ticket")
 SECTIONS = ("redlease", "ticket")
 REDLOCK_NODES = 5
-RELEASE = (
-    "if redis.call('get', KEYS[1]) == ARGV[1] then return redis.call('del', KEYS[1]) "
-    "else return 0 end"
-)
 
 
 @contextmanager
@@ -188,20 +186,12 @@ def raw_redlock_cycles(ports: list[int], n: int, zero: Callable[[], None]) -> No
     sha = ""
     for port in ports:
         r = redis.Redis(port=port)
-        sha = r.script_load(RELEASE)
+        sha = r.script_load(RELEASE_SCRIPT)
         conns.append(r.connection_pool.get_connection())
     for i in range(n + 20):
         if i == 20:
             zero()
-        token = os.urandom(16).hex()
-        for conn in conns:
-            conn.send_command("SET", "bench:ir:raw", token, "NX", "PX", str(int(TTL * 1000)))
-        for conn in conns:
-            conn.read_response()
-        for conn in conns:
-            conn.send_command("EVALSHA", sha, "1", "bench:ir:raw", token)
-        for conn in conns:
-            conn.read_response()
+        redlock_cycle(conns, sha, "bench:ir:raw", str(int(TTL * 1000)))
 
 
 def measure(kind: str | None, n: int) -> dict[str, float]:
@@ -240,7 +230,8 @@ def _against(revision: str, argv: list[str]) -> dict[str, float]:
     )
     try:
         env = {**os.environ, "PYTHONPATH": os.path.join(where, "src")}
-        shutil.copy(__file__, os.path.join(where, "benchmarks", "instructions.py"))
+        for own in (__file__, raw.__file__):  # (measured alike, whatever that tree has)
+            shutil.copy(own, os.path.join(where, "benchmarks", os.path.basename(own)))
         out = subprocess.run(
             [sys.executable, "-m", "benchmarks.instructions", "--print-only", *argv],
             cwd=where,

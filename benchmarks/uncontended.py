@@ -29,18 +29,13 @@ from redlease._wire import resp as _wire
 
 from ._common import Settings, describe_error, median
 from ._report import NA, Row, rate, times, verdict
+from .raw import RELEASE_SCRIPT, redlock_cycle
 
 SINGLE = "1. uncontended acquire+release, one server"
 REDLOCK = "2. uncontended Redlock acquire+release, independent masters"
 
 TTL = 10.0
 BATCH = 5  # cycles between two looks at the clock
-
-# The careful hand-written release: delete only if the token is still ours.
-RELEASE_SCRIPT = (
-    "if redis.call('get', KEYS[1]) == ARGV[1] then return redis.call('del', KEYS[1]) "
-    "else return 0 end"
-)
 
 
 @dataclass(frozen=True)
@@ -199,9 +194,8 @@ def _floor_direct(bench: Bench, node: Node) -> Callable[[str], SyncCycle]:
 
 
 def _redlock_direct(bench: Bench, nodes: Sequence[Node]) -> Callable[[str], SyncCycle]:
-    """A hand-written Redlock cycle at its plainest: SET NX PX written to every master's
-    connection, then the replies read; the release likewise. No fencing, no timeouts, no
-    validity check: what is left once the lock's own work is skipped."""
+    """A hand-written Redlock cycle at its plainest (``raw.redlock_cycle``): what is
+    left once the lock's own work is skipped."""
 
     def build(key: str) -> SyncCycle:
         conns: list[Any] = []
@@ -213,20 +207,7 @@ def _redlock_direct(bench: Bench, nodes: Sequence[Node]) -> Callable[[str], Sync
             conn = pool.get_connection()
             bench._closers.append(functools.partial(pool.release, conn))
             conns.append(conn)
-        px = str(int(TTL * 1000))
-
-        def cycle() -> None:
-            token = os.urandom(16).hex()
-            for conn in conns:
-                conn.send_command("SET", key, token, "NX", "PX", px)
-            if sum(conn.read_response() is not None for conn in conns) < len(conns):
-                raise RuntimeError("direct Redlock: key was taken")
-            for conn in conns:
-                conn.send_command("EVALSHA", sha, "1", key, token)
-            for conn in conns:
-                conn.read_response()
-
-        return cycle
+        return functools.partial(redlock_cycle, conns, sha, key, str(int(TTL * 1000)))
 
     return build
 
