@@ -41,7 +41,7 @@ def wait_until(predicate: Any, timeout: float = 10.0) -> None:
 class Waiters:
     """``count`` threads, each waiting for ``lock`` once and holding it for a moment."""
 
-    def __init__(self, lock: redlease.Lock, count: int, timeout: float = 120.0) -> None:
+    def __init__(self, lock: redlease.Lock, count: int, timeout: float | None = 120.0) -> None:
         self.done: list[int] = []
         self.errors: list[BaseException] = []
 
@@ -60,7 +60,7 @@ class Waiters:
         """Every waiter served, none failed."""
         for t in self.threads:
             t.join(timeout=120)
-        assert self.errors == []
+        assert self.errors == [], self.errors
         assert sorted(self.done) == list(range(len(self.threads)))
 
 

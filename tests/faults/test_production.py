@@ -1073,6 +1073,48 @@ def test_hub_waiters_outlast_a_restart(
     waiters.join()  # with the data: after the holder's 3 s, or its release
 
 
+@pytest.mark.parametrize("keep_data", [False, True])
+def test_waiters_without_a_deadline_outlast_a_restart_that_takes_a_moment(
+    own_server: servers.ServerProcess,
+    aof_nodes: list[servers.ServerProcess],
+    name: str,
+    keep_data: bool,
+) -> None:
+    """With no deadline, the client's retries decide, spread over the reply bound: the
+    hub's new connection (SUBSCRIBE) as much as the acquire's call. (Its one try failed on
+    the closed port, and a waiter raised after the server was back.)"""
+    server = aof_nodes[0] if keep_data else own_server
+    r = families.client(port=server.port)
+    holder = redlease.Lock(r, name, ttl=3.0).acquire()
+    waiting = families.client(port=server.port, retry=families.retry(5))
+    waiters = Waiters(redlease.Lock(waiting, name, ttl=10.0), 3, None)
+    _queued(r, name, 3)
+    server.restart(down=1.0)
+    with contextlib.suppress(redlease.LockLost, redlease.BackendError):
+        holder.release()
+    waiters.join()
+
+
+async def test_async_waiters_without_a_deadline_outlast_a_restart_that_takes_a_moment(
+    own_server: servers.ServerProcess, name: str
+) -> None:
+    r = families.aclient(port=own_server.port)
+    holder = await redlease.AsyncLock(r, name, ttl=30.0).acquire()
+    waiting = families.aclient(port=own_server.port, retry=families.aretry(5))
+    lock = redlease.AsyncLock(waiting, name, ttl=10.0)
+
+    async def wait() -> None:
+        async with lock:
+            pass
+
+    waiters = [asyncio.create_task(wait()) for _ in range(3)]
+    await asyncio.to_thread(_queued, families.client(port=own_server.port), name, 3)
+    await asyncio.to_thread(own_server.restart, down=1.0)  # (the holder's lease goes with it)
+    await asyncio.wait_for(asyncio.gather(*waiters), 60)
+    with contextlib.suppress(redlease.LockLost, redlease.BackendError):
+        await holder.release()
+
+
 def test_hub_waiters_over_a_slow_link(own_server: servers.ServerProcess, name: str) -> None:
     r = families.client(port=own_server.port)
     with FaultProxy("127.0.0.1", own_server.port).start() as proxy:

@@ -34,7 +34,7 @@ from .._wire import stale as _stale
 from .._wire.endpoint import Route, endpoint_of, node_of, retries_of
 from .._wire.errors import backend_error
 from .backend import ASYNC, bounded, client_slot, meet_cluster, sleep
-from .conn import Box, Connection, Hub, Pool, node_pool, pool_for
+from .conn import Box, Connection, Pool, node_pool, pool_for
 
 T = TypeVar("T")
 
@@ -245,33 +245,24 @@ class AsyncIO:
         assert pool is not None
         end = time.monotonic() + timeout
         try:
-            return await self._attempt(pool, work, timeout, safe, end)
+            return await self._attempt(pool, work, timeout, safe=safe, end=end)
         except _Final as final:
             raise final.error from final.error.__cause__
         except backend_failures() as first:
             retries = retries_of(pool.endpoint.retry) if patient else 1
-            failed = [first]  # the last failure, if a retry finds no time left
-
-        async def once() -> T:
-            left = end - time.monotonic()
-            if left <= 0:
-                raise _Final(failed[-1])
-            try:
-                return await self._attempt(pool, work, left, safe, end)
-            except backend_failures() as exc:
-                failed.append(exc)
-                raise
-
-        try:
-            return await _retrying(once, retries, end)
-        except _Final as final:
-            raise final.error from final.error.__cause__
+            return await _retried(
+                functools.partial(self._attempt, pool, work, safe=safe, end=end),
+                first,
+                retries,
+                end,
+            )
 
     async def _attempt(
         self,
         pool: Pool,
         work: Callable[[Connection, float], Awaitable[T]],
         left: float,
+        *,
         safe: bool,
         end: float,
     ) -> T:
@@ -344,8 +335,9 @@ class AsyncIO:
         return await self._on_connection(command, op.timeout, safe=True, patient=op.patient)
 
     async def _listen(self, op: Listen) -> Box | None:
-        hub = await self._hub_for(op.prefix)
-        if hub is None:
+        pool = await self._hub_pool(op.prefix)
+        hub = None if pool is None else pool.hub
+        if pool is None or hub is None:
             return None
         box = op.box
         assert box is None or isinstance(box, Box)
@@ -354,11 +346,19 @@ class AsyncIO:
             if box is None or fresh is None:
                 return fresh
             box = fresh
-        return await hub.subscribe(box, op.timeout)
+        # The hub's connection is tried again as a call's is: a waiter without a deadline
+        # outlasts a restart that takes a moment (a SUBSCRIBE is safe to send twice).
+        end = time.monotonic() + op.timeout
+        try:
+            return await hub.subscribe(box, op.timeout)
+        except backend_failures() as first:
+            again = functools.partial(hub.subscribe, box)
+            return await _retried(again, first, retries_of(pool.endpoint.retry), end)
 
-    async def _hub_for(self, prefix: str) -> Hub | None:
-        """The hub a waiter on the lock of bell ``prefix`` listens through: its server's,
-        or on a Cluster that of the node serving the lock's slot; None: bells."""
+    async def _hub_pool(self, prefix: str) -> Pool | None:
+        """The pool whose hub a waiter on the lock of bell ``prefix`` listens through:
+        its server's, or on a Cluster that of the node serving the lock's slot; None:
+        bells."""
         pool = self.pool
         if pool is None and self.cluster:
             node = node_of(self.client, prefix)
@@ -369,7 +369,7 @@ class AsyncIO:
                     return None  # unreachable for now: this wait's tries will say
                 node = node_of(self.client, prefix)
             pool = None if node is None else node_pool(self.client, node)
-        return None if pool is None else pool.hub
+        return pool
 
     async def _wait(self, op: Wait) -> Any:
         if isinstance(op.box, Box):  # rung through the hub: no connection of our own
@@ -454,6 +454,30 @@ class AsyncIO:
             return await conn.read(timeout, spin=False)
         except caught().timeout:
             raise _Owed from None
+
+
+async def _retried(
+    attempt: Callable[[float], Awaitable[T]], first: BaseException, retries: int, end: float
+) -> T:
+    """``attempt(time_left)`` again after its first try failed with ``first``, as
+    ``_retrying`` spaces the tries before ``end``; the last failure is raised (and one
+    carried as _Final, at once)."""
+    failed = [first]  # the last failure, if a retry finds no time left
+
+    async def once() -> T:
+        left = end - time.monotonic()
+        if left <= 0:
+            raise _Final(failed[-1])
+        try:
+            return await attempt(left)
+        except backend_failures() as exc:
+            failed.append(exc)
+            raise
+
+    try:
+        return await _retrying(once, retries, end)
+    except _Final as final:
+        raise final.error from final.error.__cause__
 
 
 async def _retrying(once: Callable[[], Awaitable[T]], retries: int, end: float) -> T:

@@ -191,9 +191,11 @@ class ServerProcess:
             self.process.kill()
             self.process.wait(timeout=10)
 
-    def restart(self, timeout: float = 10.0) -> ServerProcess:
-        """Start again on the same port (with whatever the AOF kept, if enabled)."""
+    def restart(self, timeout: float = 10.0, down: float = 0.0) -> ServerProcess:
+        """Start again on the same port (with whatever the AOF kept, if enabled), after
+        ``down`` seconds with the port closed (a restart that takes a moment)."""
         self.kill()
+        time.sleep(down)
         if not self._launch(timeout):
             raise RuntimeError(f"could not restart server on port {self.port}")
         return self
