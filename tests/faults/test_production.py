@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import multiprocessing
 import os
 import sys
@@ -30,7 +31,7 @@ import families
 import redlease
 from redlease.tools import servers
 from redlease.tools.chaos.proxy import FaultProxy
-from waiting_helpers import Waiters, lock_key, queued, wait_until
+from waiting_helpers import Waiters, in_thread, lock_key, queued, wait_until
 
 IDLE_GAP = 2.5  # seconds without a command: longer than the servers' `timeout 1`
 # auto_renew renews a third of the ttl after the last renewal: 2.5 s apart, so the renewer's
@@ -384,6 +385,36 @@ def test_restart_with_aof_while_idle_redlock(
         assert second.fence > first.fence
         second.release()
     _released_everywhere([p.port for p in aof_nodes], name)
+
+
+def test_a_redlock_wait_without_a_timeout_says_when_a_majority_is_unreachable(
+    own_nodes: list[servers.ServerProcess], name: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """It waits on (the nodes may come back), logging a warning that names the nodes,
+    where it waited in silence; contention alone says nothing."""
+    caplog.set_level(logging.WARNING, logger="redlease")
+    with _clients(own_nodes, socket_timeout=1.0) as clients:
+        lock = redlease.Redlock(clients, name, ttl=10.0)
+        busy = lock.acquire(timeout=2.0)
+        thread, out = in_thread(lambda: lock.acquire().release())
+        time.sleep(0.3)
+        busy.release()
+        thread.join(timeout=30)
+        assert out == [None]
+        assert not [r for r in caplog.records if "nodes answered" in r.getMessage()]
+        for proc in own_nodes[1:]:
+            proc.kill()
+        thread, out = in_thread(lambda: lock.acquire().release())
+        wait_until(lambda: any("nodes answered" in r.getMessage() for r in caplog.records), 30)
+        said = [r.getMessage() for r in caplog.records if "nodes answered" in r.getMessage()]
+        assert len(said) == 1  # (then at most every 30 s)
+        assert "only 1 of 3 nodes answered, 2 needed" in said[0]
+        assert f":{own_nodes[1].port}/0: the server cannot be reached" in said[0], said[0]
+        assert thread.is_alive()  # it waits on
+        for proc in own_nodes[1:]:
+            proc.restart()
+        thread.join(timeout=60)
+        assert out == [None]
 
 
 async def test_restart_with_aof_while_idle_async_redlock(

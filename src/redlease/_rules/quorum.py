@@ -44,6 +44,7 @@ holder reached only a bare majority, or a node still lags, fewer may. Nodes with
 
 from __future__ import annotations
 
+import logging
 import random
 from collections.abc import Callable, Generator, Sequence
 from dataclasses import dataclass, field
@@ -56,6 +57,7 @@ from .ops import Call, Sleep
 from .scripts import EXTEND, REDLOCK_ACQUIRE, REDLOCK_FENCE, REDLOCK_RELEASE, Script
 
 T = TypeVar("T")
+log = logging.getLogger(__name__)
 
 # Per-node reply timeout: a small share of the ttl, so that a slow or dead node costs an
 # attempt little of its validity (antirez suggests 5-50 ms for a 10 s ttl; we allow up
@@ -64,6 +66,9 @@ T = TypeVar("T")
 NODE_TIMEOUT_SHARE = 0.05
 NODE_TIMEOUT_CAP = 0.1
 NODE_TIMEOUT_FLOOR = 0.002
+# A wait without a deadline through rounds that lack a majority of answers logs a warning
+# at the first, then at most this often (seconds).
+OUTAGE_SAID_EVERY = 30.0
 
 # Retry schedule after a failed attempt: a random delay from an exponentially growing
 # range (clients that split the vote must not retry in step), never longer than the
@@ -320,11 +325,30 @@ class QuorumAcquisition:
         self.wait = wait
         self.outstanding = False
         self._rng = rng
+        self._outage_said: float | None = None  # when a wait last said it found no quorum
 
     def settings_within(self) -> float | None:
         """How long the one-time look at the nodes' settings may take before this
         attempt: a wait's deadline counts it (None: the look's own bound)."""
         return self.deadline.left() if self.wait else None
+
+    def _say_outage(self, tally: Tally) -> None:
+        """A wait without a deadline goes on through an outage (a majority of nodes may
+        be back in a moment), but says so: at once, then every OUTAGE_SAID_EVERY s."""
+        now = self.spec.lock.clock()
+        if self._outage_said is not None and now - self._outage_said < OUTAGE_SAID_EVERY:
+            return
+        self._outage_said = now
+        spec = self.spec
+        log.warning(
+            "Redlock %r: only %d of %d nodes answered, %d needed; waiting on (no timeout "
+            "was given): %s",
+            spec.lock.name,
+            tally.answered,
+            len(spec.nodes),
+            spec.quorum,
+            "; ".join(f"{k}: {v}" for k, v in failures_by_name(spec, tally.failures).items()),
+        )
 
     def run(self) -> QuorumFlow[QuorumGrant | None]:
         spec, lock = self.spec, self.spec.lock
@@ -359,6 +383,8 @@ class QuorumAcquisition:
                         failures_by_name(spec, tally.failures),
                     )
                 return None
+            if tally.answered < spec.quorum and self.deadline.left() is None:
+                self._say_outage(tally)
             delay = self.deadline.cap(retry_delay(spec, attempt, tally, self._rng))
             if delay > 0:
                 yield Sleep(delay)
