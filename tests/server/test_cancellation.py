@@ -337,3 +337,34 @@ async def test_cancelled_at_random_moments_leaves_nothing_behind(
         assert record is None or record.decode().split(":")[1] in ran, n
         if primitive == "election":
             assert r.get(lock_key(n) + ":elect") is None  # nobody leads
+
+
+@pytest.mark.parametrize("granted", [True, False], ids=["handed-over", "still-waiting"])
+def test_a_waiter_cancelled_as_asyncio_run_ends_leaves_nothing_behind(
+    server: Any, r: Any, name: str, granted: bool
+) -> None:
+    """The waiter is cancelled and ``main`` returns at once: asyncio.run's shutdown then
+    cancels every task, the waiter's clean-up (begun in a task of its own) among them.
+    The clean-up runs again, to its end. (It was cut: with a grant handed over, the name
+    stayed granted to nobody until its ttl, every time.)"""
+
+    async def main() -> None:
+        client = families.aclient(port=server.port)
+        lock = redlease.AsyncLock(client, name, ttl=30.0)
+        holder = await lock.acquire()
+        waiter = asyncio.create_task(lock.acquire())
+        for _ in range(2000):  # (until it is queued: the server says)
+            if await client.llen(lock_key(name) + ":line"):
+                break
+            await asyncio.sleep(0.005)
+        if granted:
+            await holder.release()  # handed to the waiter queued at that moment
+        waiter.cancel()  # then main returns, the waiter not awaited
+        if not granted:
+            await holder.release()
+        await client.aclose()  # (redlease talks on connections of its own)
+
+    for _ in range(5):
+        asyncio.run(main())
+        assert r.get(lock_key(name)) is None
+        assert r.llen(lock_key(name) + ":line") == 0

@@ -13,6 +13,9 @@ import pytest
 import redis
 
 import redlease
+from redlease._rules.flows import Acquisition
+from redlease._sync.conn import SocketConnection
+from redlease._sync.front import Front
 from redlease.tools import servers
 
 _SCRIPT = r"""
@@ -244,6 +247,49 @@ def test_an_interrupt_as_a_block_opens_leaves_nothing_held(
     assert _left_held(r, name, read_as) == []
     with lock:  # and the next block opens at once (nothing noted stays in the way)
         pass
+
+
+def _interrupts_at(monkeypatch: pytest.MonkeyPatch, *places: tuple[type, str]) -> None:
+    """Raise KeyboardInterrupt as the first call of each of ``places`` (a class and the
+    name of its method) starts, one after the other. (Not traced: a trace function that
+    raises is taken off, so only the first would land.)"""
+    due = list(places)
+    for owner, attr in dict.fromkeys(places):
+        original = getattr(owner, attr)
+
+        def interrupted(
+            *args: Any, _original: Any = original, _place: Any = (owner, attr), **kwargs: Any
+        ) -> Any:
+            if due and due[0] == _place:
+                due.pop(0)
+                raise KeyboardInterrupt
+            return _original(*args, **kwargs)
+
+        monkeypatch.setattr(owner, attr, interrupted)
+
+
+# (the window of the second interrupt, in the clean-up the first one began)
+_CLEAN_UP = {
+    "begun": (Acquisition, "abandon"),
+    "sending": (SocketConnection, "send"),
+    "reading": (SocketConnection, "read"),
+}
+
+
+@pytest.mark.parametrize("kind", ["lock", "semaphore", "write"])
+@pytest.mark.parametrize("second", list(_CLEAN_UP))
+def test_a_second_interrupt_as_the_first_ones_clean_up_is_on_its_way_leaves_nothing_held(
+    r: redis.Redis, name: str, kind: str, second: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The first lands as the grant becomes a lease; the second in the clean-up it began
+    (the grant given back): the clean-up runs once more. (It was cut, and the name stayed
+    granted to nobody until its ttl.)"""
+    lock, read_as = _primitive(r, name, kind)
+    _interrupts_at(monkeypatch, (Front, "_watched"), _CLEAN_UP[second])
+    with pytest.raises(KeyboardInterrupt), lock:
+        pytest.fail("the block ran")
+    monkeypatch.undo()
+    assert _left_held(r, name, read_as) == []
 
 
 @pytest.mark.parametrize(("function", "nth", "kind"), _cases(_ENDING))

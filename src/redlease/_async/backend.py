@@ -94,10 +94,23 @@ async def shielded(work: Callable[[], Awaitable[T]]) -> T:
     try:
         return await asyncio.shield(task)
     except asyncio.CancelledError:
-        if not task.done():
-            with contextlib.suppress(BaseException):
-                await task  # cancelled again: finish anyway, then propagate
+        await _to_the_end(task, work)
         raise
+
+
+async def _to_the_end(task: asyncio.Future[T], work: Callable[[], Awaitable[T]]) -> None:
+    """Wait for ``task`` to end, however often the caller is cancelled meanwhile. If the
+    task itself was cancelled (by a sweep of every task, as asyncio.run's at its end,
+    which found it already started), its work runs once more, in a task made after the
+    sweep: the clean-ups shielded here are each safe to run twice."""
+    for again in (False, True):
+        if again:
+            if not task.cancelled():
+                return
+            task = asyncio.ensure_future(work())
+        while not task.done():
+            with contextlib.suppress(BaseException):
+                await asyncio.shield(task)
 
 
 class Flag:

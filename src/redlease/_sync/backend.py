@@ -77,8 +77,18 @@ def guarded(lock: AbstractContextManager[Any], fn: Callable[P, T]) -> Callable[P
 
 
 def shielded(work: Callable[[], T]) -> T:
-    """``work()``: a blocking call cannot be cut in half by a cancellation."""
-    return work()
+    """``work()``, a clean-up (each is safe to run twice). A blocking call cannot be cut
+    in half by a cancellation, but an error raised by a signal handler (a second Ctrl-C,
+    as the first one's clean-up is on its way) can: the clean-up then runs once more, and
+    the interruption goes on; a third may cut it short."""
+    try:
+        return work()
+    except Exception:
+        raise
+    except BaseException:
+        with contextlib.suppress(Exception):
+            work()
+        raise
 
 
 class Flag:
