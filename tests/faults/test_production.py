@@ -405,14 +405,16 @@ def test_a_redlock_wait_without_a_timeout_says_when_a_majority_is_unreachable(
         for proc in own_nodes[1:]:
             proc.kill()
         thread, out = in_thread(lambda: lock.acquire().release())
-        wait_until(lambda: any("nodes answered" in r.getMessage() for r in caplog.records), 30)
-        said = [r.getMessage() for r in caplog.records if "nodes answered" in r.getMessage()]
-        assert len(said) == 1  # (then at most every 30 s)
-        assert "only 1 of 3 nodes answered, 2 needed" in said[0]
-        assert f":{own_nodes[1].port}/0: the server cannot be reached" in said[0], said[0]
-        assert thread.is_alive()  # it waits on
-        for proc in own_nodes[1:]:
-            proc.restart()
+        try:
+            wait_until(lambda: any("nodes answered" in r.getMessage() for r in caplog.records), 30)
+            said = [r.getMessage() for r in caplog.records if "nodes answered" in r.getMessage()]
+            assert len(said) == 1  # (then at most every 30 s)
+            assert "only 1 of 3 nodes answered, 2 needed" in said[0]
+            assert f":{own_nodes[1].port}/0: the server cannot be reached" in said[0], said[0]
+            assert thread.is_alive()  # it waits on
+        finally:  # (the nodes back, the wait ends: a failure here must not hang the run)
+            for proc in own_nodes[1:]:
+                proc.restart()
         thread.join(timeout=60)
         assert out == [None]
 

@@ -357,6 +357,7 @@ def test_a_waiter_cancelled_as_asyncio_run_ends_leaves_nothing_behind(
             if await client.llen(lock_key(name) + ":line"):
                 break
             await asyncio.sleep(0.005)
+        await asyncio.sleep(0.1)  # and settled in its wait (queued, it still had a reply to read)
         if granted:
             await holder.release()  # handed to the waiter queued at that moment
         waiter.cancel()  # then main returns, the waiter not awaited

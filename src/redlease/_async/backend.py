@@ -86,11 +86,12 @@ def guarded(
     return locked_call
 
 
-async def shielded(work: Callable[[], Awaitable[T]]) -> T:
-    """Await ``work()`` to its end even if the caller is cancelled meanwhile (the
-    cancellation is re-raised once it has finished): a release or a clean-up must never be
-    cut in half, or a lock would stay behind that nobody knows about."""
-    task = asyncio.ensure_future(work())
+async def shielded(work: Callable[[bool], Awaitable[T]], hurried: bool = False) -> T:
+    """Await ``work(hurried)`` to its end even if the caller is cancelled meanwhile (the
+    cancellation is re-raised once it has finished): a release or a clean-up must never
+    be cut in half, or a lock would stay behind that nobody knows about. ``hurried``: the
+    process is going away (see ``_rules.flows.release``)."""
+    task = asyncio.ensure_future(work(hurried))
     try:
         return await asyncio.shield(task)
     except asyncio.CancelledError:
@@ -98,16 +99,16 @@ async def shielded(work: Callable[[], Awaitable[T]]) -> T:
         raise
 
 
-async def _to_the_end(task: asyncio.Future[T], work: Callable[[], Awaitable[T]]) -> None:
+async def _to_the_end(task: asyncio.Future[T], work: Callable[[bool], Awaitable[T]]) -> None:
     """Wait for ``task`` to end, however often the caller is cancelled meanwhile. If the
     task itself was cancelled (by a sweep of every task, as asyncio.run's at its end,
-    which found it already started), its work runs once more, in a task made after the
-    sweep: the clean-ups shielded here are each safe to run twice."""
+    which found it already started), its work runs once more, in haste (the loop is
+    closing), in a task made after the sweep: each clean-up is safe to run twice."""
     for again in (False, True):
         if again:
             if not task.cancelled():
                 return
-            task = asyncio.ensure_future(work())
+            task = asyncio.ensure_future(work(True))
         while not task.done():
             with contextlib.suppress(BaseException):
                 await asyncio.shield(task)

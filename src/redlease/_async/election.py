@@ -120,21 +120,25 @@ class AsyncElection:
         try:
             await self._tell("elected")
         except BaseException as exc:  # interrupted before the caller had the lease
-            if going_away(exc):  # in haste (see _rules.flows.release)
-                await shielded(self._resign_in_haste)
-            else:
-                await shielded(self.resign)  # hand it on, and say so
+            # hand it on, and say so; in haste if the process is going away (see
+            # _rules.flows.release)
+            await shielded(self._give_up, going_away(exc))
             raise
         return lease
+
+    async def _give_up(self, hurried: bool) -> None:
+        await (self._resign_in_haste() if hurried else self.resign())
 
     async def _resign_in_haste(self) -> None:
         """Give leadership back within half a second, no retry, no announcement:
         what a server that does not answer keeps expires with the ttl (and observers
-        see the change when they next look)."""
-        lease, self._lease = self._lease, None
+        see the change when they next look). Forgotten once given back: a run cut
+        short is run again (see ``shielded``)."""
+        lease = self._lease
         if lease is not None:
             with contextlib.suppress(Exception):
                 await give_back_in_haste(lease)
+            self._lease = None
 
     async def resign(self) -> None:
         """Stop leading (if this candidate leads): the next candidate leads at once."""

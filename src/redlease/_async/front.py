@@ -203,7 +203,9 @@ class AsyncLease(BlockBase):
             # it again to the end, shielded, then let the cancellation go on. "Not ours"
             # now may mean the first one did land, so it is not reported.
             with contextlib.suppress(LockLost, QuorumError):
-                await shielded(lambda: self._io.run(state.release_flow(), "release"))
+                await shielded(
+                    lambda hurried: self._io.run(state.release_flow(hurried=hurried), "release")
+                )
             state.mark_released()
             raise
         # unasync: end
@@ -587,7 +589,10 @@ class AsyncFront(BlockBase):
         # cancelled again while cleaning up, the clean-up itself ran to its end.
         with contextlib.suppress(Exception, Cancelled):
             await shielded(
-                lambda: self._io.run(attempt.abandon(hurried=hurried), f"clean up {self.name!r}")
+                lambda haste: self._io.run(
+                    attempt.abandon(hurried=haste), f"clean up {self.name!r}"
+                ),
+                hurried,
             )
 
     async def __aenter__(self) -> AsyncLease:

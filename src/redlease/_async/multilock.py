@@ -90,14 +90,17 @@ class AsyncMultiLease(BlockBase):
         gives back the leases it had not released yet in haste, as a lease's release
         finishes in haste, before the interruption goes on."""
         try:
-            await shielded(self._release_all)
+            await shielded(self._release_all)  # (a second run: in haste)
         except LockError:
             raise
         except BaseException:
             await finish_in_haste(self._state)
             raise
 
-    async def _release_all(self) -> None:
+    async def _release_all(self, hurried: bool) -> None:
+        if hurried:
+            await finish_in_haste(self._state)
+            return
         failures: list[BaseException] = []
         for lease in self._state:
             try:
@@ -210,7 +213,7 @@ class AsyncMultiLock(BlockBase):
             if entry is not None:
                 forget_entered(entry)
             hurried = going_away(exc)
-            await shielded(functools.partial(self._give_all_back, taken, hurried=hurried))
+            await shielded(functools.partial(self._give_all_back, taken), hurried)
             raise
 
     async def _taken(
@@ -272,12 +275,12 @@ class AsyncMultiLock(BlockBase):
             for lease in made:
                 unhanded(lease)
             hurried = going_away(exc)
-            await shielded(functools.partial(self._give_back_token, token, hurried=hurried))
+            await shielded(functools.partial(self._give_back_token, token), hurried)
             raise
         taken.extend(made)
         return True
 
-    async def _give_back_token(self, token: str, *, hurried: bool = False) -> None:
+    async def _give_back_token(self, token: str, hurried: bool = False) -> None:
         """Release each name held with ``token``, and mark the try given up (the
         first name's leave does: a try still on its way then takes nothing, see
         ``_rules.flows.leave``). ``hurried`` (the process is going away): each release
@@ -292,7 +295,7 @@ class AsyncMultiLock(BlockBase):
                 if hurried:
                     return
 
-    async def _give_all_back(self, leases: list[AsyncLease], *, hurried: bool = False) -> None:
+    async def _give_all_back(self, leases: list[AsyncLease], hurried: bool = False) -> None:
         """Give back the leases taken one by one, and forget them (what is left expires
         with the ttl); ``hurried``: as for ``_give_back_token``, each lease's renewal
         stopped first. Leases released already are passed over."""

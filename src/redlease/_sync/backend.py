@@ -76,18 +76,19 @@ def guarded(lock: AbstractContextManager[Any], fn: Callable[P, T]) -> Callable[P
     return locked_call
 
 
-def shielded(work: Callable[[], T]) -> T:
-    """``work()``, a clean-up (each is safe to run twice). A blocking call cannot be cut
-    in half by a cancellation, but an error raised by a signal handler (a second Ctrl-C,
-    as the first one's clean-up is on its way) can: the clean-up then runs once more, and
-    the interruption goes on; a third may cut it short."""
+def shielded(work: Callable[[bool], T], hurried: bool = False) -> T:
+    """``work(hurried)``, a clean-up (each is safe to run twice). A blocking call cannot
+    be cut in half by a cancellation, but an error raised by a signal handler (a second
+    Ctrl-C, as the first one's clean-up is on its way) can: the clean-up then runs once
+    more, in haste (``work(True)``: see ``_rules.flows.release``), and the interruption
+    goes on; a third may cut it short."""
     try:
-        return work()
+        return work(hurried)
     except Exception:
         raise
     except BaseException:
         with contextlib.suppress(Exception):
-            work()
+            work(True)
         raise
 
 

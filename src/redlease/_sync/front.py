@@ -527,7 +527,10 @@ class Front(BlockBase):
         # cancelled again while cleaning up, the clean-up itself ran to its end.
         with contextlib.suppress(Exception, Cancelled):
             shielded(
-                lambda: self._io.run(attempt.abandon(hurried=hurried), f"clean up {self.name!r}")
+                lambda haste: self._io.run(
+                    attempt.abandon(hurried=haste), f"clean up {self.name!r}"
+                ),
+                hurried,
             )
 
     def __enter__(self) -> Lease:

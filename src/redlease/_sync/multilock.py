@@ -91,14 +91,17 @@ class MultiLease(BlockBase):
         signal handler), it gives back the leases it had not released yet in haste, as a
         lease's release finishes in haste, before the interruption goes on."""
         try:
-            shielded(self._release_all)
+            shielded(self._release_all)  # (a second run: in haste)
         except LockError:
             raise
         except BaseException:
             finish_in_haste(self._state)
             raise
 
-    def _release_all(self) -> None:
+    def _release_all(self, hurried: bool) -> None:
+        if hurried:
+            finish_in_haste(self._state)
+            return
         failures: list[BaseException] = []
         for lease in self._state:
             try:
@@ -208,7 +211,7 @@ class MultiLock(BlockBase):
             if entry is not None:
                 forget_entered(entry)
             hurried = going_away(exc)
-            shielded(functools.partial(self._give_all_back, taken, hurried=hurried))
+            shielded(functools.partial(self._give_all_back, taken), hurried)
             raise
 
     def _taken(self, deadline: Deadline, taken: list[Lease], *, wait: bool) -> MultiLease | None:
@@ -268,12 +271,12 @@ class MultiLock(BlockBase):
             for lease in made:
                 unhanded(lease)
             hurried = going_away(exc)
-            shielded(functools.partial(self._give_back_token, token, hurried=hurried))
+            shielded(functools.partial(self._give_back_token, token), hurried)
             raise
         taken.extend(made)
         return True
 
-    def _give_back_token(self, token: str, *, hurried: bool = False) -> None:
+    def _give_back_token(self, token: str, hurried: bool = False) -> None:
         """Release each name held with ``token``, and mark the try given up (the
         first name's leave does: a try still on its way then takes nothing, see
         ``_rules.flows.leave``). ``hurried`` (the process is going away): each release
@@ -288,7 +291,7 @@ class MultiLock(BlockBase):
                 if hurried:
                     return
 
-    def _give_all_back(self, leases: list[Lease], *, hurried: bool = False) -> None:
+    def _give_all_back(self, leases: list[Lease], hurried: bool = False) -> None:
         """Give back the leases taken one by one, and forget them (what is left expires
         with the ttl); ``hurried``: as for ``_give_back_token``, each lease's renewal
         stopped first. Leases released already are passed over."""
